@@ -1,0 +1,3 @@
+from magretrieve.cli import main
+
+main()

@@ -1,0 +1,34 @@
+"""The click group every ``magretrieve`` command hangs on, and its error policy."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from magretrieve import __version__
+from magretrieve.errors import MagRetrieveError
+
+
+class CliGroup(click.Group):
+    """Turns user errors (:class:`MagRetrieveError`) into one line on stderr and exit code 1.
+
+    Other exceptions are bugs and keep their traceback.
+    """
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except MagRetrieveError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=CliGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="magretrieve")
+@click.option("-v", "--verbose", is_flag=True, help="Log debug details.")
+def main(verbose: bool) -> None:
+    """magretrieve: dense retrieval that keeps embedding magnitude."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )

@@ -1,0 +1,299 @@
+"""Reading and validating retrieval data: BEIR folders, pair files, STS pair files.
+
+Every problem is a :class:`~magretrieve.errors.DataError` naming the file and the line
+or id at fault, so a user can fix the data without reading a traceback.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from magretrieve.errors import DataError
+
+
+@dataclass
+class Document:
+    """One corpus entry; ``payload`` carries any extra JSON fields through to the store."""
+
+    id: str
+    text: str
+    title: str = ""
+    payload: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def full_text(self) -> str:
+        """Title and text joined as BEIR does for encoding."""
+        return f"{self.title} {self.text}".strip() if self.title else self.text
+
+
+@dataclass
+class TrainingPair:
+    """A query with one positive document text and optional hard negatives."""
+
+    query: str
+    positive: str
+    negatives: list[str] = field(default_factory=list)
+    positive_id: str | None = None
+
+
+@dataclass
+class RetrievalDataset:
+    """A BEIR split: corpus, the queries that have judgements, and the judgements."""
+
+    name: str
+    split: str
+    corpus: dict[str, Document]
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+
+    def training_pairs(self) -> list[TrainingPair]:
+        """One pair per positive judgement (score > 0), in qrels order."""
+        pairs = [
+            TrainingPair(self.queries[qid], self.corpus[did].full_text, positive_id=did)
+            for qid, docs in self.qrels.items()
+            for did, rel in docs.items()
+            if rel > 0
+        ]
+        if not pairs:
+            raise DataError(f"{self.name}:{self.split} has no positive judgements to train on")
+        return pairs
+
+
+@dataclass
+class SentencePair:
+    """A symmetric-task pair (e.g. STS-B) with a gold similarity score."""
+
+    a: str
+    b: str
+    score: float
+
+
+# ----------------------------------------------------------------------------- JSONL
+
+
+def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, object)`` for each non-blank line; errors name file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{path}:{lineno}: not valid UTF-8 ({exc.reason} at byte {exc.start})"
+                ) from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(
+                    f"{path}:{lineno}: malformed JSON ({exc.msg}, column {exc.colno})"
+                ) from None
+            if not isinstance(obj, dict):
+                raise DataError(
+                    f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}"
+                )
+            yield lineno, obj
+
+
+def _required_str(
+    obj: dict[str, Any], key: str, path: Path, lineno: int, *, allow_empty: bool = False
+) -> str:
+    if key not in obj:
+        raise DataError(f"{path}:{lineno}: missing field {key!r}")
+    value = obj[key]
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and key == "_id":
+        value = str(value)
+    if not isinstance(value, str):
+        raise DataError(
+            f"{path}:{lineno}: field {key!r} must be a string, got {type(value).__name__}"
+        )
+    if not allow_empty and not value.strip():
+        raise DataError(f"{path}:{lineno}: field {key!r} is empty")
+    return value
+
+
+def iter_corpus(path: str | Path) -> Iterator[tuple[int, Document]]:
+    """Stream a corpus JSONL (``_id``, ``text``, optional ``title`` and extra payload fields).
+
+    Streaming lets indexing start before a large file is read; duplicates are refused by
+    the caller that keeps the ids (see :func:`load_corpus`).
+    """
+    path = Path(path)
+    for lineno, obj in read_jsonl(path):
+        doc_id = _required_str(obj, "_id", path, lineno)
+        text = _required_str(obj, "text", path, lineno, allow_empty=True)
+        title = obj.get("title") or ""
+        if not isinstance(title, str):
+            raise DataError(
+                f"{path}:{lineno}: field 'title' must be a string, got {type(title).__name__}"
+            )
+        if not text.strip() and not title.strip():
+            raise DataError(f"{path}:{lineno}: document {doc_id!r} has empty title and text")
+        payload = {k: v for k, v in obj.items() if k not in ("_id", "text", "title")}
+        yield lineno, Document(doc_id, text, title, payload)
+
+
+def load_corpus(path: str | Path) -> dict[str, Document]:
+    """Read a whole corpus, refusing duplicate ids and an empty file."""
+    path = Path(path)
+    corpus: dict[str, Document] = {}
+    first_line: dict[str, int] = {}
+    for lineno, doc in iter_corpus(path):
+        if doc.id in corpus:
+            raise DataError(
+                f"{path}:{lineno}: duplicate document id {doc.id!r} (first on line {first_line[doc.id]})"
+            )
+        corpus[doc.id] = doc
+        first_line[doc.id] = lineno
+    if not corpus:
+        raise DataError(f"{path}: corpus is empty")
+    return corpus
+
+
+def load_queries(path: str | Path) -> dict[str, str]:
+    """Read queries JSONL (``_id``, ``text``), refusing duplicates and empty texts."""
+    path = Path(path)
+    queries: dict[str, str] = {}
+    for lineno, obj in read_jsonl(path):
+        qid = _required_str(obj, "_id", path, lineno)
+        if qid in queries:
+            raise DataError(f"{path}:{lineno}: duplicate query id {qid!r}")
+        queries[qid] = _required_str(obj, "text", path, lineno)
+    if not queries:
+        raise DataError(f"{path}: no queries")
+    return queries
+
+
+def load_qrels(path: str | Path) -> dict[str, dict[str, int]]:
+    """Read a BEIR qrels TSV (header ``query-id corpus-id score``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    qrels: dict[str, dict[str, int]] = {}
+    try:
+        with path.open(encoding="utf-8", newline="") as fh:
+            rows = list(csv.reader(fh, delimiter="\t"))
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not valid UTF-8 ({exc.reason})") from None
+    if not rows:
+        raise DataError(f"{path}: empty qrels file")
+    header = [c.strip().lower() for c in rows[0]]
+    if header[:2] != ["query-id", "corpus-id"]:
+        raise DataError(
+            f"{path}:1: missing header 'query-id<TAB>corpus-id<TAB>score' (got {rows[0]!r})"
+        )
+    for lineno, row in enumerate(rows[1:], start=2):
+        if not row or not "".join(row).strip():
+            continue
+        if len(row) < 3:
+            raise DataError(f"{path}:{lineno}: expected 3 tab-separated columns, got {len(row)}")
+        qid, did, score = row[0].strip(), row[1].strip(), row[2].strip()
+        try:
+            rel = int(float(score))
+        except ValueError:
+            raise DataError(f"{path}:{lineno}: score {score!r} is not a number") from None
+        qrels.setdefault(qid, {})[did] = rel
+    if not qrels:
+        raise DataError(f"{path}: no judgements")
+    return qrels
+
+
+def parse_data_spec(spec: str | Path, default_split: str = "test") -> tuple[Path, str]:
+    """Split ``DIR:split`` into the folder and the qrels split name (default ``test``)."""
+    text = str(spec)
+    folder, sep, split = text.rpartition(":")
+    if not sep or "/" in split or not split:
+        folder, split = text, default_split
+    return Path(folder), split
+
+
+def load_beir(spec: str | Path, default_split: str = "test") -> RetrievalDataset:
+    """Load a BEIR folder split (``DIR:split``), keeping only queries judged in that split.
+
+    Every judged query and document must exist: an unknown id is an error naming it.
+    """
+    folder, split = parse_data_spec(spec, default_split)
+    if not folder.is_dir():
+        raise DataError(f"{folder}: not a folder (expected a BEIR folder with corpus.jsonl)")
+    qrels_path = folder / "qrels" / f"{split}.tsv"
+    if not qrels_path.is_file():
+        available = (
+            sorted(p.stem for p in (folder / "qrels").glob("*.tsv"))
+            if (folder / "qrels").is_dir()
+            else []
+        )
+        raise DataError(
+            f"{qrels_path}: no such qrels split {split!r} (available: {', '.join(available) or 'none'})"
+        )
+    corpus = load_corpus(folder / "corpus.jsonl")
+    all_queries = load_queries(folder / "queries.jsonl")
+    qrels = load_qrels(qrels_path)
+    for qid, docs in qrels.items():
+        if qid not in all_queries:
+            raise DataError(f"{qrels_path}: query id {qid!r} is not in {folder / 'queries.jsonl'}")
+        for did in docs:
+            if did not in corpus:
+                raise DataError(
+                    f"{qrels_path}: document id {did!r} (query {qid!r}) is not in {folder / 'corpus.jsonl'}"
+                )
+    queries = {qid: all_queries[qid] for qid in qrels}
+    return RetrievalDataset(folder.name, split, corpus, queries, qrels)
+
+
+def load_pairs(path: str | Path) -> list[TrainingPair]:
+    """Read a training JSONL of ``{"query", "positive", "negatives"?}`` objects."""
+    path = Path(path)
+    pairs: list[TrainingPair] = []
+    for lineno, obj in read_jsonl(path):
+        query = _required_str(obj, "query", path, lineno)
+        positive = _required_str(obj, "positive", path, lineno)
+        negatives = obj.get("negatives", []) or []
+        if not isinstance(negatives, list) or not all(isinstance(n, str) for n in negatives):
+            raise DataError(f"{path}:{lineno}: field 'negatives' must be a list of strings")
+        pairs.append(TrainingPair(query, positive, list(negatives)))
+    if not pairs:
+        raise DataError(f"{path}: no training pairs (no positives)")
+    return pairs
+
+
+def load_training_data(spec: str | Path) -> list[TrainingPair]:
+    """Training pairs from a ``.jsonl`` pair file or a BEIR ``DIR:split`` (default split ``train``)."""
+    text = str(spec)
+    if text.endswith(".jsonl") and Path(text).is_file():
+        return load_pairs(text)
+    return load_beir(text, default_split="train").training_pairs()
+
+
+def load_sentence_pairs(path: str | Path) -> list[SentencePair]:
+    """Read an STS-style JSONL (``sentence1``, ``sentence2``, ``score``)."""
+    path = Path(path)
+    pairs: list[SentencePair] = []
+    for lineno, obj in read_jsonl(path):
+        a = _required_str(obj, "sentence1", path, lineno)
+        b = _required_str(obj, "sentence2", path, lineno)
+        score = obj.get("score")
+        if isinstance(score, bool) or not isinstance(score, (int, float)):
+            raise DataError(f"{path}:{lineno}: field 'score' must be a number, got {score!r}")
+        pairs.append(SentencePair(a, b, float(score)))
+    if not pairs:
+        raise DataError(f"{path}: no sentence pairs")
+    return pairs
+
+
+def is_sentence_pair_file(spec: str | Path) -> bool:
+    """True for a JSONL whose first object has ``sentence1``/``sentence2`` (an STS file)."""
+    path = Path(str(spec))
+    if not (path.is_file() and path.suffix == ".jsonl"):
+        return False
+    for _, obj in read_jsonl(path):
+        return "sentence1" in obj and "sentence2" in obj
+    return False

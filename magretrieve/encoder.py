@@ -1,0 +1,384 @@
+"""The PyTorch encoder: a transformer, its pooling, and the magnitude-aware similarity.
+
+It reads a plain Hugging Face folder, a sentence-transformers folder (pooling from its
+``1_Pooling/config.json``; a ``Normalize`` stage is dropped, with a warning when the mode
+is not cosine, because it would erase the magnitude this project trains), or a folder it
+saved itself (``magretrieve_config.json`` next to safetensors weights).
+
+``embed`` returns *raw* pooled vectors; ``encode_queries``/``encode_documents`` apply the
+query/document side of :mod:`magretrieve.similarity` and return what a store holds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from magretrieve import similarity
+from magretrieve.errors import ConfigError
+from magretrieve.models import resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+CONFIG_NAME = "magretrieve_config.json"
+CONFIG_VERSION = 1
+POOLINGS = ("mean", "cls", "last")
+SIDES = ("query", "document")
+
+
+@dataclass
+class EncoderConfig:
+    """Everything besides the transformer weights that defines the encoder's outputs."""
+
+    mode: str = "cosine"
+    gamma_q: float = 1.0
+    gamma_d: float = 1.0
+    pooling: str = "mean"
+    max_query_length: int = 64
+    max_document_length: int = 256
+    query_prefix: str = ""
+    document_prefix: str = ""
+    #: Raw pooled vectors are divided by this before partial normalization (norm calibration).
+    norm_scale: float = 1.0
+    #: Where the weights came from (a folder or hub name), for provenance only.
+    base_model: str = ""
+    version: int = CONFIG_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        sim = similarity.resolve(
+            self.mode,
+            self.gamma_q if self.mode == "learnable" else None,
+            self.gamma_d if self.mode == "learnable" else None,
+        )
+        self.gamma_q, self.gamma_d = sim.gamma_q, sim.gamma_d
+        if self.pooling not in POOLINGS:
+            raise ConfigError(
+                f"unknown pooling {self.pooling!r}; choose one of {', '.join(POOLINGS)}"
+            )
+        for name in ("max_query_length", "max_document_length"):
+            if int(getattr(self, name)) < 2:
+                raise ConfigError(f"{name} must be at least 2, got {getattr(self, name)}")
+        if not (self.norm_scale > 0 and math.isfinite(self.norm_scale)):
+            raise ConfigError(f"norm_scale must be a positive number, got {self.norm_scale}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> EncoderConfig:
+        version = data.get("version", CONFIG_VERSION)
+        if version != CONFIG_VERSION:
+            raise ConfigError(
+                f"{source}: unknown config version {version} (this magretrieve reads {CONFIG_VERSION})"
+            )
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"{source}: unknown config fields {sorted(unknown)}")
+        cfg = cls(**data)
+        cfg.validate()
+        return cfg
+
+
+def _gamma_logit(gamma: float) -> float:
+    g = min(max(gamma, 1e-4), 1 - 1e-4)
+    return math.log(g / (1 - g))
+
+
+def _read_sentence_transformers(folder: Path) -> tuple[Path, dict[str, Any]]:
+    """Return the transformer folder and settings (pooling, max length, normalize) of an ST folder."""
+    modules = json.loads((folder / "modules.json").read_text())
+    settings: dict[str, Any] = {"normalize": False}
+    transformer_dir = folder
+    for module in modules:
+        kind = module.get("type", "")
+        path = folder / module.get("path", "")
+        if kind.endswith("Transformer"):
+            transformer_dir = path if (path / "config.json").is_file() else folder
+            st_cfg = folder / "sentence_bert_config.json"
+            if st_cfg.is_file():
+                max_len = json.loads(st_cfg.read_text()).get("max_seq_length")
+                if max_len:
+                    settings["max_seq_length"] = int(max_len)
+        elif kind.endswith("Pooling"):
+            pool_cfg = json.loads((path / "config.json").read_text())
+            if pool_cfg.get("pooling_mode_cls_token"):
+                settings["pooling"] = "cls"
+            elif pool_cfg.get("pooling_mode_lasttoken"):
+                settings["pooling"] = "last"
+            elif pool_cfg.get("pooling_mode_mean_tokens"):
+                settings["pooling"] = "mean"
+            else:
+                raise ConfigError(f"{path}: unsupported sentence-transformers pooling {pool_cfg}")
+        elif kind.endswith("Normalize"):
+            settings["normalize"] = True
+        else:
+            raise ConfigError(f"{folder}: unsupported sentence-transformers module {kind!r}")
+    return transformer_dir, settings
+
+
+class Encoder(nn.Module):
+    """Transformer + pooling + (partial) normalization, with its config saved beside its weights."""
+
+    def __init__(self, transformer: nn.Module, tokenizer: Any, config: EncoderConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.transformer = transformer
+        self.tokenizer = tokenizer
+        self.config = config
+        # Learnable γ are two scalars through a sigmoid; fixed modes keep them frozen buffers.
+        logits = torch.tensor([_gamma_logit(config.gamma_q), _gamma_logit(config.gamma_d)])
+        if config.mode == "learnable":
+            self.gamma_logits = nn.Parameter(logits)
+        else:
+            self.register_buffer("gamma_logits", logits, persistent=False)
+        self._uses_token_type_ids = "token_type_ids" in getattr(tokenizer, "model_input_names", [])
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def load(
+        cls,
+        model: str | Path,
+        mode: str | None = None,
+        *,
+        gamma_q: float | None = None,
+        gamma_d: float | None = None,
+        pooling: str | None = None,
+        max_query_length: int | None = None,
+        max_document_length: int | None = None,
+        query_prefix: str | None = None,
+        document_prefix: str | None = None,
+        device: str | None = None,
+    ) -> Encoder:
+        """Load a magretrieve run, a sentence-transformers folder, or a Hugging Face folder/name.
+
+        Arguments left as ``None`` keep what the folder says (or the defaults).
+        """
+        from transformers import AutoModel, AutoTokenizer
+
+        folder = resolve_model_path(model)
+        own = folder / CONFIG_NAME if folder.is_dir() else None
+        if own is not None and own.is_file():
+            data = json.loads(own.read_text())
+            cfg = EncoderConfig.from_dict(data, source=str(own))
+            transformer_dir = folder
+            if mode is not None and mode != cfg.mode:
+                cfg.mode = mode
+                cfg.gamma_q, cfg.gamma_d = (gamma_q, gamma_d) if mode == "learnable" else (1.0, 1.0)
+        else:
+            cfg = EncoderConfig(mode=mode or "cosine", base_model=str(model))
+            transformer_dir = folder
+            if folder.is_dir() and (folder / "modules.json").is_file():
+                transformer_dir, st = _read_sentence_transformers(folder)
+                cfg.pooling = st.get("pooling", cfg.pooling)
+                if "max_seq_length" in st:
+                    cfg.max_document_length = st["max_seq_length"]
+                    cfg.max_query_length = min(cfg.max_query_length, st["max_seq_length"])
+                if st["normalize"]:
+                    level = logging.INFO if cfg.mode == "cosine" else logging.WARNING
+                    logger.log(
+                        level,
+                        "%s: removed the sentence-transformers Normalize stage (mode %s computes its own "
+                        "normalization; a built-in Normalize would erase document magnitude)",
+                        folder,
+                        cfg.mode,
+                    )
+                    cfg.extra["removed_normalize"] = True
+        if mode == "learnable" or (mode is None and cfg.mode == "learnable"):
+            if gamma_q is not None:
+                cfg.gamma_q = gamma_q
+            if gamma_d is not None:
+                cfg.gamma_d = gamma_d
+            if mode == "learnable" and own is None:
+                cfg.gamma_q = similarity.PAPER_LEARNABLE_INIT if gamma_q is None else gamma_q
+                cfg.gamma_d = similarity.PAPER_LEARNABLE_INIT if gamma_d is None else gamma_d
+        elif mode is not None:
+            sim = similarity.resolve(mode, gamma_q, gamma_d)
+            cfg.mode, cfg.gamma_q, cfg.gamma_d = sim.mode, sim.gamma_q, sim.gamma_d
+        for name, value in (
+            ("pooling", pooling),
+            ("max_query_length", max_query_length),
+            ("max_document_length", max_document_length),
+            ("query_prefix", query_prefix),
+            ("document_prefix", document_prefix),
+        ):
+            if value is not None:
+                setattr(cfg, name, value)
+        cfg.validate()
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(transformer_dir))
+            transformer = AutoModel.from_pretrained(str(transformer_dir), use_safetensors=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"{transformer_dir}: cannot load the transformer ({exc}). magretrieve loads safetensors "
+                "weights only; a folder with only pytorch_model.bin (a pickle) is refused"
+            ) from None
+        encoder = cls(transformer, tokenizer, cfg)
+        encoder.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        encoder.eval()
+        return encoder
+
+    def save(self, path: str | Path) -> Path:
+        """Write weights (safetensors), tokenizer and ``magretrieve_config.json`` to ``path``."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.sync_config()
+        self.transformer.save_pretrained(str(path), safe_serialization=True)
+        self.tokenizer.save_pretrained(str(path))
+        (path / CONFIG_NAME).write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        return path
+
+    def sync_config(self) -> None:
+        """Copy the current (possibly trained) γ values into the config."""
+        gq, gd = self.gammas()
+        if self.config.mode == "learnable":
+            self.config.gamma_q, self.config.gamma_d = float(gq), float(gd)
+
+    # ------------------------------------------------------------------ forward
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.transformer.parameters()).device
+
+    @property
+    def dim(self) -> int:
+        return int(self.transformer.config.hidden_size)
+
+    @property
+    def uses_token_type_ids(self) -> bool:
+        return self._uses_token_type_ids
+
+    def gammas(self) -> tuple[torch.Tensor | float, torch.Tensor | float]:
+        """(γq, γd): tensors through a sigmoid when learnable, plain floats otherwise."""
+        if self.config.mode == "learnable":
+            g = torch.sigmoid(self.gamma_logits)
+            return g[0], g[1]
+        return self.config.gamma_q, self.config.gamma_d
+
+    @property
+    def similarity(self) -> similarity.Similarity:
+        gq, gd = self.gammas()
+        return (
+            similarity.resolve(self.config.mode, float(gq), float(gd))
+            if self.config.mode == "learnable"
+            else similarity.resolve(self.config.mode)
+        )
+
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Pool token states into one vector per text (mean, CLS or last non-padding token)."""
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        if self.config.pooling == "mean":
+            return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
+        if self.config.pooling == "cls":
+            return hidden[:, 0]
+        # last token: index of the last 1 in the mask works for left and right padding alike
+        positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+        last = (attention_mask * positions).argmax(dim=1)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Raw pooled embedding (divided by ``norm_scale``), before any normalization."""
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        hidden = self.transformer(**kwargs).last_hidden_state
+        pooled = self.pool(hidden, attention_mask)
+        if self.config.norm_scale != 1.0:
+            pooled = pooled / self.config.norm_scale
+        return pooled
+
+    def side_vectors(self, raw: torch.Tensor, side: str) -> torch.Tensor:
+        """Apply the side's partial normalization (``x/‖x‖^γ``) to raw embeddings."""
+        gq, gd = self.gammas()
+        return similarity.partial_normalize_torch(raw, gq if side == "query" else gd)
+
+    # ------------------------------------------------------------------ tokenization
+
+    def prepare(self, texts: Sequence[str], side: str) -> list[str]:
+        if side not in SIDES:
+            raise ConfigError(f"side must be 'query' or 'document', got {side!r}")
+        prefix = self.config.query_prefix if side == "query" else self.config.document_prefix
+        return [prefix + t for t in texts]
+
+    def max_length(self, side: str) -> int:
+        return self.config.max_query_length if side == "query" else self.config.max_document_length
+
+    def tokenize(self, texts: Sequence[str], side: str) -> dict[str, torch.Tensor]:
+        """Tokenize with the side's prefix and max length, padded to the longest text."""
+        batch = self.tokenizer(
+            self.prepare(texts, side),
+            padding=True,
+            truncation=True,
+            max_length=self.max_length(side),
+            return_tensors="pt",
+        )
+        keep = ("input_ids", "attention_mask") + (
+            ("token_type_ids",) if self._uses_token_type_ids else ()
+        )
+        return {k: v.to(self.device) for k, v in batch.items() if k in keep}
+
+    def token_lengths(self, texts: Sequence[str], side: str) -> list[int]:
+        """Token counts after truncation, used to sort texts into length buckets."""
+        enc = self.tokenizer(
+            self.prepare(texts, side), truncation=True, max_length=self.max_length(side)
+        )
+        return [len(ids) for ids in enc["input_ids"]]
+
+    # ------------------------------------------------------------------ inference
+
+    @torch.inference_mode()
+    def embed(
+        self, texts: Sequence[str], side: str, batch_size: int = 64, progress: bool | str = False
+    ) -> np.ndarray:
+        """Raw pooled float32 embeddings, batched by length so little compute goes to padding."""
+        from tqdm.auto import tqdm
+
+        texts = list(texts)
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        was_training = self.training
+        self.eval()
+        order = np.argsort([-n for n in self.token_lengths(texts, side)], kind="stable")
+        desc = progress if isinstance(progress, str) else f"encoding {side}s"
+        bar = tqdm(total=len(texts), desc=desc, unit="text", disable=not progress, leave=False)
+        for start in range(0, len(texts), batch_size):
+            idx = order[start : start + batch_size]
+            batch = self.tokenize([texts[i] for i in idx], side)
+            out[idx] = self(**batch).float().cpu().numpy()
+            bar.update(len(idx))
+        bar.close()
+        self.train(was_training)
+        return out
+
+    def encode_queries(
+        self, texts: Sequence[str], batch_size: int = 64, progress: bool | str = False
+    ) -> np.ndarray:
+        """Query vectors as sent to a store: ``q / ‖q‖^γq``."""
+        return similarity.query_vectors(
+            self.embed(texts, "query", batch_size, progress), self.similarity
+        )
+
+    def encode_documents(
+        self, texts: Sequence[str], batch_size: int = 64, progress: bool | str = False
+    ) -> np.ndarray:
+        """Document vectors as a store keeps them: ``d / ‖d‖^γd`` (magnitude kept unless γd = 1)."""
+        return similarity.document_vectors(
+            self.embed(texts, "document", batch_size, progress), self.similarity
+        )

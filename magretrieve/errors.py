@@ -1,0 +1,32 @@
+"""The project's own error types.
+
+Every error a *user* can cause (bad files, bad flags, mismatched stores) is a
+``MagRetrieveError``. The CLI prints these as one clear line and exits non-zero,
+without a traceback; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class MagRetrieveError(Exception):
+    """Base class of every user-facing error raised by magretrieve."""
+
+
+class DataError(MagRetrieveError):
+    """A data file (corpus, queries, qrels, pairs) is malformed; the message names file and line or id."""
+
+
+class ConfigError(MagRetrieveError):
+    """A mode, γ value, flag combination or model folder is invalid."""
+
+
+class ManifestError(MagRetrieveError):
+    """An export folder's manifest is missing, tampered with, or of an unknown version."""
+
+
+class StoreError(MagRetrieveError):
+    """A vector store is misconfigured, incompatible with the model, or corrupt."""
+
+
+class SymmetryError(ConfigError):
+    """A one-sided mode was asked for on a symmetric task."""
