@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,9 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 raise DataError(
                     f"{path}:{lineno}: malformed JSON ({exc.msg}, column {exc.colno})"
                 ) from None
+            except (ValueError, RecursionError) as exc:
+                # e.g. an integer of > 4300 digits, or arrays nested deeper than the recursion limit
+                raise DataError(f"{path}:{lineno}: malformed JSON ({exc})") from None
             if not isinstance(obj, dict):
                 raise DataError(
                     f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}"
@@ -131,7 +135,9 @@ def iter_corpus(path: str | Path) -> Iterator[tuple[int, Document]]:
     for lineno, obj in read_jsonl(path):
         doc_id = _required_str(obj, "_id", path, lineno)
         text = _required_str(obj, "text", path, lineno, allow_empty=True)
-        title = obj.get("title") or ""
+        title = obj.get("title")
+        if title is None:
+            title = ""
         if not isinstance(title, str):
             raise DataError(
                 f"{path}:{lineno}: field 'title' must be a string, got {type(title).__name__}"
@@ -179,9 +185,16 @@ def load_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     qrels: dict[str, dict[str, int]] = {}
+    rows: list[list[str]] = []
     try:
         with path.open(encoding="utf-8", newline="") as fh:
-            rows = list(csv.reader(fh, delimiter="\t"))
+            # QUOTE_NONE: BEIR qrels are plain TSV, so one row is one line (line numbers stay right)
+            reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
+            try:
+                for row in reader:
+                    rows.append(row)
+            except csv.Error as exc:
+                raise DataError(f"{path}:{reader.line_num}: unreadable TSV row ({exc})") from None
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not valid UTF-8 ({exc.reason})") from None
     if not rows:
@@ -198,9 +211,12 @@ def load_qrels(path: str | Path) -> dict[str, dict[str, int]]:
             raise DataError(f"{path}:{lineno}: expected 3 tab-separated columns, got {len(row)}")
         qid, did, score = row[0].strip(), row[1].strip(), row[2].strip()
         try:
-            rel = int(float(score))
+            value = float(score)
         except ValueError:
             raise DataError(f"{path}:{lineno}: score {score!r} is not a number") from None
+        if not math.isfinite(value):
+            raise DataError(f"{path}:{lineno}: score {score!r} is not a finite number")
+        rel = int(value)
         qrels.setdefault(qid, {})[did] = rel
     if not qrels:
         raise DataError(f"{path}: no judgements")
@@ -281,9 +297,15 @@ def load_sentence_pairs(path: str | Path) -> list[SentencePair]:
         a = _required_str(obj, "sentence1", path, lineno)
         b = _required_str(obj, "sentence2", path, lineno)
         score = obj.get("score")
-        if isinstance(score, bool) or not isinstance(score, (int, float)):
-            raise DataError(f"{path}:{lineno}: field 'score' must be a number, got {score!r}")
-        pairs.append(SentencePair(a, b, float(score)))
+        try:
+            value = float(score) if isinstance(score, (int, float)) else math.nan
+        except OverflowError:  # an integer too large for a float
+            value = math.nan
+        if isinstance(score, bool) or not math.isfinite(value):
+            raise DataError(
+                f"{path}:{lineno}: field 'score' must be a finite number, got {score!r}"
+            )
+        pairs.append(SentencePair(a, b, value))
     if not pairs:
         raise DataError(f"{path}: no sentence pairs")
     return pairs
