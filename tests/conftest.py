@@ -25,10 +25,9 @@ def build_tiny_bert(folder: Path, seed: int = 0) -> Path:
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = folder / "vocab.txt"
     chars = list("abcdefghijklmnopqrstuvwxyz0123456789.,-?")
-    vocab.write_text("\n".join(SPECIALS + WORDS + chars + ["##" + c for c in chars]) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+    tokens = SPECIALS + WORDS + chars + ["##" + c for c in chars]
+    tokenizer = BertTokenizerFast(vocab={t: i for i, t in enumerate(tokens)}, do_lower_case=True)
     tokenizer.save_pretrained(str(folder))
     torch.manual_seed(seed)
     config = BertConfig(
