@@ -1,0 +1,332 @@
+"""The one small protocol every vector store implements, and the helpers they share.
+
+A store keeps *stored* vectors (``d / ‖d‖^γd``, see :mod:`magretrieve.similarity`) under
+string ids with a JSON payload, and is searched by inner product. Magnitude is the point of
+this project, so a store never normalizes, and every store refuses NaN/inf before it writes.
+
+Store metadata (:data:`META_KEYS`) records the model that built the store (the manifest's
+``model_fingerprint``, mode, γ values, dimension) so a :class:`~magretrieve.retriever.Retriever`
+can refuse to mix models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from magretrieve.errors import StoreError
+
+#: The only metric a magretrieve store uses.
+METRIC = "inner_product"
+#: Keys written into a store's metadata by the Retriever.
+META_KEYS = ("model_fingerprint", "mode", "gamma_q", "gamma_d", "dimension", "metric")
+#: Namespace of the deterministic point ids (uuid5 of the document id) used by Qdrant stores.
+ID_NAMESPACE = uuid.UUID("6f1c3f0e-8a57-5b7e-9a43-3d2b1c0e9f10")
+
+
+@dataclass
+class StoreHit:
+    """One search result as a store returns it (before the Retriever decomposes the score)."""
+
+    id: str
+    score: float
+    payload: dict[str, Any] = field(default_factory=dict)
+    vector: np.ndarray | None = None
+
+
+@dataclass
+class StoreRecord:
+    """A stored point read back by id."""
+
+    id: str
+    vector: np.ndarray
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+class VectorStore(ABC):
+    """The protocol: add/upsert, batch search, delete, count, get by id, persist, describe.
+
+    Implementations: memory (numpy, exact; the congruence reference), FAISS, Qdrant
+    (server or embedded) and Qdrant Edge. ``thread_safe_search`` says whether concurrent
+    ``search`` calls are safe without a lock (the Retriever serializes them when not).
+    """
+
+    #: Short backend name, e.g. ``"faiss"``.
+    kind: str = "store"
+    #: Whether ``search`` may run from several threads at once.
+    thread_safe_search: bool = False
+
+    @property
+    @abstractmethod
+    def dimension(self) -> int:
+        """Vector dimension the store was created with."""
+
+    @property
+    def metric(self) -> str:
+        return METRIC
+
+    @property
+    def normalizes_vectors(self) -> bool:
+        """True when the store rescales vectors on the way in (magnitude would be lost)."""
+        return False
+
+    @abstractmethod
+    def add(
+        self,
+        ids: Sequence[str],
+        vectors: np.ndarray,
+        payloads: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int:
+        """Insert or replace (upsert) points; returns how many were written."""
+
+    def upsert(
+        self,
+        ids: Sequence[str],
+        vectors: np.ndarray,
+        payloads: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int:
+        """Alias of :meth:`add`: adding an existing id replaces it."""
+        return self.add(ids, vectors, payloads)
+
+    @abstractmethod
+    def search(
+        self, queries: np.ndarray, k: int, *, with_vectors: bool = True
+    ) -> list[list[StoreHit]]:
+        """Top-``k`` hits by inner product for each row of ``queries`` (best first)."""
+
+    @abstractmethod
+    def delete(self, ids: Sequence[str]) -> int:
+        """Remove points; unknown ids are ignored. Returns how many were removed."""
+
+    @abstractmethod
+    def count(self) -> int:
+        """Number of live points."""
+
+    @abstractmethod
+    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
+        """Records (vector + payload) by id, ``None`` where an id is not stored."""
+
+    @abstractmethod
+    def existing(self, ids: Sequence[str]) -> set[str]:
+        """The subset of ``ids`` already stored (what resumable indexing skips)."""
+
+    @abstractmethod
+    def iter_ids(self) -> Iterator[str]:
+        """Every stored id (order unspecified)."""
+
+    @abstractmethod
+    def read_metadata(self) -> dict[str, Any] | None:
+        """The metadata recorded by :meth:`write_metadata`, or ``None`` for a fresh store."""
+
+    @abstractmethod
+    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+        """Record which model built the store (see :data:`META_KEYS`)."""
+
+    def persist(self) -> None:  # noqa: B027 - optional hook
+        """Make everything added so far durable (atomic where the backend allows)."""
+
+    def optimize(self) -> None:  # noqa: B027 - optional hook
+        """Finish a bulk load (train/build indexes); a no-op where nothing is deferred."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release files and connections."""
+
+    @abstractmethod
+    def parameters(self) -> dict[str, Any]:
+        """Index parameters worth reporting (type, M, ef, nlist, quantization, ...)."""
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Human-readable name of where the data lives (a path, URL/collection, ...)."""
+
+    def get_vectors(self, ids: Sequence[str]) -> np.ndarray:
+        """Stored vectors by id as a float32 ``(n, dim)`` array; unknown ids are an error."""
+        records = self.get(ids)
+        missing = [i for i, r in zip(ids, records, strict=True) if r is None]
+        if missing:
+            raise StoreError(
+                f"{self.location}: {len(missing)} id(s) not stored, e.g. {missing[0]!r}"
+            )
+        if not records:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        return np.stack([r.vector for r in records]).astype(np.float32)  # type: ignore[union-attr]
+
+    def describe(self) -> dict[str, Any]:
+        """Metric, dimension, count, parameters and recorded metadata, for users and checks."""
+        return {
+            "kind": self.kind,
+            "location": self.location,
+            "metric": self.metric,
+            "dimension": self.dimension,
+            "count": self.count(),
+            "normalizes_vectors": self.normalizes_vectors,
+            "parameters": self.parameters(),
+            "metadata": self.read_metadata(),
+        }
+
+    def __enter__(self) -> VectorStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.location} dim={self.dimension}>"
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def check_batch(
+    ids: Sequence[str],
+    vectors: np.ndarray,
+    payloads: Sequence[Mapping[str, Any]] | None,
+    dimension: int,
+    where: str,
+) -> tuple[list[str], np.ndarray, list[dict[str, Any]]]:
+    """Validate one add/upsert batch before anything is written.
+
+    Refuses non-string or empty ids, duplicate ids inside the batch, a wrong shape or
+    dimension, and NaN/inf values (the error names the first offending document id).
+    """
+    ids = list(ids)
+    for doc_id in ids:
+        if not isinstance(doc_id, str) or not doc_id:
+            raise StoreError(f"{where}: document ids must be non-empty strings, got {doc_id!r}")
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+        raise StoreError(f"{where}: duplicate document id {dup!r} in one batch")
+    arr = np.asarray(vectors, dtype=np.float32)
+    if arr.ndim == 1 and len(ids) == 1:
+        arr = arr.reshape(1, -1)
+    if arr.ndim != 2 or arr.shape[0] != len(ids):
+        raise StoreError(
+            f"{where}: expected {len(ids)} vectors of dimension {dimension}, got shape {arr.shape}"
+        )
+    if arr.shape[1] != dimension:
+        raise StoreError(
+            f"{where}: vectors have dimension {arr.shape[1]} but the store has dimension {dimension}"
+        )
+    check_finite(arr, ids, where)
+    if payloads is None:
+        plist: list[dict[str, Any]] = [{} for _ in ids]
+    else:
+        plist = [dict(p or {}) for p in payloads]
+        if len(plist) != len(ids):
+            raise StoreError(f"{where}: {len(ids)} ids but {len(plist)} payloads")
+    return ids, np.ascontiguousarray(arr), plist
+
+
+def check_finite(arr: np.ndarray, ids: Sequence[str], where: str) -> None:
+    """Raise a StoreError naming the first id whose vector holds NaN or inf."""
+    bad = ~np.isfinite(arr).all(axis=1)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise StoreError(
+            f"{where}: vector of document {ids[first]!r} contains NaN or inf "
+            f"({int(bad.sum())} bad vector(s) in this batch); nothing was written"
+        )
+
+
+def check_queries(queries: np.ndarray, dimension: int, where: str) -> np.ndarray:
+    """Queries as a float32 ``(n, dim)`` array; NaN/inf and wrong dimensions refused."""
+    arr = np.asarray(queries, dtype=np.float32)
+    if arr.ndim == 1:
+        arr = arr.reshape(1, -1)
+    if arr.ndim != 2 or arr.shape[1] != dimension:
+        raise StoreError(
+            f"{where}: query vectors must have dimension {dimension}, got shape {arr.shape}"
+        )
+    bad = ~np.isfinite(arr).all(axis=1)
+    if bad.any():
+        raise StoreError(f"{where}: query vector {int(np.flatnonzero(bad)[0])} contains NaN or inf")
+    return np.ascontiguousarray(arr)
+
+
+def check_k(k: int) -> int:
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+        raise StoreError(f"k must be a positive integer, got {k!r}")
+    return int(k)
+
+
+def point_uuid(doc_id: str) -> str:
+    """Deterministic point id for a document id, so re-indexing overwrites instead of duplicating."""
+    return str(uuid.uuid5(ID_NAMESPACE, doc_id))
+
+
+def check_payload_keys(payload: Mapping[str, Any], reserved: Iterable[str], doc_id: str) -> None:
+    """Refuse user payload keys that collide with the store's own bookkeeping keys."""
+    clash = sorted(set(payload) & set(reserved))
+    if clash:
+        raise StoreError(
+            f"document {doc_id!r}: payload key(s) {clash} are reserved by magretrieve stores"
+        )
+
+
+def json_safe(value: Any, doc_id: str) -> Any:
+    """Round-trip a payload through JSON (refusing NaN) so every backend stores the same thing."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"document {doc_id!r}: payload is not JSON-serializable ({exc})") from None
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same folder, fsync, then os.replace.
+
+    A crash leaves either the old file or the new one, never a half-written one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+def fsync_dir(folder: Path) -> None:
+    """fsync a directory so a rename inside it survives a power loss (best effort)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,219 @@
+"""Exact inner-product search in numpy: the reference every other store is compared with.
+
+Optionally persisted to a folder (``memory:DIR``) as ``vectors.npy`` + ``records.json`` with
+the same generation-and-checksum scheme as the FAISS store.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from magretrieve.adapters.base import (
+    StoreHit,
+    StoreRecord,
+    VectorStore,
+    atomic_write_bytes,
+    atomic_write_json,
+    check_batch,
+    check_k,
+    check_queries,
+    sha256_file,
+)
+
+from magretrieve.errors import StoreError
+
+STATE_FILE = "memory_store.json"
+
+
+class MemoryStore(VectorStore):
+    """All vectors in one float32 matrix; search is ``queries @ vectors.T`` and a partial sort."""
+
+    kind = "memory"
+    thread_safe_search = True
+
+    def __init__(self, dimension: int, path: str | Path | None = None) -> None:
+        if int(dimension) < 1:
+            raise StoreError(f"memory store: dimension must be positive, got {dimension}")
+        self._dim = int(dimension)
+        self._path = Path(path) if path is not None else None
+        self._vectors = np.zeros((0, self._dim), dtype=np.float32)
+        self._ids: list[str] = []
+        self._payloads: list[dict[str, Any]] = []
+        self._row: dict[str, int] = {}
+        self._meta: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: str | Path, dimension: int | None = None) -> MemoryStore:
+        """Open a persisted memory store, or create it when the folder holds none."""
+        path = Path(path)
+        state_file = path / STATE_FILE
+        if not state_file.is_file():
+            if dimension is None:
+                raise StoreError(f"{path}: no memory store here; pass a dimension to create one")
+            return cls(dimension, path)
+        state = json.loads(state_file.read_text())
+        vec_file = path / state["vectors"]
+        rec_file = path / state["records"]
+        for f, key in ((vec_file, "vectors_sha256"), (rec_file, "records_sha256")):
+            if not f.is_file() or sha256_file(f) != state[key]:
+                raise StoreError(f"{f}: missing or does not match its checksum (half-written?)")
+        store = cls(state["dimension"], path)
+        if dimension is not None and int(dimension) != store._dim:
+            raise StoreError(
+                f"{path}: store has dimension {store._dim}, but dimension {dimension} was asked for"
+            )
+        store._vectors = np.load(vec_file)
+        records = json.loads(rec_file.read_text())
+        store._ids = [r[0] for r in records]
+        store._payloads = [r[1] for r in records]
+        store._row = {i: n for n, i in enumerate(store._ids)}
+        store._meta = state.get("metadata")
+        return store
+
+    @property
+    def dimension(self) -> int:
+        return self._dim
+
+    @property
+    def location(self) -> str:
+        return f"memory:{self._path}" if self._path else "memory:"
+
+    def add(
+        self,
+        ids: Sequence[str],
+        vectors: np.ndarray,
+        payloads: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int:
+        ids, arr, plist = check_batch(ids, vectors, payloads, self._dim, self.location)
+        with self._lock:
+            new_rows = []
+            for doc_id, vec, payload in zip(ids, arr, plist, strict=True):
+                row = self._row.get(doc_id)
+                if row is None:
+                    self._row[doc_id] = len(self._ids)
+                    new_rows.append(vec)
+                    self._ids.append(doc_id)
+                    self._payloads.append(payload)
+                else:
+                    self._vectors[row] = vec
+                    self._payloads[row] = payload
+            if new_rows:
+                self._vectors = np.vstack([self._vectors, np.stack(new_rows)])
+        return len(ids)
+
+    def search(
+        self, queries: np.ndarray, k: int, *, with_vectors: bool = True
+    ) -> list[list[StoreHit]]:
+        q = check_queries(queries, self._dim, self.location)
+        k = check_k(k)
+        vectors, ids, payloads = self._vectors, self._ids, self._payloads
+        n = vectors.shape[0]
+        if n == 0:
+            return [[] for _ in range(len(q))]
+        scores = q @ vectors.T
+        kk = min(k, n)
+        out = []
+        for row in scores:
+            top = np.argpartition(-row, kk - 1)[:kk] if kk < n else np.arange(n)
+            # ties broken by insertion order, like a stable exact scan
+            top = top[np.lexsort((top, -row[top]))]
+            out.append(
+                [
+                    StoreHit(
+                        ids[j],
+                        float(row[j]),
+                        dict(payloads[j]),
+                        vectors[j].copy() if with_vectors else None,
+                    )
+                    for j in top
+                ]
+            )
+        return out
+
+    def delete(self, ids: Sequence[str]) -> int:
+        with self._lock:
+            rows = sorted({self._row[i] for i in ids if i in self._row})
+            if not rows:
+                return 0
+            keep = np.setdiff1d(np.arange(len(self._ids)), rows)
+            self._vectors = self._vectors[keep]
+            self._ids = [self._ids[j] for j in keep]
+            self._payloads = [self._payloads[j] for j in keep]
+            self._row = {i: n for n, i in enumerate(self._ids)}
+            return len(rows)
+
+    def count(self) -> int:
+        return len(self._ids)
+
+    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
+        out: list[StoreRecord | None] = []
+        for doc_id in ids:
+            row = self._row.get(doc_id)
+            out.append(
+                None
+                if row is None
+                else StoreRecord(doc_id, self._vectors[row].copy(), dict(self._payloads[row]))
+            )
+        return out
+
+    def existing(self, ids: Sequence[str]) -> set[str]:
+        return {i for i in ids if i in self._row}
+
+    def iter_ids(self) -> Iterator[str]:
+        return iter(list(self._ids))
+
+    def read_metadata(self) -> dict[str, Any] | None:
+        return dict(self._meta) if self._meta is not None else None
+
+    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+        self._meta = dict(meta)
+
+    def parameters(self) -> dict[str, Any]:
+        return {"index": "exact (numpy)"}
+
+    def persist(self) -> None:
+        """Write vectors and records under a new generation, then the state file last."""
+        if self._path is None:
+            return
+        import io
+
+        with self._lock:
+            self._path.mkdir(parents=True, exist_ok=True)
+            old = (
+                json.loads((self._path / STATE_FILE).read_text())
+                if (self._path / STATE_FILE).is_file()
+                else {}
+            )
+            gen = int(old.get("generation", 0)) + 1
+            buf = io.BytesIO()
+            np.save(buf, self._vectors)
+            vec_name, rec_name = f"vectors-{gen}.npy", f"records-{gen}.json"
+            atomic_write_bytes(self._path / vec_name, buf.getvalue())
+            atomic_write_bytes(
+                self._path / rec_name,
+                json.dumps(
+                    [[i, p] for i, p in zip(self._ids, self._payloads, strict=True)]
+                ).encode(),
+            )
+            atomic_write_json(
+                self._path / STATE_FILE,
+                {
+                    "format": "magretrieve-memory-store",
+                    "generation": gen,
+                    "dimension": self._dim,
+                    "vectors": vec_name,
+                    "records": rec_name,
+                    "vectors_sha256": sha256_file(self._path / vec_name),
+                    "records_sha256": sha256_file(self._path / rec_name),
+                    "metadata": self._meta,
+                },
+            )
+            for key in ("vectors", "records"):
+                if key in old and old[key] not in (vec_name, rec_name):
+                    (self._path / old[key]).unlink(missing_ok=True)

@@ -1,0 +1,436 @@
+"""Store congruence and store rules, qdrant-client style: the same operations on every backend.
+
+Backends: memory (numpy exact, the reference), FAISS flat, embedded qdrant-client (in memory
+and on disk) and Qdrant Edge. No Qdrant server runs here: the ``qdrant:URL`` spec shares every
+line of QdrantStore with the embedded modes except the client constructor.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from magretrieve.adapters import open_store, parse_spec
+from magretrieve.adapters.faiss_store import FaissStore
+
+from magretrieve.errors import StoreError
+
+DIM = 16
+BACKENDS = ["memory", "faiss-flat", "qdrant-memory", "qdrant-local", "qdrant-edge"]
+
+
+def make_data(n: int = 400, nq: int = 25, dim: int = DIM, seed: int = 0):
+    """Vectors with widely varying norms (what qnorm/dot stores keep) and unit queries."""
+    rng = np.random.default_rng(seed)
+    docs = rng.normal(size=(n, dim)).astype(np.float32)
+    docs *= rng.uniform(0.2, 5.0, size=(n, 1)).astype(np.float32)
+    queries = rng.normal(size=(nq, dim)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    ids = [f"doc-{i}" for i in range(n)]
+    return ids, docs, queries
+
+
+def spec_for(backend: str, tmp: Path) -> str:
+    return {
+        "memory": "memory:",
+        "faiss-flat": f"faiss:{tmp / 'faiss'}",
+        "qdrant-memory": "qdrant-memory:test",
+        "qdrant-local": f"qdrant-local:{tmp / 'qdrant'}/test",
+        "qdrant-edge": f"qdrant-edge:{tmp / 'edge'}",
+    }[backend]
+
+
+def exact_topk(queries: np.ndarray, docs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    scores = queries @ docs.T
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return order, np.take_along_axis(scores, order, axis=1)
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request, tmp_path):
+    s = open_store(spec_for(request.param, tmp_path), dimension=DIM)
+    yield s
+    s.close()
+
+
+def test_exact_backends_agree_with_brute_force(store):
+    ids, docs, queries = make_data()
+    store.add(ids, docs, [{"n": i} for i in range(len(ids))])
+    store.optimize()
+    assert store.count() == len(ids)
+    order, scores = exact_topk(queries, docs, 10)
+    results = store.search(queries, 10)
+    for qi, hits in enumerate(results):
+        assert [h.id for h in hits] == [ids[j] for j in order[qi]], store.kind
+        np.testing.assert_allclose([h.score for h in hits], scores[qi], rtol=0, atol=1e-4)
+        # payload comes back, bookkeeping keys stripped
+        assert hits[0].payload == {"n": int(order[qi][0])}
+        np.testing.assert_allclose(hits[0].vector, docs[order[qi][0]], atol=1e-6)
+
+
+def test_stored_vectors_keep_their_norms(store):
+    ids, docs, _ = make_data(n=50)
+    store.add(ids, docs)
+    back = store.get_vectors(ids[::-1])
+    np.testing.assert_allclose(back, docs[::-1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        np.linalg.norm(back, axis=1), np.linalg.norm(docs[::-1], axis=1), rtol=1e-6
+    )
+    assert store.get(["doc-1", "nope"])[1] is None
+    with pytest.raises(StoreError, match="nope"):
+        store.get_vectors(["doc-1", "nope"])
+
+
+def test_upsert_replaces_and_delete_removes(store):
+    ids, docs, queries = make_data(n=60)
+    store.add(ids, docs)
+    store.add(ids[:10], docs[:10] * 2.0, [{"v": 2}] * 10)  # same ids again: replaced
+    assert store.count() == 60
+    assert sorted(store.iter_ids()) == sorted(ids)
+    np.testing.assert_allclose(store.get_vectors(["doc-3"])[0], docs[3] * 2.0, rtol=1e-6)
+    assert store.get(["doc-3"])[0].payload == {"v": 2}
+    assert store.existing(["doc-3", "doc-59", "zzz"]) == {"doc-3", "doc-59"}
+    top = store.search(queries[:1], 1)[0][0].id
+    assert store.delete([top, "not-there"]) == 1
+    assert store.count() == 59
+    assert top not in [h.id for h in store.search(queries[:1], 59)[0]]
+    assert len(store.search(queries[:1], 100)[0]) == 59
+
+
+def test_nan_and_inf_refused_naming_the_document(store):
+    ids, docs, _ = make_data(n=5)
+    store.add(ids[:2], docs[:2])
+    bad = docs[2:].copy()
+    bad[1, 3] = np.nan
+    with pytest.raises(StoreError, match="doc-3"):
+        store.add(ids[2:], bad)
+    bad[1, 3] = np.inf
+    with pytest.raises(StoreError, match="doc-3.*NaN or inf"):
+        store.add(ids[2:], bad)
+    assert store.count() == 2  # nothing of the bad batch was written
+    with pytest.raises(StoreError, match="dimension"):
+        store.add(["x"], np.ones((1, DIM + 1), dtype=np.float32))
+    with pytest.raises(StoreError, match="duplicate"):
+        store.add(["a", "a"], docs[:2])
+
+
+def test_store_describes_itself(store):
+    ids, docs, _ = make_data(n=7)
+    store.add(ids, docs)
+    d = store.describe()
+    assert d["metric"] == "inner_product"
+    assert d["dimension"] == DIM
+    assert d["count"] == 7
+    assert d["normalizes_vectors"] is False
+    assert isinstance(d["parameters"], dict)
+    assert d["metadata"] is None
+    store.write_metadata({"model_fingerprint": "abc", "mode": "qnorm"})
+    assert store.read_metadata() == {"model_fingerprint": "abc", "mode": "qnorm"}
+
+
+# ----------------------------------------------------------------------------- approximate
+
+
+def recall_at_k(approx: list[list[str]], exact: list[list[str]]) -> float:
+    return float(
+        np.mean([len(set(a) & set(e)) / len(e) for a, e in zip(approx, exact, strict=True)])
+    )
+
+
+@pytest.fixture(scope="module")
+def ann_data():
+    ids, docs, queries = make_data(n=3000, nq=50, dim=32, seed=1)
+    order, _ = exact_topk(queries, docs, 10)
+    exact = [[ids[j] for j in row] for row in order]
+    return ids, docs, queries, exact
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"index_type": "hnsw", "hnsw_m": 16, "ef_construction": 100, "ef_search": 64},
+        # isotropic random data is IVF's worst case; probing every list must be exact
+        {"index_type": "ivf", "nlist": 32, "nprobe": 32},
+    ],
+    ids=["hnsw", "ivf"],
+)
+def test_faiss_ann_recall(ann_data, tmp_path, options):
+    ids, docs, queries, exact = ann_data
+    s = open_store(f"faiss:{tmp_path / 'f'}", dimension=32, **options)
+    for start in range(0, len(ids), 500):  # IVF trains once enough vectors are buffered
+        s.add(ids[start : start + 500], docs[start : start + 500])
+    s.optimize()
+    got = [[h.id for h in row] for row in s.search(queries, 10)]
+    assert recall_at_k(got, exact) >= 0.95
+    assert s.describe()["parameters"]["index"] == options["index_type"]
+    # scores are exact inner products of the stored vectors
+    hits = s.search(queries[:1], 3)[0]
+    np.testing.assert_allclose(
+        [h.score for h in hits], s.get_vectors([h.id for h in hits]) @ queries[0], atol=1e-4
+    )
+    # delete works on both (HNSW by tombstone, IVF by remove_ids)
+    first = got[0][0]
+    s.delete([first])
+    assert first not in [h.id for h in s.search(queries[:1], 10)[0]]
+    assert len(s.search(queries[:1], 10)[0]) == 10
+    s.persist()
+    again = open_store(f"faiss:{tmp_path / 'f'}")
+    assert again.count() == len(ids) - 1
+    assert [h.id for h in again.search(queries[:1], 10)[0]] == [
+        h.id for h in s.search(queries[:1], 10)[0]
+    ]
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_qdrant_edge_hnsw_and_quantization_recall(ann_data, tmp_path, quantization):
+    """Edge builds a real HNSW; with int8 + rescoring, dot-product recall must hold."""
+    ids, docs, queries, exact = ann_data
+    s = open_store(
+        f"qdrant-edge:{tmp_path / 'e'}",
+        dimension=32,
+        hnsw_m=16,
+        ef_construction=100,
+        ef_search=64,
+        indexing_threshold=10,  # KB: index even this small test collection
+        full_scan_threshold=10,
+        quantization=quantization,
+    )
+    s.add(ids, docs)
+    s.optimize()
+    params = s.describe()["parameters"]
+    assert params["indexed_vectors"] > 0, params
+    assert params["quantization"] == quantization
+    got_hits = s.search(queries, 10)
+    got = [[h.id for h in row] for row in got_hits]
+    assert recall_at_k(got, exact) >= 0.95
+    # rescoring returns exact dot products (quantized scores would differ by ~1e-2)
+    row = got_hits[0]
+    np.testing.assert_allclose(
+        [h.score for h in row], s.get_vectors([h.id for h in row]) @ queries[0], atol=1e-3
+    )
+    s.close()
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("distance", ["COSINE", "EUCLID", "MANHATTAN"])
+def test_qdrant_collection_with_other_distance_refused(distance):
+    from qdrant_client import QdrantClient, models
+
+    client = QdrantClient(":memory:")
+    client.create_collection(
+        "scifact",
+        vectors_config=models.VectorParams(size=DIM, distance=getattr(models.Distance, distance)),
+    )
+    with pytest.raises(StoreError, match=rf"'scifact'.*{distance.capitalize()}"):
+        open_store(client, collection="scifact", dimension=DIM)
+
+
+def test_qdrant_client_object_and_size_check():
+    from qdrant_client import QdrantClient
+
+    client = QdrantClient(":memory:")
+    s = open_store(client, collection="c", dimension=DIM)
+    ids, docs, queries = make_data(n=20)
+    s.add(ids, docs)
+    assert client.get_collection("c").config.params.vectors.distance.value == "Dot"
+    with pytest.raises(StoreError, match=r"'c' has vector size 16.*dimension 8"):
+        open_store(client, collection="c", dimension=8)
+    with pytest.raises(StoreError, match="collection="):
+        open_store(client, dimension=DIM)
+
+
+def test_qdrant_ids_are_deterministic_and_payload_has_norm():
+    from magretrieve.adapters import point_uuid
+    from qdrant_client import QdrantClient
+
+    client = QdrantClient(":memory:")
+    s = open_store(client, collection="c", dimension=DIM)
+    ids, docs, _ = make_data(n=3)
+    s.add(ids, docs, [{"title": "t"}] * 3)
+    s.add(ids, docs, [{"title": "t"}] * 3)
+    assert s.count() == 3
+    rec = client.retrieve("c", ids=[point_uuid("doc-1")], with_payload=True)[0]
+    assert rec.payload["doc_id"] == "doc-1"
+    assert rec.payload["doc_norm"] == pytest.approx(float(np.linalg.norm(docs[1])), rel=1e-6)
+    with pytest.raises(StoreError, match="reserved"):
+        s.add(["x"], docs[:1], [{"doc_norm": 1.0}])
+
+
+def test_qdrant_edge_shard_with_cosine_refused(tmp_path):
+    import qdrant_edge as qe
+
+    qe.EdgeShard.create(
+        str(tmp_path / "e" / "shard"),
+        qe.EdgeConfig(vectors=qe.EdgeVectorParams(size=DIM, distance=qe.Distance.Cosine)),
+    ).close()
+    with pytest.raises(StoreError, match="uses distance Cosine"):
+        open_store(f"qdrant-edge:{tmp_path / 'e'}", dimension=DIM)
+
+
+@pytest.mark.parametrize("backend", ["faiss-flat", "qdrant-local", "qdrant-edge"])
+def test_dimension_mismatch_on_reopen_refused(tmp_path, backend):
+    spec = spec_for(backend, tmp_path)
+    s = open_store(spec, dimension=DIM)
+    s.add(["a"], np.ones((1, DIM), dtype=np.float32))
+    s.persist()
+    s.close()
+    with pytest.raises(StoreError, match=r"16.*dimension 32"):
+        open_store(spec, dimension=32)
+
+
+def test_faiss_l2_index_refused_and_normalizing_index_flagged():
+    import faiss
+
+    with pytest.raises(StoreError, match="metric L2"):
+        open_store(faiss.IndexFlatL2(DIM))
+    s = open_store(faiss.index_factory(DIM, "L2norm,Flat", faiss.METRIC_INNER_PRODUCT))
+    assert s.normalizes_vectors
+
+
+def test_faiss_index_object_accepted():
+    import faiss
+
+    ids, docs, queries = make_data(n=100)
+    plain = faiss.IndexFlatIP(DIM)
+    plain.add(docs)
+    s = open_store(plain)  # unnamed vectors get ids "0".."n-1"
+    assert s.count() == 100
+    order, scores = exact_topk(queries[:1], docs, 5)
+    assert [h.id for h in s.search(queries[:1], 5)[0]] == [str(j) for j in order[0]]
+    s.add(["new"], docs[:1] * 10)
+    assert s.search(queries[:1], 1)[0][0].score == pytest.approx(
+        float(10 * docs[0] @ queries[0]), rel=1e-5
+    )
+    empty_hnsw = faiss.IndexHNSWFlat(DIM, 16, faiss.METRIC_INNER_PRODUCT)
+    s2 = open_store(empty_hnsw)
+    s2.add(ids, docs)
+    assert s2.describe()["parameters"]["index"] == "hnsw"
+    assert s2.count() == 100
+
+
+# ----------------------------------------------------------------------------- FAISS files
+
+
+def test_faiss_half_written_state_detected(tmp_path):
+    ids, docs, _ = make_data(n=30)
+    path = tmp_path / "f"
+    s = open_store(f"faiss:{path}", dimension=DIM)
+    s.add(ids, docs)
+    s.persist()
+    state = json.loads((path / "faiss_store.json").read_text())
+    index_file = path / state["index_file"]
+    good = index_file.read_bytes()
+    index_file.write_bytes(good[: len(good) // 2])  # torn write
+    with pytest.raises(StoreError, match="half-written or modified"):
+        open_store(f"faiss:{path}")
+    index_file.write_bytes(good)
+    assert open_store(f"faiss:{path}").count() == 30
+    (path / "faiss_store.json").unlink()
+    with pytest.raises(StoreError, match="interrupted before its first commit"):
+        open_store(f"faiss:{path}", dimension=DIM)
+
+
+def test_faiss_crash_between_generations_keeps_previous_state(tmp_path, monkeypatch):
+    """A crash after the new index file but before the state switch loses nothing committed."""
+    from magretrieve.adapters import faiss_store
+
+    ids, docs, _ = make_data(n=40)
+    path = tmp_path / "f"
+    s = open_store(f"faiss:{path}", dimension=DIM)
+    s.add(ids[:20], docs[:20])
+    s.persist()
+    s.add(ids[20:], docs[20:])
+    real = faiss_store.atomic_write_json
+
+    def crash(*a, **k):
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(faiss_store, "atomic_write_json", crash)
+    with pytest.raises(KeyboardInterrupt):
+        s.persist()
+    monkeypatch.setattr(faiss_store, "atomic_write_json", real)
+    reopened = open_store(f"faiss:{path}")
+    assert reopened.count() == 20
+    assert sorted(reopened.iter_ids()) == sorted(ids[:20])
+
+
+# ----------------------------------------------------------------------------- processes
+
+_SEARCH_SCRIPT = """
+import json, sys
+import numpy as np
+from magretrieve.adapters import open_store
+spec, qfile = sys.argv[1], sys.argv[2]
+s = open_store(spec)
+res = s.search(np.load(qfile), 5)
+print(json.dumps([[(h.id, h.score) for h in row] for row in res]))
+s.close()
+"""
+
+
+@pytest.mark.parametrize(
+    "backend,options",
+    [
+        ("faiss-hnsw", {"index_type": "hnsw", "hnsw_m": 16}),
+        ("memory-dir", {}),
+        ("qdrant-local", {}),
+        ("qdrant-edge", {}),
+    ],
+)
+def test_persisted_store_reloads_in_a_new_process(tmp_path, backend, options):
+    ids, docs, queries = make_data(n=300)
+    spec = {
+        "faiss-hnsw": f"faiss:{tmp_path / 'f'}",
+        "memory-dir": f"memory:{tmp_path / 'm'}",
+        "qdrant-local": f"qdrant-local:{tmp_path / 'q'}/c",
+        "qdrant-edge": f"qdrant-edge:{tmp_path / 'e'}",
+    }[backend]
+    s = open_store(spec, dimension=DIM, **options)
+    s.add(ids, docs)
+    s.optimize()
+    s.persist()
+    here = [[(h.id, h.score) for h in row] for row in s.search(queries[:8], 5)]
+    s.close()
+    np.save(tmp_path / "q.npy", queries[:8])
+    out = subprocess.run(
+        [sys.executable, "-c", _SEARCH_SCRIPT, spec, str(tmp_path / "q.npy")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    there = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [[i for i, _ in row] for row in there] == [[i for i, _ in row] for row in here]
+    np.testing.assert_allclose(
+        [[sc for _, sc in row] for row in there], [[sc for _, sc in row] for row in here], atol=1e-5
+    )
+
+
+# ----------------------------------------------------------------------------- specs
+
+
+def test_parse_spec_forms_and_errors():
+    assert parse_spec("faiss:indexes/scifact") == ("faiss", {"path": "indexes/scifact"})
+    assert parse_spec("qdrant:http://localhost:6333/scifact") == (
+        "qdrant",
+        {"url": "http://localhost:6333", "collection": "scifact"},
+    )
+    assert parse_spec("qdrant-local:indexes/qd/scifact") == (
+        "qdrant-local",
+        {"path": "indexes/qd", "collection": "scifact"},
+    )
+    assert parse_spec("qdrant-edge:ix/e") == ("qdrant-edge", {"path": "ix/e"})
+    assert parse_spec("memory:") == ("memory", {"path": ""})
+    for bad in ("faiss", "faiss:", "qdrant:scifact", "redis:x", "qdrant-local:onlyname"):
+        with pytest.raises(StoreError, match="qdrant-local:DIR/COLLECTION"):
+            parse_spec(bad)
+    with pytest.raises(StoreError, match=r"\['nlist'\] do not apply to qdrant-memory"):
+        open_store("qdrant-memory:x", dimension=4, nlist=8)
+    with pytest.raises(StoreError, match="unknown FAISS index type"):
+        FaissStore(4, index_type="NotAnIndex")
