@@ -1,0 +1,68 @@
+"""``magretrieve search EXPORT_DIR --store SPEC "query" -k 5 [--json]``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from magretrieve.cli._group import main
+from magretrieve.cli.cmd_index import collect_store_options
+
+
+def _snippet(hit: object, width: int = 60) -> str:
+    title = getattr(hit, "title", "") or getattr(hit, "text", "")
+    title = " ".join(str(title).split())
+    return title if len(title) <= width else title[: width - 1] + "…"
+
+
+@main.command("search")
+@click.argument("export_dir", type=click.Path(file_okay=False))
+@click.argument("query", nargs=-1, required=True)
+@click.option(
+    "--store", "store_spec", required=True, help="Store spec, e.g. faiss:indexes/scifact."
+)
+@click.option("-k", "k", type=int, default=5, show_default=True, help="Hits per query.")
+@click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
+@click.option("--ef-search", type=int, default=None, help="HNSW efSearch for this search.")
+@click.option("--nprobe", type=int, default=None, help="FAISS IVF lists probed.")
+@click.option("--force", is_flag=True, help="Search a store built by another model.")
+def search_cmd(
+    export_dir: str,
+    query: tuple[str, ...],
+    store_spec: str,
+    k: int,
+    as_json: bool,
+    ef_search: int | None,
+    nprobe: int | None,
+    force: bool,
+) -> None:
+    """Search the store with QUERY; shows score = ‖q‖·doc_norm·cosine for each hit."""
+    from magretrieve.retriever import Retriever
+
+    text = " ".join(query)
+    with Retriever.load(
+        export_dir,
+        store=store_spec,
+        force=force,
+        create=False,
+        **collect_store_options(ef_search=ef_search, nprobe=nprobe),
+    ) as retriever:
+        hits = retriever.search(text, k=k)
+    if as_json:
+        click.echo(json.dumps({"query": text, "hits": [h.to_dict() for h in hits]}, indent=2))
+        return
+    if not hits:
+        click.echo("no hits (is the store empty?)")
+        return
+    rows = [
+        [str(h.rank), h.id, f"{h.score:.4f}", f"{h.doc_norm:.4f}", f"{h.cosine:.4f}", _snippet(h)]
+        for h in hits
+    ]
+    headers = ["rank", "id", "score", "doc_norm", "cosine", "title"]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    click.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    click.echo("  ".join("-" * w for w in widths))
+    for r in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    click.echo(f"query_norm {hits[0].query_norm:.4f}; score = query_norm · doc_norm · cosine")

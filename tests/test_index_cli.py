@@ -1,0 +1,205 @@
+"""``magretrieve index`` / ``magretrieve search``: resumable indexing, tables, refusals.
+
+The encoder is the deterministic FakeEncoder of test_retriever (substituted at the one seam,
+``magretrieve.retriever.load_encoder``); the real ONNX path is covered in test_retriever.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from magretrieve.adapters import open_store
+from test_retriever import TOPICS, FakeEncoder
+
+from magretrieve.cli import main
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def use_fake(monkeypatch):
+    """Make every Retriever.load use a FakeEncoder; returns a setter for its fingerprint."""
+    state = {"fingerprint": "a" * 64, "mode": "qnorm", "fail_after": None, "dim": 24}
+
+    def load(export_dir, threads=None):
+        enc = FakeEncoder(state["mode"], state["fingerprint"], state["dim"])
+        enc.fail_after = state["fail_after"]
+        return enc
+
+    monkeypatch.setattr("magretrieve.retriever.load_encoder", load)
+    return state
+
+
+def write_corpus(path: Path, n: int, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    with path.open("w") as fh:
+        for i in range(n):
+            words = " ".join(rng.choice(TOPICS, size=int(rng.integers(2, 10))))
+            fh.write(json.dumps({"_id": f"p{i}", "title": f"T{i}", "text": words}) + "\n")
+    return path
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=True)
+
+
+def test_index_then_rerun_skips_everything(use_fake, tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl", 30)
+    spec = f"faiss:{tmp_path / 'ix'}"
+    res = run("index", "EXPORT", str(corpus), "--store", spec, "--batch-size", "8", "--no-progress")
+    assert res.exit_code == 0, res.output
+    assert "30 added, 0 already stored, 30 in store" in res.output
+    res = run("index", "EXPORT", str(corpus), "--store", spec, "--no-progress")
+    assert res.exit_code == 0, res.output
+    assert "0 added, 30 already stored, 30 in store" in res.output
+
+
+@pytest.mark.parametrize("kind", ["faiss", "faiss-hnsw", "qdrant-local", "qdrant-edge"])
+def test_search_table_and_json(use_fake, tmp_path, kind):
+    corpus = write_corpus(tmp_path / "c.jsonl", 40)
+    spec = {
+        "faiss": f"faiss:{tmp_path / 'ix'}",
+        "faiss-hnsw": f"faiss:{tmp_path / 'hx'}",
+        "qdrant-local": f"qdrant-local:{tmp_path / 'q'}/docs",
+        "qdrant-edge": f"qdrant-edge:{tmp_path / 'e'}",
+    }[kind]
+    extra = ["--faiss-index", "hnsw", "--hnsw-m", "8"] if kind == "faiss-hnsw" else []
+    res = run("index", "EXPORT", str(corpus), "--store", spec, "--no-progress", *extra)
+    assert res.exit_code == 0, res.output
+    res = run("search", "EXPORT", "--store", spec, "statins heart", "-k", "3")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0].split() == ["rank", "id", "score", "doc_norm", "cosine", "title"]
+    assert len([ln for ln in lines if ln[:1].isdigit()]) == 3
+    res = run("search", "EXPORT", "--store", spec, "statins", "heart", "-k", "4", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["query"] == "statins heart"
+    hits = out["hits"]
+    assert [h["rank"] for h in hits] == [1, 2, 3, 4]
+    for h in hits:
+        assert h["score"] == pytest.approx(h["query_norm"] * h["doc_norm"] * h["cosine"], rel=1e-4)
+        assert h["payload"]["title"].startswith("T")
+    # the table shows the same first hit as the JSON
+    assert lines[2].split()[1] == hits[0]["id"]
+
+
+def test_interrupted_index_resumes_without_duplicates(use_fake, tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl", 50)
+    spec = f"faiss:{tmp_path / 'ix'}"
+    use_fake["fail_after"] = 3  # the 4th batch dies
+    res = run("index", "EXPORT", str(corpus), "--store", spec, "--batch-size", "5", "--no-progress")
+    assert res.exit_code == 1 and "Aborted" in res.output  # click's answer to Ctrl-C
+    partial = open_store(spec).count()
+    assert partial == 15
+    use_fake["fail_after"] = None
+    res = run("index", "EXPORT", str(corpus), "--store", spec, "--batch-size", "5", "--no-progress")
+    assert res.exit_code == 0, res.output
+    assert "35 added, 15 already stored, 50 in store" in res.output
+    store = open_store(spec)
+    ids = list(store.iter_ids())
+    assert len(ids) == len(set(ids)) == 50
+
+
+_KILL_SCRIPT = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from test_retriever import FakeEncoder
+from magretrieve.adapters import open_store
+from magretrieve.indexing import index_corpus
+from magretrieve.retriever import Retriever
+
+class Slow(FakeEncoder):
+    def encode_documents(self, texts, batch_size=32):
+        time.sleep(0.02)
+        return super().encode_documents(texts, batch_size)
+
+r = Retriever(Slow(), open_store({spec!r}, dimension=24))
+index_corpus(r, {corpus!r}, batch_size=4, checkpoint_every=8, progress=False)
+print("done")
+"""
+
+
+@pytest.mark.parametrize("kind", ["faiss", "qdrant-edge"])
+def test_sigkill_during_indexing_then_resume(tmp_path, kind):
+    """SIGKILL at an arbitrary point: the resumed store equals an uninterrupted run."""
+    corpus = write_corpus(tmp_path / "c.jsonl", 120)
+    spec = f"{kind}:{tmp_path / 'ix'}"
+    script = _KILL_SCRIPT.format(tests=str(TESTS), spec=spec, corpus=str(corpus))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    marker = tmp_path / "ix" / ("faiss_store.json" if kind == "faiss" else "magretrieve_store.json")
+    deadline = time.time() + 60
+    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    time.sleep(0.15)  # let it get further than the first checkpoint
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, "indexing finished before it could be killed"
+
+    from magretrieve.indexing import index_corpus
+    from magretrieve.retriever import Retriever
+
+    r = Retriever(FakeEncoder(), open_store(spec, dimension=24))
+    before = r.store.count()
+    assert 0 < before < 120
+    report = index_corpus(r, corpus, batch_size=4, progress=False)
+    assert report.count == 120 and report.added == 120 - before
+    ids = list(r.store.iter_ids())
+    assert len(ids) == len(set(ids)) == 120
+    ref = Retriever(FakeEncoder(), open_store("memory:", dimension=24))
+    index_corpus(ref, corpus, batch_size=50, progress=False)
+    for q in ("statins heart", "wing flow lung", "vitamin"):
+        got = [(h.id, round(h.score, 4)) for h in r.search(q, k=10)]
+        want = [(h.id, round(h.score, 4)) for h in ref.search(q, k=10)]
+        assert got == want
+    r.close()
+
+
+def test_model_mismatch_refused_on_the_cli(use_fake, tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl", 10)
+    spec = f"faiss:{tmp_path / 'ix'}"
+    assert run("index", "EXPORT", str(corpus), "--store", spec, "--no-progress").exit_code == 0
+    use_fake["fingerprint"] = "b" * 64
+    res = run("search", "EXPORT", "--store", spec, "statins")
+    assert res.exit_code == 1
+    assert "built by another model" in res.output and "aaaaaaaa" in res.output
+    assert "bbbbbbbb" in res.output and "Traceback" not in res.output
+    res = run("index", "EXPORT", str(corpus), "--store", spec, "--no-progress")
+    assert res.exit_code == 1 and "--force" in res.output
+    res = run("search", "EXPORT", "--store", spec, "statins", "--force", "-k", "2")
+    assert res.exit_code == 0, res.output
+
+
+def test_cli_refusals_are_one_line_errors(use_fake, tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl", 10)
+    spec = f"faiss:{tmp_path / 'ix'}"
+    assert run("index", "EXPORT", str(corpus), "--store", spec, "--no-progress").exit_code == 0
+    use_fake["dim"] = 32
+    res = run("search", "EXPORT", "--store", spec, "statins")
+    assert res.exit_code == 1 and "dimension 24" in res.output and "dimension 32" in res.output
+    res = run("index", "EXPORT", str(corpus), "--store", "redis:x", "--no-progress")
+    assert res.exit_code == 1 and "not understood" in res.output
+    res = run("search", "EXPORT", "--store", f"faiss:{tmp_path / 'none'}", "x")
+    assert res.exit_code == 1 and "no FAISS store here" in res.output
+    # a corpus with a duplicate id: error names the line, the store keeps what it had
+    use_fake["dim"] = 24
+    bad = tmp_path / "dup.jsonl"
+    bad.write_text(
+        json.dumps({"_id": "n1", "text": "statins"})
+        + "\n"
+        + json.dumps({"_id": "n1", "text": "heart"})
+        + "\n"
+    )
+    res = run("index", "EXPORT", str(bad), "--store", spec, "--no-progress")
+    assert res.exit_code == 1 and "dup.jsonl:2: duplicate document id 'n1'" in res.output
+    assert "first on line 1" in res.output and "Traceback" not in res.output
+    assert open_store(spec).count() == 10
