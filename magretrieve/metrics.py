@@ -24,10 +24,10 @@ def retrieval_metrics(qrels: Qrels, run: Run) -> dict[str, float]:
     import pytrec_eval
 
     qrels = {q: {d: int(r) for d, r in docs.items()} for q, docs in qrels.items()}
+    # plain floats: pytrec_eval refuses numpy scalars ("Unable to extract query/object scores")
+    run = {q: {d: float(s) for d, s in docs.items()} for q, docs in run.items()}
     run10 = {q: dict(sorted(docs.items(), key=lambda kv: -kv[1])[:10]) for q, docs in run.items()}
-    full = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.100"}).evaluate(
-        {q: dict(d) for q, d in run.items()}
-    )
+    full = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.100"}).evaluate(run)
     mrr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(run10)
     n = len(qrels)
     return {

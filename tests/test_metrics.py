@@ -127,3 +127,13 @@ def test_spearman_hand_example() -> None:
     assert metrics.spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) == pytest.approx(0.8207827, abs=1e-7)
     assert metrics.spearman([1, 2, 3], [10, 200, 3000]) == pytest.approx(1.0)
     assert metrics.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+
+
+def test_numpy_scores_and_labels_are_accepted() -> None:
+    import numpy as np
+
+    run = {q: {d: np.float32(s) for d, s in docs.items()} for q, docs in RUN.items()}
+    qrels = {q: {d: np.int64(r) for d, r in docs.items()} for q, docs in QRELS.items()}
+    assert metrics.retrieval_metrics(qrels, run) == pytest.approx(
+        metrics.retrieval_metrics(QRELS, RUN), abs=1e-6
+    )
