@@ -175,9 +175,12 @@ def open_store(
         return QdrantStore(
             client, loc["collection"], dimension, owns_client=True, location=where, **opts
         )
-    except BaseException:
+    except StoreError:
         client.close()
         raise
+    except Exception as exc:  # connection refused, auth, server-side errors
+        client.close()
+        raise StoreError(f"{where}: Qdrant request failed ({type(exc).__name__}: {exc})") from exc
 
 
 def _open_object(

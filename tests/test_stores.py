@@ -434,3 +434,9 @@ def test_parse_spec_forms_and_errors():
         open_store("qdrant-memory:x", dimension=4, nlist=8)
     with pytest.raises(StoreError, match="unknown FAISS index type"):
         FaissStore(4, index_type="NotAnIndex")
+
+
+def test_qdrant_server_spec_unreachable_is_a_store_error():
+    """No server runs here: the URL form must fail as one clear error naming the spec."""
+    with pytest.raises(StoreError, match=r"qdrant:http://127.0.0.1:1/c: Qdrant request failed"):
+        open_store("qdrant:http://127.0.0.1:1/c", dimension=DIM)

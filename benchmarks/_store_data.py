@@ -1,0 +1,69 @@
+"""Benchmark data for benchmarks/stores.py: ≥ 50k real passages, embedded once and cached.
+
+Passages are the sentences (≥ 4 words) of the scifact and cranfield abstracts in
+../shared/data; queries are both sets' queries. Vectors come from all-MiniLM-L6-v2 in
+``qnorm`` (documents keep their raw pooled magnitude, queries are unit-norm) and are cached
+in /tmp so the store comparison can be re-run without re-encoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SETS = ("scifact", "cranfield")
+CACHE = Path("/tmp/magretrieve_bench_stores")
+_SPLIT = re.compile(r"(?<=[.!?])\s+")
+
+
+def passages() -> tuple[list[str], list[str]]:
+    """(ids, texts) of every sentence with ≥ 4 words, ids ``<set>:<doc>:<n>``."""
+    ids, texts = [], []
+    for name in SETS:
+        with (SHARED / name / "corpus.jsonl").open() as fh:
+            for line in fh:
+                obj = json.loads(line)
+                for n, sent in enumerate(_SPLIT.split(obj["text"])):
+                    if len(sent.split()) >= 4:
+                        ids.append(f"{name}:{obj['_id']}:{n}")
+                        texts.append(sent)
+    return ids, texts
+
+
+def queries() -> list[str]:
+    out = []
+    for name in SETS:
+        with (SHARED / name / "queries.jsonl").open() as fh:
+            out.extend(json.loads(line)["text"] for line in fh if line.strip())
+    return out
+
+
+def load_vectors(batch_size: int = 128) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
+    """(ids, texts, document vectors, query vectors), encoding once and caching in /tmp."""
+    ids, texts = passages()
+    qtexts = queries()
+    key = hashlib.sha256("\n".join(texts + ["\0"] + qtexts).encode()).hexdigest()[:16]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    path = CACHE / f"minilm-qnorm-{key}.npz"
+    if path.is_file():
+        data = np.load(path)
+        return ids, texts, data["docs"], data["queries"]
+    from magretrieve.encoder import Encoder
+
+    enc = Encoder.load("all-MiniLM-L6-v2", mode="qnorm")
+    docs = enc.encode_documents(texts, batch_size=batch_size, progress="encoding passages")
+    qv = enc.encode_queries(qtexts, batch_size=batch_size, progress="encoding queries")
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, docs=docs, queries=qv)
+    tmp.replace(path)
+    return ids, texts, docs, qv
+
+
+if __name__ == "__main__":
+    i, _, d, q = load_vectors()
+    print(len(i), d.shape, q.shape, float(np.linalg.norm(d, axis=1).mean()))
