@@ -168,8 +168,9 @@ class Encoder(nn.Module):
         from transformers import AutoModel, AutoTokenizer
 
         folder = resolve_model_path(model)
-        own = folder / CONFIG_NAME if folder.is_dir() else None
-        if own is not None and own.is_file():
+        own = folder / CONFIG_NAME
+        has_own = folder.is_dir() and own.is_file()
+        if has_own:
             data = json.loads(own.read_text())
             cfg = EncoderConfig.from_dict(data, source=str(own))
             transformer_dir = folder
@@ -200,7 +201,7 @@ class Encoder(nn.Module):
                 cfg.gamma_q = gamma_q
             if gamma_d is not None:
                 cfg.gamma_d = gamma_d
-            if mode == "learnable" and own is None:
+            if mode == "learnable" and not has_own:
                 cfg.gamma_q = similarity.PAPER_LEARNABLE_INIT if gamma_q is None else gamma_q
                 cfg.gamma_d = similarity.PAPER_LEARNABLE_INIT if gamma_d is None else gamma_d
         elif mode is not None:
@@ -243,7 +244,7 @@ class Encoder(nn.Module):
         """Copy the current (possibly trained) γ values into the config."""
         gq, gd = self.gammas()
         if self.config.mode == "learnable":
-            self.config.gamma_q, self.config.gamma_d = float(gq), float(gd)
+            self.config.gamma_q, self.config.gamma_d = float(gq.detach()), float(gd.detach())
 
     # ------------------------------------------------------------------ forward
 
@@ -270,7 +271,7 @@ class Encoder(nn.Module):
     def similarity(self) -> similarity.Similarity:
         gq, gd = self.gammas()
         return (
-            similarity.resolve(self.config.mode, float(gq), float(gd))
+            similarity.resolve(self.config.mode, float(gq.detach()), float(gd.detach()))
             if self.config.mode == "learnable"
             else similarity.resolve(self.config.mode)
         )
