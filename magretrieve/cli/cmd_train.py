@@ -1,0 +1,204 @@
+"""`magretrieve train`: fine-tune an encoder under a similarity mode."""
+
+from __future__ import annotations
+
+import click
+
+from magretrieve.cli._group import main
+from magretrieve.similarity import MODES
+
+
+@main.command("train")
+@click.option(
+    "--model", required=True, help="Hugging Face or sentence-transformers folder (or hub name)."
+)
+@click.option(
+    "--train",
+    "train_spec",
+    required=True,
+    help="BEIR DIR:split (default split train) or pairs .jsonl.",
+)
+@click.option("--mode", type=click.Choice(MODES), default="qnorm", show_default=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Run folder to write.")
+@click.option(
+    "--eval",
+    "eval_specs",
+    multiple=True,
+    help="BEIR DIR:split to evaluate after each epoch (reported, not used to pick a checkpoint).",
+)
+@click.option("--epochs", type=int, default=3, show_default=True)
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--lr", type=float, default=2e-5, show_default=True)
+@click.option(
+    "--gamma-lr", type=float, default=5e-2, show_default=True, help="Learning rate of learnable γ."
+)
+@click.option(
+    "--gamma-init",
+    type=float,
+    default=None,
+    help="Initial γ (both sides) for --mode learnable (paper: 0.5).",
+)
+@click.option("--scale", type=float, default=20.0, show_default=True, help="Logit scale 1/τ.")
+@click.option("--seed", type=int, default=42, show_default=True)
+@click.option(
+    "--task", type=click.Choice(["retrieval", "symmetric"]), default="retrieval", show_default=True
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Train a one-sided mode on a symmetric task anyway, or overwrite --out.",
+)
+@click.option(
+    "--hard-negatives",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Hard negatives per pair (from the pair file, or mined).",
+)
+@click.option(
+    "--mine-hard-negatives",
+    is_flag=True,
+    help="Mine hard negatives with the starting model (BEIR training data).",
+)
+@click.option(
+    "--val-fraction",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Hold out this fraction of training queries; keep the best checkpoint by their NDCG@10.",
+)
+@click.option("--max-steps", type=int, default=None)
+@click.option("--pooling", type=click.Choice(["mean", "cls", "last"]), default=None)
+@click.option("--max-query-length", type=int, default=None)
+@click.option("--max-doc-length", type=int, default=None)
+@click.option("--query-prefix", default=None)
+@click.option("--doc-prefix", default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
+def train_command(
+    model,
+    train_spec,
+    mode,
+    out,
+    eval_specs,
+    epochs,
+    batch_size,
+    lr,
+    gamma_lr,
+    gamma_init,
+    scale,
+    seed,
+    task,
+    force,
+    hard_negatives,
+    mine_hard_negatives,
+    val_fraction,
+    max_steps,
+    pooling,
+    max_query_length,
+    max_doc_length,
+    query_prefix,
+    doc_prefix,
+    as_json,
+):
+    """Fine-tune MODEL with InfoNCE under --mode and save it to --out."""
+    from pathlib import Path
+
+    from magretrieve.cli._common import print_json, print_table
+    from magretrieve.data import (
+        is_sentence_pair_file,
+        load_beir,
+        load_pairs,
+        load_sentence_pairs,
+        parse_data_spec,
+    )
+    from magretrieve.errors import ConfigError
+    from magretrieve.trainer import (
+        TrainConfig,
+        check_task,
+        mine_hard_negatives,
+        split_validation,
+        train,
+    )
+
+    check_task(mode, task, force)  # fail before loading anything
+    out_path = Path(out)
+    if out_path.exists() and any(out_path.iterdir()) and not force:
+        raise ConfigError(f"{out_path}: exists and is not empty (pass --force to overwrite)")
+    dataset = None
+    if is_sentence_pair_file(train_spec):
+        from magretrieve.data import TrainingPair
+
+        pairs = [TrainingPair(p.a, p.b) for p in load_sentence_pairs(train_spec) if p.score >= 4.0]
+        if not pairs:
+            raise ConfigError(f"{train_spec}: no pairs with score >= 4.0 to use as positives")
+    elif str(train_spec).endswith(".jsonl"):
+        pairs = load_pairs(train_spec)
+    else:
+        folder, split = parse_data_spec(train_spec, default_split="train")
+        dataset = load_beir(f"{folder}:{split}")
+        pairs = dataset.training_pairs()
+    reports = [load_beir(s) for s in eval_specs]
+
+    from magretrieve.encoder import Encoder
+
+    gamma = (
+        {"gamma_q": gamma_init, "gamma_d": gamma_init}
+        if mode == "learnable" and gamma_init is not None
+        else {}
+    )
+    encoder = Encoder.load(
+        model,
+        mode,
+        pooling=pooling,
+        max_query_length=max_query_length,
+        max_document_length=max_doc_length,
+        query_prefix=query_prefix,
+        document_prefix=doc_prefix,
+        **gamma,
+    )
+    pairs, validation = split_validation(pairs, dataset, val_fraction, seed)
+    if mine_hard_negatives:
+        if dataset is None:
+            raise ConfigError("--mine-hard-negatives needs BEIR training data (DIR:split)")
+        pairs = mine_hard_negatives(encoder, dataset, pairs, max(hard_negatives, 1))
+        hard_negatives = max(hard_negatives, 1)
+    cfg = TrainConfig(
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        gamma_lr=gamma_lr,
+        scale=scale,
+        seed=seed,
+        task=task,
+        force=force,
+        hard_negatives=hard_negatives,
+        max_steps=max_steps,
+    )
+    result = train(encoder, pairs, cfg, validation=validation, report=reports, out_dir=out_path)
+    log = result.log
+    summary = {
+        "out": str(out_path),
+        "mode": encoder.config.mode,
+        "gamma_q": log["final_gamma_q"],
+        "gamma_d": log["final_gamma_d"],
+        "steps": log["total_steps"],
+        "seconds": log["seconds"],
+        "final_loss": log["steps"][-1]["loss"] if log["steps"] else None,
+        "best_step": result.best_step,
+        "evaluations": result.evaluations[-1] if result.evaluations else None,
+    }
+    if as_json:
+        print_json(summary)
+        return
+    click.echo(
+        f"saved {out_path}  (mode {summary['mode']}, γq {summary['gamma_q']:.3f}, γd {summary['gamma_d']:.3f}, "
+        f"{summary['steps']} steps in {summary['seconds']:.0f}s, final loss {summary['final_loss']:.4f})"
+    )
+    if result.evaluations:
+        last = result.evaluations[-1]
+        rows = [
+            (name, v["ndcg_at_10"], v["recall_at_100"], v["mrr_at_10"], v["cohens_d"])
+            for name, v in last.items()
+            if isinstance(v, dict)
+        ]
+        print_table(["data", "NDCG@10", "R@100", "MRR@10", "Cohen's d ‖d‖"], rows)
