@@ -440,3 +440,64 @@ def test_qdrant_server_spec_unreachable_is_a_store_error():
     """No server runs here: the URL form must fail as one clear error naming the spec."""
     with pytest.raises(StoreError, match=r"qdrant:http://127.0.0.1:1/c: Qdrant request failed"):
         open_store("qdrant:http://127.0.0.1:1/c", dimension=DIM)
+
+
+class _ServerLikeClient:
+    """Wraps an in-memory QdrantClient but hides its local mode, so QdrantStore takes the
+    server code path (HNSW/quantization/shard parameters) and we can see what it sends."""
+
+    def __init__(self) -> None:
+        from qdrant_client import QdrantClient
+
+        self._real = QdrantClient(":memory:")
+        self._client = None
+        self.calls: dict[str, dict] = {}
+
+    def __getattr__(self, name):
+        real = getattr(self._real, name)
+
+        def spy(*args, **kwargs):
+            self.calls[name] = kwargs
+            return real(*args, **kwargs)
+
+        return spy
+
+
+def test_qdrant_server_path_passes_cluster_hnsw_and_quantization_settings():
+    import warnings
+
+    from magretrieve.adapters.qdrant_store import QdrantStore
+
+    client = _ServerLikeClient()
+    s = QdrantStore(
+        client,
+        "c",
+        DIM,
+        hnsw_m=24,
+        ef_construction=150,
+        ef_search=96,
+        quantization="int8",
+        shard_number=3,
+        replication_factor=2,
+    )
+    created = client.calls["create_collection"]
+    assert created["shard_number"] == 3 and created["replication_factor"] == 2
+    assert created["hnsw_config"].m == 24 and created["hnsw_config"].ef_construct == 150
+    assert created["quantization_config"].scalar.type.value == "int8"
+    assert created["vectors_config"].distance.value == "Dot"
+    ids, docs, queries = make_data(n=50)
+    s.add(ids, docs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hits = s.search(queries[:1], 3)[0]
+    params = client.calls["query_points"]["search_params"]
+    assert params.hnsw_ef == 96
+    assert params.quantization.rescore is True and params.quantization.oversampling == 2.0
+    # the query went out scaled to the mean stored norm, the scores came back unscaled
+    sent = np.asarray(client.calls["query_points"]["query"])
+    mean_norm = float(np.mean(np.linalg.norm(docs, axis=1)))
+    assert np.linalg.norm(sent) == pytest.approx(mean_norm, rel=1e-4)
+    np.testing.assert_allclose(
+        [h.score for h in hits], s.get_vectors([h.id for h in hits]) @ queries[0], atol=1e-4
+    )
+    assert s.describe()["parameters"]["shard_number"] == 3
