@@ -146,14 +146,11 @@ class FaissStore(VectorStore):
         self._kind_cache: tuple[int, str] | None = None
         self.single_query_threads = single_query_threads
         self.params: dict[str, Any] = {
-            k: v
-            for k, v in {
-                "hnsw_m": hnsw_m,
-                "ef_construction": ef_construction,
-                "ef_search": ef_search,
-                "nlist": nlist,
-                "nprobe": nprobe,
-            }.items()
+            "hnsw_m": hnsw_m,
+            "ef_construction": ef_construction,
+            "ef_search": ef_search,
+            "nlist": nlist,
+            "nprobe": nprobe,
         }
         for key, default in DEFAULTS.items():
             if self.params[key] is None:
@@ -210,6 +207,13 @@ class FaissStore(VectorStore):
             )
         self._normalizes = info["normalizes"]
         self.index_type = getattr(self, "index_type", info["kind"])
+        core = info["core"]
+        if info["kind"] == "hnsw":  # report the adopted index's own settings
+            self.params["hnsw_m"] = int(core.hnsw.nb_neighbors(1))
+            self.params["ef_construction"] = int(core.hnsw.efConstruction)
+            self.params["ef_search"] = int(core.hnsw.efSearch)
+        elif info["kind"] == "ivf":
+            self.params["nlist"], self.params["nprobe"] = int(core.nlist), int(core.nprobe)
         index = faiss.downcast_index(index)
         if not index.is_trained:
             raise StoreError("the FAISS index object is not trained; train it before passing it")

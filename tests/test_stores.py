@@ -311,6 +311,7 @@ def test_faiss_index_object_accepted():
     s2 = open_store(empty_hnsw)
     s2.add(ids, docs)
     assert s2.describe()["parameters"]["index"] == "hnsw"
+    assert s2.describe()["parameters"]["hnsw_m"] == 16  # the object's own settings
     assert s2.count() == 100
 
 
