@@ -103,6 +103,7 @@ def train_command(
     """Fine-tune MODEL with InfoNCE under --mode and save it to --out."""
     from pathlib import Path
 
+    from magretrieve import trainer
     from magretrieve.cli._common import print_json, print_table
     from magretrieve.data import (
         is_sentence_pair_file,
@@ -112,15 +113,8 @@ def train_command(
         parse_data_spec,
     )
     from magretrieve.errors import ConfigError
-    from magretrieve.trainer import (
-        TrainConfig,
-        check_task,
-        mine_hard_negatives,
-        split_validation,
-        train,
-    )
 
-    check_task(mode, task, force)  # fail before loading anything
+    trainer.check_task(mode, task, force)  # fail before loading anything
     out_path = Path(out)
     if out_path.exists() and any(out_path.iterdir()) and not force:
         raise ConfigError(f"{out_path}: exists and is not empty (pass --force to overwrite)")
@@ -156,13 +150,13 @@ def train_command(
         document_prefix=doc_prefix,
         **gamma,
     )
-    pairs, validation = split_validation(pairs, dataset, val_fraction, seed)
+    pairs, validation = trainer.split_validation(pairs, dataset, val_fraction, seed)
     if mine_hard_negatives:
         if dataset is None:
             raise ConfigError("--mine-hard-negatives needs BEIR training data (DIR:split)")
-        pairs = mine_hard_negatives(encoder, dataset, pairs, max(hard_negatives, 1))
+        pairs = trainer.mine_hard_negatives(encoder, dataset, pairs, max(hard_negatives, 1))
         hard_negatives = max(hard_negatives, 1)
-    cfg = TrainConfig(
+    cfg = trainer.TrainConfig(
         epochs=epochs,
         batch_size=batch_size,
         lr=lr,
@@ -174,7 +168,9 @@ def train_command(
         hard_negatives=hard_negatives,
         max_steps=max_steps,
     )
-    result = train(encoder, pairs, cfg, validation=validation, report=reports, out_dir=out_path)
+    result = trainer.train(
+        encoder, pairs, cfg, validation=validation, report=reports, out_dir=out_path
+    )
     log = result.log
     summary = {
         "out": str(out_path),
