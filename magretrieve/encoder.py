@@ -293,8 +293,13 @@ class Encoder(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
+        side: str = "query",
     ) -> torch.Tensor:
-        """Raw pooled embedding (divided by ``norm_scale``), before any normalization."""
+        """Raw pooled embedding (divided by ``norm_scale``) of ``side``, before any normalization.
+
+        ``side`` lets a side-specific stage (a document norm head) act on one side only; the
+        ONNX export passes it, so such a stage flows into that side's graph.
+        """
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
@@ -362,7 +367,7 @@ class Encoder(nn.Module):
         for start in range(0, len(texts), batch_size):
             idx = order[start : start + batch_size]
             batch = self.tokenize([texts[i] for i in idx], side)
-            out[idx] = self(**batch).float().cpu().numpy()
+            out[idx] = self(**batch, side=side).float().cpu().numpy()
             bar.update(len(idx))
         bar.close()
         self.train(was_training)

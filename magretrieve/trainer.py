@@ -281,8 +281,8 @@ def train(
             positives = [p.positive for p in chosen]
             negatives = [n for p in chosen for n in p.negatives[: cfg.hard_negatives]]
             columns = positives + negatives
-            q_raw = encoder(**encoder.tokenize([p.query for p in chosen], "query"))
-            d_raw = encoder(**encoder.tokenize(columns, "document"))
+            q_raw = encoder(**encoder.tokenize([p.query for p in chosen], "query"), side="query")
+            d_raw = encoder(**encoder.tokenize(columns, "document"), side="document")
             q = encoder.side_vectors(q_raw, "query")
             d = encoder.side_vectors(d_raw, "document")
             exclude = duplicate_mask(positives, columns, device)
