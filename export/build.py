@@ -1,0 +1,410 @@
+"""``export_model``: encoder → staged export folder → parity check → atomic rename.
+
+Everything is built in a hidden temporary folder beside the target. Only when both graphs
+pass parity (fp32) is the folder renamed into place, so a failed export leaves nothing
+half-written and an existing export is replaced only with ``overwrite=True``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from magretrieve.errors import ConfigError, MagRetrieveError
+from magretrieve.manifest import MANIFEST_NAME, GraphSpec, Manifest, hash_folder
+
+if TYPE_CHECKING:  # pragma: no cover
+    from magretrieve.encoder import Encoder
+
+logger = logging.getLogger(__name__)
+
+GRAPH_FILES = {"query": "query.onnx", "document": "document.onnx"}
+TOKENIZER_FILE = "tokenizer.json"
+EXPORTER_CHOICES = ("auto", "dynamo", "torchscript")
+
+
+def _versions(exporter: str) -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import torch
+    import transformers
+
+    import magretrieve
+
+    versions = {
+        "magretrieve": magretrieve.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
+    if exporter == "dynamo":
+        import onnxscript
+
+        versions["onnxscript"] = onnxscript.__version__
+    return versions
+
+
+def _check_target(target: Path, overwrite: bool) -> None:
+    """Refuse an existing target (unless overwrite) and an unwritable location, before any work."""
+    if target.exists() or target.is_symlink():
+        if not target.is_dir():
+            raise ConfigError(f"{target}: exists and is not a folder; choose another target")
+        if not overwrite:
+            raise ConfigError(f"{target}: already exists; pass --overwrite to replace it")
+        if not (target / MANIFEST_NAME).is_file() and any(target.iterdir()):
+            raise ConfigError(
+                f"{target}: exists and is not an export folder (no {MANIFEST_NAME}); "
+                "refusing to replace it even with --overwrite"
+            )
+    ancestor = target.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"{target}: cannot write there ({ancestor} is not writable)")
+
+
+def _load_encoder(
+    model: Any, mode: str | None, gamma_q: float | None, gamma_d: float | None
+) -> Encoder:
+    from magretrieve.encoder import Encoder
+
+    if isinstance(model, Encoder):
+        if mode is not None and mode != model.config.mode:
+            raise ConfigError(
+                f"the encoder is in mode {model.config.mode!r}; load it with mode={mode!r} instead"
+            )
+        encoder = model
+    else:
+        encoder = Encoder.load(model, mode=mode, gamma_q=gamma_q, gamma_d=gamma_d, device="cpu")
+    if str(encoder.device) != "cpu":
+        raise ConfigError(
+            f"export runs on CPU; move the encoder to 'cpu' (it is on {encoder.device})"
+        )
+    if not getattr(encoder.tokenizer, "is_fast", False):
+        raise ConfigError(
+            "export needs a fast (Rust) tokenizer with a tokenizer.json: serving tokenizes with the "
+            "`tokenizers` library; this model only has a slow Python tokenizer"
+        )
+    _clamp_max_lengths(encoder)
+    encoder.eval()
+    return encoder
+
+
+def _clamp_max_lengths(encoder: Encoder) -> None:
+    """Cap max lengths at what the transformer can embed (position table / tokenizer limit).
+
+    A longer max length would make both PyTorch and the graph fail on long texts; the
+    manifest must promise only lengths the model supports.
+    """
+    tcfg = encoder.transformer.config
+    limits = [int(encoder.tokenizer.model_max_length or 0)]
+    positions = getattr(tcfg, "max_position_embeddings", None)
+    if positions:
+        # RoBERTa-style models offset positions by padding_idx + 1.
+        offset = int(tcfg.pad_token_id) + 1 if "roberta" in str(tcfg.model_type) else 0
+        limits.append(int(positions) - offset)
+    limit = (
+        min(x for x in limits if 0 < x < 1_000_000) if any(0 < x < 1_000_000 for x in limits) else 0
+    )
+    for name in ("max_query_length", "max_document_length"):
+        value = int(getattr(encoder.config, name))
+        if limit and value > limit:
+            logger.warning(
+                "%s %d exceeds the model's limit %d; exporting with %d", name, value, limit, limit
+            )
+            setattr(encoder.config, name, limit)
+
+
+def _write_manifest(
+    folder: Path,
+    encoder: Encoder,
+    *,
+    dimension: int,
+    exporter: dict[str, Any],
+    versions: dict[str, str],
+    parity: dict[str, Any],
+    quantization: str | None = None,
+    quantization_report: dict[str, Any] | None = None,
+) -> Manifest:
+    """Hash every file in ``folder`` and write its manifest (the manifest itself is unhashed)."""
+    from magretrieve.export.graphs import OUTPUT_NAME, input_names
+
+    from magretrieve import similarity
+
+    sim = encoder.similarity
+    cfg = encoder.config
+    inputs = input_names(encoder)
+    files = hash_folder(folder)
+    graphs = {
+        side: GraphSpec(
+            file=GRAPH_FILES[side],
+            inputs=list(inputs),
+            output=OUTPUT_NAME,
+            gamma=gamma,
+            contract=similarity.vector_contract(gamma),
+            head=None,
+        )
+        for side, gamma in (("query", sim.gamma_q), ("document", sim.gamma_d))
+    }
+    manifest = Manifest(
+        mode=sim.mode,
+        gamma_q=sim.gamma_q,
+        gamma_d=sim.gamma_d,
+        pooling=cfg.pooling,
+        max_query_length=int(cfg.max_query_length),
+        max_document_length=int(cfg.max_document_length),
+        query_prefix=cfg.query_prefix,
+        document_prefix=cfg.document_prefix,
+        norm_scale=float(cfg.norm_scale),
+        dimension=dimension,
+        graphs=graphs,
+        tokenizer=TOKENIZER_FILE,
+        files=files,
+        model_fingerprint=files[GRAPH_FILES["document"]],
+        quantization=quantization,
+        pad_token_id=int(encoder.tokenizer.pad_token_id or 0),
+        exporter=exporter,
+        versions=versions,
+        parity=parity,
+        quantization_report=quantization_report,
+        base_model=cfg.base_model,
+        folder=folder,
+    )
+    manifest.save(folder)
+    return manifest
+
+
+def _parity(
+    encoder: Encoder, folder: Path, reference: dict[str, Any], strict: bool
+) -> dict[str, Any]:
+    from magretrieve.export import parity
+
+    from magretrieve.runtime import OnnxEncoder
+
+    report = parity.measure(reference, OnnxEncoder.load(folder))
+    if strict:
+        parity.check(report, str(folder))
+    return report
+
+
+def _build_fp32(
+    encoder: Encoder,
+    folder: Path,
+    exporter: str,
+    optimize: bool,
+    reference: dict[str, Any],
+    say: Callable[[str], None],
+) -> Manifest:
+    """Export both sides with one exporter into ``folder`` and prove parity (raises otherwise)."""
+    from magretrieve.export.graphs import export_side
+    from magretrieve.export.quantize import optimize_bert
+
+    folder.mkdir(parents=True, exist_ok=False)
+    facts: dict[str, Any] = {}
+    for side, name in GRAPH_FILES.items():
+        say(f"exporting the {side} graph ({exporter} exporter)")
+        facts = export_side(encoder, side, folder / name, exporter=exporter)
+    encoder.tokenizer.save_pretrained(str(folder))
+    if not (folder / TOKENIZER_FILE).is_file():
+        raise ConfigError("the tokenizer did not save a tokenizer.json; serving cannot tokenize")
+    if optimize:
+        tcfg = encoder.transformer.config
+        for side, name in GRAPH_FILES.items():
+            say(f"fusing the {side} graph (onnxruntime transformer optimizer)")
+            fused = folder / f"{name}.fused"
+            facts["optimizer"] = optimize_bert(
+                folder / name,
+                fused,
+                model_type=str(getattr(tcfg, "model_type", "")),
+                num_heads=int(tcfg.num_attention_heads),
+                hidden_size=int(tcfg.hidden_size),
+            )
+            fused.replace(folder / name)
+    dim = int(reference["query"].shape[1])
+    manifest = _write_manifest(
+        folder, encoder, dimension=dim, exporter=facts, versions=_versions(exporter), parity={}
+    )
+    say("checking parity against PyTorch")
+    report = _parity(encoder, folder, reference, strict=True)
+    manifest.parity = {
+        "max_abs_diff": report["max_abs_diff"],
+        "max_rel_norm_err": report["max_rel_norm_err"],
+        "query": report["query"],
+        "document": report["document"],
+    }
+    manifest.save(folder)
+    return manifest
+
+
+def export_model(
+    model: Any,
+    out_dir: str | Path,
+    *,
+    mode: str | None = None,
+    gamma_q: float | None = None,
+    gamma_d: float | None = None,
+    quantize: str | None = None,
+    optimize: bool = False,
+    overwrite: bool = False,
+    exporter: str = "auto",
+    eval_data: str | Path | None = None,
+    echo: Callable[[str], None] | None = None,
+) -> Path:
+    """Export an encoder (an :class:`Encoder` or a model folder/alias) to ``out_dir``.
+
+    Writes ``query.onnx``, ``document.onnx``, the tokenizer files and ``magretrieve.json``.
+    ``exporter="auto"`` tries the dynamo exporter and falls back to TorchScript if dynamo
+    fails or misses parity. ``quantize="int8"`` keeps only int8 graphs, after the fp32 graphs
+    passed parity, and records int8-vs-fp32 agreement (and NDCG@10 on ``eval_data``,
+    ``DIR[:split]``) in the manifest. Returns the export folder.
+    """
+    say = echo or (lambda msg: logger.info(msg))
+    target = Path(out_dir).expanduser()
+    if quantize is not None and quantize not in ("int8",):
+        raise ConfigError(f"unknown quantization {quantize!r}; the supported one is 'int8'")
+    if exporter not in EXPORTER_CHOICES:
+        raise ConfigError(
+            f"unknown exporter {exporter!r}; choose one of {', '.join(EXPORTER_CHOICES)}"
+        )
+    if eval_data is not None and quantize is None:
+        raise ConfigError(
+            "--eval-data compares int8 with fp32; use it together with --quantize int8"
+        )
+    _check_target(target, overwrite)
+    dataset = None
+    if eval_data is not None:
+        from magretrieve.data import load_beir
+
+        dataset = load_beir(eval_data)  # fail on bad data before the slow part
+    encoder = _load_encoder(model, mode, gamma_q, gamma_d)
+
+    from magretrieve.export import parity
+
+    reference = parity.reference_vectors(encoder, parity.PARITY_TEXTS)
+
+    created: list[Path] = []
+    parent = target.parent
+    while not parent.exists():
+        created.append(parent)
+        parent = parent.parent
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    except OSError as exc:
+        raise ConfigError(f"{target}: cannot create the export folder ({exc})") from None
+    try:
+        fp32_dir = staging / "fp32"
+        attempts: list[dict[str, str]] = []
+        manifest: Manifest | None = None
+        for name in ("dynamo", "torchscript") if exporter == "auto" else (exporter,):
+            try:
+                manifest = _build_fp32(encoder, fp32_dir, name, optimize, reference, say)
+                break
+            except MagRetrieveError as exc:
+                if exporter != "auto" or isinstance(exc, ConfigError):
+                    raise
+                attempts.append({"exporter": name, "error": str(exc)})
+            except Exception as exc:  # an exporter crash is not the user's fault: try the other
+                if exporter != "auto":
+                    raise
+                attempts.append({"exporter": name, "error": f"{type(exc).__name__}: {exc}"})
+            logger.warning(
+                "%s exporter failed (%s); trying the next one", name, attempts[-1]["error"]
+            )
+            say(f"{name} exporter failed: {attempts[-1]['error'][:300]}")
+            shutil.rmtree(fp32_dir, ignore_errors=True)
+        if manifest is None:
+            raise MagRetrieveError(
+                "no exporter produced a graph that passes parity: "
+                + "; ".join(f"{a['exporter']}: {a['error'][:200]}" for a in attempts)
+            )
+        if attempts:
+            manifest.exporter["failed_attempts"] = attempts
+            manifest.save(fp32_dir)
+        final_dir = fp32_dir
+        if quantize == "int8":
+            final_dir = _build_int8(
+                encoder, fp32_dir, staging / "int8", manifest, reference, dataset, say
+            )
+        previous = staging / "previous"
+        if target.exists():
+            target.rename(previous)
+        try:
+            final_dir.rename(target)
+        except OSError:
+            if previous.exists():
+                previous.rename(target)  # put the old export back
+            raise
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in created:  # parents this call created, deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+    say(f"wrote {target}")
+    return target
+
+
+def _build_int8(
+    encoder: Encoder,
+    fp32_dir: Path,
+    int8_dir: Path,
+    fp32_manifest: Manifest,
+    reference: dict[str, Any],
+    dataset: Any,
+    say: Callable[[str], None],
+) -> Path:
+    """Quantize the parity-checked fp32 graphs; report agreement (and NDCG@10) vs fp32."""
+    from magretrieve.export.evaluate import evaluate_export
+    from magretrieve.export.quantize import quantize_int8
+
+    from magretrieve.runtime import OnnxEncoder
+
+    int8_dir.mkdir()
+    for name in GRAPH_FILES.values():
+        say(f"quantizing {name} to int8 (dynamic)")
+        facts = quantize_int8(fp32_dir / name, int8_dir / name)
+    for item in fp32_dir.iterdir():
+        if item.is_file() and item.suffix != ".onnx" and item.name != MANIFEST_NAME:
+            shutil.copy2(item, int8_dir / item.name)
+    exporter = dict(fp32_manifest.exporter) | {"quantizer": facts}
+    manifest = _write_manifest(
+        int8_dir,
+        encoder,
+        dimension=fp32_manifest.dimension,
+        exporter=exporter,
+        versions=fp32_manifest.versions,
+        parity=dict(fp32_manifest.parity),
+        quantization="int8",
+    )
+    say("measuring int8 agreement with PyTorch fp32")
+    agreement = _parity(encoder, int8_dir, reference, strict=False)
+    report: dict[str, Any] = {
+        "reference": "PyTorch fp32 on the parity texts",
+        "query": agreement["query"],
+        "document": agreement["document"],
+    }
+    if dataset is not None:
+        say(f"NDCG@10 on {dataset.name}:{dataset.split}: fp32 vs int8 (exact search)")
+        fp32 = evaluate_export(OnnxEncoder.load(fp32_dir), dataset, label="fp32")
+        int8 = evaluate_export(OnnxEncoder.load(int8_dir), dataset, label="int8")
+        report["eval"] = {
+            "data": f"{dataset.name}:{dataset.split}",
+            "fp32": fp32,
+            "int8": int8,
+            "ndcg@10_delta": int8["ndcg@10"] - fp32["ndcg@10"],
+        }
+    manifest.quantization_report = report
+    # The parity section describes the fp32 graphs the int8 ones were quantized from.
+    manifest.parity = dict(fp32_manifest.parity) | {"checked": "fp32 graphs before quantization"}
+    manifest.save(int8_dir)
+    return int8_dir

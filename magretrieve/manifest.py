@@ -1,0 +1,277 @@
+"""The export manifest (``magretrieve.json``): what an export folder holds and promises.
+
+An export folder is self-describing: the manifest names the similarity mode and its γ
+values, the tokenizer settings (prefixes, max lengths), the output contract of each graph
+(unit-norm or magnitude-keeping), the index metric every store must use, and a sha256 of
+every file so that a tampered or half-copied folder is refused before it serves a query.
+
+This module is torch-free: serving reads it without training dependencies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from magretrieve import similarity
+from magretrieve.errors import ConfigError, ManifestError
+
+MANIFEST_NAME = "magretrieve.json"
+FORMAT = "magretrieve-export"
+FORMAT_VERSION = 1
+SIDES = ("query", "document")
+CONTRACTS = ("unit_norm", "magnitude_keeping")
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks (graphs can be hundreds of MB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class GraphSpec:
+    """One ONNX graph of the export: its file, inputs, output name and vector contract."""
+
+    file: str
+    inputs: list[str]
+    output: str
+    gamma: float
+    contract: str
+    #: Extra per-side computation baked into the graph (e.g. a norm head, issue 6); None today.
+    head: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "inputs": list(self.inputs),
+            "output": self.output,
+            "gamma": self.gamma,
+            "contract": self.contract,
+            "head": self.head,
+        }
+
+
+@dataclass
+class Manifest:
+    """Parsed, validated ``magretrieve.json`` of an export folder."""
+
+    mode: str
+    gamma_q: float
+    gamma_d: float
+    pooling: str
+    max_query_length: int
+    max_document_length: int
+    query_prefix: str
+    document_prefix: str
+    norm_scale: float
+    dimension: int
+    graphs: dict[str, GraphSpec]
+    tokenizer: str
+    files: dict[str, str]
+    model_fingerprint: str
+    index_metric: str = similarity.INDEX_METRIC
+    quantization: str | None = None
+    pad_token_id: int = 0
+    exporter: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    parity: dict[str, Any] = field(default_factory=dict)
+    #: int8 exports: agreement of int8 vs fp32 vectors (and NDCG@10 when measured).
+    quantization_report: dict[str, Any] | None = None
+    base_model: str = ""
+    folder: Path | None = None
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def similarity(self) -> similarity.Similarity:
+        """The similarity these vectors implement (γ values as exported)."""
+        if self.mode == "learnable":
+            return similarity.resolve("learnable", self.gamma_q, self.gamma_d)
+        return similarity.resolve(self.mode)
+
+    @property
+    def query_contract(self) -> str:
+        return self.graphs["query"].contract
+
+    @property
+    def document_contract(self) -> str:
+        return self.graphs["document"].contract
+
+    def path(self, side: str) -> Path:
+        """Absolute path of a side's graph file."""
+        if self.folder is None:
+            raise ManifestError("manifest has no folder; load it with Manifest.load(folder)")
+        return self.folder / self.graphs[side].file
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "mode": self.mode,
+            "gamma_q": self.gamma_q,
+            "gamma_d": self.gamma_d,
+            "pooling": self.pooling,
+            "max_query_length": self.max_query_length,
+            "max_document_length": self.max_document_length,
+            "query_prefix": self.query_prefix,
+            "document_prefix": self.document_prefix,
+            "norm_scale": self.norm_scale,
+            "dimension": self.dimension,
+            "index_metric": self.index_metric,
+            "graphs": {side: spec.to_dict() for side, spec in self.graphs.items()},
+            "tokenizer": self.tokenizer,
+            "pad_token_id": self.pad_token_id,
+            "model_fingerprint": self.model_fingerprint,
+            "quantization": self.quantization,
+            "quantization_report": self.quantization_report,
+            "files": dict(self.files),
+            "exporter": dict(self.exporter),
+            "versions": dict(self.versions),
+            "parity": dict(self.parity),
+            "base_model": self.base_model,
+        }
+
+    def save(self, folder: str | Path) -> Path:
+        """Write ``magretrieve.json`` into ``folder`` (hashes must already be filled in)."""
+        path = Path(folder) / MANIFEST_NAME
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = MANIFEST_NAME) -> Manifest:
+        """Validate a manifest dict; every problem is a ManifestError naming ``source``."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ManifestError(
+                f"{source}: not a magretrieve export manifest (format != {FORMAT!r})"
+            )
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ManifestError(
+                f"{source}: unknown format_version {version!r} (this magretrieve reads "
+                f"{FORMAT_VERSION}); re-export the model or upgrade magretrieve"
+            )
+        try:
+            mode = data["mode"]
+            gamma_q = float(data["gamma_q"])
+            gamma_d = float(data["gamma_d"])
+            for name, value in (("gamma_q", gamma_q), ("gamma_d", gamma_d)):
+                if not (0.0 <= value <= 1.0) or math.isnan(value):
+                    raise ManifestError(f"{source}: {name} must lie in [0, 1], got {value}")
+            try:
+                sim = similarity.resolve(mode, gamma_q, gamma_d)
+            except ConfigError as exc:
+                raise ManifestError(f"{source}: {exc}") from None
+            graphs: dict[str, GraphSpec] = {}
+            for side in SIDES:
+                raw = data["graphs"][side]
+                spec = GraphSpec(
+                    file=str(raw["file"]),
+                    inputs=[str(x) for x in raw["inputs"]],
+                    output=str(raw["output"]),
+                    gamma=float(raw["gamma"]),
+                    contract=str(raw["contract"]),
+                    head=raw.get("head"),
+                )
+                expected_gamma = sim.gamma_q if side == "query" else sim.gamma_d
+                if not math.isclose(spec.gamma, expected_gamma, abs_tol=1e-6):
+                    raise ManifestError(
+                        f"{source}: graphs.{side}.gamma={spec.gamma} disagrees with the mode's "
+                        f"{expected_gamma}"
+                    )
+                if spec.contract != similarity.vector_contract(expected_gamma):
+                    raise ManifestError(
+                        f"{source}: graphs.{side}.contract={spec.contract!r} but γ={expected_gamma} "
+                        f"means {similarity.vector_contract(expected_gamma)!r}"
+                    )
+                graphs[side] = spec
+            index_metric = data.get("index_metric", similarity.INDEX_METRIC)
+            if index_metric != similarity.INDEX_METRIC:
+                raise ManifestError(
+                    f"{source}: index_metric {index_metric!r}; magretrieve vectors need "
+                    f"{similarity.INDEX_METRIC!r}"
+                )
+            files = data["files"]
+            if not isinstance(files, dict) or not files:
+                raise ManifestError(f"{source}: 'files' must map file names to sha256 hashes")
+            return cls(
+                mode=sim.mode,
+                gamma_q=sim.gamma_q,
+                gamma_d=sim.gamma_d,
+                pooling=str(data["pooling"]),
+                max_query_length=int(data["max_query_length"]),
+                max_document_length=int(data["max_document_length"]),
+                query_prefix=str(data.get("query_prefix", "")),
+                document_prefix=str(data.get("document_prefix", "")),
+                norm_scale=float(data.get("norm_scale", 1.0)),
+                dimension=int(data["dimension"]),
+                graphs=graphs,
+                tokenizer=str(data["tokenizer"]),
+                files={str(k): str(v) for k, v in files.items()},
+                model_fingerprint=str(data["model_fingerprint"]),
+                index_metric=index_metric,
+                quantization=data.get("quantization"),
+                pad_token_id=int(data.get("pad_token_id", 0)),
+                exporter=dict(data.get("exporter") or {}),
+                versions=dict(data.get("versions") or {}),
+                parity=dict(data.get("parity") or {}),
+                quantization_report=data.get("quantization_report"),
+                base_model=str(data.get("base_model", "")),
+            )
+        except KeyError as exc:
+            raise ManifestError(f"{source}: missing field {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise ManifestError(f"{source}: malformed field ({exc})") from None
+
+    @classmethod
+    def load(cls, folder: str | Path, verify: bool = True) -> Manifest:
+        """Read ``folder/magretrieve.json``; with ``verify`` check every file's sha256.
+
+        A missing file, a hash mismatch or an unknown version is a :class:`ManifestError`
+        naming the file, so a tampered export never serves.
+        """
+        folder = Path(folder)
+        path = folder / MANIFEST_NAME
+        if not path.is_file():
+            raise ManifestError(
+                f"{path}: no manifest; is {folder} an export folder (magretrieve export)?"
+            )
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"{path}: not valid JSON ({exc})") from None
+        manifest = cls.from_dict(data, source=str(path))
+        manifest.folder = folder
+        needed = {manifest.tokenizer, *(g.file for g in manifest.graphs.values())}
+        missing_hash = sorted(needed - set(manifest.files))
+        if missing_hash:
+            raise ManifestError(f"{path}: no sha256 recorded for {', '.join(missing_hash)}")
+        for name, expected in manifest.files.items():
+            file = folder / name
+            if not file.is_file():
+                raise ManifestError(f"{file}: listed in {path} but missing")
+            if verify and sha256_file(file) != expected:
+                raise ManifestError(
+                    f"{file}: sha256 does not match {path} (file modified or corrupt); "
+                    "re-export the model"
+                )
+        return manifest
+
+
+def hash_folder(folder: str | Path, exclude: tuple[str, ...] = (MANIFEST_NAME,)) -> dict[str, str]:
+    """sha256 of every regular file directly in ``folder`` (sorted by name), minus ``exclude``."""
+    folder = Path(folder)
+    return {
+        p.name: sha256_file(p)
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name not in exclude
+    }

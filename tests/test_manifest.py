@@ -1,0 +1,171 @@
+"""The export manifest: validation, hash verification and round trip (torch-free, no export needed)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from magretrieve.errors import ManifestError
+from magretrieve.manifest import MANIFEST_NAME, Manifest, hash_folder, sha256_file
+
+FILES = {"query.onnx": b"query graph bytes", "document.onnx": b"doc graph", "tokenizer.json": b"{}"}
+
+
+def _graph(file: str, gamma: float, contract: str) -> dict:
+    return {
+        "file": file,
+        "inputs": ["input_ids", "attention_mask"],
+        "output": "sentence_embedding",
+        "gamma": gamma,
+        "contract": contract,
+        "head": None,
+    }
+
+
+def _write(folder: Path, **overrides) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in FILES.items():
+        (folder / name).write_bytes(data)
+    hashes = {name: hashlib.sha256(data).hexdigest() for name, data in FILES.items()}
+    data = {
+        "format": "magretrieve-export",
+        "format_version": 1,
+        "mode": "qnorm",
+        "gamma_q": 1.0,
+        "gamma_d": 0.0,
+        "pooling": "mean",
+        "max_query_length": 64,
+        "max_document_length": 256,
+        "query_prefix": "query: ",
+        "document_prefix": "",
+        "norm_scale": 1.0,
+        "dimension": 384,
+        "index_metric": "inner_product",
+        "graphs": {
+            "query": _graph("query.onnx", 1.0, "unit_norm"),
+            "document": _graph("document.onnx", 0.0, "magnitude_keeping"),
+        },
+        "tokenizer": "tokenizer.json",
+        "model_fingerprint": hashes["document.onnx"],
+        "quantization": None,
+        "files": hashes,
+        "exporter": {"name": "torch.onnx (dynamo)", "opset": 18},
+        "versions": {},
+        "parity": {"max_abs_diff": 1e-7, "max_rel_norm_err": 1e-8},
+    }
+    data.update(overrides)
+    (folder / MANIFEST_NAME).write_text(json.dumps(data))
+    return data
+
+
+def test_valid_manifest_loads_with_contract_attributes(tmp_path: Path) -> None:
+    _write(tmp_path)
+    m = Manifest.load(tmp_path)
+    assert (m.mode, m.gamma_q, m.gamma_d) == ("qnorm", 1.0, 0.0)
+    assert m.query_contract == "unit_norm" and m.document_contract == "magnitude_keeping"
+    assert m.index_metric == "inner_product" and m.dimension == 384
+    assert m.model_fingerprint == hashlib.sha256(b"doc graph").hexdigest()
+    assert m.similarity.mode == "qnorm" and not m.similarity.is_symmetric
+    assert m.query_prefix == "query: " and m.folder == tmp_path
+    assert m.path("document") == tmp_path / "document.onnx"
+
+
+def test_to_dict_round_trips(tmp_path: Path) -> None:
+    _write(tmp_path)
+    m = Manifest.load(tmp_path)
+    again = Manifest.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert again.to_dict() == m.to_dict()
+
+
+def test_learnable_gammas_set_contracts(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        mode="learnable",
+        gamma_q=0.3,
+        gamma_d=0.8,
+        graphs={
+            "query": _graph("query.onnx", 0.3, "magnitude_keeping"),
+            "document": _graph("document.onnx", 0.8, "magnitude_keeping"),
+        },
+    )
+    sim = Manifest.load(tmp_path).similarity
+    assert (sim.mode, sim.gamma_q, sim.gamma_d) == ("learnable", 0.3, 0.8)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"format_version": 2}, "unknown format_version 2"),
+        ({"format": "something-else"}, "not a magretrieve export manifest"),
+        ({"mode": "euclid"}, "unknown mode"),
+        ({"mode": "learnable", "gamma_q": 1.5}, "gamma_q must lie in [0, 1]"),
+        ({"gamma_d": 1.0}, "fixes gamma_d"),
+        ({"index_metric": "l2"}, "index_metric 'l2'"),
+        (
+            {
+                "graphs": {
+                    "query": _graph("query.onnx", 1.0, "unit_norm"),
+                    "document": _graph("document.onnx", 0.0, "unit_norm"),
+                }
+            },
+            "graphs.document.contract='unit_norm'",
+        ),
+        ({"files": {}}, "'files' must map"),
+    ],
+)
+def test_invalid_manifest_refused(tmp_path: Path, overrides: dict, message: str) -> None:
+    _write(tmp_path, **overrides)
+    with pytest.raises(ManifestError, match="magretrieve.json") as info:
+        Manifest.load(tmp_path)
+    assert message in str(info.value)
+
+
+def test_missing_field_named(tmp_path: Path) -> None:
+    data = _write(tmp_path)
+    del data["dimension"]
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match="missing field 'dimension'"):
+        Manifest.load(tmp_path)
+
+
+def test_tampered_file_refused_naming_it(tmp_path: Path) -> None:
+    _write(tmp_path)
+    (tmp_path / "document.onnx").write_bytes(b"doc graph!")
+    with pytest.raises(ManifestError, match=r"document\.onnx: sha256 does not match"):
+        Manifest.load(tmp_path)
+    # verify=False skips hashing (used only for reading a report right after writing it)
+    assert Manifest.load(tmp_path, verify=False).mode == "qnorm"
+
+
+def test_missing_file_refused(tmp_path: Path) -> None:
+    _write(tmp_path)
+    (tmp_path / "tokenizer.json").unlink()
+    with pytest.raises(ManifestError, match=r"tokenizer\.json: listed in .* but missing"):
+        Manifest.load(tmp_path)
+
+
+def test_graph_without_hash_refused(tmp_path: Path) -> None:
+    data = _write(tmp_path)
+    del data["files"]["query.onnx"]
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match="no sha256 recorded for query.onnx"):
+        Manifest.load(tmp_path)
+
+
+def test_no_manifest_or_bad_json(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match="no manifest"):
+        Manifest.load(tmp_path)
+    (tmp_path / MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        Manifest.load(tmp_path)
+
+
+def test_hash_helpers(tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    (tmp_path / MANIFEST_NAME).write_text("{}")
+    (tmp_path / "sub").mkdir()
+    assert sha256_file(tmp_path / "a.bin") == hashlib.sha256(b"abc").hexdigest()
+    assert hash_folder(tmp_path) == {"a.bin": hashlib.sha256(b"abc").hexdigest()}
