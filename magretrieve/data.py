@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from magretrieve.errors import DataError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -125,7 +128,7 @@ def _required_str(
     return value
 
 
-def iter_corpus(path: str | Path) -> Iterator[tuple[int, Document]]:
+def iter_corpus(path: str | Path, *, allow_empty: bool = False) -> Iterator[tuple[int, Document]]:
     """Stream a corpus JSONL (``_id``, ``text``, optional ``title`` and extra payload fields).
 
     Streaming lets indexing start before a large file is read; duplicates are refused by
@@ -143,17 +146,21 @@ def iter_corpus(path: str | Path) -> Iterator[tuple[int, Document]]:
                 f"{path}:{lineno}: field 'title' must be a string, got {type(title).__name__}"
             )
         if not text.strip() and not title.strip():
-            raise DataError(f"{path}:{lineno}: document {doc_id!r} has empty title and text")
+            if not allow_empty:
+                raise DataError(f"{path}:{lineno}: document {doc_id!r} has empty title and text")
+            logger.warning(
+                "%s:%s: document %r has empty title and text (kept)", path, lineno, doc_id
+            )
         payload = {k: v for k, v in obj.items() if k not in ("_id", "text", "title")}
         yield lineno, Document(doc_id, text, title, payload)
 
 
-def load_corpus(path: str | Path) -> dict[str, Document]:
+def load_corpus(path: str | Path, *, allow_empty: bool = False) -> dict[str, Document]:
     """Read a whole corpus, refusing duplicate ids and an empty file."""
     path = Path(path)
     corpus: dict[str, Document] = {}
     first_line: dict[str, int] = {}
-    for lineno, doc in iter_corpus(path):
+    for lineno, doc in iter_corpus(path, allow_empty=allow_empty):
         if doc.id in corpus:
             raise DataError(
                 f"{path}:{lineno}: duplicate document id {doc.id!r} (first on line {first_line[doc.id]})"
@@ -250,7 +257,9 @@ def load_beir(spec: str | Path, default_split: str = "test") -> RetrievalDataset
         raise DataError(
             f"{qrels_path}: no such qrels split {split!r} (available: {', '.join(available) or 'none'})"
         )
-    corpus = load_corpus(folder / "corpus.jsonl")
+    # Published BEIR corpora hold a few empty documents (cranfield 471 and 995, as in the
+    # original collection); evaluation keeps them so figures stay comparable, with a warning.
+    corpus = load_corpus(folder / "corpus.jsonl", allow_empty=True)
     all_queries = load_queries(folder / "queries.jsonl")
     qrels = load_qrels(qrels_path)
     for qid, docs in qrels.items():

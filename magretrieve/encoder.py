@@ -49,6 +49,13 @@ class EncoderConfig:
     document_prefix: str = ""
     #: Raw pooled vectors are divided by this before partial normalization (norm calibration).
     norm_scale: float = 1.0
+    #: Document norm head (magretrieve.heads): "none", "linear" or "mlp"; the document vector
+    #: becomes d̂·exp(g(d̂)) with g zero at init (the model starts as cosine).
+    norm_head: str = "none"
+    #: Hidden width of the MLP head.
+    norm_head_hidden: int = 64
+    #: Bound g to ±bound via bound·tanh(g/bound); 0 leaves g unbounded.
+    norm_head_bound: float = 0.0
     #: Where the weights came from (a folder or hub name), for provenance only.
     base_model: str = ""
     version: int = CONFIG_VERSION
@@ -70,6 +77,14 @@ class EncoderConfig:
                 raise ConfigError(f"{name} must be at least 2, got {getattr(self, name)}")
         if not (self.norm_scale > 0 and math.isfinite(self.norm_scale)):
             raise ConfigError(f"norm_scale must be a positive number, got {self.norm_scale}")
+        from magretrieve.heads import check_head_config
+
+        check_head_config(self.norm_head, self.norm_head_hidden, self.norm_head_bound)
+        if self.norm_head != "none" and self.gamma_d >= 1.0:
+            raise ConfigError(
+                f"a norm head needs a mode that keeps document magnitude (qnorm, dot or learnable); "
+                f"mode {self.mode!r} normalizes documents and would erase what the head learns"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,7 +127,21 @@ def _read_sentence_transformers(folder: Path) -> tuple[Path, dict[str, Any]]:
                     settings["max_seq_length"] = int(max_len)
         elif kind.endswith("Pooling"):
             pool_cfg = json.loads((path / "config.json").read_text())
-            if pool_cfg.get("pooling_mode_cls_token"):
+            named = {
+                "mean": "mean",
+                "mean_tokens": "mean",
+                "cls": "cls",
+                "cls_token": "cls",
+                "lasttoken": "last",
+                "last_token": "last",
+            }
+            if isinstance(pool_cfg.get("pooling_mode"), str):  # sentence-transformers >= 6
+                if pool_cfg["pooling_mode"] not in named:
+                    raise ConfigError(
+                        f"{path}: unsupported sentence-transformers pooling {pool_cfg}"
+                    )
+                settings["pooling"] = named[pool_cfg["pooling_mode"]]
+            elif pool_cfg.get("pooling_mode_cls_token"):
                 settings["pooling"] = "cls"
             elif pool_cfg.get("pooling_mode_lasttoken"):
                 settings["pooling"] = "last"
@@ -143,6 +172,11 @@ class Encoder(nn.Module):
         else:
             self.register_buffer("gamma_logits", logits, persistent=False)
         self._uses_token_type_ids = "token_type_ids" in getattr(tokenizer, "model_input_names", [])
+        from magretrieve.heads import build_head
+
+        self.norm_head = build_head(
+            self.dim, config.norm_head, config.norm_head_hidden, config.norm_head_bound
+        )
 
     # ------------------------------------------------------------------ construction
 
@@ -160,10 +194,15 @@ class Encoder(nn.Module):
         query_prefix: str | None = None,
         document_prefix: str | None = None,
         device: str | None = None,
+        norm_head: str | None = None,
+        norm_head_hidden: int | None = None,
+        norm_head_bound: float | None = None,
     ) -> Encoder:
         """Load a magretrieve run, a sentence-transformers folder, or a Hugging Face folder/name.
 
-        Arguments left as ``None`` keep what the folder says (or the defaults).
+        Arguments left as ``None`` keep what the folder says (or the defaults). A run folder
+        with a norm head loads its weights from ``norm_head.safetensors``; asking for a head
+        on a folder without one adds a fresh, zero-output head.
         """
         from transformers import AutoModel, AutoTokenizer
 
@@ -213,6 +252,9 @@ class Encoder(nn.Module):
             ("max_document_length", max_document_length),
             ("query_prefix", query_prefix),
             ("document_prefix", document_prefix),
+            ("norm_head", norm_head),
+            ("norm_head_hidden", norm_head_hidden),
+            ("norm_head_bound", norm_head_bound),
         ):
             if value is not None:
                 setattr(cfg, name, value)
@@ -226,6 +268,26 @@ class Encoder(nn.Module):
                 "weights only; a folder with only pytorch_model.bin (a pickle) is refused"
             ) from None
         encoder = cls(transformer, tokenizer, cfg)
+        if encoder.norm_head is not None and has_own and data.get("norm_head", "none") != "none":
+            if (
+                data.get("norm_head") != cfg.norm_head
+                or data.get("norm_head_hidden") != cfg.norm_head_hidden
+            ):
+                raise ConfigError(
+                    f"{own}: the saved norm head is {data.get('norm_head')!r}; "
+                    f"cannot load it as {cfg.norm_head!r}"
+                )
+            from magretrieve.heads import load_head_weights
+
+            weights = load_head_weights(folder)
+            try:
+                encoder.norm_head.load_state_dict(
+                    {k: torch.from_numpy(v) for k, v in weights.items()}
+                )
+            except RuntimeError as exc:
+                raise ConfigError(
+                    f"{folder}: norm head weights do not fit the config ({exc})"
+                ) from None
         encoder.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         encoder.eval()
         return encoder
@@ -237,6 +299,10 @@ class Encoder(nn.Module):
         self.sync_config()
         self.transformer.save_pretrained(str(path), safe_serialization=True)
         self.tokenizer.save_pretrained(str(path))
+        if self.norm_head is not None:
+            from magretrieve.heads import save_head
+
+            save_head(self.norm_head, path)
         (path / CONFIG_NAME).write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
         return path
 
@@ -297,6 +363,9 @@ class Encoder(nn.Module):
     ) -> torch.Tensor:
         """Raw pooled embedding (divided by ``norm_scale``) of ``side``, before any normalization.
 
+        With a norm head, the document side returns ``d̂·exp(g(d̂))`` instead (see
+        :mod:`magretrieve.heads`).
+
         ``side`` lets a side-specific stage (a document norm head) act on one side only; the
         ONNX export passes it, so such a stage flows into that side's graph.
         """
@@ -307,7 +376,15 @@ class Encoder(nn.Module):
         pooled = self.pool(hidden, attention_mask)
         if self.config.norm_scale != 1.0:
             pooled = pooled / self.config.norm_scale
+        if side == "document" and self.norm_head is not None:
+            pooled = self.norm_head.scale(pooled)  # d̂·exp(g(d̂)): cosine at init
         return pooled
+
+    def head_manifest(self, side: str) -> dict[str, Any] | None:
+        """What the export manifest records under ``graphs.<side>.head`` (None: no head)."""
+        if side != "document" or self.norm_head is None:
+            return None
+        return self.norm_head.spec()
 
     def side_vectors(self, raw: torch.Tensor, side: str) -> torch.Tensor:
         """Apply the side's partial normalization (``x/‖x‖^γ``) to raw embeddings."""
