@@ -300,6 +300,11 @@ class Retriever:
             self.encoder.encode_documents([d.full_text for d in docs]), dtype=np.float32
         )
         check_finite(vectors, ids, f"encoding for {self.store.location}")
+        meta = self.store.read_metadata()
+        if meta and meta.get("magnitude"):  # a store given a magnitude by `magretrieve rescale`
+            from magretrieve.rescale import apply_recorded_magnitude
+
+            vectors = apply_recorded_magnitude(meta, vectors, self.store)
         payloads = []
         for d in docs:
             payload = dict(d.payload)

@@ -56,6 +56,9 @@ class TrainConfig:
     eval_every: int | None = None
     #: Train only these parameters' name prefixes (e.g. a norm head); None trains everything.
     trainable: list[str] | None = None
+    #: Learning rate of a document norm head (magretrieve.heads): a zero-initialized head at
+    #: the encoder's rate barely moves.
+    head_lr: float = 1e-3
 
     def validate(self) -> None:
         if self.task not in TASKS:
@@ -65,7 +68,7 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.batch_size < 2:
             raise ConfigError("batch_size must be at least 2 (in-batch negatives)")
-        for name in ("lr", "gamma_lr", "scale"):
+        for name in ("lr", "gamma_lr", "head_lr", "scale"):
             if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
                 raise ConfigError(f"{name} must be a positive number, got {getattr(self, name)}")
         if not 0 <= self.warmup_ratio < 1:
@@ -163,7 +166,7 @@ def length_bucketed_batches(
 
 
 def _param_groups(encoder: Encoder, cfg: TrainConfig) -> list[dict[str, Any]]:
-    decay, no_decay, gammas = [], [], []
+    decay, no_decay, gammas, head = [], [], [], []
     for name, param in encoder.named_parameters():
         if cfg.trainable is not None and not any(name.startswith(p) for p in cfg.trainable):
             param.requires_grad_(False)
@@ -172,6 +175,8 @@ def _param_groups(encoder: Encoder, cfg: TrainConfig) -> list[dict[str, Any]]:
             continue
         if name == "gamma_logits":
             gammas.append(param)
+        elif name.startswith("norm_head."):
+            head.append(param)
         elif param.ndim < 2 or "LayerNorm" in name or name.endswith("bias"):
             no_decay.append(param)
         else:
@@ -180,8 +185,16 @@ def _param_groups(encoder: Encoder, cfg: TrainConfig) -> list[dict[str, Any]]:
         {"params": decay, "lr": cfg.lr, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "lr": cfg.lr, "weight_decay": 0.0},
         {"params": gammas, "lr": cfg.gamma_lr, "weight_decay": 0.0},
+        {"params": head, "lr": cfg.head_lr, "weight_decay": 0.0},
     ]
     return [g for g in groups if g["params"]]
+
+
+def _train_mode(encoder: Encoder, cfg: TrainConfig) -> None:
+    """Training mode, but a frozen transformer stays in eval mode (no dropout on its outputs)."""
+    encoder.train()
+    if cfg.trainable is not None and not any(p.startswith("transformer") for p in cfg.trainable):
+        encoder.transformer.eval()
 
 
 def _gamma_values(encoder: Encoder) -> tuple[float, float]:
@@ -262,11 +275,11 @@ def train(
                 encoder, data, progress=progress
             ).to_dict()
         log["evaluations"].append(entry)
-        encoder.train()
+        _train_mode(encoder, cfg)
 
     started = time.perf_counter()
     step = 0
-    encoder.train()
+    _train_mode(encoder, cfg)
     bar = tqdm(
         total=total_steps,
         desc=f"training ({encoder.config.mode})",

@@ -73,6 +73,33 @@ from magretrieve.similarity import MODES
 @click.option("--max-doc-length", type=int, default=None)
 @click.option("--query-prefix", default=None)
 @click.option("--doc-prefix", default=None)
+@click.option(
+    "--norm-head",
+    type=click.Choice(["none", "linear", "mlp"]),
+    default=None,
+    help="Document norm head d̂·exp(g(d̂)), zero at init (starts as cosine); needs a mode "
+    "keeping document magnitude (qnorm, dot, learnable).",
+)
+@click.option("--norm-head-hidden", type=int, default=None, help="Hidden width of the MLP head.")
+@click.option(
+    "--norm-head-bound",
+    type=float,
+    default=None,
+    help="Bound the head's log-magnitude to ±B (B·tanh(g/B)); 0 = unbounded.",
+)
+@click.option(
+    "--head-lr", type=float, default=1e-3, show_default=True, help="Learning rate of the norm head."
+)
+@click.option(
+    "--freeze-encoder",
+    is_flag=True,
+    help="Train only the norm head (and learnable γ); the transformer stays as loaded.",
+)
+@click.option(
+    "--calibrate-scale",
+    is_flag=True,
+    help="Divide raw vectors by the training corpus's mean document norm (measured first).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 def train_command(
     model,
@@ -98,6 +125,12 @@ def train_command(
     max_doc_length,
     query_prefix,
     doc_prefix,
+    norm_head,
+    norm_head_hidden,
+    norm_head_bound,
+    head_lr,
+    freeze_encoder,
+    calibrate_scale,
     as_json,
 ):
     """Fine-tune MODEL with InfoNCE under --mode and save it to --out."""
@@ -148,8 +181,30 @@ def train_command(
         max_document_length=max_doc_length,
         query_prefix=query_prefix,
         document_prefix=doc_prefix,
+        norm_head=norm_head,
+        norm_head_hidden=norm_head_hidden,
+        norm_head_bound=norm_head_bound,
         **gamma,
     )
+    trainable = None
+    if freeze_encoder:
+        if encoder.norm_head is None and mode != "learnable":
+            raise ConfigError(
+                "--freeze-encoder leaves nothing to train; add --norm-head linear|mlp "
+                "(or use --mode learnable)"
+            )
+        trainable = ["norm_head", "gamma_logits"]
+        encoder.config.extra["frozen_encoder"] = True
+    if calibrate_scale:
+        from magretrieve.calibration import calibrate
+
+        documents = (
+            [d.full_text for d in dataset.corpus.values()]
+            if dataset is not None
+            else [p.positive for p in pairs] + [n for p in pairs for n in p.negatives]
+        )
+        c = calibrate(encoder, documents, progress=True)
+        click.echo(f"norm calibration: raw vectors divided by c = {c:.4f}")
     pairs, validation = trainer.split_validation(pairs, dataset, val_fraction, seed)
     if mine_hard_negatives:
         if dataset is None:
@@ -167,6 +222,8 @@ def train_command(
         force=force,
         hard_negatives=hard_negatives,
         max_steps=max_steps,
+        trainable=trainable,
+        head_lr=head_lr,
     )
     result = trainer.train(
         encoder, pairs, cfg, validation=validation, report=reports, out_dir=out_path

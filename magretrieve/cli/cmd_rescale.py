@@ -1,0 +1,113 @@
+"""`magretrieve rescale`: give a cosine-built store a document magnitude, no text re-encoding."""
+
+from __future__ import annotations
+
+import click
+
+from magretrieve.cli._group import main
+from magretrieve.cli.cmd_index import collect_store_options, store_options
+
+
+@main.command("rescale")
+@click.option("--source", required=True, help="Store built with a cosine export (read only).")
+@click.option("--target", required=True, help="New store to write (Qdrant: a new Dot collection).")
+@click.option(
+    "--head",
+    "head_dir",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="Run folder of a frozen-encoder norm head (train --norm-head ... --freeze-encoder).",
+)
+@click.option(
+    "--corpus-prior",
+    "beta",
+    type=float,
+    default=None,
+    help="β of the corpus-derived hub prior exp(−β·z) (choose it on training queries).",
+)
+@click.option(
+    "--prior-file",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="JSON written by corpus_prior.choose_beta (β and k) instead of --corpus-prior.",
+)
+@click.option(
+    "--k", "k", type=int, default=10, show_default=True, help="Neighbours of the hub score."
+)
+@click.option(
+    "--check-sample",
+    type=int,
+    default=16,
+    show_default=True,
+    help="Stored texts re-encoded to check the head's encoder built the store.",
+)
+@click.option(
+    "--skip-encoder-check", is_flag=True, help="Do not re-encode a sample (no texts stored)."
+)
+@click.option("--force", is_flag=True, help="Rescale a store that has no model metadata.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@store_options
+def rescale_cmd(
+    source: str,
+    target: str,
+    head_dir: str | None,
+    beta: float | None,
+    prior_file: str | None,
+    k: int,
+    check_sample: int,
+    skip_encoder_check: bool,
+    force: bool,
+    as_json: bool,
+    **store_kw: object,
+) -> None:
+    """Write SOURCE's vectors times a magnitude into TARGET, keeping ids and payloads.
+
+    The magnitude is a frozen-encoder norm head (--head) or the corpus prior (--corpus-prior).
+    Query with the same cosine export as before: scores become cos(q, d)·m(d).
+    """
+    import json
+    from pathlib import Path
+
+    from magretrieve.cli._common import print_json, print_table
+    from magretrieve.corpus_prior import CorpusPrior
+    from magretrieve.errors import ConfigError
+    from magretrieve.rescale import rescale_store
+
+    prior = None
+    if prior_file is not None:
+        if beta is not None:
+            raise ConfigError("give --corpus-prior or --prior-file, not both")
+        try:
+            prior = CorpusPrior.from_dict(
+                json.loads(Path(prior_file).read_text()), source=prior_file
+            )
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{prior_file}: not valid JSON ({exc})") from None
+    elif beta is not None:
+        prior = CorpusPrior(beta=beta, k=k)
+    report = rescale_store(
+        source,
+        target,
+        head=head_dir,
+        prior=prior,
+        encoder_check_sample=check_sample,
+        skip_encoder_check=skip_encoder_check,
+        force=force,
+        **collect_store_options(**store_kw),
+    )
+    if as_json:
+        print_json(report.to_dict())
+        return
+    click.echo(f"rescaled {report.count} documents: {report.source} -> {report.target}")
+    print_table(
+        ["magnitude", "min", "mean", "max", "encoder check"],
+        [
+            (
+                report.kind,
+                report.magnitude_min,
+                report.magnitude_mean,
+                report.magnitude_max,
+                report.encoder_check,
+            )
+        ],
+    )

@@ -1,0 +1,229 @@
+"""Document norm heads: learn a magnitude on top of a normalization-pretrained encoder.
+
+An encoder pretrained through a ``Normalize`` layer (all-MiniLM, BGE, E5, GTE, ...) has raw
+norms that carry an *anti*-relevance signal, so qnorm/dot fine-tuning from the raw vectors
+starts far from the good cosine solution. A norm head starts *at* cosine instead::
+
+    document vector = d̂ · exp(g(d̂))        d̂ = d / ‖d‖,  g: R^dim -> R
+
+``g`` is a linear map or a 2-layer MLP whose output layer is zero-initialized, so at step 0
+``g ≡ 0``, every document vector is unit-norm and the ranking *is* cosine, exactly. qnorm
+InfoNCE then teaches ``g`` a relevance prior (a log-magnitude), optionally bounded to
+``±bound`` with ``bound·tanh(g/bound)`` so no document can be pushed arbitrarily far.
+
+``g`` reads only the unit vector ``d̂`` (what a cosine-normalized store already holds), which
+is what lets ``magretrieve rescale`` apply a frozen-encoder head to stored vectors without
+re-encoding any text. :func:`log_magnitude_numpy` is the torch-free twin used there.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from magretrieve.errors import ConfigError
+
+HEAD_KINDS = ("none", "linear", "mlp")
+#: File holding the head's weights beside the transformer in a run folder.
+HEAD_FILE = "norm_head.safetensors"
+#: Hidden width of the 2-layer MLP head when none is configured.
+DEFAULT_HIDDEN = 64
+
+
+def check_head_config(kind: str, hidden: int, bound: float) -> None:
+    """Refuse an unknown head kind, a non-positive MLP width or a negative bound."""
+    if kind not in HEAD_KINDS:
+        raise ConfigError(f"unknown norm head {kind!r}; choose one of {', '.join(HEAD_KINDS)}")
+    if kind == "mlp" and int(hidden) < 1:
+        raise ConfigError(f"norm_head_hidden must be at least 1 for an MLP head, got {hidden}")
+    if not (bound >= 0 and np.isfinite(bound)):
+        raise ConfigError(f"norm_head_bound must be 0 (unbounded) or positive, got {bound}")
+
+
+def build_head(dim: int, kind: str, hidden: int = DEFAULT_HIDDEN, bound: float = 0.0) -> Any:
+    """A zero-output :class:`NormHead` (torch), or ``None`` for ``kind == "none"``."""
+    check_head_config(kind, hidden, bound)
+    if kind == "none":
+        return None
+    return NormHead(dim, kind, hidden, bound)
+
+
+@functools.cache
+def _torch_module() -> Any:
+    import torch
+    from torch import nn
+
+    class _NormHead(nn.Module):
+        """``g(d̂)``: log-magnitude of each document from its unit vector (zero at init)."""
+
+        def __init__(self, dim: int, kind: str, hidden: int, bound: float) -> None:
+            super().__init__()
+            self.kind, self.dim, self.hidden, self.bound = kind, int(dim), int(hidden), float(bound)
+            if kind == "linear":
+                self.out = nn.Linear(dim, 1)
+            else:
+                self.inner = nn.Linear(dim, hidden)
+                self.out = nn.Linear(hidden, 1)
+            # Zero output layer: g ≡ 0 at step 0, so the model starts as cosine exactly.
+            # (Gradients still flow: ∂g/∂w_out = the layer's input, which is not zero.)
+            nn.init.zeros_(self.out.weight)
+            nn.init.zeros_(self.out.bias)
+
+        def forward(self, unit: torch.Tensor) -> torch.Tensor:
+            x = unit
+            if self.kind == "mlp":
+                x = nn.functional.silu(self.inner(x))
+            g = self.out(x).squeeze(-1)
+            if self.bound > 0:
+                g = self.bound * torch.tanh(g / self.bound)
+            return g
+
+        def scale(self, pooled: torch.Tensor) -> torch.Tensor:
+            """``d̂ · exp(g(d̂))`` for raw pooled vectors (any positive rescaling of d is ignored)."""
+            unit = pooled / pooled.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+            return unit * torch.exp(self(unit)).unsqueeze(-1)
+
+        def spec(self) -> dict[str, Any]:
+            return head_spec(self.kind, self.hidden, self.bound)
+
+    return _NormHead
+
+
+def NormHead(dim: int, kind: str, hidden: int = DEFAULT_HIDDEN, bound: float = 0.0) -> Any:  # noqa: N802
+    """Construct the torch head module (defined lazily so ``magretrieve.heads`` stays torch-free)."""
+    return _torch_module()(dim, kind, hidden, bound)
+
+
+def head_spec(kind: str, hidden: int, bound: float) -> dict[str, Any]:
+    """The head as the export manifest describes it (``graphs.document.head``)."""
+    spec: dict[str, Any] = {
+        "kind": kind,
+        "input": "unit_document_vector",
+        "output": "d_hat * exp(g(d_hat))",
+        "bound": float(bound) if bound > 0 else None,
+        "weights": HEAD_FILE,
+    }
+    if kind == "mlp":
+        spec["hidden"] = int(hidden)
+        spec["activation"] = "silu"
+    return spec
+
+
+# ----------------------------------------------------------------------------- weights I/O
+
+
+def save_head(head: Any, folder: str | Path) -> Path:
+    """Write the head's weights as safetensors (``norm_head.safetensors``) into ``folder``."""
+    from safetensors.torch import save_file
+
+    path = Path(folder) / HEAD_FILE
+    save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}, str(path))
+    return path
+
+
+def load_head_weights(folder: str | Path) -> dict[str, np.ndarray]:
+    """The head's weights as numpy arrays (torch-free), refusing a missing file clearly."""
+    from safetensors.numpy import load_file
+
+    path = Path(folder) / HEAD_FILE
+    if not path.is_file():
+        raise ConfigError(
+            f"{path}: missing; the config names a norm head but its weights are absent"
+        )
+    return load_file(str(path))
+
+
+def log_magnitude_numpy(
+    unit: np.ndarray, weights: Mapping[str, np.ndarray], kind: str, bound: float = 0.0
+) -> np.ndarray:
+    """Torch-free ``g(d̂)`` for unit vectors (n, dim): same maths as the torch head."""
+    x = np.asarray(unit, dtype=np.float64)
+    if kind == "mlp":
+        h = x @ np.asarray(weights["inner.weight"], dtype=np.float64).T + weights["inner.bias"]
+        x = h / (1.0 + np.exp(-h))  # SiLU
+    elif kind != "linear":
+        raise ConfigError(f"unknown norm head {kind!r}")
+    g = (x @ np.asarray(weights["out.weight"], dtype=np.float64).T).reshape(-1) + float(
+        np.asarray(weights["out.bias"]).reshape(-1)[0]
+    )
+    if bound > 0:
+        g = bound * np.tanh(g / bound)
+    return g
+
+
+# ----------------------------------------------------------------------------- fast training
+
+
+def train_head_on_vectors(
+    query_units: np.ndarray,
+    doc_units: np.ndarray,
+    positives: list[tuple[int, int]],
+    negatives: Mapping[int, list[int]] | None = None,
+    *,
+    kind: str = "linear",
+    hidden: int = DEFAULT_HIDDEN,
+    bound: float = 0.0,
+    epochs: int = 30,
+    batch_size: int = 32,
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    scale: float = 20.0,
+    hard_negatives: int = 7,
+    seed: int = 42,
+) -> tuple[Any, list[float]]:
+    """Train a head on cached unit vectors of a *frozen* encoder (seconds instead of hours).
+
+    ``positives`` are (query row, document row) pairs; ``negatives`` maps a query row to
+    document rows used as hard negatives (e.g. the zero-shot top-30 non-relevant). The loss
+    is qnorm InfoNCE with in-batch + hard negatives: logits ``scale · cos(q, d)·exp(g(d))``,
+    exactly what :func:`magretrieve.trainer.train` computes for ``trainable=["norm_head"]``
+    with the encoder in eval mode. Returns the head (eval mode) and the per-epoch mean loss.
+    """
+    import torch
+
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    head = build_head(doc_units.shape[1], kind, hidden, bound)
+    if head is None:
+        raise ConfigError("train_head_on_vectors needs a head kind other than 'none'")
+    q_all = torch.from_numpy(np.ascontiguousarray(query_units, dtype=np.float32))
+    d_all = torch.from_numpy(np.ascontiguousarray(doc_units, dtype=np.float32))
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    pos = np.asarray(positives, dtype=np.int64)
+    losses: list[float] = []
+    negatives = negatives or {}
+    for _ in range(epochs):
+        order = rng.permutation(len(pos))
+        total, count = 0.0, 0
+        for start in range(0, len(order), batch_size):
+            rows = pos[order[start : start + batch_size]]
+            if len(rows) < 2:
+                continue
+            cols = list(rows[:, 1])
+            for qrow in rows[:, 0]:
+                pool = negatives.get(int(qrow), [])
+                if pool and hard_negatives:
+                    pick = rng.choice(len(pool), size=min(hard_negatives, len(pool)), replace=False)
+                    cols.extend(pool[i] for i in pick)
+            cols_t = torch.as_tensor(cols)
+            q = q_all[torch.as_tensor(rows[:, 0])]
+            d = d_all[cols_t]
+            d = d * torch.exp(head(d)).unsqueeze(-1)
+            logits = scale * (q @ d.T)
+            # a column holding a query's own positive document (repeated) is not its negative
+            same = cols_t.unsqueeze(0) == torch.as_tensor(rows[:, 1]).unsqueeze(1)
+            same[torch.arange(len(rows)), torch.arange(len(rows))] = False
+            logits = logits.masked_fill(same, float("-inf"))
+            loss = torch.nn.functional.cross_entropy(logits, torch.arange(len(rows)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += float(loss) * len(rows)
+            count += len(rows)
+        losses.append(total / max(count, 1))
+    head.eval()
+    return head, losses

@@ -1,0 +1,84 @@
+"""Corpus prior: hub scores by hand, β = 0 is cosine, β chosen on training queries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from magretrieve.corpus_prior import (
+    CorpusPrior,
+    apply_magnitudes,
+    choose_beta,
+    hub_scores,
+    rescale_corpus,
+    unit,
+)
+from magretrieve.errors import ConfigError, DataError
+
+
+def test_hub_scores_by_hand() -> None:
+    d = np.array([[1.0, 0.0], [0.0, 1.0], [np.sqrt(0.5), np.sqrt(0.5)]], dtype=np.float32)
+    # cosines: d0-d1 0, d0-d2 .7071, d1-d2 .7071
+    np.testing.assert_allclose(hub_scores(d, k=1), [0.70710677, 0.70710677, 0.70710677], rtol=1e-6)
+    np.testing.assert_allclose(hub_scores(d, k=2), [0.35355339, 0.35355339, 0.70710677], rtol=1e-6)
+    # chunking does not change the answer
+    rng = np.random.default_rng(0)
+    x = unit(rng.normal(size=(50, 6)))
+    np.testing.assert_allclose(hub_scores(x, 5, chunk=7), hub_scores(x, 5, chunk=1000), rtol=1e-6)
+    with pytest.raises(DataError):
+        hub_scores(d[:1], k=3)
+
+
+def test_beta_zero_equals_cosine_ranking() -> None:
+    rng = np.random.default_rng(1)
+    docs = rng.normal(size=(30, 8))
+    q = unit(rng.normal(size=(5, 8)))
+    stored, prior = rescale_corpus(docs, beta=0.0)
+    np.testing.assert_allclose(np.linalg.norm(stored, axis=1), 1.0, atol=1e-6)
+    np.testing.assert_array_equal(q @ stored.T, q @ unit(docs).T)
+    # a positive β shrinks hubs and grows outliers: magnitude falls as the hub score rises
+    stored, prior = rescale_corpus(docs, beta=0.3)
+    h = hub_scores(unit(docs), prior.k)
+    norms = np.linalg.norm(stored, axis=1)
+    assert np.all(np.diff(norms[np.argsort(h)]) <= 1e-6)
+    np.testing.assert_allclose(norms, np.exp(-0.3 * (h - h.mean()) / h.std()), rtol=1e-5)
+
+
+def test_choose_beta_prefers_down_weighting_hubs_when_they_are_not_relevant() -> None:
+    """Synthetic corpus: a hub cluster sits near every query; relevant docs are outliers."""
+    rng = np.random.default_rng(2)
+    dim = 16
+    hub_center = unit(rng.normal(size=(1, dim)))[0]
+    hubs = unit(hub_center + 0.05 * rng.normal(size=(20, dim)))
+    rel = unit(rng.normal(size=(20, dim)))
+    docs = np.vstack([hubs, rel])
+    queries = unit(rel + 1.2 * hub_center)  # close to its document but also to the hub cluster
+    qids = [f"q{i}" for i in range(20)]
+    doc_ids = [f"h{i}" for i in range(20)] + [f"r{i}" for i in range(20)]
+    qrels = {f"q{i}": {f"r{i}": 1} for i in range(20)}
+    prior = choose_beta(queries, docs, qids, doc_ids, qrels, betas=(0.0, 0.1, 0.5, 1.0, 2.0))
+    assert prior.beta > 0
+    assert prior.grid[f"{prior.beta:g}"] > prior.grid["0"]
+    assert prior.grid[f"{prior.beta:g}"] == max(prior.grid.values())
+    # ties go to the smaller |β|: identical scores everywhere -> cosine
+    flat = choose_beta(queries[:1], docs, qids[:1], doc_ids, {"q0": {"r0": 1}}, betas=(0.0, 1e-9))
+    assert flat.beta == 0.0
+
+
+def test_prior_dict_round_trip_and_errors() -> None:
+    rng = np.random.default_rng(3)
+    docs = unit(rng.normal(size=(12, 4)))
+    prior = CorpusPrior(beta=0.05, k=3)
+    z = prior.fit_statistics(docs)
+    back = CorpusPrior.from_dict(prior.to_dict())
+    assert back == prior
+    np.testing.assert_allclose(back.magnitudes(z), np.exp(-0.05 * z))
+    np.testing.assert_allclose(
+        apply_magnitudes(docs, back.magnitudes(z)), docs * np.exp(-0.05 * z)[:, None], rtol=1e-6
+    )
+    with pytest.raises(ConfigError, match="not a corpus prior"):
+        CorpusPrior.from_dict({"kind": "norm_head", "beta": 1})
+    with pytest.raises(ConfigError, match="malformed"):
+        CorpusPrior.from_dict({"beta": "x"})
+    with pytest.raises(ConfigError, match="std"):
+        CorpusPrior.from_dict({"beta": 0.1, "std": 0})
