@@ -1,0 +1,148 @@
+"""`magretrieve diagnose`: magnitude signal, which side to normalize, and the symmetry check."""
+
+from __future__ import annotations
+
+import click
+
+from magretrieve.cli._group import main
+
+
+@main.command("diagnose")
+@click.option(
+    "--model", required=True, help="A run folder, an HF/sentence-transformers folder, or an alias."
+)
+@click.option("--data", "data_spec", required=True, help="BEIR DIR:split (default split train).")
+@click.option("--sts", "sts_file", default=None, help="An STS pair .jsonl for the symmetry check.")
+@click.option(
+    "--out", default="report", show_default=True, help="Folder for diagnose.json and PNGs."
+)
+@click.option(
+    "--run",
+    "runs",
+    multiple=True,
+    help="A trained run folder to report next to MODEL (repeatable).",
+)
+@click.option(
+    "--probe-steps", type=int, default=100, show_default=True, help="Steps of each ΔCV probe."
+)
+@click.option("--probe-batch-size", type=int, default=16, show_default=True)
+@click.option("--probe-lr", type=float, default=2e-5, show_default=True)
+@click.option(
+    "--probe-max-doc-length",
+    type=int,
+    default=128,
+    show_default=True,
+    help="Cap document tokens in the probes and Fisher estimate (CPU budget).",
+)
+@click.option(
+    "--fisher-batches", type=int, default=8, show_default=True, help="Batches for Fisher κ."
+)
+@click.option("--skip-probes", is_flag=True, help="Skip ΔCV probes and Fisher κ (no training).")
+@click.option("--cache", "cache_dir", default=None, help="Keep raw embeddings here between runs.")
+@click.option("--seed", type=int, default=42, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+def diagnose_command(
+    model,
+    data_spec,
+    sts_file,
+    out,
+    runs,
+    probe_steps,
+    probe_batch_size,
+    probe_lr,
+    probe_max_doc_length,
+    fisher_batches,
+    skip_probes,
+    cache_dir,
+    seed,
+    as_json,
+):
+    """Tell whether magnitude carries relevance for MODEL on DATA and which mode to train."""
+    from magretrieve.cli._common import fmt, print_json, print_table
+    from magretrieve.diagnose import diagnose
+    from magretrieve.diagnose.report import to_jsonable
+
+    report = diagnose(
+        model,
+        data_spec,
+        sts=sts_file,
+        out=out,
+        runs=runs,
+        probe_steps=probe_steps,
+        probe_batch_size=probe_batch_size,
+        probe_lr=probe_lr,
+        probe_max_document_length=probe_max_doc_length,
+        fisher_batches=fisher_batches,
+        skip_probes=skip_probes,
+        cache_dir=cache_dir,
+        seed=seed,
+        progress=not as_json,
+    )
+    if as_json:
+        print_json(to_jsonable(report))
+        return
+    click.echo(report["verdict"])
+    click.echo("")
+    rows = [("model", report["magnitude"])] + [(r["model"], r) for r in report["runs"]]
+    print_table(
+        [
+            "model",
+            "mode",
+            "Cohen's d ‖d‖",
+            "CV ‖d‖",
+            "r(‖d‖,len)",
+            "ρ(‖d‖,len)",
+            "NDCG@10 cos",
+            "NDCG@10 dot",
+        ],
+        [
+            (
+                name,
+                m["mode"],
+                m["cohens_d"],
+                m["norm_cv"],
+                m["pearson_norm_length"],
+                m["spearman_norm_length"],
+                m["ndcg_at_10"].get("cosine"),
+                m["ndcg_at_10"].get("dot"),
+            )
+            for name, m in rows
+        ],
+    )
+    side = report["side"]
+    if not side.get("skipped"):
+        dcv, fis = side["delta_cv"], side["fisher"]
+        click.echo("")
+        print_table(
+            ["predictor", "value", "picks"],
+            [
+                (
+                    f"ΔCV = CV‖q‖ dnorm {fmt(dcv['cv_query_norm_dnorm'])} / dot "
+                    f"{fmt(dcv['cv_query_norm_dot'])} ({dcv['steps']} steps)",
+                    dcv["delta_cv"],
+                    dcv["prediction"] or "-",
+                ),
+                (
+                    f"Fisher κ qnorm / dnorm (experimental, N={fis['n_examples']})",
+                    f"{fmt(fis['kappa']['qnorm'], 3)} / {fmt(fis['kappa']['dnorm'], 3)}",
+                    fis["prediction"] or "-",
+                ),
+            ],
+        )
+    if report.get("sts"):
+        click.echo("")
+        print_table(
+            ["mode", "Spearman s(a,b)", "Spearman s(b,a)", "mean |s(a,b)-s(b,a)|", "max"],
+            [
+                (
+                    r["mode"],
+                    r["spearman_ab"],
+                    r["spearman_ba"],
+                    r["mean_asymmetry"],
+                    r["max_asymmetry"],
+                )
+                for r in report["sts"]
+            ],
+        )
+    click.echo("")
+    click.echo(f"wrote {report.get('report')} and {len(report['plots'])} plots")
