@@ -148,7 +148,7 @@ def _write_manifest(
             output=OUTPUT_NAME,
             gamma=gamma,
             contract=similarity.vector_contract(gamma),
-            head=None,
+            head=encoder.head_manifest(side) if hasattr(encoder, "head_manifest") else None,
         )
         for side, gamma in (("query", sim.gamma_q), ("document", sim.gamma_d))
     }
