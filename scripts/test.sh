@@ -10,8 +10,11 @@ if [ "${MAGRETRIEVE_REUSE_VENV:-0}" != "1" ] || [ ! -x "$VENV/bin/python" ]; the
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
     # torch==2.13.0 (CPU) is pinned in the 'train' extra; it installs from local disk here.
-    "$VENV/bin/pip" install -q -e ".[all,dev]"
+    "$VENV/bin/pip" install -q -e ".[all,peer,dev]"
 fi
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
+# Serving must work without torch/transformers: a second venv with only the serve extra.
+bash scripts/check_serving.sh "$VENV/bin/python"
+# The whole suite last, so its summary is the closing line.
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
