@@ -294,13 +294,22 @@ def test_cli_writes_report_and_plots_for_a_trained_run(
     args = ["diagnose", "--model", str(run), "--data", f"{tiny_beir_dir}:train", "--sts"]
     args += [str(_sts_file(tmp_path)), "--out", str(out), "--probe-steps", "2"]
     args += ["--probe-batch-size", "3", "--fisher-batches", "1", "--run", str(run)]
+    measured = tmp_path / "results"
+    measured.mkdir()
+    for mode, value in (("qnorm", 0.5), ("dnorm", 0.4)):
+        record = {"eval": {"beir:test": {"ndcg_at_10": value}}}
+        (measured / f"{mode}-s42.json").write_text(json.dumps(record))
+    args += ["--compare-results", str(measured)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("recommended: ")
-    assert "Spearman s(a,b)" in result.stdout and "ΔCV" in result.stdout
+    assert "Spearman s(a,b)" in result.stdout and "ΔCV picks" in result.stdout
     report = json.loads((out / "diagnose.json").read_text())
     assert report["encoder"]["mode"] == "learnable"
     assert report["training"]["total_steps"] == 2
+    (row,) = report["validation"]
+    assert row["better"] == "qnorm"
+    assert row["delta_cv_agrees"] == (report["side"]["delta_cv"]["prediction"] == "qnorm")
     assert {r["mode"] for r in report["sts"]} == {"cosine", "dot", "qnorm", "dnorm", "learnable"}
     assert report["magnitude"]["cohens_d"] == pytest.approx(report["runs"][0]["cohens_d"])
     names = {Path(p).name for p in report["plots"]}
@@ -340,3 +349,29 @@ def test_cli_bad_data_is_one_line_error(tiny_model_dir, tmp_path) -> None:
     )
     assert result.exit_code == 1
     assert "nope" in result.output and "Traceback" not in result.output
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def test_validation_rows_average_seeds_and_judge_predictors(tmp_path) -> None:
+    from magretrieve.diagnose.validate import validation_rows
+
+    def write(name, figures):
+        record = {"eval": {d: {"ndcg_at_10": v} for d, v in figures.items()}}
+        (tmp_path / name).write_text(json.dumps(record))
+
+    write("qnorm-s42.json", {"scifact:test": 0.60, "cranfield:test": 0.30, "x:test": 0.5})
+    write("qnorm-s43.json", {"scifact:test": 0.62, "cranfield:test": 0.32})
+    write("dnorm-s42.json", {"scifact:test": 0.64, "cranfield:test": 0.312})
+    write("cosine-s42.json", {"scifact:test": 0.99})  # ignored: not a side mode
+    rows = {
+        r["data"]: r for r in validation_rows({"delta_cv": "qnorm", "kappa": "dnorm"}, tmp_path)
+    }
+    assert rows["scifact:test"]["qnorm"] == pytest.approx(0.61)
+    assert rows["scifact:test"]["better"] == "dnorm" and rows["scifact:test"]["qnorm_seeds"] == 2
+    assert rows["scifact:test"]["delta_cv_agrees"] is False and rows["scifact:test"]["kappa_agrees"]
+    assert rows["cranfield:test"]["better"] == "tie"  # 0.31 vs 0.312 < 0.005
+    assert rows["cranfield:test"]["kappa_agrees"] is None
+    assert rows["x:test"]["better"] == "pending"
+    assert validation_rows({"delta_cv": "qnorm"}, tmp_path / "missing") == []

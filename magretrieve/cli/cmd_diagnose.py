@@ -39,6 +39,12 @@ from magretrieve.cli._group import main
 )
 @click.option("--skip-probes", is_flag=True, help="Skip ΔCV probes and Fisher κ (no training).")
 @click.option("--cache", "cache_dir", default=None, help="Keep raw embeddings here between runs.")
+@click.option(
+    "--compare-results",
+    "results_dir",
+    default=None,
+    help="Folder of measured qnorm-s*.json/dnorm-s*.json runs to check the predictors against.",
+)
 @click.option("--seed", type=int, default=42, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 def diagnose_command(
@@ -54,6 +60,7 @@ def diagnose_command(
     fisher_batches,
     skip_probes,
     cache_dir,
+    results_dir,
     seed,
     as_json,
 ):
@@ -75,6 +82,7 @@ def diagnose_command(
         fisher_batches=fisher_batches,
         skip_probes=skip_probes,
         cache_dir=cache_dir,
+        results_dir=results_dir,
         seed=seed,
         progress=not as_json,
     )
@@ -144,5 +152,28 @@ def diagnose_command(
                 for r in report["sts"]
             ],
         )
+    if report.get("validation") is not None:
+        click.echo("")
+        if not report["validation"]:
+            click.echo(f"validation: no qnorm/dnorm results in {results_dir} yet (pending)")
+        else:
+            print_table(
+                ["data", "NDCG@10 qnorm", "NDCG@10 dnorm", "better", "ΔCV picks", "κ picks"],
+                [
+                    (
+                        r["data"],
+                        r["qnorm"] if r["qnorm"] is not None else "-",
+                        r["dnorm"] if r["dnorm"] is not None else "-",
+                        r["better"],
+                        f"{r['delta_cv'] or '-'} ({_hit(r['delta_cv_agrees'])})",
+                        f"{r['kappa'] or '-'} ({_hit(r['kappa_agrees'])})",
+                    )
+                    for r in report["validation"]
+                ],
+            )
     click.echo("")
     click.echo(f"wrote {report.get('report')} and {len(report['plots'])} plots")
+
+
+def _hit(agrees: bool | None) -> str:
+    return "n/a" if agrees is None else ("agrees" if agrees else "disagrees")

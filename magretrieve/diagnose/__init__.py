@@ -128,6 +128,7 @@ def diagnose(
     fisher_sketch_dim: int = 1024,
     skip_probes: bool = False,
     cache_dir: str | Path | None = None,
+    results_dir: str | Path | None = None,
     seed: int = 42,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -136,6 +137,8 @@ def diagnose(
     Returns the report dict (also written to ``out/diagnose.json`` with PNG plots when
     ``out`` is given). ``runs`` are trained run folders whose magnitude figures are reported
     next to the model's. ``cache_dir`` keeps raw embeddings between invocations.
+    ``results_dir`` holds measured ``qnorm-s*.json``/``dnorm-s*.json`` runs to validate the
+    side predictors against (see :mod:`.validate`).
     """
     started = time.perf_counter()
     dataset = data if isinstance(data, RetrievalDataset) else load_beir(data, default_split="train")
@@ -254,6 +257,13 @@ def diagnose(
         "sts": report.get("sts"),
     }
     report["recommendation"] = recommend(figures).to_dict()
+    if results_dir is not None and not side.get("skipped"):
+        from magretrieve.diagnose.validate import validation_rows
+
+        report["validation"] = validation_rows(
+            {"delta_cv": side["delta_cv"]["prediction"], "kappa": side["fisher"]["prediction"]},
+            results_dir,
+        )
     report["verdict"] = verdict_text(report)
     report["seconds"] = time.perf_counter() - started
     if out_dir is not None:
