@@ -174,6 +174,7 @@ def train_head_on_vectors(
     scale: float = 20.0,
     hard_negatives: int = 7,
     seed: int = 42,
+    on_epoch: Any = None,
 ) -> tuple[Any, list[float]]:
     """Train a head on cached unit vectors of a *frozen* encoder (seconds instead of hours).
 
@@ -181,7 +182,9 @@ def train_head_on_vectors(
     document rows used as hard negatives (e.g. the zero-shot top-30 non-relevant). The loss
     is qnorm InfoNCE with in-batch + hard negatives: logits ``scale · cos(q, d)·exp(g(d))``,
     exactly what :func:`magretrieve.trainer.train` computes for ``trainable=["norm_head"]``
-    with the encoder in eval mode. Returns the head (eval mode) and the per-epoch mean loss.
+    with the encoder in eval mode. ``on_epoch(epoch, head)`` (head in eval mode) lets a caller
+    score a validation split after each epoch. Returns the head (eval mode) and the per-epoch
+    mean loss.
     """
     import torch
 
@@ -222,8 +225,13 @@ def train_head_on_vectors(
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total += float(loss) * len(rows)
+            total += float(loss.detach()) * len(rows)
             count += len(rows)
         losses.append(total / max(count, 1))
+        if on_epoch is not None:
+            head.eval()
+            with torch.no_grad():
+                on_epoch(len(losses), head)
+            head.train()
     head.eval()
     return head, losses

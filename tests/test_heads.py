@@ -215,3 +215,36 @@ def test_head_exports_into_the_document_graph(tiny_model_dir: Path, tmp_path: Pa
     manifest = Manifest.load(out)
     assert manifest.graphs["document"].head == head_spec("mlp", 4, 0.0)
     assert manifest.graphs["query"].head is None
+
+
+def test_train_cli_head_flags(tiny_model_dir: Path, tiny_beir_dir: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from magretrieve.cli import main
+
+    out = tmp_path / "cli_run"
+    args = ["train", "--model", str(tiny_model_dir), "--train", f"{tiny_beir_dir}:train"]
+    args += ["--mode", "qnorm", "--out", str(out), "--epochs", "1", "--batch-size", "3"]
+    res = CliRunner().invoke(
+        main, [*args, "--norm-head", "linear", "--freeze-encoder", "--calibrate-scale"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "norm calibration: raw vectors divided by c =" in res.output
+    cfg = json.loads((out / CONFIG_NAME).read_text())
+    assert cfg["norm_head"] == "linear" and cfg["extra"]["frozen_encoder"] is True
+    assert cfg["norm_scale"] != 1.0
+    assert (out / HEAD_FILE).is_file()
+    # the transformer is the one loaded (frozen), the head moved
+    base = Encoder.load(tiny_model_dir, "qnorm", device="cpu").transformer.state_dict()
+    run = Encoder.load(out, device="cpu")
+    assert all(torch.equal(v, run.transformer.state_dict()[k]) for k, v in base.items())
+    assert run.norm_head.out.weight.abs().sum() > 0
+    # refusals are one-line errors
+    res = CliRunner().invoke(main, [*args[:-4], "--out", str(tmp_path / "x"), "--freeze-encoder"])
+    assert res.exit_code == 1 and "nothing to train" in res.output
+    res = CliRunner().invoke(
+        main,
+        ["train", "--model", str(tiny_model_dir), "--train", f"{tiny_beir_dir}:train"]
+        + ["--mode", "cosine", "--out", str(tmp_path / "y"), "--norm-head", "mlp"],
+    )
+    assert res.exit_code == 1 and "keeps document magnitude" in res.output
