@@ -325,7 +325,7 @@ def train(
                         "mean_doc_norm": float(d_raw[: len(chosen)].detach().norm(dim=1).mean()),
                     }
                 )
-            bar.set_postfix(loss=f"{float(loss):.3f}", gq=f"{gq:.3f}", gd=f"{gd:.3f}")
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", gq=f"{gq:.3f}", gd=f"{gd:.3f}")
             bar.update(1)
             if cfg.eval_every and step % cfg.eval_every == 0 and (validation is not None or report):
                 evaluate(step)
@@ -333,6 +333,8 @@ def train(
             evaluate(step)
         if step >= total_steps:
             break
+    if cfg.eval_every and step % cfg.eval_every and (validation is not None or report):
+        evaluate(step)  # judge the final weights too before preferring an earlier checkpoint
     bar.close()
     log["seconds"] = time.perf_counter() - started
     log["steps_per_second"] = step / log["seconds"] if log["seconds"] else float("nan")
@@ -401,16 +403,24 @@ def mine_hard_negatives(
     docs = encoder.encode_documents(
         [dataset.corpus[i].full_text for i in doc_ids], progress=progress and "mining: corpus"
     )
-    by_query = {dataset.queries[q]: q for q in dataset.qrels}
-    texts = list(by_query)
+    # Several query ids may share a text: a pair's query text is relevant to the union.
+    relevant: dict[str, set[str]] = {}
+    for qid, judged in dataset.qrels.items():
+        ids = relevant.setdefault(dataset.queries[qid], set())
+        ids.update(d for d, rel in judged.items() if rel > 0)
+    texts = list(relevant)
     qv = encoder.encode_queries(texts, progress=progress and "mining: queries")
     idx, _ = exact_search(qv, docs, top)
     rng = random.Random(0)
     negatives: dict[str, list[str]] = {}
     for row, text in enumerate(texts):
-        judged = dataset.qrels[by_query[text]]
+        # a document with a relevant document's text is no negative either
+        relevant_texts = {dataset.corpus[d].full_text for d in relevant[text]}
         pool = [
-            dataset.corpus[doc_ids[j]].full_text for j in idx[row] if judged.get(doc_ids[j], 0) <= 0
+            dataset.corpus[doc_ids[j]].full_text
+            for j in idx[row]
+            if doc_ids[j] not in relevant[text]
+            and dataset.corpus[doc_ids[j]].full_text not in relevant_texts
         ]
         rng.shuffle(pool)
         negatives[text] = pool[:count]
