@@ -84,7 +84,11 @@ def raw_document_norms(
     batch_size: int,
     progress: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Stored document vectors and the raw norms ‖d‖ behind them, encoding the corpus once."""
+    """Stored document vectors and the raw norms ‖d‖ behind them, encoding the corpus once.
+
+    Without ``embed`` the norms are recovered from the stored vectors when γd < 1, and are
+    NaN when γd = 1 (the statistics built on them then read NaN, i.e. unknown).
+    """
     if hasattr(encoder, "embed"):
         raw = encoder.embed(
             texts,
@@ -100,7 +104,9 @@ def raw_document_norms(
     stored_norms = np.linalg.norm(stored, axis=1)
     if sim.gamma_d < 1.0:  # ‖stored‖ = ‖d‖^(1−γd)
         return stored, np.power(np.maximum(stored_norms, similarity.EPS), 1.0 / (1.0 - sim.gamma_d))
-    return stored, stored_norms  # magnitude is gone from the stored vectors (unit norm)
+    # Magnitude is gone from unit stored vectors: the raw norms are unknown (NaN), not 1 —
+    # float32 rounding of unit norms would otherwise give a meaningless Cohen's d.
+    return stored, np.full(len(stored), np.nan)
 
 
 def magnitude_statistics(

@@ -28,5 +28,18 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
 
 
+def _strict(obj: Any) -> Any:
+    """NaN/inf become null: ``json.dumps`` would write the non-standard NaN token."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v) for v in obj]
+    return obj
+
+
 def print_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2, default=float))
+    """One strict JSON document on stdout (undefined numbers as null)."""
+    text = json.dumps(obj, default=float)  # numpy scalars → float first
+    click.echo(json.dumps(_strict(json.loads(text)), indent=2, allow_nan=False))
