@@ -248,3 +248,22 @@ def test_train_cli_head_flags(tiny_model_dir: Path, tiny_beir_dir: Path, tmp_pat
         + ["--mode", "cosine", "--out", str(tmp_path / "y"), "--norm-head", "mlp"],
     )
     assert res.exit_code == 1 and "keeps document magnitude" in res.output
+
+
+def test_train_frozen_head_from_pairs(tiny_model_dir: Path, tiny_beir_dir: Path) -> None:
+    from magretrieve.heads import train_frozen_head
+    from magretrieve.trainer import mine_hard_negatives
+
+    enc = Encoder.load(tiny_model_dir, "qnorm", norm_head="linear", device="cpu")
+    data = load_beir(f"{tiny_beir_dir}:train")
+    pairs = mine_hard_negatives(enc, data, data.training_pairs(), 3, progress=False)
+    assert all(p.negatives for p in pairs)
+    before = {k: v.clone() for k, v in enc.transformer.state_dict().items()}
+    losses = train_frozen_head(enc, pairs, epochs=20, lr=5e-2, batch_size=3, progress=False)
+    assert losses[-1] < losses[0]
+    assert all(torch.equal(v, enc.transformer.state_dict()[k]) for k, v in before.items())
+    assert enc.norm_head.out.weight.abs().sum() > 0
+    # the head now changes document norms (and only those)
+    norms = np.linalg.norm(enc.encode_documents(TEXTS), axis=1)
+    assert norms.std() > 1e-4
+    np.testing.assert_allclose(np.linalg.norm(enc.encode_queries(TEXTS), axis=1), 1.0, atol=1e-6)

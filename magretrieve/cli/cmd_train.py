@@ -225,9 +225,52 @@ def train_command(
         trainable=trainable,
         head_lr=head_lr,
     )
-    result = trainer.train(
-        encoder, pairs, cfg, validation=validation, report=reports, out_dir=out_path
-    )
+    if freeze_encoder and encoder.norm_head is not None and mode != "learnable":
+        # Frozen encoder: encode every text once and train the head on the cached vectors.
+        import json
+        import time
+
+        from magretrieve.evaluate import evaluate_retrieval
+        from magretrieve.heads import train_frozen_head
+
+        started = time.perf_counter()
+        losses = train_frozen_head(
+            encoder,
+            pairs,
+            epochs=epochs,
+            lr=head_lr,
+            batch_size=batch_size,
+            scale=scale,
+            hard_negatives=hard_negatives,
+            seed=seed,
+        )
+        evaluations = (
+            [{f"{d.name}:{d.split}": evaluate_retrieval(encoder, d).to_dict() for d in reports}]
+            if reports
+            else []
+        )
+        log = {
+            "frozen_encoder": True,
+            "epoch_losses": losses,
+            "n_pairs": len(pairs),
+            "seconds": time.perf_counter() - started,
+            "evaluations": evaluations,
+        }
+        encoder.save(out_path)
+        (out_path / trainer.LOG_NAME).write_text(json.dumps(log, indent=1) + "\n")
+        result = trainer.TrainResult(log=log, out_dir=out_path, evaluations=evaluations)
+        log.update(
+            total_steps=len(losses),
+            final_gamma_q=encoder.config.gamma_q,
+            final_gamma_d=encoder.config.gamma_d,
+            steps=[{"loss": losses[-1]}] if losses else [],
+        )
+        if validation is not None:
+            click.echo("note: --val-fraction is not used with a frozen encoder (fixed epochs)")
+    else:
+        result = trainer.train(
+            encoder, pairs, cfg, validation=validation, report=reports, out_dir=out_path
+        )
     log = result.log
     summary = {
         "out": str(out_path),
