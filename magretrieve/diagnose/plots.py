@@ -77,18 +77,24 @@ def norm_length_scatter(
     rng = np.random.default_rng(0)
     keep = rng.choice(len(norms), size=min(max_points, len(norms)), replace=False)
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    small = keep.size < 500
     ax.scatter(
         lengths[keep],
         norms[keep],
-        s=5,
-        alpha=0.35,
+        s=18 if small else 5,
+        alpha=0.7 if small else 0.35,
         color="tab:blue",
         edgecolors="none",
         label=f"documents (showing {keep.size} of {len(norms)})",
     )
     ax.set_xlabel("document length (tokens after truncation)")
     ax.set_ylabel("raw document norm ‖d‖")
-    ax.set_title(f"{title}\nPearson r = {pearson:.2f}, Spearman ρ = {spearman:.2f}", fontsize=10)
+    corr = (
+        f"Pearson r = {pearson:.2f}, Spearman ρ = {spearman:.2f}"
+        if np.isfinite(pearson)
+        else "correlation undefined (constant length or norm)"
+    )
+    ax.set_title(f"{title}\n{corr}", fontsize=10)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
@@ -158,8 +164,23 @@ def training_curves(log: Mapping[str, Any], path: Path, title: str) -> Path:
     ax1.set_ylabel("γ (1 = normalized, 0 = raw)")
     ax1.set_title("normalization exponents", fontsize=10)
     ax1.legend(fontsize=8)
-    ax2.plot(steps, get("mean_query_norm"), label="mean ‖q‖ (batch)", color="tab:blue")
-    ax2.plot(steps, get("mean_doc_norm"), label="mean ‖d⁺‖ (batch)", color="tab:orange")
+    window = max(1, len(steps) // 15)
+    for key, color, label in (
+        ("mean_query_norm", "tab:blue", "mean ‖q‖ (batch)"),
+        ("mean_doc_norm", "tab:orange", "mean ‖d⁺‖ (batch)"),
+    ):
+        values = np.asarray(get(key), dtype=float)
+        if window > 1:
+            ax2.plot(steps, values, color=color, alpha=0.25, lw=0.8)
+            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+            ax2.plot(
+                steps[window - 1 :],
+                smooth,
+                color=color,
+                label=f"{label}, rolling mean of {window} steps",
+            )
+        else:
+            ax2.plot(steps, values, color=color, label=label)
     ax2.set_xlabel("training step")
     ax2.set_ylabel("raw norm")
     ax2.set_title("mean raw norms", fontsize=10)
