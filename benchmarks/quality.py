@@ -95,6 +95,25 @@ def evaluate_all(encoder: Any, evals: list[Any]) -> dict[str, Any]:
     return {f"{d.name}:{d.split}": evaluate_retrieval(encoder, d).to_dict() for d in evals}
 
 
+def memoize_embeddings(encoder: Any, cache_dir: Path, tag: str) -> None:
+    """Cache ``encoder.embed`` on disk: untrained configurations share one encoding per text set."""
+    import hashlib
+
+    original = encoder.embed
+
+    def embed(texts, side, batch_size=64, progress=False):
+        key = hashlib.sha256("\x1f".join([side, *texts]).encode()).hexdigest()[:20]
+        path = cache_dir / f"{tag}-{side}-{key}.npy"
+        if path.is_file():
+            return np.load(path)
+        out = original(texts, side, batch_size=batch_size, progress=progress)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        np.save(path, out)
+        return out
+
+    encoder.embed = embed
+
+
 def run_ours(
     cfg: BenchConfig,
     model: str,
@@ -108,6 +127,8 @@ def run_ours(
     from magretrieve.trainer import TrainConfig, train
 
     encoder = Encoder.load(model, cfg.mode, **cfg.encoder_kwargs)
+    if not cfg.train:  # the starting weights: one encoding serves every zero-shot mode
+        memoize_embeddings(encoder, run_dir.parent.parent / "embeddings", "zero-shot")
     record: dict[str, Any] = {
         "config": cfg.name,
         "mode": cfg.mode,
