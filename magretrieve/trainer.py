@@ -198,8 +198,8 @@ def _train_mode(encoder: Encoder, cfg: TrainConfig) -> None:
 
 
 def _gamma_values(encoder: Encoder) -> tuple[float, float]:
-    gq, gd = encoder.gammas()
-    return float(gq), float(gd)
+    gq, gd = encoder.gammas()  # detached: float() of a tensor needing grad warns
+    return float(torch.as_tensor(gq).detach()), float(torch.as_tensor(gd).detach())
 
 
 def train(

@@ -147,7 +147,8 @@ def train_command(
     )
     from magretrieve.errors import ConfigError
 
-    trainer.check_task(mode, task, force)  # fail before loading anything
+    if not force:  # fail before loading anything (train() itself warns once when forced)
+        trainer.check_task(mode, task, force)
     out_path = Path(out)
     if out_path.exists() and any(out_path.iterdir()) and not force:
         raise ConfigError(f"{out_path}: exists and is not empty (pass --force to overwrite)")
