@@ -279,7 +279,7 @@ def markdown(
                 cells += ["–", "–", "–"]
                 continue
             cells.append(f"{v['ndcg']:.4f} ± {v['spread']:.4f}")
-            if base and s in base and name != "cosine":
+            if base and s in base and name != "cosine" and base[s]["ndcg"] > 0:
                 cells.append(f"{100 * (v['ndcg'] / base[s]['ndcg'] - 1):+.1f}%")
             else:
                 cells.append("–")
