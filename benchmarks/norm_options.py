@@ -190,6 +190,24 @@ def find_metric(obj: Any, dataset: str, key: str) -> float | None:
     return None
 
 
+def add_external(results, add, quality: Path, full_results: Path, tests: list[Split]) -> None:
+    """The lead's fine-tuned cosine runs and this issue's full trainings, when present."""
+    external = {"fine-tuned cosine (lead)": read_results(quality, "cosine")}
+    for prefix in ("joint-head", "calibrated-qnorm"):
+        external[f"{prefix} (full training)"] = read_results(full_results, prefix)
+    for name, runs in external.items():
+        for r in runs:
+            row = {}
+            for t in tests:
+                base = t.label.split(":")[0]
+                ndcg = find_metric(r, base, "ndcg_at_10")
+                row[t.label] = {
+                    "ndcg@10": ndcg if ndcg is not None else find_metric(r, base, "ndcg@10"),
+                    "cohens_d": find_metric(r, base, "cohens_d"),
+                }
+            add(name, Path(r["file"]).stem, row)
+
+
 def fmt_cell(values: list[float]) -> str:
     vals = [v for v in values if v is not None and np.isfinite(v)]
     if not vals:
@@ -211,7 +229,14 @@ def fmt_cell(values: list[float]) -> str:
 @click.option(
     "--out", type=click.Path(path_type=Path), default=Path("benchmarks/results/norm_options.md")
 )
-def main(cache: Path, data: Path, quality: Path, full_results: Path, out: Path) -> None:
+@click.option(
+    "--refresh-external",
+    is_flag=True,
+    help="Keep the computed rows of --out's JSON; only re-read the fine-tuned runs.",
+)
+def main(
+    cache: Path, data: Path, quality: Path, full_results: Path, out: Path, refresh_external: bool
+) -> None:
     import torch
 
     torch.set_num_threads(2)
@@ -222,6 +247,19 @@ def main(cache: Path, data: Path, quality: Path, full_results: Path, out: Path) 
 
     def add(name: str, seed: Any, per_set: dict[str, dict[str, float]]) -> None:
         results["rows"].setdefault(name, {})[str(seed)] = per_set
+
+    if refresh_external:
+        results = json.loads(out.with_suffix(".json").read_text())
+        results["rows"] = {
+            k: v
+            for k, v in results["rows"].items()
+            if not k.endswith(("(lead)", "(full training)"))
+        }
+        add_external(results, add, quality, full_results, tests)
+        out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=float) + "\n")
+        out.write_text(render(results, tests))
+        click.echo(out.read_text())
+        return
 
     # references (Cohen's d of the raw norms, as the issue's table reports it)
     add(
@@ -284,24 +322,7 @@ def main(cache: Path, data: Path, quality: Path, full_results: Path, out: Path) 
     add(f"corpus prior (β={prior.beta:g})", "-", row)
     click.echo(f"corpus prior: β={prior.beta} grid {prior.grid}")
 
-    # lead's fine-tuned cosine and this issue's full trainings, when present
-    external = {"fine-tuned cosine (lead)": read_results(quality, "cosine")}
-    for prefix in ("joint-head", "calibrated-qnorm"):
-        external[f"{prefix} (full training)"] = read_results(full_results, prefix)
-    for name, runs in external.items():
-        for r in runs:
-            add(
-                name,
-                Path(r["file"]).stem,
-                {
-                    t.label: {
-                        "ndcg@10": find_metric(r, t.label.split(":")[0], "ndcg_at_10")
-                        or find_metric(r, t.label.split(":")[0], "ndcg@10"),
-                        "cohens_d": find_metric(r, t.label.split(":")[0], "cohens_d"),
-                    }
-                    for t in tests
-                },
-            )
+    add_external(results, add, quality, full_results, tests)
 
     results["seconds"] = time.perf_counter() - started
     out.parent.mkdir(parents=True, exist_ok=True)
