@@ -482,7 +482,7 @@ def test_same_seed_same_run_other_seed_other_run(
 ) -> None:
     def run(seed: int) -> tuple[list[float], dict[str, torch.Tensor]]:
         enc = Encoder.load(tiny_model_dir, "qnorm", device="cpu")
-        cfg = TrainConfig(epochs=2, batch_size=3, lr=1e-3, seed=seed)
+        cfg = TrainConfig(epochs=2, batch_size=3, lr=1e-3, seed=seed, max_steps=3)
         result = train(enc, tiny_pairs, cfg, progress=False)
         return [s["loss"] for s in result.log["steps"]], enc.state_dict()
 
