@@ -21,7 +21,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RSS_CHILD = """
-import json, resource, sys
+import json, sys
 kind, folder, texts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 if kind == "torch":
     import torch
@@ -34,7 +34,9 @@ else:
     from magretrieve.runtime import OnnxEncoder
     enc = OnnxEncoder.load(folder, threads=1)
     enc.encode_queries(texts, batch_size=1)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+# VmHWM, not ru_maxrss: ru_maxrss survives exec and would report the forking parent's peak.
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+print(int(hwm.split()[1]) / 1024)
 """
 
 
