@@ -301,6 +301,14 @@ class Retriever:
         )
         check_finite(vectors, ids, f"encoding for {self.store.location}")
         meta = self.store.read_metadata()
+        if meta and meta.get("magnitude"):
+            # a store rescaled after the fact (issue 6) records how its documents got their
+            # magnitude; new documents must get the same treatment to be comparable
+            from magretrieve.rescale import apply_recorded_magnitude
+
+            vectors = apply_recorded_magnitude(meta, vectors, self.store)
+            check_finite(vectors, ids, f"recorded magnitude of {self.store.location}")
+        meta = self.store.read_metadata()
         if meta and meta.get("magnitude"):  # a store given a magnitude by `magretrieve rescale`
             from magretrieve.rescale import apply_recorded_magnitude
 
