@@ -91,34 +91,9 @@ def _load_encoder(
             "export needs a fast (Rust) tokenizer with a tokenizer.json: serving tokenizes with the "
             "`tokenizers` library; this model only has a slow Python tokenizer"
         )
-    _clamp_max_lengths(encoder)
+    encoder.clamp_max_lengths()  # also done at load; an Encoder object may have been edited
     encoder.eval()
     return encoder
-
-
-def _clamp_max_lengths(encoder: Encoder) -> None:
-    """Cap max lengths at what the transformer can embed (position table / tokenizer limit).
-
-    A longer max length would make both PyTorch and the graph fail on long texts; the
-    manifest must promise only lengths the model supports.
-    """
-    tcfg = encoder.transformer.config
-    limits = [int(encoder.tokenizer.model_max_length or 0)]
-    positions = getattr(tcfg, "max_position_embeddings", None)
-    if positions:
-        # RoBERTa-style models offset positions by padding_idx + 1.
-        offset = int(tcfg.pad_token_id) + 1 if "roberta" in str(tcfg.model_type) else 0
-        limits.append(int(positions) - offset)
-    limit = (
-        min(x for x in limits if 0 < x < 1_000_000) if any(0 < x < 1_000_000 for x in limits) else 0
-    )
-    for name in ("max_query_length", "max_document_length"):
-        value = int(getattr(encoder.config, name))
-        if limit and value > limit:
-            logger.warning(
-                "%s %d exceeds the model's limit %d; exporting with %d", name, value, limit, limit
-            )
-            setattr(encoder.config, name, limit)
 
 
 def _write_manifest(

@@ -177,6 +177,36 @@ class Encoder(nn.Module):
         self.norm_head = build_head(
             self.dim, config.norm_head, config.norm_head_hidden, config.norm_head_bound
         )
+        self.clamp_max_lengths()
+
+    def clamp_max_lengths(self) -> None:
+        """Cap max lengths at what the transformer can embed (position table / tokenizer limit).
+
+        A longer max length would make long texts crash the model (and its ONNX graph); the
+        config, and so an export's manifest, promises only lengths the model supports.
+        """
+        tcfg = getattr(self.transformer, "config", None)
+        limits = [int(getattr(self.tokenizer, "model_max_length", 0) or 0)]
+        positions = getattr(tcfg, "max_position_embeddings", None)
+        if positions:
+            # RoBERTa-style models offset positions by padding_idx + 1.
+            offset = (
+                int(tcfg.pad_token_id) + 1
+                if "roberta" in str(getattr(tcfg, "model_type", ""))
+                else 0
+            )
+            limits.append(int(positions) - offset)
+        usable = [x for x in limits if 0 < x < 1_000_000]
+        if not usable:
+            return
+        limit = min(usable)
+        for name in ("max_query_length", "max_document_length"):
+            value = int(getattr(self.config, name))
+            if value > limit:
+                logger.warning(
+                    "%s %d exceeds the model's limit %d; using %d", name, value, limit, limit
+                )
+                setattr(self.config, name, limit)
 
     # ------------------------------------------------------------------ construction
 
