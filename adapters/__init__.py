@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from magretrieve.adapters.base import METRIC, StoreHit, StoreRecord, VectorStore, point_uuid
-
 from magretrieve.errors import StoreError
 
 __all__ = [

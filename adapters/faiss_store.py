@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from magretrieve.adapters.base import (
     StoreHit,
     StoreRecord,
@@ -37,7 +38,6 @@ from magretrieve.adapters.base import (
     check_queries,
     sha256_file,
 )
-
 from magretrieve.errors import StoreError
 
 logger = logging.getLogger(__name__)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from magretrieve.adapters.base import (
     StoreHit,
     StoreRecord,
@@ -24,7 +25,6 @@ from magretrieve.adapters.base import (
     check_queries,
     sha256_file,
 )
-
 from magretrieve.errors import StoreError
 
 STATE_FILE = "memory_store.json"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from magretrieve.adapters.base import (
     StoreHit,
     StoreRecord,
@@ -37,7 +38,6 @@ from magretrieve.adapters.qdrant_store import (
     quantized_query_factors,
     split_payload,
 )
-
 from magretrieve.errors import StoreError
 
 META_FILE = "magretrieve_store.json"

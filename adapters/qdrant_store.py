@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
 from magretrieve.adapters.base import (
     StoreHit,
     StoreRecord,
@@ -35,7 +36,6 @@ from magretrieve.adapters.base import (
     json_safe,
     point_uuid,
 )
-
 from magretrieve.errors import StoreError
 
 logger = logging.getLogger(__name__)

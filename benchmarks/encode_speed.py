@@ -84,11 +84,11 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from magretrieve.export import export_model
-    from magretrieve.export.evaluate import evaluate_export
 
     from magretrieve.data import load_beir
     from magretrieve.encoder import Encoder
+    from magretrieve.export import export_model
+    from magretrieve.export.evaluate import evaluate_export
     from magretrieve.manifest import Manifest
     from magretrieve.models import resolve_model_path
     from magretrieve.runtime import OnnxEncoder

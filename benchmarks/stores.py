@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _store_data import load_vectors, passages  # noqa: E402
+
 from magretrieve.adapters import faiss_store, open_store  # noqa: E402
 
 K = 10

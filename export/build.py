@@ -108,9 +108,8 @@ def _write_manifest(
     quantization_report: dict[str, Any] | None = None,
 ) -> Manifest:
     """Hash every file in ``folder`` and write its manifest (the manifest itself is unhashed)."""
-    from magretrieve.export.graphs import OUTPUT_NAME, input_names
-
     from magretrieve import similarity
+    from magretrieve.export.graphs import OUTPUT_NAME, input_names
 
     sim = encoder.similarity
     cfg = encoder.config
@@ -159,7 +158,6 @@ def _parity(
     encoder: Encoder, folder: Path, reference: dict[str, Any], strict: bool
 ) -> dict[str, Any]:
     from magretrieve.export import parity
-
     from magretrieve.runtime import OnnxEncoder
 
     report = parity.measure(reference, OnnxEncoder.load(folder))
@@ -341,7 +339,6 @@ def _build_int8(
     """Quantize the parity-checked fp32 graphs; report agreement (and NDCG@10) vs fp32."""
     from magretrieve.export.evaluate import evaluate_export
     from magretrieve.export.quantize import quantize_int8
-
     from magretrieve.runtime import OnnxEncoder
 
     int8_dir.mkdir()

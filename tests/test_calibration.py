@@ -58,7 +58,6 @@ def test_calibrated_scale_round_trips_through_save_and_export(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     from magretrieve.export.build import export_model
-
     from magretrieve.manifest import Manifest
     from magretrieve.runtime import OnnxEncoder
 

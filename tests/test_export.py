@@ -44,9 +44,9 @@ def test_parity_and_contract_every_mode(
     tiny_model_dir: Path, tmp_path: Path, mode, gamma_q, gamma_d
 ):
     import torch
-    from magretrieve.export import export_model
 
     from magretrieve.encoder import Encoder
+    from magretrieve.export import export_model
     from magretrieve.manifest import Manifest
     from magretrieve.runtime import OnnxEncoder
 
@@ -145,9 +145,8 @@ def test_cli_unwritable_target_writes_nothing(tiny_model_dir: Path, tmp_path: Pa
 def test_parity_failure_writes_nothing_and_keeps_old_export(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from magretrieve.export import export_model, parity
-
     from magretrieve.encoder import Encoder
+    from magretrieve.export import export_model, parity
     from magretrieve.manifest import Manifest
 
     encoder = Encoder.load(tiny_model_dir, mode="qnorm", device="cpu")
@@ -165,9 +164,8 @@ def test_parity_failure_writes_nothing_and_keeps_old_export(
 def test_auto_falls_back_when_dynamo_fails(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from magretrieve.export import export_model, graphs, parity
-
     from magretrieve.encoder import Encoder
+    from magretrieve.export import export_model, graphs, parity
     from magretrieve.manifest import Manifest
 
     original = graphs.export_side
@@ -266,7 +264,6 @@ def test_manifest_json_printed(tiny_model_dir: Path, tmp_path: Path) -> None:
 def test_minilm_qnorm_export_parity(tmp_path: Path) -> None:
     """The real all-MiniLM-L6-v2 (packaged, offline), zero-shot qnorm, default exporter."""
     from magretrieve.export import export_model
-
     from magretrieve.manifest import Manifest
     from magretrieve.runtime import OnnxEncoder
 

@@ -202,7 +202,6 @@ def test_train_head_on_vectors_learns_a_prior() -> None:
 
 def test_head_exports_into_the_document_graph(tiny_model_dir: Path, tmp_path: Path) -> None:
     from magretrieve.export.build import export_model
-
     from magretrieve.manifest import Manifest
     from magretrieve.runtime import OnnxEncoder
 

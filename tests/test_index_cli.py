@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from magretrieve.adapters import open_store
 from test_retriever import TOPICS, FakeEncoder
 
+from magretrieve.adapters import open_store
 from magretrieve.cli import main
 
 TESTS = Path(__file__).resolve().parent

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from magretrieve.adapters import open_store
 
+from magretrieve.adapters import open_store
 from magretrieve.cli import main
 from magretrieve.corpus_prior import CorpusPrior, hub_scores, unit
 from magretrieve.data import Document

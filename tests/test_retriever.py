@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from magretrieve.adapters import open_store
 
 from magretrieve import similarity
+from magretrieve.adapters import open_store
 from magretrieve.data import Document
 from magretrieve.errors import StoreError
 from magretrieve.retriever import Hit, Retriever
@@ -289,7 +289,6 @@ def test_adding_while_searching_is_safe():
 def _have_export() -> bool:
     try:
         import magretrieve.export  # noqa: F401
-
         import magretrieve.runtime  # noqa: F401
     except ImportError:
         return False

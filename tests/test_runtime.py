@@ -27,9 +27,8 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def exported(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """A qnorm export with prefixes and short max lengths, plus its PyTorch encoder."""
-    from magretrieve.export import export_model
-
     from magretrieve.encoder import Encoder
+    from magretrieve.export import export_model
 
     encoder = Encoder.load(
         tiny_model_dir,

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from magretrieve.adapters import open_store, parse_spec
 from magretrieve.adapters.faiss_store import FaissStore
-
 from magretrieve.errors import StoreError
 
 DIM = 16
@@ -246,8 +246,9 @@ def test_qdrant_client_object_and_size_check():
 
 
 def test_qdrant_ids_are_deterministic_and_payload_has_norm():
-    from magretrieve.adapters import point_uuid
     from qdrant_client import QdrantClient
+
+    from magretrieve.adapters import point_uuid
 
     client = QdrantClient(":memory:")
     s = open_store(client, collection="c", dimension=DIM)

@@ -28,9 +28,8 @@ TEXTS = [
 
 
 def main(out: Path) -> None:
-    from magretrieve.export import export_model
-
     from magretrieve.encoder import Encoder
+    from magretrieve.export import export_model
 
     encoder = Encoder.load(build_tiny_bert(out / "model"), mode="qnorm", device="cpu")
     export_model(encoder, out / "export", exporter="torchscript", overwrite=True)
