@@ -280,3 +280,18 @@ def test_cli_rescale_and_one_line_errors(
     )
     assert res.exit_code == 1
     assert "already rescaled" in res.output and "Traceback" not in res.output
+
+
+def test_corpus_prior_applies_to_documents_added_later(cosine_vectors: np.ndarray) -> None:
+    src = build_source("memory:", cosine_vectors)
+    dst = open_store("memory:", dimension=32)
+    rescale_store(src, dst, prior=CorpusPrior(beta=0.5, k=3), progress=False)
+    meta = dst.read_metadata()
+    rng = np.random.default_rng(0)
+    new = unit(cosine_vectors[:2] + 0.05 * rng.normal(size=(2, 32)).astype(np.float32))
+    out = apply_recorded_magnitude(meta, new * 3.0, dst)  # any input scale: only d̂ counts
+    cos = new @ cosine_vectors.T
+    hub = np.sort(cos, axis=1)[:, ::-1][:, :3].mean(axis=1)
+    recipe = meta[META_KEY]
+    m = np.exp(-0.5 * (hub - recipe["mean"]) / recipe["std"])
+    np.testing.assert_allclose(out, new * m[:, None], rtol=1e-5)
