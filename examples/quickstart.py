@@ -114,7 +114,7 @@ def main() -> None:
     retriever = Retriever.load(export_dir, store=spec, threads=2)
     retriever.add_documents(test.corpus.values())
     retriever.persist()
-    print(f"{retriever.describe()['count']} documents stored  ({time.perf_counter() - t:.0f}s)")
+    print(f"{retriever.store.count()} documents stored  ({time.perf_counter() - t:.0f}s)")
 
     step(6, "search, with each score split into ‖q‖ · ‖d‖ · cos θ")
     for query in ["statins reduce mortality", "vitamin D deficiency and bone fractures"]:

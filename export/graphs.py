@@ -87,6 +87,9 @@ def export_side(
     names = input_names(encoder)
     args = example_inputs(encoder, side)
     opset = OPSETS[exporter]
+    # The dynamo exporter logs one warning per torchvision operator it cannot register;
+    # torchvision is irrelevant to text encoders, so keep that noise out of the user's console.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
