@@ -152,7 +152,13 @@ def run_ours(
 
 
 def run_peer(
-    model: str, pairs: list, seed: int, settings: dict[str, Any], run_dir: Path, evals: list[Any]
+    cfg: BenchConfig,
+    model: str,
+    pairs: list,
+    seed: int,
+    settings: dict[str, Any],
+    run_dir: Path,
+    evals: list[Any],
 ) -> dict[str, Any]:
     """sentence-transformers' own trainer with MultipleNegativesRankingLoss, scored by our evaluation."""
     from datasets import Dataset
@@ -168,6 +174,8 @@ def run_peer(
     from magretrieve.models import resolve_model_path
 
     st = SentenceTransformer(str(resolve_model_path(model)), device="cpu")
+    if "max_document_length" in cfg.encoder_kwargs:
+        st.max_seq_length = cfg.encoder_kwargs["max_document_length"]
     data = Dataset.from_dict(
         {"anchor": [p.query for p in pairs], "positive": [p.positive for p in pairs]}
     )
@@ -194,7 +202,7 @@ def run_peer(
         output = trainer.train()
         seconds = time.perf_counter() - started
     st.save(str(run_dir))
-    encoder = Encoder.load(run_dir, "cosine")
+    encoder = Encoder.load(run_dir, "cosine", **cfg.encoder_kwargs)
     return {
         "config": "peer-mnrl",
         "mode": "cosine",
@@ -342,6 +350,12 @@ def bar_chart(sets: list[str], summary: dict[str, Any], path: Path, title: str) 
 @click.option("--scale", type=float, default=20.0)
 @click.option("--max-steps", type=int, default=None, help="Cap steps (smoke runs).")
 @click.option(
+    "--max-doc-length",
+    type=int,
+    default=None,
+    help="Document token limit for training and evaluation (default: the model's).",
+)
+@click.option(
     "--work",
     type=click.Path(file_okay=False),
     required=True,
@@ -354,6 +368,7 @@ def bar_chart(sets: list[str], summary: dict[str, Any], path: Path, title: str) 
 @click.option("--lock", default=None, help="flock this file around each heavy run.")
 @click.option("--threads", type=int, default=None, help="torch threads.")
 def main(
+    max_doc_length,
     model,
     train_spec,
     eval_specs,
@@ -385,6 +400,9 @@ def main(
     (work_dir / "runs").mkdir(parents=True, exist_ok=True)
     (work_dir / "results").mkdir(parents=True, exist_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if max_doc_length:  # one document limit for every configuration, training and evaluation alike
+        for config in registry.values():
+            config.encoder_kwargs["max_document_length"] = max_doc_length
     settings = {
         "epochs": epochs,
         "batch_size": batch_size,
@@ -418,10 +436,11 @@ def main(
             shutil.rmtree(run_dir)
         with cpu_lock(lock):
             if cfg.peer:
-                record = run_peer(model, pairs, seed, settings, run_dir, evals)
+                record = run_peer(cfg, model, pairs, seed, settings, run_dir, evals)
             else:
                 record = run_ours(cfg, model, pairs, seed, settings, run_dir, evals)
         record["seed"] = seed if (cfg.train or cfg.peer) else None
+        record["settings"] = {**settings, **cfg.encoder_kwargs}
         result_path.write_text(json.dumps(record, indent=1) + "\n")
         records.append(record)
     for r in records:
@@ -429,7 +448,9 @@ def main(
             r["seed"] = 0
     sets, summary = aggregate(records, chosen)
     command = "python " + " ".join(sys.argv)
-    table = markdown(sets, summary, command, settings)
+    table = markdown(
+        sets, summary, command, {**settings, "max_doc_length": max_doc_length or "model default"}
+    )
     (out_dir / f"{name}.md").write_text(table)
     (out_dir / f"{name}.json").write_text(
         json.dumps({"command": command, "settings": settings, "summary": summary}, indent=1) + "\n"
