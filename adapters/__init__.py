@@ -92,10 +92,23 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
         return kind, {"path": rest}
     if kind == "qdrant-memory" and rest:
         return kind, {"collection": rest}
-    if kind in ("qdrant", "qdrant-local"):
+    if kind == "qdrant-local":
         base, _, collection = rest.rstrip("/").rpartition("/")
-        if base and collection and (kind == "qdrant-local" or "://" in base or ":" in base):
-            return kind, {"url" if kind == "qdrant" else "path": base, "collection": collection}
+        if base and collection:
+            return kind, {"path": base, "collection": collection}
+    if kind == "qdrant":
+        # the collection is the last path segment *after* the host: "http://h:6333" alone
+        # has none (rpartition would otherwise take "h:6333" for a collection name)
+        scheme, sep, after = rest.partition("://")
+        host, _, collection = (after if sep else rest).rstrip("/").rpartition("/")
+        if host and collection and (sep or ":" in host):
+            return kind, {"url": f"{scheme}{sep}{host}", "collection": collection}
+    if kind in ("qdrant", "qdrant-local", "qdrant-memory"):
+        form = next(f for f in SPEC_FORMS if f.startswith(kind + ":"))
+        raise StoreError(
+            f"store spec {spec!r}: missing collection name (expected {form}, e.g. "
+            f"{form.replace('COLLECTION', 'scifact')}); use one of: {', '.join(SPEC_FORMS)}"
+        )
     raise StoreError(f"store spec {spec!r} not understood; use one of: {', '.join(SPEC_FORMS)}")
 
 

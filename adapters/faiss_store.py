@@ -285,6 +285,8 @@ class FaissStore(VectorStore):
             raise StoreError(f"{path / STATE_FILE}: unreadable ({exc})") from None
         if state.get("format") != "magretrieve-faiss-store":
             raise StoreError(f"{path / STATE_FILE}: not a magretrieve FAISS store")
+        if state.get("index_file") is None:
+            return cls._load_empty(path, state, dimension, **options)
         files = {"index": path / state["index_file"], "records": path / state["records_file"]}
         for key, f in files.items():
             if not f.is_file():
@@ -338,6 +340,43 @@ class FaissStore(VectorStore):
                 )
         return store
 
+    @classmethod
+    def _load_empty(
+        cls, path: Path, state: dict[str, Any], dimension: int | None, **options: Any
+    ) -> FaissStore:
+        """Generation 0: the store was created but its first save never completed."""
+        if dimension is not None and int(dimension) != int(state["dimension"]):
+            raise StoreError(
+                f"{path}: store has dimension {state['dimension']}, "
+                f"but the model produces dimension {dimension}"
+            )
+        params = {k: v for k, v in dict(state["parameters"]).items() if k in DEFAULTS}
+        params.update({k: options[k] for k in ("ef_search", "nprobe") if options.get(k)})
+        kind = state["index_type"]
+        index_type = state["parameters"].get("factory", kind) if kind == "factory" else kind
+        store = cls(int(state["dimension"]), path, index_type=index_type, **params)
+        store._meta = state.get("metadata")
+        return store
+
+    def _state(self, index_name: str | None, records_name: str | None, gen: int) -> dict[str, Any]:
+        assert self._path is not None
+        return {
+            "format": "magretrieve-faiss-store",
+            "format_version": 1,
+            "generation": gen,
+            "dimension": self._dim,
+            "metric": "inner_product",
+            "index_type": self.index_type,
+            "sequential": self._sequential,
+            "parameters": self.params,
+            "count": self.count() if index_name else 0,
+            "index_file": index_name,
+            "records_file": records_name,
+            "index_sha256": sha256_file(self._path / index_name) if index_name else None,
+            "records_sha256": sha256_file(self._path / records_name) if records_name else None,
+            "metadata": self._meta,
+        }
+
     def persist(self) -> None:
         """Save a new generation atomically; the state file is switched last."""
         if self._path is None:
@@ -346,6 +385,10 @@ class FaissStore(VectorStore):
         with self._lock:
             self._flush_pending(final=True)
             self._path.mkdir(parents=True, exist_ok=True)
+            if not (self._path / STATE_FILE).is_file():
+                # commit an empty generation 0 first: a crash during the first real save then
+                # leaves a store that reopens (empty) and resumes, instead of orphan files
+                atomic_write_json(self._path / STATE_FILE, self._state(None, None, 0))
             gen = self._generation + 1
             index_name, records_name = f"index-{gen}.faiss", f"records-{gen}.json"
             atomic_write_bytes(
@@ -357,27 +400,16 @@ class FaissStore(VectorStore):
                     {"records": self._records, "tombstones": sorted(self._tombstones)}
                 ).encode(),
             )
-            atomic_write_json(
-                self._path / STATE_FILE,
-                {
-                    "format": "magretrieve-faiss-store",
-                    "format_version": 1,
-                    "generation": gen,
-                    "dimension": self._dim,
-                    "metric": "inner_product",
-                    "index_type": self.index_type,
-                    "sequential": self._sequential,
-                    "parameters": self.params,
-                    "count": self.count(),
-                    "index_file": index_name,
-                    "records_file": records_name,
-                    "index_sha256": sha256_file(self._path / index_name),
-                    "records_sha256": sha256_file(self._path / records_name),
-                    "metadata": self._meta,
-                },
-            )
+            atomic_write_json(self._path / STATE_FILE, self._state(index_name, records_name, gen))
             self._generation = gen
-            for stale in [*self._path.glob("index-*.faiss"), *self._path.glob("records-*.json")]:
+            # older generations, and temp files of saves a crash interrupted
+            for stale in [
+                *self._path.glob("index-*.faiss"),
+                *self._path.glob("records-*.json"),
+                *self._path.glob(".index-*.tmp"),
+                *self._path.glob(".records-*.tmp"),
+                *self._path.glob(f".{STATE_FILE}.*.tmp"),
+            ]:
                 if stale.name not in (index_name, records_name):
                     stale.unlink(missing_ok=True)
 

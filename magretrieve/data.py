@@ -54,6 +54,8 @@ class RetrievalDataset:
     corpus: dict[str, Document]
     queries: dict[str, str]
     qrels: dict[str, dict[str, int]]
+    #: The qrels file the judgements came from (named in errors).
+    source: str = ""
 
     def training_pairs(self) -> list[TrainingPair]:
         """One pair per positive judgement (score > 0), in qrels order."""
@@ -64,7 +66,11 @@ class RetrievalDataset:
             if rel > 0
         ]
         if not pairs:
-            raise DataError(f"{self.name}:{self.split} has no positive judgements to train on")
+            where = f"{self.source}: " if self.source else ""
+            raise DataError(
+                f"{where}{self.name}:{self.split} has no positive judgements to train on "
+                "(every score is 0 or less)"
+            )
         return pairs
 
 
@@ -271,7 +277,7 @@ def load_beir(spec: str | Path, default_split: str = "test") -> RetrievalDataset
                     f"{qrels_path}: document id {did!r} (query {qid!r}) is not in {folder / 'corpus.jsonl'}"
                 )
     queries = {qid: all_queries[qid] for qid in qrels}
-    return RetrievalDataset(folder.name, split, corpus, queries, qrels)
+    return RetrievalDataset(folder.name, split, corpus, queries, qrels, source=str(qrels_path))
 
 
 def load_pairs(path: str | Path) -> list[TrainingPair]:

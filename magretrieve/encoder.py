@@ -448,10 +448,15 @@ class Encoder(nn.Module):
 
     def token_lengths(self, texts: Sequence[str], side: str) -> list[int]:
         """Token counts after truncation, used to sort texts into length buckets."""
-        enc = self.tokenizer(
-            self.prepare(texts, side), truncation=True, max_length=self.max_length(side)
-        )
-        return [len(ids) for ids in enc["input_ids"]]
+        return self._lengths(texts, side)[0]
+
+    def _lengths(self, texts: Sequence[str], side: str) -> tuple[list[int], int]:
+        """Token counts after truncation, and how many texts the max length cuts."""
+        limit = self.max_length(side)
+        # one token of headroom: a text is cut exactly when it still fills limit + 1
+        enc = self.tokenizer(self.prepare(texts, side), truncation=True, max_length=limit + 1)
+        lengths = [len(ids) for ids in enc["input_ids"]]
+        return [min(n, limit) for n in lengths], sum(n > limit for n in lengths)
 
     # ------------------------------------------------------------------ inference
 
@@ -464,11 +469,14 @@ class Encoder(nn.Module):
 
         texts = list(texts)
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        #: Texts cut at the side's max length in the most recent embed call.
+        self.last_truncated = 0
         if not texts:
             return out
         was_training = self.training
         self.eval()
-        order = np.argsort([-n for n in self.token_lengths(texts, side)], kind="stable")
+        lengths, self.last_truncated = self._lengths(texts, side)
+        order = np.argsort([-n for n in lengths], kind="stable")
         desc = progress if isinstance(progress, str) else f"encoding {side}s"
         bar = tqdm(total=len(texts), desc=desc, unit="text", disable=not progress, leave=False)
         for start in range(0, len(texts), batch_size):

@@ -30,6 +30,9 @@ class IndexReport:
     skipped: int
     seconds: float
     count: int
+    #: Documents cut at the model's max document length (their tail is not in the index);
+    #: counted when the encoder reports ``last_truncated`` (both magretrieve encoders do).
+    truncated: int = 0
 
     @property
     def docs_per_second(self) -> float:
@@ -62,7 +65,7 @@ def index_documents(
         raise DataError("batch_size and checkpoint_every must be positive")
     start = time.perf_counter()
     seen: dict[str, int | None] = {}
-    added = skipped = since_checkpoint = 0
+    added = skipped = since_checkpoint = truncated = 0
     bar = tqdm(total=total, desc="indexing", unit="doc", disable=not progress)
 
     def pairs() -> Iterator[tuple[int | None, Document]]:
@@ -72,12 +75,13 @@ def index_documents(
     batch: list[Document] = []
 
     def flush() -> None:
-        nonlocal added, skipped, since_checkpoint
+        nonlocal added, skipped, since_checkpoint, truncated
         have = retriever.store.existing([d.id for d in batch])
         todo = [d for d in batch if d.id not in have]
         skipped += len(batch) - len(todo)
         if todo:
             n = retriever.add_batch(todo)
+            truncated += int(getattr(retriever.encoder, "last_truncated", 0) or 0)
             added += n
             since_checkpoint += n
         bar.update(len(batch))
@@ -114,6 +118,7 @@ def index_documents(
         skipped=skipped,
         seconds=time.perf_counter() - start,
         count=retriever.store.count(),
+        truncated=truncated,
     )
 
 

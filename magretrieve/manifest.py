@@ -27,6 +27,28 @@ SIDES = ("query", "document")
 CONTRACTS = ("unit_norm", "magnitude_keeping")
 
 
+def check_file_name(name: str, source: str, what: str) -> str:
+    """A file entry must be a plain name inside the export folder: no ``/``, ``..`` or absolute path.
+
+    A manifest is data from wherever the folder came from; an entry such as ``../x`` or
+    ``/etc/passwd`` would make loading read (and hash, and hand to onnxruntime) a file
+    outside the folder the user chose.
+    """
+    if (
+        not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\x00" in name
+        or Path(name).is_absolute()
+    ):
+        raise ManifestError(
+            f"{source}: {what} {name!r} is not a plain file name inside the export folder "
+            "(paths with '/', '..' or absolute paths are refused)"
+        )
+    return name
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     """Hex sha256 of a file, read in chunks (graphs can be hundreds of MB)."""
     digest = hashlib.sha256()
@@ -175,7 +197,7 @@ class Manifest:
             for side in SIDES:
                 raw = data["graphs"][side]
                 spec = GraphSpec(
-                    file=str(raw["file"]),
+                    file=check_file_name(str(raw["file"]), source, f"graphs.{side}.file"),
                     inputs=[str(x) for x in raw["inputs"]],
                     output=str(raw["output"]),
                     gamma=float(raw["gamma"]),
@@ -203,6 +225,9 @@ class Manifest:
             files = data["files"]
             if not isinstance(files, dict) or not files:
                 raise ManifestError(f"{source}: 'files' must map file names to sha256 hashes")
+            for name in files:
+                check_file_name(str(name), source, "file entry")
+            check_file_name(str(data["tokenizer"]), source, "tokenizer")
             return cls(
                 mode=sim.mode,
                 gamma_q=sim.gamma_q,
@@ -255,10 +280,16 @@ class Manifest:
         missing_hash = sorted(needed - set(manifest.files))
         if missing_hash:
             raise ManifestError(f"{path}: no sha256 recorded for {', '.join(missing_hash)}")
+        root = folder.resolve()
         for name, expected in manifest.files.items():
             file = folder / name
             if not file.is_file():
                 raise ManifestError(f"{file}: listed in {path} but missing")
+            if file.is_symlink() and not file.resolve().is_relative_to(root):
+                raise ManifestError(
+                    f"{file}: a symlink to {file.resolve()}, outside the export folder {folder}; "
+                    "refused (copy the file into the folder instead)"
+                )
             if verify and sha256_file(file) != expected:
                 raise ManifestError(
                     f"{file}: sha256 does not match {path} (file modified or corrupt); "

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from magretrieve.adapters import VectorStore, open_store
-from magretrieve.adapters.base import check_finite
+from magretrieve.adapters.base import check_finite, check_queries
 from magretrieve.data import Document
 from magretrieve.errors import StoreError
 from magretrieve.similarity import INDEX_METRIC, decompose
@@ -353,8 +353,7 @@ class Retriever:
 
     def search_vectors(self, query_vectors: np.ndarray, k: int = 10) -> list[list[Hit]]:
         """Search with already-encoded query vectors (``q / ‖q‖^γq``)."""
-        q = np.atleast_2d(np.asarray(query_vectors, dtype=np.float32))
-        check_finite(q, [f"query #{i}" for i in range(len(q))], "search")
+        q = check_queries(query_vectors, int(self.store.dimension), "search")
         with self._lock.read():
             if self.store.thread_safe_search:
                 results = self.store.search(q, k, with_vectors=True)

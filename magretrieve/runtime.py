@@ -8,6 +8,7 @@ a store keeps them (documents) or searches with them (queries).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,14 +38,27 @@ class OnnxEncoder:
         self.manifest = manifest
         self.threads = threads
         tokenizer_path = manifest.folder / manifest.tokenizer
-        try:
-            self._tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        except Exception as exc:  # tokenizers raises a bare Exception on a bad file
-            raise ManifestError(f"{tokenizer_path}: cannot read the tokenizer ({exc})") from None
-        # Padding is done here (per length-sorted batch); truncation per side at encode time.
-        self._tokenizer.no_padding()
-        self._tokenizer.no_truncation()
+        # One tokenizer per side, configured once and never mutated afterwards: switching one
+        # shared tokenizer's truncation per call let a concurrent search and document encode
+        # truncate each other's texts at the wrong length (and PyO3 can raise "Already
+        # borrowed"). Padding is done here, per length-sorted batch.
+        self._tokenizers: dict[str, Any] = {}
+        for side in SIDES:
+            try:
+                tok = Tokenizer.from_file(str(tokenizer_path))
+            except Exception as exc:  # tokenizers raises a bare Exception on a bad file
+                raise ManifestError(
+                    f"{tokenizer_path}: cannot read the tokenizer ({exc})"
+                ) from None
+            tok.no_padding()
+            tok.enable_truncation(max_length=self._max_length(side))
+            self._tokenizers[side] = tok
         self._sessions: dict[str, Any] = {}
+        #: Texts cut at the side's max length in the most recent encode call (any thread).
+        self.last_truncated = 0
+        #: Texts cut at the max length since this encoder was opened, per side.
+        self.truncated_counts = {side: 0 for side in SIDES}
+        self._count_lock = threading.Lock()
 
     @classmethod
     def load(cls, folder: str | Path, threads: int | None = None) -> OnnxEncoder:
@@ -98,12 +112,10 @@ class OnnxEncoder:
 
     def tokenize(self, texts: Sequence[str], side: str) -> list[Any]:
         """``tokenizers`` encodings with the side's prefix and truncation (no padding)."""
+        if side not in SIDES:
+            raise ConfigError(f"side must be 'query' or 'document', got {side!r}")
         prefix = self._prefix(side)
-        self._tokenizer.enable_truncation(max_length=self._max_length(side))
-        try:
-            return self._tokenizer.encode_batch([prefix + t for t in texts])
-        finally:
-            self._tokenizer.no_truncation()
+        return self._tokenizers[side].encode_batch([prefix + t for t in texts])
 
     def _feed(self, encodings: Sequence[Any], inputs: Sequence[str]) -> dict[str, np.ndarray]:
         """Pad a batch to its longest text (right padding, as the torch encoder does)."""
@@ -134,6 +146,11 @@ class OnnxEncoder:
         spec = self.manifest.graphs[side]
         session = self.session(side)
         encodings = self.tokenize(texts, side)
+        # a truncated encoding keeps the cut-off tokens in ``overflowing``
+        truncated = sum(1 for e in encodings if e.overflowing)
+        with self._count_lock:
+            self.last_truncated = truncated
+            self.truncated_counts[side] += truncated
         # Longest first, so each batch pads to a similar length and little compute is wasted.
         order = np.argsort([-len(e.ids) for e in encodings], kind="stable")
         desc = progress if isinstance(progress, str) else f"encoding {side}s (onnx)"

@@ -98,3 +98,9 @@ def index_cmd(
             f"{retriever.store.location}: {report.added} added, {report.skipped} already stored, "
             f"{report.count} in store ({report.docs_per_second:.1f} docs/s)"
         )
+        if report.truncated:
+            limit = getattr(retriever.manifest, "max_document_length", "?")
+            click.echo(
+                f"note: {report.truncated} document(s) longer than max_document_length={limit} "
+                "tokens were truncated (only their first tokens are indexed)"
+            )

@@ -1,0 +1,901 @@
+"""The bad-input catalogue: every user mistake we know of, refused loudly and harmlessly.
+
+One table (:data:`CASES`), one test. Each case builds a broken input in a fresh temp folder,
+runs it the way a user would (the ``magretrieve`` CLI, or the Python API where there is no
+CLI path) and asserts:
+
+- the error type (Python API) or exit code ≠ 0 (CLI; 1 for our errors, 2 for click usage
+  errors),
+- that the message names the file / line / id / collection at fault,
+- that no raw traceback reaches a CLI user (the error is one ``Error: ...`` line and click
+  saw no unhandled exception),
+- for cases that touch a store: nothing already stored is lost (count, metadata and a fixed
+  search result are equal before and after; for stores refused at open, their files are
+  byte-identical).
+
+Everything runs on a tiny random BERT exported with the TorchScript exporter (≈2 s, once
+per session) and a FAISS store holding the 12-document tiny BEIR corpus.
+The behaviours that are not refusals (empty BEIR documents kept with a warning, long texts
+truncated and counted) have their own tests at the end. See docs/errors.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import build_tiny_bert
+
+from magretrieve.adapters import VectorStore, open_store
+from magretrieve.cli import main
+from magretrieve.errors import ConfigError, DataError, MagRetrieveError, StoreError
+
+# ----------------------------------------------------------------------------- shared exports
+
+
+def tiny_export_dir(
+    tmp_path_factory: pytest.TempPathFactory,
+    model_dir: Path,
+    mode: str = "qnorm",
+    name: str | None = None,
+) -> Path:
+    """Export ``model_dir`` once per test session (TorchScript exporter: ~2 s, not ~20 s).
+
+    Cached by name under the session's base temp folder, so the reliability test modules
+    (bad input, crash safety, concurrency, network) share one export.
+    """
+    from magretrieve.export import export_model
+
+    out = tmp_path_factory.getbasetemp() / "reliability-exports" / (name or mode)
+    if not (out / "magretrieve.json").is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        export_model(model_dir, out, mode=mode, exporter="torchscript", overwrite=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def export_a(tmp_path_factory, tiny_model_dir) -> Path:
+    return tiny_export_dir(tmp_path_factory, tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def export_b(tmp_path_factory) -> Path:
+    """Another model (different random weights), same dimension and mode."""
+    folder = tmp_path_factory.getbasetemp() / "reliability-models" / "seed1"
+    if not (folder / "model.safetensors").is_file():
+        build_tiny_bert(folder, seed=1)
+    return tiny_export_dir(tmp_path_factory, folder, name="qnorm-seed1")
+
+
+@pytest.fixture(scope="module")
+def store_template(tmp_path_factory, export_a, tiny_beir_dir) -> Path:
+    """A FAISS store of the tiny BEIR corpus built by export A (copied per case)."""
+    from magretrieve.indexing import index_corpus
+    from magretrieve.retriever import Retriever
+
+    folder = tmp_path_factory.mktemp("store-template") / "ix"
+    with Retriever.load(export_a, store=f"faiss:{folder}") as r:
+        index_corpus(r, tiny_beir_dir / "corpus.jsonl", progress=False)
+    return folder
+
+
+@dataclass
+class Env:
+    """Fresh inputs for one case: copies, so a case can break them freely."""
+
+    tmp: Path
+    export: Path
+    other_export: Path
+    model: Path
+    beir: Path
+    store: Path
+
+    @property
+    def spec(self) -> str:
+        return f"faiss:{self.store}"
+
+    def bad_export(self, edit: Callable[[Path, dict], None]) -> Path:
+        """A copy of export A whose manifest (and files) ``edit`` may change."""
+        folder = self.tmp / "bad_export"
+        shutil.copytree(self.export, folder)
+        manifest = json.loads((folder / "magretrieve.json").read_text())
+        edit(folder, manifest)
+        (folder / "magretrieve.json").write_text(json.dumps(manifest, indent=2))
+        return folder
+
+    def corpus(self, *lines: str, good: int = 3, name: str = "new.jsonl") -> Path:
+        """A corpus file: ``good`` valid new documents, then ``lines`` verbatim."""
+        path = self.tmp / name
+        docs = [
+            json.dumps({"_id": f"n{i}", "title": "new", "text": f"statins heart {i}"})
+            for i in range(good)
+        ]
+        path.write_text("".join(x + "\n" for x in (*docs, *lines)))
+        return path
+
+    def index_args(self, corpus: Path, spec: str | None = None) -> list[str]:
+        return [
+            "index",
+            str(self.export),
+            str(corpus),
+            "--store",
+            spec or self.spec,
+            "--no-progress",
+        ]
+
+    def eval_args(self) -> list[str]:
+        return ["eval", "--model", str(self.export), "--data", f"{self.beir}:test", "--json"]
+
+    def search_args(self, export: Path | None = None, spec: str | None = None) -> list[str]:
+        return ["search", str(export or self.export), "statins heart", "--store", spec or self.spec]
+
+    def train_args(self, train: str) -> list[str]:
+        out = str(self.tmp / "run")
+        return [
+            "train",
+            "--model",
+            str(self.model),
+            "--train",
+            train,
+            "--out",
+            out,
+            "--max-steps",
+            "1",
+        ]
+
+
+@pytest.fixture
+def env(tmp_path, export_a, export_b, tiny_model_dir, tiny_beir_dir, store_template) -> Env:
+    shutil.copytree(tiny_beir_dir, tmp_path / "beir")
+    shutil.copytree(store_template, tmp_path / "ix")
+    return Env(tmp_path, export_a, export_b, tiny_model_dir, tmp_path / "beir", tmp_path / "ix")
+
+
+# ----------------------------------------------------------------------------- snapshots
+
+
+def folder_hashes(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def store_state(store: VectorStore) -> tuple[Any, ...]:
+    """Count, recorded metadata and a fixed search result: what 'nothing lost' compares."""
+    q = np.linspace(-1.0, 1.0, store.dimension, dtype=np.float32)[None]
+    hits = store.search(q, 5, with_vectors=False)[0]
+    return store.count(), store.read_metadata(), [(h.id, round(h.score, 5)) for h in hits]
+
+
+def snapshot(target: Any) -> Any:
+    """State of a store given as a spec, a live store object, or ``files:DIR`` / ``qdrant-raw:DIR/c``."""
+    if isinstance(target, VectorStore):
+        return store_state(target)
+    if target.startswith("files:"):
+        return folder_hashes(Path(target[6:]))
+    if target.startswith("qdrant-raw:"):
+        from qdrant_client import QdrantClient
+
+        path, _, collection = target[11:].rpartition("/")
+        client = QdrantClient(path=path)
+        try:
+            points, _ = client.scroll(collection, limit=100, with_vectors=True)
+            info = client.get_collection(collection).config.params.vectors
+            return sorted((str(p.id), list(p.vector)) for p in points), str(info.distance)
+        finally:
+            client.close()
+    store = open_store(target)
+    try:
+        return store_state(store)
+    finally:
+        store.close()
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+@dataclass
+class Built:
+    """What a case builder returns."""
+
+    #: CLI arguments, or a zero-argument callable for a Python API case.
+    run: list[str] | Callable[[], Any]
+    #: Substrings the error message must contain (file/line/id/collection at fault).
+    needles: list[str]
+    #: A store to compare before/after (spec, live object, files:DIR or qdrant-raw:DIR/c).
+    store: Any = None
+    #: An extra check after the refusal (e.g. that a pickle was not executed).
+    after: Callable[[], None] | None = None
+
+
+@dataclass
+class Case:
+    id: str
+    build: Callable[[Env], Built]
+    #: Python API: the MagRetrieveError subclass expected.
+    error: type[Exception] = MagRetrieveError
+    #: CLI: the exit code expected (1: our one-line error; 2: click usage error).
+    exit_code: int = 1
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _append(path: Path, text: str) -> None:
+    with path.open("a") as fh:
+        fh.write(text)
+
+
+def _qrels(env: Env, body: str, split: str = "test") -> Path:
+    """Write a qrels file; lone surrogates (``\\udcff``) become raw non-UTF-8 bytes."""
+    path = env.beir / "qrels" / f"{split}.tsv"
+    path.write_bytes(body.encode("utf-8", "surrogateescape"))
+    return path
+
+
+# -- data files through `magretrieve eval` (BEIR folder) -----------------------------------
+
+
+def corpus_line(line: str, *needles: str) -> Callable[[Env], Built]:
+    def build(env: Env) -> Built:
+        _append(env.beir / "corpus.jsonl", line + "\n")
+        return Built(env.eval_args(), [f"{env.beir / 'corpus.jsonl'}:13", *needles])
+
+    return build
+
+
+def qrels_case(body: str, *needles: str, line: int | None = None) -> Callable[[Env], Built]:
+    def build(env: Env) -> Built:
+        path = _qrels(env, body)
+        where = f"{path}:{line}" if line else str(path)
+        return Built(env.eval_args(), [where, *needles])
+
+    return build
+
+
+def queries_whitespace(env: Env) -> Built:
+    _append(env.beir / "queries.jsonl", json.dumps({"_id": "q9", "text": " \t "}) + "\n")
+    return Built(env.eval_args(), [f"{env.beir / 'queries.jsonl'}:13", "'text' is empty"])
+
+
+def corpus_non_utf8_eval(env: Env) -> Built:
+    _append(env.beir / "corpus.jsonl", "")
+    with (env.beir / "corpus.jsonl").open("ab") as fh:
+        fh.write(b'{"_id": "x", "text": "caf\xe9"}\n')
+    return Built(env.eval_args(), [f"{env.beir / 'corpus.jsonl'}:13", "not valid UTF-8"])
+
+
+# -- corpora through `magretrieve index` into an existing store ------------------------------
+
+
+def index_lines(*lines: str, needles: tuple[str, ...], line: int = 4) -> Callable[[Env], Built]:
+    def build(env: Env) -> Built:
+        corpus = env.corpus(*lines)
+        return Built(env.index_args(corpus), [f"{corpus}:{line}", *needles], store=env.spec)
+
+    return build
+
+
+def index_non_utf8(env: Env) -> Built:
+    corpus = env.corpus()
+    with corpus.open("ab") as fh:
+        fh.write(b'{"_id": "n9", "text": "\xff\xfe statins"}\n')
+    return Built(env.index_args(corpus), [f"{corpus}:4", "not valid UTF-8"], store=env.spec)
+
+
+def index_dimension_mismatch(env: Env) -> Built:
+    spec = f"faiss:{env.tmp / 'dim16'}"
+    store = open_store(spec, dimension=16)
+    store.add(["a", "b"], np.random.default_rng(0).normal(size=(2, 16)).astype(np.float32))
+    store.persist()
+    store.close()
+    return Built(
+        env.index_args(env.corpus(), spec),
+        [str(env.tmp / "dim16"), "dimension 16", "dimension 32"],
+        store=spec,
+    )
+
+
+def index_other_model(env: Env) -> Built:
+    args = env.index_args(env.corpus())
+    args[1] = str(env.other_export)
+    return Built(
+        args, [env.spec, "built by another model", "model_fingerprint", "--force"], env.spec
+    )
+
+
+def search_other_model(env: Env) -> Built:
+    return Built(
+        env.search_args(export=env.other_export), [env.spec, "built by another model"], env.spec
+    )
+
+
+def qdrant_distance(distance: str) -> Callable[[Env], Built]:
+    def build(env: Env) -> Built:
+        from qdrant_client import QdrantClient, models
+
+        path = env.tmp / "qd"
+        client = QdrantClient(path=str(path))
+        client.create_collection(
+            "scifact",
+            vectors_config=models.VectorParams(
+                size=32, distance=getattr(models.Distance, distance)
+            ),
+        )
+        client.upsert(
+            "scifact",
+            [models.PointStruct(id=i, vector=[float(i + 1)] * 32, payload={}) for i in range(3)],
+        )
+        client.close()
+        return Built(
+            env.index_args(env.corpus(), f"qdrant-local:{path}/scifact"),
+            ["'scifact'", f"distance {distance.capitalize()}", "needs Dot"],
+            store=f"qdrant-raw:{path}/scifact",
+        )
+
+    return build
+
+
+def qdrant_edge_cosine(env: Env) -> Built:
+    import qdrant_edge as qe
+
+    shard = env.tmp / "edge" / "shard"
+    qe.EdgeShard.create(
+        str(shard), qe.EdgeConfig(vectors=qe.EdgeVectorParams(size=32, distance=qe.Distance.Cosine))
+    ).close()
+    return Built(
+        env.index_args(env.corpus(), f"qdrant-edge:{env.tmp / 'edge'}"),
+        [str(shard), "uses distance Cosine"],
+        store=f"files:{env.tmp / 'edge'}",
+    )
+
+
+def _state(folder: Path) -> dict:
+    return json.loads((folder / "faiss_store.json").read_text())
+
+
+def faiss_l2_on_disk(env: Env) -> Built:
+    """A store folder whose index file is an L2 index (checksums made consistent)."""
+    import faiss
+
+    from magretrieve.adapters.base import sha256_file
+
+    state = _state(env.store)
+    index_file = env.store / state["index_file"]
+    l2 = faiss.IndexIDMap2(faiss.IndexFlatL2(32))
+    l2.add_with_ids(np.ones((12, 32), dtype=np.float32), np.arange(12, dtype=np.int64))
+    faiss.write_index(l2, str(index_file))
+    state["index_sha256"] = sha256_file(index_file)
+    (env.store / "faiss_store.json").write_text(json.dumps(state))
+    return Built(
+        env.search_args(), [str(index_file), "metric L2 is not inner product"], f"files:{env.store}"
+    )
+
+
+def faiss_half_written(env: Env) -> Built:
+    index_file = env.store / _state(env.store)["index_file"]
+    data = index_file.read_bytes()
+    index_file.write_bytes(data[: len(data) // 2])
+    return Built(env.search_args(), [str(index_file), "half-written"], f"files:{env.store}")
+
+
+def faiss_files_without_state(env: Env) -> Built:
+    (env.store / "faiss_store.json").unlink()
+    return Built(
+        env.index_args(env.corpus()),
+        [str(env.store), "without faiss_store.json"],
+        f"files:{env.store}",
+    )
+
+
+# -- training data through `magretrieve train` (refused before the model is loaded) ------------
+
+
+def pairs_file(text: str, *needles: str) -> Callable[[Env], Built]:
+    def build(env: Env) -> Built:
+        path = env.tmp / "pairs.jsonl"
+        path.write_text(text)
+        return Built(env.train_args(str(path)), [str(path), *needles])
+
+    return build
+
+
+def beir_without_positives(env: Env) -> Built:
+    _qrels(
+        env,
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}0\t0\n" for i in range(6)),
+        "train",
+    )
+    return Built(
+        env.train_args(f"{env.beir}:train"),
+        [str(env.beir / "qrels" / "train.tsv"), "beir:train", "no positive judgements"],
+    )
+
+
+# -- export folders (manifest) through `magretrieve search` ---------------------------------
+
+
+def manifest_case(edit: Callable[[Path, dict], None], *needles: str) -> Callable[[Env], Built]:
+    def build(env: Env) -> Built:
+        folder = env.bad_export(edit)
+        where = [n.replace("{export}", str(folder)) for n in needles]
+        return Built(env.search_args(export=folder), where, store=env.spec)
+
+    return build
+
+
+def _tamper(folder: Path, m: dict) -> None:
+    with (folder / "query.onnx").open("ab") as fh:
+        fh.write(b"\0")
+
+
+def _remove_tokenizer(folder: Path, m: dict) -> None:
+    (folder / "tokenizer.json").unlink()
+
+
+def _set(**values: Any) -> Callable[[Path, dict], None]:
+    def edit(folder: Path, m: dict) -> None:
+        m.update(values)
+
+    return edit
+
+
+def _dotdot(folder: Path, m: dict) -> None:
+    outside = folder.parent / "outside.onnx"
+    shutil.copy(folder / "query.onnx", outside)
+    m["graphs"]["query"]["file"] = "../outside.onnx"
+    m["files"]["../outside.onnx"] = m["files"]["query.onnx"]
+
+
+def _absolute(folder: Path, m: dict) -> None:
+    m["files"]["/etc/hostname"] = "0" * 64
+
+
+def _symlink_out(folder: Path, m: dict) -> None:
+    outside = folder.parent / "outside_tokenizer.json"
+    shutil.move(folder / "tokenizer.json", outside)
+    os.symlink(outside, folder / "tokenizer.json")
+
+
+def _gamma(folder: Path, m: dict) -> None:
+    m.update(mode="learnable", gamma_d=1.5)
+
+
+def manifest_not_json(env: Env) -> Built:
+    folder = env.bad_export(lambda f, m: None)
+    (folder / "magretrieve.json").write_text('{"format": "magretrieve-export", ')
+    return Built(
+        env.search_args(export=folder), [str(folder / "magretrieve.json"), "not valid JSON"]
+    )
+
+
+def no_manifest(env: Env) -> Built:
+    return Built(env.search_args(export=env.model), [str(env.model), "no manifest"])
+
+
+# -- export / model folders through `magretrieve export` -------------------------------------
+
+
+def pytorch_bin_only(env: Env) -> Built:
+    """Weights only as pytorch_model.bin — a pickle that would run code if unpickled."""
+    folder = env.tmp / "pickled"
+    folder.mkdir()
+    for f in env.model.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, folder / f.name)
+    canary = env.tmp / "pickle-ran"
+
+    class Payload:
+        def __reduce__(self):  # executed by pickle.load: would create the canary folder
+            return (os.mkdir, (str(canary),))
+
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(Payload()))
+
+    def check() -> None:
+        assert not canary.exists(), "the pickle was executed"
+
+    return Built(
+        ["export", str(folder), str(env.tmp / "out"), "--exporter", "torchscript"],
+        [str(folder), "safetensors", "pytorch_model.bin"],
+        after=check,
+    )
+
+
+def export_target_exists(env: Env) -> Built:
+    target = env.tmp / "existing"
+    shutil.copytree(env.export, target)
+    return Built(
+        ["export", str(env.model), str(target), "--exporter", "torchscript"],
+        [str(target), "already exists", "--overwrite"],
+        store=f"files:{target}",
+    )
+
+
+def export_target_not_an_export(env: Env) -> Built:
+    target = env.tmp / "mydata"
+    target.mkdir()
+    (target / "thesis.tex").write_text("do not delete")
+    return Built(
+        ["export", str(env.model), str(target), "--overwrite", "--exporter", "torchscript"],
+        [str(target), "not an export folder", "refusing"],
+        store=f"files:{target}",
+    )
+
+
+def export_gamma(env: Env) -> Built:
+    out = str(env.tmp / "out")
+    return Built(
+        ["export", str(env.model), out, "--mode", "learnable", "--gamma-q", "1.5"],
+        ["gamma_q", "[0, 1]", "1.5"],
+    )
+
+
+def cli_unknown_mode(env: Env) -> Built:
+    return Built(
+        ["export", str(env.model), str(env.tmp / "out"), "--mode", "cosh"], ["'--mode'", "cosh"]
+    )
+
+
+# -- store specs and search arguments -----------------------------------------------------------
+
+
+def spec_case(spec: str, *needles: str) -> Callable[[Env], Built]:
+    def build(env: Env) -> Built:
+        return Built(env.search_args(spec=spec), [spec, *needles])
+
+    return build
+
+
+def search_empty_query(env: Env) -> Built:
+    args = env.search_args()
+    args[2] = "   "
+    return Built(args, ["query #0 is empty"], store=env.spec)
+
+
+def search_k_zero(env: Env) -> Built:
+    return Built([*env.search_args(), "-k", "0"], ["k must be a positive integer", "0"], env.spec)
+
+
+# -- Python API (no CLI path) ----------------------------------------------------------------------
+
+
+class PoisonEncoder:
+    """The real ONNX encoder, except texts containing 'poison' come out as NaN/inf."""
+
+    def __init__(self, export: Path, bad: float = np.nan) -> None:
+        from magretrieve.runtime import OnnxEncoder
+
+        self.inner = OnnxEncoder.load(export)
+        self.manifest = self.inner.manifest
+        self.bad = bad
+
+    def encode_queries(self, texts, batch_size: int = 32):
+        return self.inner.encode_queries(texts, batch_size)
+
+    def encode_documents(self, texts, batch_size: int = 32):
+        vecs = self.inner.encode_documents(texts, batch_size)
+        for i, t in enumerate(texts):
+            if "poison" in t:
+                vecs[i, 3] = self.bad
+        return vecs
+
+
+def nan_embedding(bad: float) -> Callable[[Env], Built]:
+    def build(env: Env) -> Built:
+        from magretrieve.retriever import Retriever
+
+        r = Retriever(PoisonEncoder(env.export, bad), open_store(env.spec))
+        docs = [
+            {"_id": "fine", "text": "statins heart"},
+            {"_id": "bad-one", "text": "poison statins"},
+        ]
+        return Built(
+            lambda: r.add_documents(docs),
+            ["'bad-one'", "NaN or inf", "nothing was written"],
+            r.store,
+        )
+
+    return build
+
+
+def inf_vector_into_store(env: Env) -> Built:
+    store = open_store(env.spec)
+    vecs = np.ones((2, 32), dtype=np.float32)
+    vecs[1, 0] = np.inf
+    return Built(
+        lambda: store.add(["ok", "inf-doc"], vecs), [env.spec, "'inf-doc'", "NaN or inf"], store
+    )
+
+
+def nan_query_vector(env: Env) -> Built:
+    from magretrieve.retriever import Retriever
+
+    r = Retriever.load(env.export, store=env.spec, create=False)
+    q = np.full((1, 32), np.nan, dtype=np.float32)
+    return Built(
+        lambda: r.search_vectors(q), ["search: query vector 0 contains NaN or inf"], r.store
+    )
+
+
+def unknown_mode_api(env: Env) -> Built:
+    from magretrieve.encoder import Encoder
+
+    return Built(lambda: Encoder.load(env.model, "cosh"), ["unknown mode 'cosh'", "cosine"])
+
+
+CASES: list[Case] = [
+    # --- JSONL / TSV data (magretrieve eval) ------------------------------------------------
+    Case("corpus-truncated-line", corpus_line('{"_id": "d99", "text": "statins', "malformed JSON")),
+    Case(
+        "corpus-line-not-an-object",
+        corpus_line('["d99", "statins"]', "expected a JSON object, got list"),
+    ),
+    Case(
+        "corpus-text-wrong-type",
+        corpus_line('{"_id": "d99", "text": 5}', "field 'text' must be a string"),
+    ),
+    Case("corpus-missing-id", corpus_line('{"text": "statins"}', "missing field '_id'")),
+    Case("corpus-missing-text", corpus_line('{"_id": "d99"}', "missing field 'text'")),
+    Case(
+        "corpus-duplicate-id",
+        corpus_line(
+            '{"_id": "d00", "text": "again"}', "duplicate document id 'd00'", "first on line 1"
+        ),
+    ),
+    Case("corpus-non-utf8", corpus_non_utf8_eval),
+    Case("queries-whitespace-only-text", queries_whitespace),
+    Case(
+        "qrels-unknown-query-id",
+        qrels_case("query-id\tcorpus-id\tscore\nq404\td00\t1\n", "query id 'q404'"),
+    ),
+    Case(
+        "qrels-unknown-doc-id",
+        qrels_case("query-id\tcorpus-id\tscore\nt0\td404\t1\n", "document id 'd404'", "query 't0'"),
+    ),
+    Case(
+        "qrels-non-numeric-score",
+        qrels_case("query-id\tcorpus-id\tscore\nt0\td01\thigh\n", "'high' is not a number", line=2),
+    ),
+    Case(
+        "qrels-non-finite-score",
+        qrels_case("query-id\tcorpus-id\tscore\nt0\td01\tnan\n", "not a finite number", line=2),
+    ),
+    Case("qrels-header-missing", qrels_case("t0\td01\t1\n", "missing header", line=1)),
+    Case(
+        "qrels-two-columns",
+        qrels_case(
+            "query-id\tcorpus-id\tscore\nt0\td01\n", "expected 3 tab-separated columns", line=2
+        ),
+    ),
+    Case(
+        "qrels-non-utf8",
+        qrels_case("query-id\tcorpus-id\tscore\nt0\td01\t1\n\udcff", "not valid UTF-8"),
+    ),
+    # --- corpora into an existing store (magretrieve index) ---------------------------------
+    Case(
+        "index-duplicate-id",
+        index_lines(
+            json.dumps({"_id": "n1", "text": "again"}),
+            needles=("duplicate document id 'n1'", "first on line 2"),
+        ),
+    ),
+    Case(
+        "index-empty-text",
+        index_lines(
+            json.dumps({"_id": "e1", "text": ""}), needles=("'e1'", "empty title and text")
+        ),
+    ),
+    Case(
+        "index-whitespace-only-text",
+        index_lines(
+            json.dumps({"_id": "w1", "title": " ", "text": "\n\t "}),
+            needles=("'w1'", "empty title and text"),
+        ),
+    ),
+    Case("index-truncated-line", index_lines('{"_id": "n9", "te', needles=("malformed JSON",))),
+    Case("index-non-utf8", index_non_utf8),
+    Case("index-dimension-mismatch", index_dimension_mismatch),
+    Case("index-store-of-another-model", index_other_model),
+    Case("search-store-of-another-model", search_other_model),
+    Case("qdrant-collection-cosine", qdrant_distance("COSINE")),
+    Case("qdrant-collection-euclid", qdrant_distance("EUCLID")),
+    Case("qdrant-edge-shard-cosine", qdrant_edge_cosine),
+    Case("faiss-index-l2-on-disk", faiss_l2_on_disk),
+    Case("faiss-index-half-written", faiss_half_written),
+    Case("faiss-files-without-state", faiss_files_without_state),
+    # --- training data (magretrieve train; refused before the model loads) -----------------------
+    Case("train-pairs-no-positives", pairs_file("\n\n", "no training pairs (no positives)")),
+    Case(
+        "train-pair-empty-positive",
+        pairs_file(
+            json.dumps({"query": "statins", "positive": " "}) + "\n", ":1", "'positive' is empty"
+        ),
+    ),
+    Case("train-beir-no-positive-judgements", beir_without_positives),
+    # --- export folders (manifest) -----------------------------------------------------------------
+    Case(
+        "manifest-wrong-hash",
+        manifest_case(_tamper, "{export}/query.onnx", "sha256 does not match"),
+    ),
+    Case(
+        "manifest-missing-file",
+        manifest_case(_remove_tokenizer, "{export}/tokenizer.json", "missing"),
+    ),
+    Case(
+        "manifest-unknown-version",
+        manifest_case(
+            _set(format_version=99), "{export}/magretrieve.json", "unknown format_version 99"
+        ),
+    ),
+    Case(
+        "manifest-unknown-mode",
+        manifest_case(_set(mode="cosh"), "{export}/magretrieve.json", "unknown mode 'cosh'"),
+    ),
+    Case(
+        "manifest-gamma-outside-0-1",
+        manifest_case(_gamma, "{export}/magretrieve.json", "gamma_d must lie in [0, 1], got 1.5"),
+    ),
+    Case(
+        "manifest-path-escapes-folder",
+        manifest_case(
+            _dotdot, "{export}/magretrieve.json", "'../outside.onnx'", "not a plain file name"
+        ),
+    ),
+    Case(
+        "manifest-absolute-path",
+        manifest_case(_absolute, "{export}/magretrieve.json", "'/etc/hostname'"),
+    ),
+    Case(
+        "export-symlink-outside-folder",
+        manifest_case(_symlink_out, "{export}/tokenizer.json", "outside the export folder"),
+    ),
+    Case("manifest-not-json", manifest_not_json),
+    Case("export-folder-without-manifest", no_manifest),
+    # --- model folders and export targets (magretrieve export) ---------------------------------------
+    Case("model-pytorch-bin-only", pytorch_bin_only),
+    Case("export-target-exists", export_target_exists),
+    Case("export-target-not-an-export", export_target_not_an_export),
+    Case("export-gamma-outside-0-1", export_gamma),
+    Case("cli-unknown-mode", cli_unknown_mode, exit_code=2),
+    # --- store specs and search arguments ----------------------------------------------------------------
+    Case(
+        "spec-unknown-scheme", spec_case("redis:localhost/scifact", "not understood", "faiss:DIR")
+    ),
+    Case(
+        "spec-qdrant-missing-collection",
+        spec_case("qdrant:http://localhost:6333", "missing collection name"),
+    ),
+    Case(
+        "spec-qdrant-local-missing-collection",
+        spec_case("qdrant-local:indexes", "missing collection name"),
+    ),
+    Case("search-empty-query", search_empty_query),
+    Case("search-k-zero", search_k_zero),
+    # --- Python API ------------------------------------------------------------------------------------
+    Case("embedding-nan-refused-before-store", nan_embedding(np.nan), error=StoreError),
+    Case("embedding-inf-refused-before-store", nan_embedding(np.inf), error=StoreError),
+    Case("store-add-inf-vector", inf_vector_into_store, error=StoreError),
+    Case("search-nan-query-vector", nan_query_vector, error=StoreError),
+    Case("api-unknown-mode", unknown_mode_api, error=ConfigError),
+]
+
+
+def test_catalogue_is_large_and_ids_are_unique() -> None:
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids))
+    assert len(ids) >= 30
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_refused_clearly_and_loses_nothing(case: Case, env: Env) -> None:
+    built = case.build(env)
+    before = snapshot(built.store) if built.store is not None else None
+    if callable(built.run):
+        with pytest.raises(case.error) as info:
+            built.run()
+        assert isinstance(info.value, MagRetrieveError)
+        message = str(info.value)
+    else:
+        result = CliRunner().invoke(main, built.run, catch_exceptions=True)
+        assert result.exit_code == case.exit_code, result.output
+        # click saw no unhandled exception: a user sees a message, never a traceback
+        assert isinstance(result.exception, SystemExit), result.exception
+        assert "Traceback" not in result.output
+        errors = [ln for ln in result.output.splitlines() if ln.startswith("Error:")]
+        assert len(errors) == 1, result.output
+        message = errors[0]
+    for needle in built.needles:
+        assert needle in message, f"{needle!r} not in {message!r}"
+    if built.store is not None:
+        assert snapshot(built.store) == before, "something already stored changed"
+    if built.after is not None:
+        built.after()
+
+
+# ----------------------------------------------------------------------------- non-refusals
+
+
+def test_empty_documents_refused_for_indexing_but_kept_for_beir_evaluation(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """cranfield has two empty documents: evaluation keeps them (warning), indexing refuses."""
+    from magretrieve.data import load_beir, load_corpus
+
+    _append(
+        env.beir / "corpus.jsonl", json.dumps({"_id": "empty", "title": "", "text": " "}) + "\n"
+    )
+    with pytest.raises(DataError, match=r"corpus.jsonl:13: document 'empty' has empty"):
+        load_corpus(env.beir / "corpus.jsonl")
+    caplog.set_level("WARNING", logger="magretrieve.data")
+    data = load_beir(f"{env.beir}:test")
+    assert "empty" in data.corpus and len(data.corpus) == 13
+    assert any("'empty' has empty title and text (kept)" in r.getMessage() for r in caplog.records)
+    result = CliRunner().invoke(main, env.eval_args(), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output[result.output.index("{") :])["n_queries"] == 6
+
+
+LONG = " ".join(["statins"] * 400)  # 400 word tokens: far beyond max_document_length 128
+
+
+def test_long_texts_are_truncated_counted_and_reported(env: Env) -> None:
+    from magretrieve.runtime import OnnxEncoder
+
+    enc = OnnxEncoder.load(env.export)
+    limit = enc.manifest.max_document_length
+    prefix = " ".join(["statins"] * (limit - 2))  # + [CLS] and [SEP] = exactly the limit
+    vecs = enc.encode_documents([LONG, prefix, "statins heart"])
+    assert enc.last_truncated == 1 and enc.truncated_counts == {"query": 0, "document": 1}
+    np.testing.assert_allclose(vecs[0], vecs[1], atol=1e-6)  # only the first tokens count
+    enc.encode_queries([LONG])
+    assert enc.truncated_counts == {"query": 1, "document": 1}
+
+    corpus = env.tmp / "long.jsonl"
+    docs = [{"_id": f"l{i}", "text": LONG + f" {i}"} for i in range(3)]
+    docs += [{"_id": "short", "text": "statins heart"}]
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    result = CliRunner().invoke(main, env.index_args(corpus), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "4 added" in result.output
+    assert f"3 document(s) longer than max_document_length={limit} tokens were truncated" in (
+        result.output
+    )
+
+
+def test_torch_encoder_counts_truncated_texts(tiny_model_dir: Path) -> None:
+    from magretrieve.encoder import Encoder
+
+    enc = Encoder.load(tiny_model_dir, "qnorm", max_query_length=8, device="cpu")
+    enc.encode_queries(["statins heart", "the a of and to in is for on with"])
+    assert enc.last_truncated == 1
+    # exactly at the limit is not truncated: 6 words + [CLS] + [SEP] = 8
+    enc.encode_queries(["the a of and to in"])
+    assert enc.last_truncated == 0
+
+
+def test_a_real_cli_process_prints_one_line_and_no_traceback(env: Env) -> None:
+    """The console script itself (not CliRunner): stderr is one line, exit code 1."""
+    corpus = env.corpus(json.dumps({"_id": "n0", "text": "dup"}))
+    exe = Path(sys.executable).parent / "magretrieve"
+    cmd = [str(exe)] if exe.is_file() else [sys.executable, "-m", "magretrieve"]
+    proc = subprocess.run(
+        [*cmd, *env.index_args(corpus)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"Error: {corpus}:4: duplicate document id 'n0' (first on line 1)"
+    ]
+    assert snapshot(env.spec)[0] == 12
