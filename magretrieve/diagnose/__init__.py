@@ -146,7 +146,7 @@ def diagnose(
     sts_name = "sts"
     if sts is not None:
         if isinstance(sts, (str, Path)):
-            sts_name = Path(sts).stem
+            sts_name = f"{Path(sts).parent.name}/{Path(sts).stem}"
             sts_pairs = load_sentence_pairs(sts)
         else:
             sts_pairs = list(sts)
