@@ -294,6 +294,33 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def plain_file(folder: Path, name: Any, where: str) -> Path:
+    """``folder / name`` for a plain file name; a state file naming ``../x`` or ``/x`` is refused.
+
+    Store state files are data: a name leading out of the store folder would make loading
+    read (and hand to FAISS/numpy) a file the user never pointed at.
+    """
+    if (
+        not isinstance(name, str)
+        or name in ("", ".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\x00" in name
+    ):
+        raise StoreError(
+            f"{folder / where}: file name {name!r} is not a plain file name inside {folder}"
+        )
+    return folder / name
+
+
+def state_metadata(state: Mapping[str, Any], where: str) -> dict[str, Any] | None:
+    """The ``metadata`` recorded in a store's state file: a JSON object or nothing."""
+    meta = state.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise StoreError(f"{where}: 'metadata' must be a JSON object, got {type(meta).__name__}")
+    return meta
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file in the same folder, fsync, then os.replace.
 

@@ -36,7 +36,9 @@ from magretrieve.adapters.base import (
     check_batch,
     check_k,
     check_queries,
+    plain_file,
     sha256_file,
+    state_metadata,
 )
 from magretrieve.errors import StoreError
 
@@ -278,16 +280,32 @@ class FaissStore(VectorStore):
 
     @classmethod
     def _load(cls, path: Path, dimension: int | None, **options: Any) -> FaissStore:
-        faiss = _faiss()
         try:
             state = json.loads((path / STATE_FILE).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError) as exc:  # JSON and UTF-8 errors are ValueErrors
             raise StoreError(f"{path / STATE_FILE}: unreadable ({exc})") from None
-        if state.get("format") != "magretrieve-faiss-store":
+        if not isinstance(state, dict) or state.get("format") != "magretrieve-faiss-store":
             raise StoreError(f"{path / STATE_FILE}: not a magretrieve FAISS store")
-        if state.get("index_file") is None:
-            return cls._load_empty(path, state, dimension, **options)
-        files = {"index": path / state["index_file"], "records": path / state["records_file"]}
+        try:
+            if state.get("index_file") is None:
+                return cls._load_empty(path, state, dimension, **options)
+            return cls._load_state(path, state, dimension, **options)
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+            # a state or record file with the right checksums but wrong content, or a file
+            # FAISS cannot parse: never a traceback, always the file at fault
+            raise StoreError(
+                f"{path / STATE_FILE}: malformed store ({type(exc).__name__}: {exc})"
+            ) from None
+
+    @classmethod
+    def _load_state(
+        cls, path: Path, state: dict[str, Any], dimension: int | None, **options: Any
+    ) -> FaissStore:
+        faiss = _faiss()
+        files = {
+            "index": plain_file(path, state["index_file"], STATE_FILE),
+            "records": plain_file(path, state["records_file"], STATE_FILE),
+        }
         for key, f in files.items():
             if not f.is_file():
                 raise StoreError(f"{f}: missing (the store in {path} is incomplete)")
@@ -316,7 +334,7 @@ class FaissStore(VectorStore):
         store.params = params
         store.index_type = state["index_type"]
         store._generation = int(state["generation"])
-        store._meta = state.get("metadata")
+        store._meta = state_metadata(state, str(path / STATE_FILE))
         store._index = faiss.read_index(str(files["index"]))
         store._sequential = bool(state.get("sequential", False))
         info = inspect_index(store._index)
@@ -355,7 +373,7 @@ class FaissStore(VectorStore):
         kind = state["index_type"]
         index_type = state["parameters"].get("factory", kind) if kind == "factory" else kind
         store = cls(int(state["dimension"]), path, index_type=index_type, **params)
-        store._meta = state.get("metadata")
+        store._meta = state_metadata(state, str(path / STATE_FILE))
         return store
 
     def _state(self, index_name: str | None, records_name: str | None, gen: int) -> dict[str, Any]:

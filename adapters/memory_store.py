@@ -23,7 +23,9 @@ from magretrieve.adapters.base import (
     check_batch,
     check_k,
     check_queries,
+    plain_file,
     sha256_file,
+    state_metadata,
 )
 from magretrieve.errors import StoreError
 
@@ -57,23 +59,44 @@ class MemoryStore(VectorStore):
             if dimension is None:
                 raise StoreError(f"{path}: no memory store here; pass a dimension to create one")
             return cls(dimension, path)
-        state = json.loads(state_file.read_text())
-        vec_file = path / state["vectors"]
-        rec_file = path / state["records"]
+        try:
+            state = json.loads(state_file.read_text())
+        except (OSError, ValueError) as exc:  # JSON and UTF-8 errors are ValueErrors
+            raise StoreError(f"{state_file}: unreadable ({exc})") from None
+        if not isinstance(state, dict) or state.get("format") != "magretrieve-memory-store":
+            raise StoreError(f"{state_file}: not a magretrieve memory store")
+        try:
+            return cls._load_state(path, state, dimension)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OSError) as exc:
+            # right checksums, wrong content: name the file, never a traceback
+            raise StoreError(
+                f"{state_file}: malformed store ({type(exc).__name__}: {exc})"
+            ) from None
+
+    @classmethod
+    def _load_state(cls, path: Path, state: dict[str, Any], dimension: int | None) -> MemoryStore:
+        vec_file = plain_file(path, state["vectors"], STATE_FILE)
+        rec_file = plain_file(path, state["records"], STATE_FILE)
         for f, key in ((vec_file, "vectors_sha256"), (rec_file, "records_sha256")):
             if not f.is_file() or sha256_file(f) != state[key]:
                 raise StoreError(f"{f}: missing or does not match its checksum (half-written?)")
-        store = cls(state["dimension"], path)
+        store = cls(int(state["dimension"]), path)
         if dimension is not None and int(dimension) != store._dim:
             raise StoreError(
                 f"{path}: store has dimension {store._dim}, but dimension {dimension} was asked for"
             )
-        store._vectors = np.load(vec_file)
+        vectors = np.load(vec_file, allow_pickle=False)  # never unpickle a store file
         records = json.loads(rec_file.read_text())
-        store._ids = [r[0] for r in records]
-        store._payloads = [r[1] for r in records]
+        if vectors.dtype != np.float32 or vectors.shape != (len(records), store._dim):
+            raise StoreError(
+                f"{vec_file}: holds {vectors.dtype} {vectors.shape}, expected float32 "
+                f"({len(records)}, {store._dim}) for {rec_file.name}"
+            )
+        store._vectors = vectors
+        store._ids = [str(r[0]) for r in records]
+        store._payloads = [dict(r[1]) for r in records]
         store._row = {i: n for n, i in enumerate(store._ids)}
-        store._meta = state.get("metadata")
+        store._meta = state_metadata(state, str(path / STATE_FILE))
         return store
 
     @property

@@ -32,6 +32,7 @@ from magretrieve.adapters.base import (
     check_k,
     check_queries,
     point_uuid,
+    state_metadata,
 )
 from magretrieve.adapters.qdrant_store import (
     make_payload,
@@ -88,29 +89,37 @@ class QdrantEdgeStore(VectorStore):
             raise StoreError(f"unknown quantization {quantization!r}; use 'int8' or none")
         config_file = self._shard_path / "edge_config.json"
         if config_file.is_file():
-            cfg = json.loads(config_file.read_text())
-            vectors = cfg.get("vectors", {})
-            if set(vectors) != {""}:
+            try:
+                cfg = json.loads(config_file.read_text())
+                vectors = cfg.get("vectors", {})
+                if set(vectors) != {""}:
+                    raise StoreError(
+                        f"{self._shard_path}: Edge shard has named vectors {sorted(vectors)}; "
+                        "magretrieve uses one unnamed vector"
+                    )
+                params = vectors[""]
+                if params.get("distance") != "Dot":
+                    raise StoreError(
+                        f"Qdrant Edge shard {self._shard_path} uses distance {params.get('distance')}; "
+                        "magretrieve needs Dot (Cosine normalizes vectors and would erase document "
+                        "magnitude; Euclid/Manhattan rank by distance)"
+                    )
+                if dimension is not None and int(params["size"]) != int(dimension):
+                    raise StoreError(
+                        f"Qdrant Edge shard {self._shard_path} has vector size {params['size']}, "
+                        f"but the model produces dimension {dimension}"
+                    )
+                self._dim = int(params["size"])
+                self._hnsw = cfg.get("hnsw_config") or {}
+                self.quantization = "int8" if cfg.get("quantization_config") else None
+                self.shard = qe.EdgeShard.load(str(self._shard_path))
+            except StoreError:
+                raise
+            except Exception as exc:  # a damaged config or shard: name it, no traceback
                 raise StoreError(
-                    f"{self._shard_path}: Edge shard has named vectors {sorted(vectors)}; "
-                    "magretrieve uses one unnamed vector"
-                )
-            params = vectors[""]
-            if params.get("distance") != "Dot":
-                raise StoreError(
-                    f"Qdrant Edge shard {self._shard_path} uses distance {params.get('distance')}; "
-                    "magretrieve needs Dot (Cosine normalizes vectors and would erase document "
-                    "magnitude; Euclid/Manhattan rank by distance)"
-                )
-            if dimension is not None and int(params["size"]) != int(dimension):
-                raise StoreError(
-                    f"Qdrant Edge shard {self._shard_path} has vector size {params['size']}, "
-                    f"but the model produces dimension {dimension}"
-                )
-            self._dim = int(params["size"])
-            self._hnsw = cfg.get("hnsw_config") or {}
-            self.quantization = "int8" if cfg.get("quantization_config") else None
-            self.shard = qe.EdgeShard.load(str(self._shard_path))
+                    f"{self._shard_path}: cannot open the Qdrant Edge shard "
+                    f"({type(exc).__name__}: {exc})"
+                ) from None
         else:
             if dimension is None:
                 raise StoreError(
@@ -289,8 +298,8 @@ class QdrantEdgeStore(VectorStore):
         if not f.is_file():
             return None
         try:
-            return json.loads(f.read_text()).get("metadata")
-        except json.JSONDecodeError as exc:
+            return state_metadata(json.loads(f.read_text()), str(f))
+        except (ValueError, AttributeError) as exc:  # bad JSON, bad UTF-8, not an object
             raise StoreError(f"{f}: unreadable ({exc})") from None
 
     def write_metadata(self, meta: Mapping[str, Any]) -> None:

@@ -284,3 +284,127 @@ def test_load_beir_only_raises_magretrieve_errors(
             ds.training_pairs()
         except MagRetrieveError as exc:
             assert str(exc)
+
+
+# ----------------------------------------------------------------------------- untrusted folders
+
+
+def _mutate(obj: Any, path: tuple[str, ...], value: Any) -> Any:
+    """``obj`` (a JSON dict) with the entry at ``path`` replaced by ``value`` (or deleted)."""
+    obj = json.loads(json.dumps(obj))
+    node = obj
+    for key in path[:-1]:
+        if not isinstance(node, dict) or key not in node:
+            return obj
+        node = node[key]
+    if isinstance(node, dict):
+        if value is _DELETE:
+            node.pop(path[-1], None)
+        else:
+            node[path[-1]] = value
+    return obj
+
+
+_DELETE = object()
+VALUES = JSON_VALUES | st.just(_DELETE) | st.sampled_from(["../x", "/etc/hostname", "", "a/b"])
+
+
+def _manifest_folder(folder: Path) -> dict:
+    from test_manifest import _write
+
+    return _write(folder)
+
+
+MANIFEST_PATHS = st.sampled_from(
+    [
+        (k,)
+        for k in (
+            "format", "format_version", "mode", "gamma_q", "gamma_d", "pooling",
+            "max_query_length", "dimension", "index_metric", "graphs", "tokenizer",
+            "model_fingerprint", "files", "pad_token_id", "exporter", "norm_scale",
+        )
+    ]
+    + [("graphs", side, k) for side in ("query", "document")
+       for k in ("file", "inputs", "output", "gamma", "contract", "head")]
+    + [("graphs", "query"), ("files", "query.onnx"), ("files", "tokenizer.json")]
+)  # fmt: skip
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    raw=st.one_of(st.binary(max_size=120), st.none()),
+    path=MANIFEST_PATHS,
+    value=VALUES,
+)
+def test_manifest_loader_only_raises_magretrieve_errors(raw, path, value) -> None:
+    """Arbitrary bytes, or a valid manifest with one entry replaced, as magretrieve.json."""
+    from magretrieve.manifest import MANIFEST_NAME, Manifest
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "export"
+        manifest = _manifest_folder(folder)
+        if raw is not None:
+            (folder / MANIFEST_NAME).write_bytes(raw)
+        else:
+            (folder / MANIFEST_NAME).write_text(json.dumps(_mutate(manifest, path, value)))
+        try:
+            loaded = Manifest.load(folder)
+        except MagRetrieveError as exc:
+            assert str(exc)
+            return
+        # whatever loads names only files inside the folder
+        for name in (*loaded.files, loaded.tokenizer, *(g.file for g in loaded.graphs.values())):
+            assert (folder / name).resolve().parent == folder.resolve()
+
+
+STATE_PATHS = st.sampled_from(
+    [
+        (k,)
+        for k in (
+            "format", "generation", "dimension", "index_type", "parameters", "index_file",
+            "records_file", "index_sha256", "records_sha256", "metadata", "sequential",
+            "vectors", "records", "vectors_sha256", "hnsw_config", "quantization_config",
+        )
+    ]
+    + [("vectors", ""), ("vectors", "", "size"), ("vectors", "", "distance")]
+)  # fmt: skip
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    kind=st.sampled_from(["faiss", "memory", "qdrant-edge", "qdrant-edge-meta"]),
+    raw=st.one_of(st.binary(max_size=120), st.none()),
+    path=STATE_PATHS,
+    value=VALUES,
+)
+def test_store_state_loaders_only_raise_magretrieve_errors(kind, raw, path, value) -> None:
+    """A store folder whose state file is arbitrary bytes, or valid with one entry replaced."""
+    from magretrieve.adapters import open_store
+
+    state_name = {
+        "faiss": "faiss_store.json",
+        "memory": "memory_store.json",
+        "qdrant-edge": "shard/edge_config.json",
+        "qdrant-edge-meta": "magretrieve_store.json",
+    }[kind]
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = f"{kind.removesuffix('-meta')}:{tmp}/s"
+        store = open_store(spec, dimension=4)
+        store.add(["a", "b"], np.eye(2, 4, dtype=np.float32), [{"t": 1}, {"t": 2}])
+        store.write_metadata({"mode": "qnorm"})
+        store.persist()
+        store.close()
+        state_file = Path(tmp) / "s" / state_name
+        if raw is not None:
+            state_file.write_bytes(raw)
+        else:
+            state = json.loads(state_file.read_text())
+            state_file.write_text(json.dumps(_mutate(state, path, value)))
+        for dimension in (None, 4):
+            try:
+                reopened = open_store(spec, dimension=dimension)
+                reopened.read_metadata()
+                reopened.search(np.ones((1, 4), dtype=np.float32), 2)
+                reopened.close()
+            except MagRetrieveError as exc:
+                assert str(exc)
