@@ -308,11 +308,6 @@ class Retriever:
 
             vectors = apply_recorded_magnitude(meta, vectors, self.store)
             check_finite(vectors, ids, f"recorded magnitude of {self.store.location}")
-        meta = self.store.read_metadata()
-        if meta and meta.get("magnitude"):  # a store given a magnitude by `magretrieve rescale`
-            from magretrieve.rescale import apply_recorded_magnitude
-
-            vectors = apply_recorded_magnitude(meta, vectors, self.store)
         payloads = []
         for d in docs:
             payload = dict(d.payload)
