@@ -156,7 +156,7 @@ def _read_sentence_transformers(folder: Path) -> tuple[Path, dict[str, Any]]:
     return transformer_dir, settings
 
 
-class Encoder(nn.Module):
+class Encoder(nn.Module, similarity.SideVectors):
     """Transformer + pooling + (partial) normalization, with its config saved beside its weights."""
 
     def __init__(self, transformer: nn.Module, tokenizer: Any, config: EncoderConfig) -> None:
@@ -487,19 +487,3 @@ class Encoder(nn.Module):
         bar.close()
         self.train(was_training)
         return out
-
-    def encode_queries(
-        self, texts: Sequence[str], batch_size: int = 64, progress: bool | str = False
-    ) -> np.ndarray:
-        """Query vectors as sent to a store: ``q / ‖q‖^γq``."""
-        return similarity.query_vectors(
-            self.embed(texts, "query", batch_size, progress), self.similarity
-        )
-
-    def encode_documents(
-        self, texts: Sequence[str], batch_size: int = 64, progress: bool | str = False
-    ) -> np.ndarray:
-        """Document vectors as a store keeps them: ``d / ‖d‖^γd`` (magnitude kept unless γd = 1)."""
-        return similarity.document_vectors(
-            self.embed(texts, "document", batch_size, progress), self.similarity
-        )

@@ -159,6 +159,35 @@ def decompose(query_vec: np.ndarray, doc_vecs: np.ndarray) -> dict[str, np.ndarr
     return {"score": scores, "query_norm": np.full_like(dn, qn), "doc_norm": dn, "cosine": cos}
 
 
+class SideVectors:
+    """Mixin: store-ready query and document vectors from a raw ``embed`` under ``self.similarity``.
+
+    Anything that can produce raw pooled embeddings (the torch encoder, a cache of them) gets
+    ``encode_queries``/``encode_documents`` with exactly the serving semantics.
+    """
+
+    similarity: Similarity
+
+    def embed(
+        self, texts: Any, side: str, batch_size: int = 64, progress: bool | str = False
+    ) -> np.ndarray:
+        raise NotImplementedError
+
+    def encode_queries(
+        self, texts: Any, batch_size: int = 64, progress: bool | str = False
+    ) -> np.ndarray:
+        """Query vectors as sent to a store: ``q / ‖q‖^γq``."""
+        return query_vectors(self.embed(texts, "query", batch_size, progress), self.similarity)
+
+    def encode_documents(
+        self, texts: Any, batch_size: int = 64, progress: bool | str = False
+    ) -> np.ndarray:
+        """Document vectors as a store keeps them: ``d / ‖d‖^γd`` (magnitude kept unless γd = 1)."""
+        return document_vectors(
+            self.embed(texts, "document", batch_size, progress), self.similarity
+        )
+
+
 # ----------------------------------------------------------------------------- torch
 
 

@@ -122,7 +122,7 @@ class EmbeddingCache:
         return True
 
 
-class ModeView:
+class ModeView(similarity.SideVectors):
     """An :class:`EmbeddingCache` under one similarity: what a store would hold and send."""
 
     def __init__(self, cache: EmbeddingCache, sim: similarity.Similarity) -> None:
@@ -133,20 +133,6 @@ class ModeView:
         self, texts: Sequence[str], side: str, batch_size: int = 64, progress: bool | str = False
     ) -> np.ndarray:
         return self.cache.embed(texts, side, batch_size, progress)
-
-    def encode_queries(
-        self, texts: Sequence[str], batch_size: int = 64, progress: bool | str = False
-    ) -> np.ndarray:
-        return similarity.query_vectors(
-            self.embed(texts, "query", batch_size, progress), self.similarity
-        )
-
-    def encode_documents(
-        self, texts: Sequence[str], batch_size: int = 64, progress: bool | str = False
-    ) -> np.ndarray:
-        return similarity.document_vectors(
-            self.embed(texts, "document", batch_size, progress), self.similarity
-        )
 
 
 def model_fingerprint(encoder: Any) -> str:
