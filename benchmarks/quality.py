@@ -278,7 +278,8 @@ def markdown(
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" * len(header))
     for name, row in summary.items():
-        cells = [f"{name} ({row['describe']})", ",".join(map(str, row["seeds"]))]
+        seeds = ",".join(map(str, row["seeds"])) if row["steps_per_second"] else "– (untrained)"
+        cells = [f"{name} ({row['describe']})", seeds]
         if "gammas" in row:
             cells[0] += f" γ→({row['gammas'][0]:.2f}, {row['gammas'][1]:.2f})"
         for s in sets:
