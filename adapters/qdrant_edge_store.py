@@ -23,21 +23,26 @@ from typing import Any
 
 import numpy as np
 
+from magretrieve.adapters._qdrant_common import (
+    build_points,
+    check_vector_params,
+    existing_ids,
+    mean_doc_norm,
+    quantized_query_factors,
+    records_in_order,
+    scroll_doc_ids,
+    search_params,
+    to_hits,
+)
 from magretrieve.adapters.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
     atomic_write_json,
-    check_batch,
     check_k,
     check_queries,
     point_uuid,
     state_metadata,
-)
-from magretrieve.adapters.qdrant_store import (
-    make_payload,
-    quantized_query_factors,
-    split_payload,
 )
 from magretrieve.errors import StoreError
 
@@ -98,18 +103,12 @@ class QdrantEdgeStore(VectorStore):
                         "magretrieve uses one unnamed vector"
                     )
                 params = vectors[""]
-                if params.get("distance") != "Dot":
-                    raise StoreError(
-                        f"Qdrant Edge shard {self._shard_path} uses distance {params.get('distance')}; "
-                        "magretrieve needs Dot (Cosine normalizes vectors and would erase document "
-                        "magnitude; Euclid/Manhattan rank by distance)"
-                    )
-                if dimension is not None and int(params["size"]) != int(dimension):
-                    raise StoreError(
-                        f"Qdrant Edge shard {self._shard_path} has vector size {params['size']}, "
-                        f"but the model produces dimension {dimension}"
-                    )
-                self._dim = int(params["size"])
+                self._dim = check_vector_params(
+                    f"Qdrant Edge shard {self._shard_path}",
+                    params.get("distance"),
+                    params["size"],
+                    dimension,
+                )
                 self._hnsw = cfg.get("hnsw_config") or {}
                 self.quantization = "int8" if cfg.get("quantization_config") else None
                 self.shard = qe.EdgeShard.load(str(self._shard_path))
@@ -164,15 +163,9 @@ class QdrantEdgeStore(VectorStore):
         return f"qdrant-edge:{self._path}"
 
     def _params(self) -> Any:
-        qe = _edge()
-        quant = (
-            qe.QuantizationSearchParams(rescore=self.rescore, oversampling=self.oversampling)
-            if self.quantization
-            else None
+        return search_params(
+            _edge(), self.ef_search, self.quantization, self.rescore, self.oversampling
         )
-        if self.ef_search is None and quant is None:
-            return None
-        return qe.SearchParams(hnsw_ef=self.ef_search, quantization=quant)
 
     # ------------------------------------------------------------------ protocol
 
@@ -183,13 +176,9 @@ class QdrantEdgeStore(VectorStore):
         payloads: Sequence[Mapping[str, Any]] | None = None,
     ) -> int:
         qe = _edge()
-        ids, arr, plist = check_batch(ids, vectors, payloads, self._dim, self.location)
-        if not ids:
+        points = build_points(ids, vectors, payloads, self._dim, self.location, qe.Point)
+        if not points:
             return 0
-        points = [
-            qe.Point(point_uuid(i), v.tolist(), make_payload(i, v, p))
-            for i, v, p in zip(ids, arr, plist, strict=True)
-        ]
         with self._write_lock:
             self.shard.update(qe.UpdateOperation.upsert_points(points))
             self._norm_mean = None
@@ -208,8 +197,7 @@ class QdrantEdgeStore(VectorStore):
                     with_vector=False,
                 )
             )
-            norms = [r.payload["doc_norm"] for r in records if "doc_norm" in (r.payload or {})]
-            self._norm_mean = float(np.mean(norms)) if norms else 1.0
+            self._norm_mean = mean_doc_norm(r.payload for r in records)
         return quantized_query_factors(q, self._norm_mean)
 
     def search(
@@ -235,15 +223,7 @@ class QdrantEdgeStore(VectorStore):
             results = [self.shard.query(requests[0])]
         else:
             results = self.shard.query_batch(qe.QueryBatchRequest(requests))
-        out = []
-        for points, factor in zip(results, factors, strict=True):
-            hits = []
-            for p in points:
-                doc_id, payload = split_payload(p.payload)
-                vec = np.asarray(p.vector, dtype=np.float32) if with_vectors else None
-                hits.append(StoreHit(doc_id, float(p.score) / float(factor), payload, vec))
-            out.append(hits)
-        return out
+        return to_hits(results, factors, with_vectors)
 
     def delete(self, ids: Sequence[str]) -> int:
         qe = _edge()
@@ -260,27 +240,20 @@ class QdrantEdgeStore(VectorStore):
 
     def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
         ids = list(ids)
-        found = {}
-        for rec in self.shard.retrieve(
+        records = self.shard.retrieve(
             [point_uuid(i) for i in ids], with_payload=True, with_vector=True
-        ):
-            doc_id, payload = split_payload(rec.payload)
-            found[doc_id] = StoreRecord(doc_id, np.asarray(rec.vector, dtype=np.float32), payload)
-        return [found.get(i) for i in ids]
+        )
+        return records_in_order(ids, records)
 
     def existing(self, ids: Sequence[str]) -> set[str]:
-        ids = list(ids)
-        if not ids:
-            return set()
-        by_uuid = {point_uuid(i): i for i in ids}
-        recs = self.shard.retrieve(list(by_uuid), with_payload=False, with_vector=False)
-        return {by_uuid[str(r.id)] for r in recs}
+        return existing_ids(
+            ids, lambda uuids: self.shard.retrieve(uuids, with_payload=False, with_vector=False)
+        )
 
     def iter_ids(self) -> Iterator[str]:
         qe = _edge()
-        offset = None
-        while True:
-            records, offset = self.shard.scroll(
+        return scroll_doc_ids(
+            lambda offset: self.shard.scroll(
                 qe.ScrollRequest(
                     offset=offset,
                     limit=1024,
@@ -288,10 +261,7 @@ class QdrantEdgeStore(VectorStore):
                     with_vector=False,
                 )
             )
-            for r in records:
-                yield str(r.payload["doc_id"])
-            if offset is None:
-                return
+        )
 
     def read_metadata(self) -> dict[str, Any] | None:
         f = self._path / META_FILE

@@ -25,61 +25,45 @@ from typing import Any
 
 import numpy as np
 
+from magretrieve.adapters._qdrant_common import (
+    RESERVED,
+    build_points,
+    check_vector_params,
+    existing_ids,
+    make_payload,
+    mean_doc_norm,
+    quantized_query_factors,
+    records_in_order,
+    scroll_doc_ids,
+    search_params,
+    split_payload,
+    to_hits,
+)
 from magretrieve.adapters.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
-    check_batch,
     check_k,
-    check_payload_keys,
     check_queries,
-    json_safe,
     point_uuid,
 )
 from magretrieve.errors import StoreError
 
+# RESERVED, make_payload, split_payload and quantized_query_factors live in _qdrant_common
+# (shared with the Edge store) and stay importable from here.
+__all__ = [
+    "META_KEY",
+    "RESERVED",
+    "QdrantStore",
+    "make_payload",
+    "quantized_query_factors",
+    "split_payload",
+]
+
 logger = logging.getLogger(__name__)
 
-#: Payload keys owned by magretrieve in Qdrant points.
-RESERVED = ("doc_id", "doc_norm")
 #: Collection-metadata key under which the building model is recorded.
 META_KEY = "magretrieve"
-
-
-def make_payload(doc_id: str, vector: np.ndarray, payload: Mapping[str, Any]) -> dict[str, Any]:
-    """The point payload: the user's fields plus ``doc_id`` and the stored vector's norm."""
-    check_payload_keys(payload, RESERVED, doc_id)
-    out = json_safe(dict(payload), doc_id)
-    out["doc_id"] = doc_id
-    out["doc_norm"] = float(np.linalg.norm(vector))
-    return out
-
-
-def split_payload(payload: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
-    """(document id, the user's payload) from a stored point payload."""
-    payload = dict(payload or {})
-    doc_id = payload.pop("doc_id", None)
-    payload.pop("doc_norm", None)
-    if doc_id is None:
-        raise StoreError("a point without a 'doc_id' payload: not written by magretrieve")
-    return str(doc_id), payload
-
-
-def quantized_query_factors(queries: np.ndarray, doc_norm_mean: float | None) -> np.ndarray:
-    """Per-query factors that bring unit-norm queries to the stored vectors' scale.
-
-    Qdrant's int8 scalar quantization quantizes the *query* with the stored vectors' value
-    range. When documents keep their magnitude (norms ≫ 1) and queries are unit-norm, a query
-    falls into one or two int8 levels and the quantized dot product is mostly noise
-    (measured: recall@10 0.56 before rescoring, 0.78 after with oversampling 2). Scaling
-    each query to the mean stored norm changes no ranking (a positive factor per query),
-    restores int8 precision (recall 1.0 after rescoring on the same data) and the scores
-    are divided by the same factor on the way back.
-    """
-    if doc_norm_mean is None or not np.isfinite(doc_norm_mean) or doc_norm_mean <= 0:
-        return np.ones(len(queries), dtype=np.float32)
-    qn = np.linalg.norm(queries, axis=1)
-    return (doc_norm_mean / np.maximum(qn, 1e-12)).astype(np.float32)
 
 
 def _models() -> Any:
@@ -140,20 +124,14 @@ class QdrantStore(VectorStore):
                     f"Qdrant collection {collection!r} has named vectors {sorted(params)}; "
                     "magretrieve uses one unnamed vector per point"
                 )
-            distance = params.distance
-            if distance != models.Distance.DOT:
-                name = getattr(distance, "value", str(distance))
-                raise StoreError(
-                    f"Qdrant collection {collection!r} uses distance {name}; magretrieve needs "
-                    "Dot (Cosine normalizes vectors at upload and would erase document "
-                    "magnitude; Euclid/Manhattan rank by distance). Create a new collection"
-                )
-            if dimension is not None and int(params.size) != int(dimension):
-                raise StoreError(
-                    f"Qdrant collection {collection!r} has vector size {params.size}, "
-                    f"but the model produces dimension {dimension}"
-                )
-            self._dim = int(params.size)
+            self._dim = check_vector_params(
+                f"Qdrant collection {collection!r}",
+                getattr(params.distance, "value", str(params.distance)),
+                params.size,
+                dimension,
+                cosine="normalizes vectors at upload",
+                advice=". Create a new collection",
+            )
             q = info.config.quantization_config
             self.quantization = "int8" if q is not None else None
             self._hnsw = info.config.hnsw_config
@@ -199,15 +177,9 @@ class QdrantStore(VectorStore):
     def _search_params(self) -> Any:
         if self.embedded:
             return None
-        models = _models()
-        quant = None
-        if self.quantization:
-            quant = models.QuantizationSearchParams(
-                rescore=self.rescore, oversampling=self.oversampling
-            )
-        if self.ef_search is None and quant is None:
-            return None
-        return models.SearchParams(hnsw_ef=self.ef_search, quantization=quant)
+        return search_params(
+            _models(), self.ef_search, self.quantization, self.rescore, self.oversampling
+        )
 
     # ------------------------------------------------------------------ protocol
 
@@ -218,13 +190,16 @@ class QdrantStore(VectorStore):
         payloads: Sequence[Mapping[str, Any]] | None = None,
     ) -> int:
         models = _models()
-        ids, arr, plist = check_batch(ids, vectors, payloads, self._dim, self.location)
-        if not ids:
+        points = build_points(
+            ids,
+            vectors,
+            payloads,
+            self._dim,
+            self.location,
+            lambda uid, vec, pay: models.PointStruct(id=uid, vector=vec, payload=pay),
+        )
+        if not points:
             return 0
-        points = [
-            models.PointStruct(id=point_uuid(i), vector=v.tolist(), payload=make_payload(i, v, p))
-            for i, v, p in zip(ids, arr, plist, strict=True)
-        ]
         self.client.upsert(self.collection, points=points, wait=True)
         self._norm_mean = None
         return len(points)
@@ -236,8 +211,7 @@ class QdrantStore(VectorStore):
             points, _ = self.client.scroll(
                 self.collection, limit=512, with_payload=["doc_norm"], with_vectors=False
             )
-            norms = [p.payload["doc_norm"] for p in points if "doc_norm" in (p.payload or {})]
-            self._norm_mean = float(np.mean(norms)) if norms else 1.0
+            self._norm_mean = mean_doc_norm(p.payload for p in points)
         return quantized_query_factors(q, self._norm_mean)
 
     def search(
@@ -276,15 +250,7 @@ class QdrantStore(VectorStore):
                         for row in q
                     ],
                 )
-        out = []
-        for response, factor in zip(res, factors, strict=True):
-            hits = []
-            for p in response.points:
-                doc_id, payload = split_payload(p.payload)
-                vec = np.asarray(p.vector, dtype=np.float32) if with_vectors else None
-                hits.append(StoreHit(doc_id, float(p.score) / float(factor), payload, vec))
-            out.append(hits)
-        return out
+        return to_hits((response.points for response in res), factors, with_vectors)
 
     def delete(self, ids: Sequence[str]) -> int:
         models = _models()
@@ -302,38 +268,29 @@ class QdrantStore(VectorStore):
 
     def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
         ids = list(ids)
-        found = {}
-        for p in self.client.retrieve(
+        points = self.client.retrieve(
             self.collection, ids=[point_uuid(i) for i in ids], with_payload=True, with_vectors=True
-        ):
-            doc_id, payload = split_payload(p.payload)
-            found[doc_id] = StoreRecord(doc_id, np.asarray(p.vector, dtype=np.float32), payload)
-        return [found.get(i) for i in ids]
+        )
+        return records_in_order(ids, points)
 
     def existing(self, ids: Sequence[str]) -> set[str]:
-        ids = list(ids)
-        if not ids:
-            return set()
-        by_uuid = {point_uuid(i): i for i in ids}
-        pts = self.client.retrieve(
-            self.collection, ids=list(by_uuid), with_payload=False, with_vectors=False
+        return existing_ids(
+            ids,
+            lambda uuids: self.client.retrieve(
+                self.collection, ids=uuids, with_payload=False, with_vectors=False
+            ),
         )
-        return {by_uuid[str(p.id)] for p in pts}
 
     def iter_ids(self) -> Iterator[str]:
-        offset = None
-        while True:
-            points, offset = self.client.scroll(
+        return scroll_doc_ids(
+            lambda offset: self.client.scroll(
                 self.collection,
                 limit=1024,
                 offset=offset,
                 with_payload=["doc_id"],
                 with_vectors=False,
             )
-            for p in points:
-                yield str(p.payload["doc_id"])
-            if offset is None:
-                return
+        )
 
     def read_metadata(self) -> dict[str, Any] | None:
         meta = self.client.get_collection(self.collection).config.metadata or {}
