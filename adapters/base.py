@@ -185,6 +185,30 @@ class VectorStore(ABC):
         return f"<{type(self).__name__} {self.location} dim={self.dimension}>"
 
 
+class IdMapMixin:
+    """Id-map protocol methods for stores that keep ids and metadata in process.
+
+    Used by the memory and FAISS stores: both map each live document id to a row in
+    ``_row`` (insertion order) and hold the recorded model metadata in ``_meta`` until
+    :meth:`VectorStore.persist` writes it. List it before :class:`VectorStore` in the bases.
+    """
+
+    _row: dict[str, int]
+    _meta: dict[str, Any] | None
+
+    def existing(self, ids: Sequence[str]) -> set[str]:
+        return {i for i in ids if i in self._row}
+
+    def iter_ids(self) -> Iterator[str]:
+        return iter(list(self._row))
+
+    def read_metadata(self) -> dict[str, Any] | None:
+        return dict(self._meta) if self._meta is not None else None
+
+    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+        self._meta = dict(meta)
+
+
 # ----------------------------------------------------------------------------- validation
 
 
@@ -311,6 +335,20 @@ def plain_file(folder: Path, name: Any, where: str) -> Path:
             f"{folder / where}: file name {name!r} is not a plain file name inside {folder}"
         )
     return folder / name
+
+
+def read_state_file(state_file: Path, fmt: str, what: str) -> dict[str, Any]:
+    """A store's JSON state file, refused with its path when unreadable or of another format.
+
+    ``fmt`` is the expected ``"format"`` value, ``what`` names the store kind in the error.
+    """
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError) as exc:  # JSON and UTF-8 errors are ValueErrors
+        raise StoreError(f"{state_file}: unreadable ({exc})") from None
+    if not isinstance(state, dict) or state.get("format") != fmt:
+        raise StoreError(f"{state_file}: not a magretrieve {what} store")
+    return state
 
 
 def state_metadata(state: Mapping[str, Any], where: str) -> dict[str, Any] | None:

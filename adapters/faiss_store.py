@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from magretrieve.adapters.base import (
+    IdMapMixin,
     StoreHit,
     StoreRecord,
     VectorStore,
@@ -37,6 +38,7 @@ from magretrieve.adapters.base import (
     check_k,
     check_queries,
     plain_file,
+    read_state_file,
     sha256_file,
     state_metadata,
 )
@@ -109,7 +111,7 @@ def inspect_index(index: Any) -> dict[str, Any]:
     }
 
 
-class FaissStore(VectorStore):
+class FaissStore(IdMapMixin, VectorStore):
     """A FAISS index plus a record table (string id + payload per int64 FAISS id).
 
     Deletion and replacement use ``remove_ids`` where the index supports it (flat, IVF) and
@@ -280,12 +282,7 @@ class FaissStore(VectorStore):
 
     @classmethod
     def _load(cls, path: Path, dimension: int | None, **options: Any) -> FaissStore:
-        try:
-            state = json.loads((path / STATE_FILE).read_text())
-        except (OSError, ValueError) as exc:  # JSON and UTF-8 errors are ValueErrors
-            raise StoreError(f"{path / STATE_FILE}: unreadable ({exc})") from None
-        if not isinstance(state, dict) or state.get("format") != "magretrieve-faiss-store":
-            raise StoreError(f"{path / STATE_FILE}: not a magretrieve FAISS store")
+        state = read_state_file(path / STATE_FILE, "magretrieve-faiss-store", "FAISS")
         try:
             if state.get("index_file") is None:
                 return cls._load_empty(path, state, dimension, **options)
@@ -591,18 +588,6 @@ class FaissStore(VectorStore):
             rec = self._records[fid]
             out.append(StoreRecord(doc_id, self._index.reconstruct(int(fid)), dict(rec[1])))
         return out
-
-    def existing(self, ids: Sequence[str]) -> set[str]:
-        return {i for i in ids if i in self._row}
-
-    def iter_ids(self) -> Iterator[str]:
-        return iter(list(self._row))
-
-    def read_metadata(self) -> dict[str, Any] | None:
-        return dict(self._meta) if self._meta is not None else None
-
-    def write_metadata(self, meta: Mapping[str, Any]) -> None:
-        self._meta = dict(meta)
 
     def parameters(self) -> dict[str, Any]:
         out: dict[str, Any] = {"index": self.index_type}

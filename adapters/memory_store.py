@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from magretrieve.adapters.base import (
+    IdMapMixin,
     StoreHit,
     StoreRecord,
     VectorStore,
@@ -24,6 +25,7 @@ from magretrieve.adapters.base import (
     check_k,
     check_queries,
     plain_file,
+    read_state_file,
     sha256_file,
     state_metadata,
 )
@@ -32,7 +34,7 @@ from magretrieve.errors import StoreError
 STATE_FILE = "memory_store.json"
 
 
-class MemoryStore(VectorStore):
+class MemoryStore(IdMapMixin, VectorStore):
     """All vectors in one float32 matrix; search is ``queries @ vectors.T`` and a partial sort."""
 
     kind = "memory"
@@ -59,12 +61,7 @@ class MemoryStore(VectorStore):
             if dimension is None:
                 raise StoreError(f"{path}: no memory store here; pass a dimension to create one")
             return cls(dimension, path)
-        try:
-            state = json.loads(state_file.read_text())
-        except (OSError, ValueError) as exc:  # JSON and UTF-8 errors are ValueErrors
-            raise StoreError(f"{state_file}: unreadable ({exc})") from None
-        if not isinstance(state, dict) or state.get("format") != "magretrieve-memory-store":
-            raise StoreError(f"{state_file}: not a magretrieve memory store")
+        state = read_state_file(state_file, "magretrieve-memory-store", "memory")
         try:
             return cls._load_state(path, state, dimension)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, OSError) as exc:
@@ -184,18 +181,6 @@ class MemoryStore(VectorStore):
                 else StoreRecord(doc_id, self._vectors[row].copy(), dict(self._payloads[row]))
             )
         return out
-
-    def existing(self, ids: Sequence[str]) -> set[str]:
-        return {i for i in ids if i in self._row}
-
-    def iter_ids(self) -> Iterator[str]:
-        return iter(list(self._ids))
-
-    def read_metadata(self) -> dict[str, Any] | None:
-        return dict(self._meta) if self._meta is not None else None
-
-    def write_metadata(self, meta: Mapping[str, Any]) -> None:
-        self._meta = dict(meta)
 
     def parameters(self) -> dict[str, Any]:
         return {"index": "exact (numpy)"}
