@@ -21,7 +21,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from magretrieve.adapters.base import METRIC, StoreHit, StoreRecord, VectorStore, point_uuid
+from magretrieve.adapters.base import (
+    METRIC,
+    StoreHit,
+    StoreRecord,
+    VectorStore,
+    point_uuid,
+    require,
+)
 from magretrieve.errors import StoreError
 
 __all__ = [
@@ -162,12 +169,7 @@ def open_store(
     # qdrant-client backends
     from magretrieve.adapters.qdrant_store import QdrantStore
 
-    try:
-        from qdrant_client import QdrantClient
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise StoreError(
-            "qdrant-client is not installed; pip install 'magretrieve[qdrant]'"
-        ) from exc
+    QdrantClient = require("qdrant_client", "qdrant-client", "qdrant").QdrantClient
     client_opts = {k: opts.pop(k) for k in ("api_key", "timeout") if k in opts}
     if kind == "qdrant":
         client_opts.setdefault("api_key", os.environ.get("QDRANT_API_KEY"))

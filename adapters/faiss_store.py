@@ -39,6 +39,7 @@ from magretrieve.adapters.base import (
     check_queries,
     plain_file,
     read_state_file,
+    require,
     sha256_file,
     state_metadata,
 )
@@ -62,12 +63,7 @@ _DEFAULT_THREADS = 0  # FAISS's OpenMP default for batch search, read on first u
 
 def _faiss() -> Any:
     global _DEFAULT_THREADS
-    try:
-        import faiss
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise StoreError(
-            "FAISS is not installed; pip install 'magretrieve[faiss]' (faiss-cpu)"
-        ) from exc
+    faiss = require("faiss", "FAISS (faiss-cpu)", "faiss")
     if not _DEFAULT_THREADS:
         _DEFAULT_THREADS = max(1, faiss.omp_get_max_threads())
     return faiss

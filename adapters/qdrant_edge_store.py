@@ -42,6 +42,7 @@ from magretrieve.adapters.base import (
     check_k,
     check_queries,
     point_uuid,
+    require,
     state_metadata,
 )
 from magretrieve.errors import StoreError
@@ -51,13 +52,7 @@ SHARD_DIR = "shard"
 
 
 def _edge() -> Any:
-    try:
-        import qdrant_edge
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise StoreError(
-            "qdrant-edge-py is not installed; pip install 'magretrieve[qdrant-edge]'"
-        ) from exc
-    return qdrant_edge
+    return require("qdrant_edge", "qdrant-edge-py", "qdrant-edge")
 
 
 class QdrantEdgeStore(VectorStore):

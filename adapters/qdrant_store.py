@@ -46,6 +46,7 @@ from magretrieve.adapters.base import (
     check_k,
     check_queries,
     point_uuid,
+    require,
 )
 from magretrieve.errors import StoreError
 
@@ -67,13 +68,7 @@ META_KEY = "magretrieve"
 
 
 def _models() -> Any:
-    try:
-        from qdrant_client import models
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise StoreError(
-            "qdrant-client is not installed; pip install 'magretrieve[qdrant]'"
-        ) from exc
-    return models
+    return require("qdrant_client.models", "qdrant-client", "qdrant")
 
 
 class QdrantStore(VectorStore):
