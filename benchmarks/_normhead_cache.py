@@ -1,21 +1,31 @@
-"""Encode scifact (corpus + all queries) and cranfield once with all-MiniLM-L6-v2 (raw pooled).
+"""Encode scifact (corpus + all queries) and cranfield once with one model (raw pooled vectors).
 
-Writes /work/cache/normhead/<name>.npz with ids and raw float32 vectors; skips sets already cached.
-Run under the CPU lock (see benchmarks/norm_options.py).
+Writes <cache>/<name>-<part>.npz with ids and raw float32 vectors; skips sets already cached.
+``benchmarks/norm_options.py`` reads these caches. Run it under the CPU lock:
+
+    flock /work/notes/cpu.lock nice -n 5 python benchmarks/_normhead_cache.py \
+        /work/cache/normhead128 --max-doc-length 128
+    # a fine-tuned cosine run of benchmarks/quality.py, for "fine-tuned cosine + corpus prior":
+    flock /work/notes/cpu.lock nice -n 5 python benchmarks/_normhead_cache.py \
+        /work/cache/normhead128/cosine-s42 --model /work/cache/quality/runs/cosine-s42
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+import click
 import numpy as np
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def cache_embeddings(
-    cache: Path, model: str = "all-MiniLM-L6-v2", data: Path = DATA, names=("scifact", "cranfield")
+    cache: Path,
+    model: str = "all-MiniLM-L6-v2",
+    data: Path = DATA,
+    names: tuple[str, ...] = ("scifact", "cranfield"),
+    max_doc_length: int | None = None,
 ) -> None:
     import torch
 
@@ -31,7 +41,8 @@ def cache_embeddings(
             if out.is_file():
                 continue
             if encoder is None:
-                encoder = Encoder.load(model, "cosine", device="cpu")
+                kwargs = {"max_document_length": max_doc_length} if max_doc_length else {}
+                encoder = Encoder.load(model, "cosine", device="cpu", **kwargs)
             if part == "corpus":
                 corpus = load_corpus(data / name / "corpus.jsonl", allow_empty=True)
                 ids = list(corpus)
@@ -47,8 +58,15 @@ def cache_embeddings(
             print(f"wrote {out} {raw.shape}", flush=True)
 
 
+@click.command()
+@click.argument("cache", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("names", nargs=-1)
+@click.option("--model", default="all-MiniLM-L6-v2", show_default=True)
+@click.option("--data", type=click.Path(file_okay=False, path_type=Path), default=DATA)
+@click.option("--max-doc-length", type=int, default=None, help="Cut documents (tokens).")
+def main(cache: Path, names: tuple[str, ...], model: str, data: Path, max_doc_length) -> None:
+    cache_embeddings(cache, model, data, names or ("scifact", "cranfield"), max_doc_length)
+
+
 if __name__ == "__main__":
-    cache_embeddings(
-        Path(sys.argv[1] if len(sys.argv) > 1 else "/work/cache/normhead"),
-        names=tuple(sys.argv[2:]) or ("scifact", "cranfield"),
-    )
+    main()

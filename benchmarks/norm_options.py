@@ -5,17 +5,21 @@ Cheap options reuse the zero-shot embeddings cached once by ``_normhead_cache.py
 * zero-shot cosine and zero-shot qnorm (raw norms) — references;
 * frozen encoder + norm head (linear, linear bounded 0.5·tanh, 2-layer MLP), trained on the
   cached unit vectors with qnorm InfoNCE, hard negatives = zero-shot top-30 non-relevant;
-* the corpus hub prior exp(−β·z).
+* the corpus hub prior exp(−β·z), on the zero-shot vectors and (``--tuned``) on top of
+  fine-tuned cosine models.
 
 Every hyperparameter is chosen on scifact *train*: heads on a validation split of 20 % of the
 training queries (learning rate and number of epochs), β of the prior on all training
-queries. Test sets (scifact test, cranfield) are only scored. Fine-tuned cosine runs of the
-lead's quality benchmark (``/work/cache/quality/results/cosine-s*.json``) and any full
-trainings of this issue (``--full-results``) are read and shown next to them.
+queries. Test sets (scifact test, cranfield) are only scored. The fine-tuned runs of
+``benchmarks/quality.py`` (its per-run JSON, ``--quality``) are read and shown next to them,
+so every row shares one document length and one training budget. The committed table:
 
-    flock /work/notes/cpu.lock nice -n 5 python benchmarks/_normhead_cache.py /work/cache/normhead
-    flock /work/notes/cpu.lock nice -n 5 python benchmarks/norm_options.py \
-        --cache /work/cache/normhead --out benchmarks/results/norm_options.md
+    C=/work/cache/normhead128 Q=/work/cache/quality/runs
+    flock /work/notes/cpu.lock python benchmarks/_normhead_cache.py $C --max-doc-length 128
+    for s in 42 43; do flock /work/notes/cpu.lock python benchmarks/_normhead_cache.py \
+        $C/cosine-s$s --model $Q/cosine-s$s; done
+    flock /work/notes/cpu.lock python benchmarks/norm_options.py --cache $C \
+        --tuned $C/cosine-s42 --tuned $C/cosine-s43 --out benchmarks/results/norm_options.md
 """
 
 from __future__ import annotations
@@ -190,13 +194,21 @@ def find_metric(obj: Any, dataset: str, key: str) -> float | None:
     return None
 
 
-def add_external(results, add, quality: Path, full_results: Path, tests: list[Split]) -> None:
-    """The lead's fine-tuned cosine runs and this issue's full trainings, when present."""
-    external = {"fine-tuned cosine (lead)": read_results(quality, "cosine")}
-    for prefix in ("joint-head", "calibrated-qnorm"):
-        external[f"{prefix} (full training)"] = read_results(full_results, prefix)
-    for name, runs in external.items():
-        for r in runs:
+#: quality.py configurations shown next to the options (fine-tuned with the same settings).
+QUALITY_ROWS = {
+    "cosine": "fine-tuned cosine",
+    "qnorm": "fine-tuned qnorm (paper recipe)",
+    "dnorm": "fine-tuned dnorm",
+    "learnable-warm": "fine-tuned learnable, γ from 0.95",
+    "calibrated-qnorm": "fine-tuned calibrated qnorm",
+    "head-joint": "fine-tuned encoder + linear head (joint)",
+}
+
+
+def add_external(results, add, quality: Path, tests: list[Split]) -> None:
+    """Fine-tuned runs of benchmarks/quality.py (its per-run JSON), when present."""
+    for prefix, label in QUALITY_ROWS.items():
+        for r in read_results(quality, prefix):
             row = {}
             for t in tests:
                 base = t.label.split(":")[0]
@@ -205,7 +217,25 @@ def add_external(results, add, quality: Path, full_results: Path, tests: list[Sp
                     "ndcg@10": ndcg if ndcg is not None else find_metric(r, base, "ndcg@10"),
                     "cohens_d": find_metric(r, base, "cohens_d"),
                 }
-            add(name, Path(r["file"]).stem, row)
+            add(f"{label} (quality.py)", Path(r["file"]).stem, row)
+
+
+def prior_rows(train: Split, tests: list[Split]) -> tuple[Any, dict[str, dict[str, float]]]:
+    """β chosen on ``train``'s queries; each test corpus gets its own hub statistics."""
+    prior = choose_beta(
+        train.q_unit,
+        train.d_unit,
+        train.qids,
+        train.doc_ids,
+        train.qrels,
+        chosen_on="scifact:train",
+    )
+    row = {}
+    for t in tests:
+        h = hub_scores(t.d_unit, prior.k)
+        z = (h - h.mean()) / h.std()
+        row[t.label] = t.score(apply_magnitudes(t.d_unit, prior.magnitudes(z)))
+    return prior, row
 
 
 def fmt_cell(values: list[float]) -> str:
@@ -224,7 +254,12 @@ def fmt_cell(values: list[float]) -> str:
     "--quality", type=click.Path(path_type=Path), default=Path("/work/cache/quality/results")
 )
 @click.option(
-    "--full-results", type=click.Path(path_type=Path), default=Path("/work/cache/normhead/full")
+    "--tuned",
+    "tuned",
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Cache (_normhead_cache.py) of a fine-tuned cosine run, named <config>-s<seed>: adds "
+    "'fine-tuned cosine + corpus prior' for it (β chosen on its own training-query scores).",
 )
 @click.option(
     "--out", type=click.Path(path_type=Path), default=Path("benchmarks/results/norm_options.md")
@@ -235,7 +270,12 @@ def fmt_cell(values: list[float]) -> str:
     help="Keep the computed rows of --out's JSON; only re-read the fine-tuned runs.",
 )
 def main(
-    cache: Path, data: Path, quality: Path, full_results: Path, out: Path, refresh_external: bool
+    cache: Path,
+    data: Path,
+    quality: Path,
+    tuned: tuple[Path, ...],
+    out: Path,
+    refresh_external: bool,
 ) -> None:
     import torch
 
@@ -251,11 +291,9 @@ def main(
     if refresh_external:
         results = json.loads(out.with_suffix(".json").read_text())
         results["rows"] = {
-            k: v
-            for k, v in results["rows"].items()
-            if not k.endswith(("(lead)", "(full training)"))
+            k: v for k, v in results["rows"].items() if not k.endswith("(quality.py)")
         }
-        add_external(results, add, quality, full_results, tests)
+        add_external(results, add, quality, tests)
         out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=float) + "\n")
         out.write_text(render(results, tests))
         click.echo(out.read_text())
@@ -305,24 +343,27 @@ def main(
         )
 
     # corpus prior: β on all training queries; z recomputed on each corpus
-    prior = choose_beta(
-        train.q_unit,
-        train.d_unit,
-        train.qids,
-        train.doc_ids,
-        train.qrels,
-        chosen_on="scifact:train",
-    )
+    prior, row = prior_rows(train, tests)
     results["selection"]["corpus prior"] = prior.to_dict()
-    row = {}
-    for t in tests:
-        h = hub_scores(t.d_unit, prior.k)
-        z = (h - h.mean()) / h.std()
-        row[t.label] = t.score(apply_magnitudes(t.d_unit, prior.magnitudes(z)))
-    add(f"corpus prior (β={prior.beta:g})", "-", row)
+    add(f"corpus prior on zero-shot (β={prior.beta:g})", "-", row)
     click.echo(f"corpus prior: β={prior.beta} grid {prior.grid}")
 
-    add_external(results, add, quality, full_results, tests)
+    # the same prior on top of fine-tuned cosine models (no further training)
+    for folder in tuned:
+        t_splits = load_splits(folder, data)
+        t_tests = [t_splits["scifact:test"], t_splits["cranfield:test"]]
+        seed = folder.name.rsplit("-s", 1)[-1]
+        add(
+            "fine-tuned cosine (re-encoded)",
+            seed,
+            {t.label: t.score(t.d_unit, np.linalg.norm(t.d_raw, axis=1)) for t in t_tests},
+        )
+        t_prior, t_row = prior_rows(t_splits["scifact:train"], t_tests)
+        results["selection"][f"corpus prior on {folder.name}"] = t_prior.to_dict()
+        add("fine-tuned cosine + corpus prior (β per seed)", seed, t_row)
+        click.echo(f"{folder.name}: corpus prior β={t_prior.beta} grid {t_prior.grid}")
+
+    add_external(results, add, quality, tests)
 
     results["seconds"] = time.perf_counter() - started
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,8 @@ class BenchConfig:
     encoder_kwargs: dict[str, Any] = field(default_factory=dict)
     train_kwargs: dict[str, Any] = field(default_factory=dict)
     describe: str = ""
+    #: Divide raw vectors by the training corpus's mean document norm before training.
+    calibrate: bool = False
 
 
 def default_configs() -> dict[str, BenchConfig]:
@@ -66,6 +68,18 @@ def default_configs() -> dict[str, BenchConfig]:
             "learnable",
             encoder_kwargs={"gamma_q": 0.95, "gamma_d": 0.95},
             describe="learnable γ started near cosine (0.95)",
+        ),
+        "calibrated-qnorm": BenchConfig(
+            "calibrated-qnorm",
+            "qnorm",
+            calibrate=True,
+            describe="qnorm, raw vectors ÷ mean training-corpus norm",
+        ),
+        "head-joint": BenchConfig(
+            "head-joint",
+            "qnorm",
+            encoder_kwargs={"norm_head": "linear"},
+            describe="d̂·exp(g(d̂)), zero-init linear head, trained with the encoder",
         ),
     }
     for mode in MODES:
@@ -122,11 +136,18 @@ def run_ours(
     settings: dict[str, Any],
     run_dir: Path,
     evals: list[Any],
+    train_documents: list[str] | None = None,
 ) -> dict[str, Any]:
     from magretrieve.encoder import Encoder
     from magretrieve.trainer import TrainConfig, train
 
     encoder = Encoder.load(model, cfg.mode, **cfg.encoder_kwargs)
+    if cfg.calibrate:
+        from magretrieve.calibration import calibrate
+
+        if not train_documents:
+            raise click.UsageError(f"{cfg.name} needs a BEIR training set (its corpus gives c)")
+        calibrate(encoder, train_documents, progress=True)
     if not cfg.train:  # the starting weights: one encoding serves every zero-shot mode
         memoize_embeddings(encoder, run_dir.parent.parent / "embeddings", "zero-shot")
     record: dict[str, Any] = {
@@ -143,7 +164,10 @@ def run_ours(
             "steps": log["total_steps"],
             "seconds": log["seconds"],
             "steps_per_second": log["steps_per_second"],
+            "first_loss": log["steps"][0]["loss"],
+            "first_grad_norm": log["steps"][0]["grad_norm"],
             "final_loss": log["steps"][-1]["loss"],
+            "norm_scale": encoder.config.norm_scale,
             "gamma_q": log["final_gamma_q"],
             "gamma_d": log["final_gamma_d"],
         }
@@ -415,6 +439,11 @@ def main(
         settings["max_steps"] = max_steps
     pairs = load_training_data(train_spec)
     evals = [load_beir(s) for s in eval_specs]
+    train_documents = None
+    if any(registry[c].calibrate for c in chosen):
+        train_documents = [
+            d.full_text for d in load_beir(train_spec, default_split="train").corpus.values()
+        ]
     records = []
     # Untrained configurations do not depend on the seed: run them once.
     jobs = [
@@ -439,7 +468,9 @@ def main(
             if cfg.peer:
                 record = run_peer(cfg, model, pairs, seed, settings, run_dir, evals)
             else:
-                record = run_ours(cfg, model, pairs, seed, settings, run_dir, evals)
+                record = run_ours(
+                    cfg, model, pairs, seed, settings, run_dir, evals, train_documents
+                )
         record["seed"] = seed if (cfg.train or cfg.peer) else None
         record["settings"] = {**settings, **cfg.encoder_kwargs}
         result_path.write_text(json.dumps(record, indent=1) + "\n")
