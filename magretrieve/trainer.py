@@ -4,10 +4,15 @@ Logits are ``scale · s(q_i, d_j)`` over in-batch negatives (plus hard negatives
 pairs carry them); the target is each query's own positive. Cosine cannot learn magnitude
 (normalization removes the radial gradient); under qnorm/dot a document that is positive for
 many queries is pushed outward, so its norm becomes a relevance prior.
+
+``TrainConfig.precision="bf16"`` runs the forward passes under bf16 autocast (about 2x the
+matmul throughput on CPUs with AMX / avx512_bf16); float32 stays the default because it is
+exactly reproducible run to run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -28,6 +33,7 @@ from magretrieve.errors import ConfigError, DataError, SymmetryError
 logger = logging.getLogger(__name__)
 
 TASKS = ("retrieval", "symmetric")
+PRECISIONS = ("fp32", "bf16")
 LOG_NAME = "train_log.json"
 
 
@@ -59,10 +65,19 @@ class TrainConfig:
     #: Learning rate of a document norm head (magretrieve.heads): a zero-initialized head at
     #: the encoder's rate barely moves.
     head_lr: float = 1e-3
+    #: Compute precision of the forward passes: "fp32" (default, exactly reproducible) or
+    #: "bf16" (autocast). CPUs with bf16 matrix units (Intel AMX, avx512_bf16 on recent Xeons)
+    #: run bf16 matmuls at roughly twice the fp32 throughput or more. Master weights, the
+    #: optimizer, the side normalization and the loss stay float32 either way.
+    precision: str = "fp32"
 
     def validate(self) -> None:
         if self.task not in TASKS:
             raise ConfigError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}"
+            )
         for name in ("epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -202,6 +217,18 @@ def _gamma_values(encoder: Encoder) -> tuple[float, float]:
     return float(torch.as_tensor(gq).detach()), float(torch.as_tensor(gd).detach())
 
 
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """The forward-pass context for ``precision``: bf16 autocast, or nothing for fp32.
+
+    Under bf16 autocast matmuls run in bfloat16 (on AMX / avx512_bf16 CPUs about twice as fast
+    as float32) while the parameters stay float32, so the optimizer updates full-precision
+    master weights; autocast keeps reductions such as layer norm and softmax in float32.
+    """
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def train(
     encoder: Encoder,
     pairs: Sequence[TrainingPair],
@@ -249,6 +276,7 @@ def train(
 
     log: dict[str, Any] = {
         "config": asdict(cfg),
+        "precision": cfg.precision,
         "encoder": encoder.config.to_dict(),
         "n_pairs": len(pairs),
         "total_steps": total_steps,
@@ -294,8 +322,14 @@ def train(
             positives = [p.positive for p in chosen]
             negatives = [n for p in chosen for n in p.negatives[: cfg.hard_negatives]]
             columns = positives + negatives
-            q_raw = encoder(**encoder.tokenize([p.query for p in chosen], "query"), side="query")
-            d_raw = encoder(**encoder.tokenize(columns, "document"), side="document")
+            q_tokens = encoder.tokenize([p.query for p in chosen], "query")
+            d_tokens = encoder.tokenize(columns, "document")
+            with autocast(device, cfg.precision):
+                q_raw = encoder(**q_tokens, side="query")
+                d_raw = encoder(**d_tokens, side="document")
+            # Normalization and loss in float32 whatever the forward precision: x/‖x‖^γ and a
+            # softmax over scale·logits lose too much in bfloat16's 8-bit mantissa.
+            q_raw, d_raw = q_raw.float(), d_raw.float()
             q = encoder.side_vectors(q_raw, "query")
             d = encoder.side_vectors(d_raw, "document")
             exclude = duplicate_mask(positives, columns, device)
@@ -323,6 +357,13 @@ def train(
                         "gamma_d": gd,
                         "mean_query_norm": float(q_raw.detach().norm(dim=1).mean()),
                         "mean_doc_norm": float(d_raw[: len(chosen)].detach().norm(dim=1).mean()),
+                        # padding waste: real tokens vs tokens computed (padded), both sides
+                        "tokens": int(q_tokens["attention_mask"].sum())
+                        + int(d_tokens["attention_mask"].sum()),
+                        "padded_tokens": q_tokens["input_ids"].numel()
+                        + d_tokens["input_ids"].numel(),
+                        # wall time since training began (speed benchmarks skip warm-up steps)
+                        "elapsed": time.perf_counter() - started,
                     }
                 )
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", gq=f"{gq:.3f}", gd=f"{gd:.3f}")

@@ -520,3 +520,103 @@ def test_symmetric_task_with_force_trains_with_a_warning(
         result = train(enc, tiny_pairs, cfg, progress=False)
     assert any("s(a, b) != s(b, a)" in r.getMessage() for r in caplog.records)
     assert result.log["total_steps"] == 2
+
+
+# ----------------------------------------------------------------------------- precision
+
+
+def test_autocast_context_runs_matmuls_in_bf16_only_when_asked() -> None:
+    from magretrieve.trainer import autocast
+
+    layer = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    with autocast(torch.device("cpu"), "bf16"):
+        assert layer(x).dtype == torch.bfloat16
+    with autocast(torch.device("cpu"), "fp32"):
+        assert layer(x).dtype == torch.float32
+    assert layer.weight.dtype == torch.float32
+
+
+def test_bf16_training_moves_fp32_weights_and_saves_a_loadable_model(
+    tiny_model_dir: Path, tiny_pairs: list[TrainingPair], tmp_path: Path
+) -> None:
+    def run(precision: str, out: Path | None = None) -> tuple[Encoder, dict]:
+        enc = Encoder.load(tiny_model_dir, "qnorm", device="cpu")
+        cfg = TrainConfig(epochs=2, batch_size=3, lr=1e-3, seed=0, precision=precision)
+        return enc, train(enc, tiny_pairs, cfg, out_dir=out, progress=False).log
+
+    start = Encoder.load(tiny_model_dir, "qnorm", device="cpu").state_dict()
+    enc, log = run("bf16", tmp_path / "run")
+    _, log32 = run("fp32")
+    assert log["precision"] == "bf16" and log["config"]["precision"] == "bf16"
+    assert log32["precision"] == "fp32"
+    losses = [s["loss"] for s in log["steps"]]
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
+    # same weights, batch and dropout at step 1: bf16 changes the loss a little, not a lot
+    first, first32 = losses[0], log32["steps"][0]["loss"]
+    assert first != first32 and first == pytest.approx(first32, rel=0.05)
+    state = enc.state_dict()
+    assert all(v.dtype == start[k].dtype for k, v in state.items())  # master weights stay fp32
+    moved = [
+        k for k in start if start[k].is_floating_point() and not torch.equal(start[k], state[k])
+    ]
+    assert any("encoder.layer" in k for k in moved)
+
+    loaded = Encoder.load(tmp_path / "run", device="cpu")
+    assert loaded.config.mode == "qnorm"
+    vectors = loaded.embed(["statins heart risk", "wing flow"], "document")
+    assert vectors.dtype == np.float32 and np.isfinite(vectors).all()
+    np.testing.assert_allclose(vectors, enc.embed(["statins heart risk", "wing flow"], "document"))
+
+
+def test_bad_precision_is_refused_by_name(
+    tiny_model_dir: Path, tiny_pairs: list[TrainingPair]
+) -> None:
+    enc = Encoder.load(tiny_model_dir, "qnorm", device="cpu")
+    with pytest.raises(ConfigError, match="unknown precision 'fp16'"):
+        train(enc, tiny_pairs, TrainConfig(precision="fp16"), progress=False)
+    with pytest.raises(ConfigError, match="fp32, bf16"):
+        TrainConfig(precision="BF16").validate()
+
+
+def test_step_records_count_real_and_padded_tokens(
+    tiny_model_dir: Path, tiny_pairs: list[TrainingPair]
+) -> None:
+    enc = Encoder.load(tiny_model_dir, "qnorm", device="cpu")
+    log = train(enc, tiny_pairs, TrainConfig(epochs=1, batch_size=3, seed=0), progress=False).log
+    steps = log["steps"]
+    assert len(steps) == 2  # 6 pairs in batches of 3: every pair exactly once
+    real = sum(enc.token_lengths([p.query for p in tiny_pairs], "query")) + sum(
+        enc.token_lengths([p.positive for p in tiny_pairs], "document")
+    )
+    assert sum(s["tokens"] for s in steps) == real
+    assert all(s["padded_tokens"] >= s["tokens"] > 0 for s in steps)
+    assert 0 < steps[0]["elapsed"] < steps[1]["elapsed"] <= log["seconds"]
+
+
+def test_cli_trains_in_bf16(tiny_model_dir: Path, tiny_beir_dir: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from magretrieve.cli import main
+
+    out = tmp_path / "run"
+    args = [
+        "train", "--model", str(tiny_model_dir), "--train", f"{tiny_beir_dir}:train",
+        "--mode", "qnorm", "--out", str(out), "--epochs", "1", "--batch-size", "3",
+        "--lr", "1e-4", "--precision", "bf16", "--json",
+    ]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["steps"] == 2 and math.isfinite(summary["final_loss"])
+    log = json.loads((out / LOG_NAME).read_text())
+    assert log["precision"] == "bf16" and log["config"]["precision"] == "bf16"
+    vectors = Encoder.load(out, device="cpu").embed(["statins heart"], "query")
+    assert np.isfinite(vectors).all()
+
+    default = CliRunner().invoke(main, [*args[:-3], "--json", "--force"])
+    assert default.exit_code == 0, default.output
+    assert json.loads((out / LOG_NAME).read_text())["precision"] == "fp32"  # the default
+
+    bad = CliRunner().invoke(main, [*args[:-2], "fp16"])
+    assert bad.exit_code == 2 and "fp16" in bad.output  # click names the bad choice

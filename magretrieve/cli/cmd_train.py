@@ -100,6 +100,14 @@ from magretrieve.similarity import MODES
     is_flag=True,
     help="Divide raw vectors by the training corpus's mean document norm (measured first).",
 )
+@click.option(
+    "--precision",
+    type=click.Choice(["fp32", "bf16"]),
+    default="fp32",
+    show_default=True,
+    help="Forward-pass precision. bf16 (autocast; weights and optimizer stay fp32) is about 2x "
+    "faster on CPUs with AMX/avx512_bf16; fp32 is exactly reproducible.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 def train_command(
     model,
@@ -131,6 +139,7 @@ def train_command(
     head_lr,
     freeze_encoder,
     calibrate_scale,
+    precision,
     as_json,
 ):
     """Fine-tune MODEL with InfoNCE under --mode and save it to --out."""
@@ -225,6 +234,7 @@ def train_command(
         max_steps=max_steps,
         trainable=trainable,
         head_lr=head_lr,
+        precision=precision,
     )
     if freeze_encoder and encoder.norm_head is not None and mode != "learnable":
         # Frozen encoder: encode every text once and train the head on the cached vectors.
