@@ -181,3 +181,75 @@ def choose_beta(
     prior.beta = best[1]
     prior.grid = grid
     return prior
+
+
+def _encode_split(encoder: Any, dataset: Any, progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Unit query vectors (judged queries, in qrels order) and unit document vectors."""
+    doc_ids = list(dataset.corpus)
+    docs = encoder.encode_documents(
+        [dataset.corpus[i].full_text for i in doc_ids],
+        progress=f"{dataset.name}: corpus" if progress else False,
+    )
+    qids = [q for q in dataset.queries if q in dataset.qrels]
+    queries = encoder.encode_queries(
+        [dataset.queries[q] for q in qids],
+        progress=f"{dataset.name}: queries" if progress else False,
+    )
+    return unit(queries), unit(docs)
+
+
+def check_cosine_model(encoder: Any, source: str) -> None:
+    """The prior multiplies *unit* document vectors: refuse models that keep a magnitude."""
+    sim = getattr(encoder, "similarity", None)
+    if sim is not None and (sim.gamma_q, sim.gamma_d) != (1.0, 1.0):
+        raise ConfigError(
+            f"{source}: the corpus prior goes on top of a cosine model (γq = γd = 1); this model "
+            f"scores with mode {sim.mode!r} (γq {sim.gamma_q:g}, γd {sim.gamma_d:g}), whose "
+            "document magnitude would be overwritten"
+        )
+
+
+def fit_prior(
+    encoder: Any,
+    dataset: Any,
+    *,
+    betas: Sequence[float] = DEFAULT_BETAS,
+    k: int = DEFAULT_K,
+    progress: bool = True,
+) -> CorpusPrior:
+    """Encode a *training* split (BEIR) with a cosine model and choose β on its judged queries.
+
+    The JSON of the returned prior (:meth:`CorpusPrior.to_dict`) is what ``magretrieve
+    rescale --prior-file`` applies to a store built with the same model.
+    """
+    check_cosine_model(encoder, "corpus prior")
+    if not dataset.qrels:
+        raise DataError(f"{dataset.name}:{dataset.split}: no judged queries to choose β on")
+    q, d = _encode_split(encoder, dataset, progress)
+    qids = [x for x in dataset.queries if x in dataset.qrels]
+    return choose_beta(
+        q,
+        d,
+        qids,
+        list(dataset.corpus),
+        dataset.qrels,
+        betas=betas,
+        k=k,
+        chosen_on=f"{dataset.name}:{dataset.split}",
+    )
+
+
+def score_with_prior(
+    encoder: Any, dataset: Any, prior: CorpusPrior, *, progress: bool = True
+) -> tuple[float, float]:
+    """NDCG@10 on ``dataset`` of cosine and of cosine × prior (hub statistics refitted on it)."""
+    check_cosine_model(encoder, "corpus prior")
+    q, d = _encode_split(encoder, dataset, progress)
+    qids = [x for x in dataset.queries if x in dataset.qrels]
+    doc_ids = list(dataset.corpus)
+    fitted = CorpusPrior(beta=prior.beta, k=prior.k)
+    stored = apply_magnitudes(d, fitted.magnitudes(fitted.fit_statistics(d)))
+    return (
+        _ndcg(q, d, qids, doc_ids, dataset.qrels),
+        _ndcg(q, stored, qids, doc_ids, dataset.qrels),
+    )

@@ -82,3 +82,66 @@ def test_prior_dict_round_trip_and_errors() -> None:
         CorpusPrior.from_dict({"beta": "x"})
     with pytest.raises(ConfigError, match="std"):
         CorpusPrior.from_dict({"beta": 0.1, "std": 0})
+
+
+def test_fit_prior_cli_writes_what_rescale_reads(tiny_model_dir, tiny_beir_dir, tmp_path) -> None:
+    """β comes from training queries; its β = 0 score is exactly cosine's NDCG@10 there."""
+    import json
+
+    from click.testing import CliRunner
+
+    from magretrieve.cli import main
+    from magretrieve.data import load_beir
+    from magretrieve.encoder import Encoder
+    from magretrieve.evaluate import evaluate_retrieval
+
+    out = tmp_path / "prior.json"
+    res = CliRunner().invoke(
+        main,
+        [
+            "fit-prior",
+            "--model",
+            str(tiny_model_dir),
+            "--data",
+            f"{tiny_beir_dir}:train",
+            "--eval",
+            f"{tiny_beir_dir}:test",
+            "--betas",
+            "0,0.1,0.5",
+            "--k",
+            "3",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output[res.output.index("{") :])
+    prior = CorpusPrior.from_dict(json.loads(out.read_text()), source=str(out))
+    assert prior.k == 3 and prior.chosen_on.endswith(":train")
+    assert set(prior.grid) == {"0", "0.1", "0.5"}
+    assert prior.grid[f"{prior.beta:g}"] == max(prior.grid.values())
+    encoder = Encoder.load(tiny_model_dir, "cosine")
+    train = evaluate_retrieval(encoder, load_beir(f"{tiny_beir_dir}:train"), progress=False)
+    test = evaluate_retrieval(encoder, load_beir(f"{tiny_beir_dir}:test"), progress=False)
+    assert prior.grid["0"] == pytest.approx(train.ndcg_at_10, abs=1e-6)
+    (evaluation,) = report["evaluations"]
+    assert evaluation["cosine"] == pytest.approx(test.ndcg_at_10, abs=1e-6)
+
+
+def test_fit_prior_refuses_a_magnitude_model_and_bad_betas(
+    tiny_model_dir, tiny_beir_dir, tmp_path
+) -> None:
+    from click.testing import CliRunner
+
+    from magretrieve.cli import main
+    from magretrieve.encoder import Encoder
+
+    run = Encoder.load(tiny_model_dir, "qnorm").save(tmp_path / "qnorm-run")
+    out = tmp_path / "prior.json"
+    base = ["fit-prior", "--data", f"{tiny_beir_dir}:train", "--out", str(out)]
+    res = CliRunner().invoke(main, [*base, "--model", str(run)])
+    assert res.exit_code == 1 and "qnorm" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(main, [*base, "--model", str(tiny_model_dir), "--betas", "0,x"])
+    assert res.exit_code == 1 and "--betas" in res.output
+    assert not out.exists()  # nothing written on refusal
