@@ -75,6 +75,12 @@ def default_configs() -> dict[str, BenchConfig]:
             calibrate=True,
             describe="qnorm, raw vectors ÷ mean training-corpus norm",
         ),
+        "cosine-bf16": BenchConfig(
+            "cosine-bf16",
+            "cosine",
+            train_kwargs={"precision": "bf16"},
+            describe="cosine, bf16 autocast training (fp32 evaluation)",
+        ),
         "head-joint": BenchConfig(
             "head-joint",
             "qnorm",
