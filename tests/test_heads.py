@@ -238,6 +238,14 @@ def test_train_cli_head_flags(tiny_model_dir: Path, tiny_beir_dir: Path, tmp_pat
     run = Encoder.load(out, device="cpu")
     assert all(torch.equal(v, run.transformer.state_dict()[k]) for k, v in base.items())
     assert run.norm_head.out.weight.abs().sum() > 0
+    # the frozen path trains on cached fp32 vectors: bf16 is said to have no effect
+    res = CliRunner().invoke(
+        main,
+        [*args[:-4], "--out", str(tmp_path / "bf16"), "--norm-head", "linear"]
+        + ["--freeze-encoder", "--precision", "bf16"],
+    )
+    assert res.exit_code == 0, res.output
+    assert "--precision bf16 has no effect with --freeze-encoder" in res.output
     # refusals are one-line errors
     res = CliRunner().invoke(main, [*args[:-4], "--out", str(tmp_path / "x"), "--freeze-encoder"])
     assert res.exit_code == 1 and "nothing to train" in res.output

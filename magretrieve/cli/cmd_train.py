@@ -238,6 +238,12 @@ def train_command(
     )
     if freeze_encoder and encoder.norm_head is not None and mode != "learnable":
         # Frozen encoder: encode every text once and train the head on the cached vectors.
+        if precision != "fp32":
+            click.echo(
+                f"warning: --precision {precision} has no effect with --freeze-encoder (the head "
+                "trains on cached float32 vectors)",
+                err=True,
+            )
         import json
         import time
 
