@@ -5,8 +5,10 @@
 3. fine-tune briefly on scifact train in the recommended mode
 4. export the query and document graphs (ONNX, int8 by default for a 2-core machine)
 5. index the scifact corpus into an embedded vector store (no server)
-6. search, showing how each score splits into ‖q‖ · ‖d‖ · cos θ
-7. NDCG@10 of the fine-tuned model *through the store* vs the zero-shot baseline
+6. add the corpus prior diagnose recommends for this encoder: β chosen on the *training*
+   queries against the stored vectors, then a rescaled copy of the store (no re-encoding)
+7. search, showing how each score splits into ‖q‖ · ‖d‖ · cos θ
+8. NDCG@10 *through the stores* (fine-tuned, fine-tuned + prior) vs the zero-shot baseline
 
     python examples/quickstart.py --data ../shared/data --work quickstart-out
 
@@ -52,11 +54,13 @@ def main() -> None:
     import torch
 
     from magretrieve import Retriever, load_beir, load_training_data
+    from magretrieve.corpus_prior import choose_beta
     from magretrieve.diagnose.report import recommend
     from magretrieve.encoder import Encoder
     from magretrieve.evaluate import evaluate_retrieval
     from magretrieve.export import export_model
     from magretrieve.metrics import retrieval_metrics
+    from magretrieve.rescale import rescale_store
     from magretrieve.runtime import OnnxEncoder
     from magretrieve.trainer import TrainConfig, train
 
@@ -106,35 +110,73 @@ def main() -> None:
     print(f"exported to {export_dir}  ({time.perf_counter() - t:.0f}s)")
 
     t = step(5, f"index {len(test.corpus)} scifact documents into an embedded {args.store} store")
-    spec = {
-        "qdrant-edge": f"qdrant-edge:{work / 'index'}",
-        "faiss": f"faiss:{work / 'index'}",
-        "qdrant-local": f"qdrant-local:{work / 'index'}/scifact",
-    }[args.store]
+
+    def store_spec(name: str) -> str:
+        return {
+            "qdrant-edge": f"qdrant-edge:{work / name}",
+            "faiss": f"faiss:{work / name}",
+            "qdrant-local": f"qdrant-local:{work / name}/scifact",
+        }[args.store]
+
+    spec = store_spec("index")
     retriever = Retriever.load(export_dir, store=spec, threads=2)
     retriever.add_documents(test.corpus.values())
     retriever.persist()
     print(f"{retriever.store.count()} documents stored  ({time.perf_counter() - t:.0f}s)")
 
-    step(6, "search, with each score split into ‖q‖ · ‖d‖ · cos θ")
+    prior_spec = None
+    if advice.magnitude == "corpus_prior" and mode == "cosine":
+        t = step(6, "corpus prior: β on scifact *train* queries, stored vectors, no re-encoding")
+        train_set = load_beir(f"{data}:train")
+        doc_ids = [str(i) for i in retriever.store.iter_ids()]
+        qids_train = [q for q in train_set.queries if q in train_set.qrels]
+        prior = choose_beta(
+            retriever.encoder.encode_queries([train_set.queries[q] for q in qids_train]),
+            retriever.store.get_vectors(doc_ids),
+            qids_train,
+            doc_ids,
+            train_set.qrels,
+            chosen_on="scifact:train",
+        )
+        grid = ", ".join(f"{b}: {v:.4f}" for b, v in prior.grid.items())
+        print(f"β = {prior.beta:g} (training-query NDCG@10 by β: {grid})")
+        retriever.close()
+        prior_spec = store_spec("index-prior")
+        rescale_store(spec, prior_spec, prior=prior, progress=True)
+        retriever = Retriever.load(export_dir, store=spec, threads=2)
+        print(f"rescaled copy: {prior_spec}  ({time.perf_counter() - t:.0f}s)")
+    else:
+        step(6, f"corpus prior: skipped ({mode} is not the recommended cosine + prior)")
+
+    step(7, "search, with each score split into ‖q‖ · ‖d‖ · cos θ")
+    searcher = Retriever.load(export_dir, store=prior_spec, threads=2) if prior_spec else retriever
     for query in ["statins reduce mortality", "vitamin D deficiency and bone fractures"]:
         print(f"\nquery: {query}")
         print(f"  {'score':>7} {'‖q‖':>6} {'‖d‖':>6} {'cos':>6}  title")
-        for hit in retriever.search(query, k=3):
+        for hit in searcher.search(query, k=3):
             print(
                 f"  {hit.score:7.3f} {hit.query_norm:6.3f} {hit.doc_norm:6.3f} {hit.cosine:6.3f}  {hit.title[:60]}"
             )
 
-    step(7, "NDCG@10 on scifact test: fine-tuned (searched through the store) vs zero-shot")
+    step(8, "NDCG@10 on scifact test, searched through the stores, vs zero-shot")
     qids = list(test.queries)
-    hits = retriever.search_batch([test.queries[q] for q in qids], k=100)
-    run = {q: {h.id: float(h.score) for h in hs} for q, hs in zip(qids, hits, strict=True)}
-    tuned = retrieval_metrics(test.qrels, run)["ndcg@10"]
+    queries = [test.queries[q] for q in qids]
+
+    def ndcg(searcher: Retriever) -> float:
+        hits = searcher.search_batch(queries, k=100)
+        run = {q: {h.id: float(h.score) for h in hs} for q, hs in zip(qids, hits, strict=True)}
+        return retrieval_metrics(test.qrels, run)["ndcg@10"]
+
+    rows = [("zero-shot cosine", zero_shot.ndcg_at_10)]
+    rows.append((f"fine-tuned {mode}, {result.log['total_steps']} steps", ndcg(retriever)))
+    if prior_spec:
+        rows.append((f"  + corpus prior (β {prior.beta:g})", ndcg(searcher)))
+        searcher.close()
     retriever.close()
     print(f"\n  {'model':<34} NDCG@10")
-    tuned_label = f"fine-tuned {mode}, {result.log['total_steps']} steps"
-    print(f"  {'zero-shot cosine':<34} {zero_shot.ndcg_at_10:.4f}")
-    print(f"  {tuned_label:<34} {tuned:.4f}  ({100 * (tuned / zero_shot.ndcg_at_10 - 1):+.1f}%)")
+    for label, value in rows:
+        change = "" if label.startswith("zero") else f"  ({100 * (value / rows[0][1] - 1):+.1f}%)"
+        print(f"  {label:<34} {value:.4f}{change}")
     print(
         f"\n(documents cut at {args.max_doc_length} tokens for both; graphs {quantize or 'fp32'}; "
         f"total {time.perf_counter() - started:.0f}s)"

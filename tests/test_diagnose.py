@@ -14,7 +14,7 @@ from magretrieve import similarity
 from magretrieve.data import RetrievalDataset, SentencePair, load_beir
 from magretrieve.diagnose.cache import EmbeddingCache
 from magretrieve.diagnose.magnitude import magnitude_signal, norm_length_correlation
-from magretrieve.diagnose.report import recommend
+from magretrieve.diagnose.report import recommend, verdict_text
 from magretrieve.diagnose.side import (
     DELTA_CV_THRESHOLD,
     CountSketch,
@@ -148,6 +148,16 @@ def test_recommend_names_normalize_stage_and_minilm_losses() -> None:
     rec = recommend({"removed_normalize": True, "cohens_d": 0.1})
     assert rec.mode == "cosine"
     assert "Normalize" in rec.reasons[0] and "0.16 on cranfield" in rec.reasons[0]
+    # the magnitude that is not worse than fine-tuned cosine, with the commands to apply it
+    assert rec.magnitude == "corpus_prior" and "corpus prior" in rec.reasons[1]
+    assert [c.split()[1] for c in rec.next_steps] == ["train", "fit-prior", "rescale"]
+    text = verdict_text({"recommendation": rec.to_dict()})
+    assert text.startswith("recommended: cosine + corpus prior\n")
+    assert "  $ magretrieve fit-prior" in text
+    # an encoder not pretrained through Normalize gets a side and no prior
+    plain = recommend({"delta_cv": 1.3})
+    assert plain.magnitude == "" and plain.next_steps == []
+    assert verdict_text({"recommendation": plain.to_dict()}).splitlines()[0] == "recommended: qnorm"
 
 
 def test_predict_from_delta_cv() -> None:

@@ -8,12 +8,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart.py"
 
 
+@pytest.mark.parametrize(
+    ("model_fixture", "mode", "prior"),
+    [
+        ("tiny_model_dir", "qnorm", False),  # plain folder: the side predictor's default
+        ("tiny_st_dir", "cosine", True),  # ends in Normalize: cosine + the corpus prior
+    ],
+)
 def test_quickstart_runs_every_step(
-    tiny_model_dir: Path, tiny_beir_dir: Path, tmp_path: Path
+    model_fixture: str,
+    mode: str,
+    prior: bool,
+    tiny_beir_dir: Path,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
+    tiny_model_dir = request.getfixturevalue(model_fixture)
     data = tmp_path / "data"
     shutil.copytree(tiny_beir_dir, data / "scifact")
     proc = subprocess.run(
@@ -37,17 +52,26 @@ def test_quickstart_runs_every_step(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    for n in range(1, 8):
+    for n in range(1, 9):
         assert f"=== {n}." in out
+    assert f"recommended: {mode}" in out
     assert "12 documents stored" in out
-    # the final table compares two measured NDCG@10 values
-    zero, tuned = (
+    # the final table compares measured NDCG@10 values: zero-shot, fine-tuned (+ prior)
+    values = [
         float(x)
         for x in re.findall(
-            r"^\s+(?:zero-shot cosine|fine-tuned \w+, 2 steps)\s+([01]\.\d{4})", out, re.M
+            rf"^\s+(?:zero-shot cosine|fine-tuned {mode}, 2 steps|\+ corpus prior \(β [\d.]+\))"
+            r"\s+([01]\.\d{4})",
+            out,
+            re.M,
         )
-    )
-    assert 0.0 <= zero <= 1.0 and 0.0 <= tuned <= 1.0
+    ]
+    assert len(values) == (3 if prior else 2), out[-2000:]
+    assert all(0.0 <= v <= 1.0 for v in values)
+    assert ("rescaled copy:" in out) == prior
+    if prior:  # β was chosen on training queries; 0 (cosine) is always a candidate
+        assert re.search(r"β = [\d.]+ \(training-query NDCG@10 by β: 0: ", out)
+        assert (tmp_path / "out" / "index-prior").is_dir()
     # score decomposition rows: score == ‖q‖·‖d‖·cos (to the printed precision)
     rows = re.findall(
         r"^\s+(-?\d+\.\d{3})\s+(\d+\.\d{3})\s+(\d+\.\d{3})\s+(-?\d+\.\d{3})\s", out, re.M
