@@ -298,7 +298,9 @@ def markdown(
         + ", ".join(f"{k} {v}" for k, v in settings.items())
         + ". Each model is scored with its own similarity (exact search). ± is half the range over seeds;"
         " Δ is relative to our fine-tuned cosine; Cohen's d is of raw document norms, relevant vs"
-        " non-relevant among each query's top-100.",
+        " non-relevant among each query's top-100. Train steps/s is each run's own wall clock;"
+        " runs made at different times shared the CPU with different jobs, so compare speed in"
+        " train_speed.md (interleaved, same run), not in this column.",
         "",
     ]
     header = ["configuration", "seeds"]
