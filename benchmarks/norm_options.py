@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -366,6 +367,7 @@ def main(
     add_external(results, add, quality, tests)
 
     results["seconds"] = time.perf_counter() - started
+    results["command"] = "python " + " ".join(sys.argv)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=float) + "\n")
     out.write_text(render(results, tests))
@@ -380,6 +382,8 @@ def render(results: dict[str, Any], tests: list[Split]) -> str:
         "them). NDCG@10, mean ± std over seeds where there are several; Cohen's d of the stored",
         "document norms (relevant vs non-relevant in each query's top-100) after training.",
         "Hyperparameters chosen on scifact train only (validation split / training queries).",
+        "",
+        f"Command: `{results.get('command', '')}`",
         "",
         "| option | seeds | scifact test | cranfield | Cohen's d scifact | Cohen's d cranfield |",
         "|---|---|---|---|---|---|",
