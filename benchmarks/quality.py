@@ -50,6 +50,10 @@ class BenchConfig:
     describe: str = ""
     #: Divide raw vectors by the training corpus's mean document norm before training.
     calibrate: bool = False
+    #: Take the trained model of this configuration (same seed) instead of training again.
+    reuse: str = ""
+    #: Score with the corpus prior on top (β chosen on the training queries).
+    prior: bool = False
 
 
 def default_configs() -> dict[str, BenchConfig]:
@@ -80,6 +84,13 @@ def default_configs() -> dict[str, BenchConfig]:
             "cosine",
             train_kwargs={"precision": "bf16"},
             describe="cosine, bf16 autocast training (fp32 evaluation)",
+        ),
+        "cosine+prior": BenchConfig(
+            "cosine+prior",
+            "cosine",
+            reuse="cosine",
+            prior=True,
+            describe="fine-tuned cosine + corpus prior, β on training queries",
         ),
         "head-joint": BenchConfig(
             "head-joint",
@@ -134,6 +145,21 @@ def memoize_embeddings(encoder: Any, cache_dir: Path, tag: str) -> None:
     encoder.embed = embed
 
 
+def train_summary(log: dict[str, Any], encoder: Any) -> dict[str, Any]:
+    """The part of a train log the benchmark keeps."""
+    return {
+        "steps": log["total_steps"],
+        "seconds": log["seconds"],
+        "steps_per_second": log["steps_per_second"],
+        "first_loss": log["steps"][0]["loss"],
+        "first_grad_norm": log["steps"][0]["grad_norm"],
+        "final_loss": log["steps"][-1]["loss"],
+        "norm_scale": encoder.config.norm_scale,
+        "gamma_q": log["final_gamma_q"],
+        "gamma_d": log["final_gamma_d"],
+    }
+
+
 def run_ours(
     cfg: BenchConfig,
     model: str,
@@ -142,42 +168,45 @@ def run_ours(
     settings: dict[str, Any],
     run_dir: Path,
     evals: list[Any],
-    train_documents: list[str] | None = None,
+    train_dataset: Any = None,
 ) -> dict[str, Any]:
     from magretrieve.encoder import Encoder
     from magretrieve.trainer import TrainConfig, train
 
-    encoder = Encoder.load(model, cfg.mode, **cfg.encoder_kwargs)
-    if cfg.calibrate:
-        from magretrieve.calibration import calibrate
-
-        if not train_documents:
-            raise click.UsageError(f"{cfg.name} needs a BEIR training set (its corpus gives c)")
-        calibrate(encoder, train_documents, progress=True)
-    if not cfg.train:  # the starting weights: one encoding serves every zero-shot mode
-        memoize_embeddings(encoder, run_dir.parent.parent / "embeddings", "zero-shot")
     record: dict[str, Any] = {
         "config": cfg.name,
         "mode": cfg.mode,
         "seed": seed,
         "describe": cfg.describe,
     }
-    if cfg.train:
-        tc = TrainConfig(seed=seed, **settings, **cfg.train_kwargs)
-        result = train(encoder, pairs, tc, out_dir=run_dir)
-        log = result.log
-        record["train"] = {
-            "steps": log["total_steps"],
-            "seconds": log["seconds"],
-            "steps_per_second": log["steps_per_second"],
-            "first_loss": log["steps"][0]["loss"],
-            "first_grad_norm": log["steps"][0]["grad_norm"],
-            "final_loss": log["steps"][-1]["loss"],
-            "norm_scale": encoder.config.norm_scale,
-            "gamma_q": log["final_gamma_q"],
-            "gamma_d": log["final_gamma_d"],
-        }
-    record["eval"] = evaluate_all(encoder, evals)
+    if (cfg.calibrate or cfg.prior) and train_dataset is None:
+        raise click.UsageError(f"{cfg.name} needs a BEIR training set (DIR:split)")
+    reused = run_dir.parent / f"{cfg.reuse}-s{seed}" if cfg.reuse else None
+    if reused is not None and (reused / "train_log.json").is_file():
+        encoder = Encoder.load(reused)  # that configuration's trained model, as saved
+        log = json.loads((reused / "train_log.json").read_text())
+        record["train"] = {**train_summary(log, encoder), "reused": str(reused)}
+        memoize_embeddings(encoder, run_dir.parent.parent / "embeddings", reused.name)
+    else:
+        encoder = Encoder.load(model, cfg.mode, **cfg.encoder_kwargs)
+        if cfg.calibrate:
+            from magretrieve.calibration import calibrate
+
+            calibrate(encoder, [d.full_text for d in train_dataset.corpus.values()], progress=True)
+        if not cfg.train:  # the starting weights: one encoding serves every zero-shot mode
+            memoize_embeddings(encoder, run_dir.parent.parent / "embeddings", "zero-shot")
+        if cfg.train:
+            tc = TrainConfig(seed=seed, **settings, **cfg.train_kwargs)
+            result = train(encoder, pairs, tc, out_dir=run_dir)
+            record["train"] = train_summary(result.log, encoder)
+    scorer = encoder
+    if cfg.prior:
+        from magretrieve.corpus_prior import WithCorpusPrior, fit_prior
+
+        prior = fit_prior(encoder, train_dataset)
+        record["prior"] = prior.to_dict()
+        scorer = WithCorpusPrior(encoder, prior)
+    record["eval"] = evaluate_all(scorer, evals)
     return record
 
 
@@ -447,11 +476,9 @@ def main(
         settings["max_steps"] = max_steps
     pairs = load_training_data(train_spec)
     evals = [load_beir(s) for s in eval_specs]
-    train_documents = None
-    if any(registry[c].calibrate for c in chosen):
-        train_documents = [
-            d.full_text for d in load_beir(train_spec, default_split="train").corpus.values()
-        ]
+    train_dataset = None
+    if any(registry[c].calibrate or registry[c].prior for c in chosen):
+        train_dataset = load_beir(train_spec, default_split="train")
     records = []
     # Untrained configurations do not depend on the seed: run them once.
     jobs = [
@@ -476,9 +503,7 @@ def main(
             if cfg.peer:
                 record = run_peer(cfg, model, pairs, seed, settings, run_dir, evals)
             else:
-                record = run_ours(
-                    cfg, model, pairs, seed, settings, run_dir, evals, train_documents
-                )
+                record = run_ours(cfg, model, pairs, seed, settings, run_dir, evals, train_dataset)
         record["seed"] = seed if (cfg.train or cfg.peer) else None
         record["settings"] = {**settings, **cfg.encoder_kwargs}
         result_path.write_text(json.dumps(record, indent=1) + "\n")

@@ -253,3 +253,34 @@ def score_with_prior(
         _ndcg(q, d, qids, doc_ids, dataset.qrels),
         _ndcg(q, stored, qids, doc_ids, dataset.qrels),
     )
+
+
+class WithCorpusPrior:
+    """A cosine encoder whose document vectors carry the corpus prior ``d̂·exp(−β·z)``.
+
+    For evaluation (``evaluate_retrieval``) and anything else that encodes a whole corpus in
+    one call: the hub statistics are refitted on each ``encode_documents`` call, i.e. on the
+    corpus being encoded, exactly as ``magretrieve rescale`` does on a store. Scores are
+    ``q̂·d̂·m(d)`` — qnorm's contract (γq = 1, γd = 0), which is what :attr:`similarity` says.
+    """
+
+    def __init__(self, encoder: Any, prior: CorpusPrior) -> None:
+        from magretrieve.similarity import resolve
+
+        check_cosine_model(encoder, "corpus prior")
+        prior.validate()
+        self.encoder = encoder
+        self.prior = prior
+        self.similarity = resolve("qnorm")
+
+    def encode_queries(
+        self, texts: Sequence[str], batch_size: int = 64, progress: bool | str = False
+    ) -> np.ndarray:
+        return unit(self.encoder.encode_queries(texts, batch_size=batch_size, progress=progress))
+
+    def encode_documents(
+        self, texts: Sequence[str], batch_size: int = 64, progress: bool | str = False
+    ) -> np.ndarray:
+        docs = unit(self.encoder.encode_documents(texts, batch_size=batch_size, progress=progress))
+        fitted = CorpusPrior(beta=self.prior.beta, k=self.prior.k)
+        return apply_magnitudes(docs, fitted.magnitudes(fitted.fit_statistics(docs)))

@@ -145,3 +145,36 @@ def test_fit_prior_refuses_a_magnitude_model_and_bad_betas(
     res = CliRunner().invoke(main, [*base, "--model", str(tiny_model_dir), "--betas", "0,x"])
     assert res.exit_code == 1 and "--betas" in res.output
     assert not out.exists()  # nothing written on refusal
+
+
+def test_with_corpus_prior_scores_cos_times_magnitude(tiny_model_dir, tiny_beir_dir) -> None:
+    """β = 0 evaluates exactly as cosine; β > 0 stores d̂·exp(−β·z) with z fitted on the corpus."""
+    from magretrieve.corpus_prior import WithCorpusPrior, score_with_prior
+    from magretrieve.data import load_beir
+    from magretrieve.encoder import Encoder
+    from magretrieve.evaluate import evaluate_retrieval
+
+    encoder = Encoder.load(tiny_model_dir, "cosine")
+    data = load_beir(f"{tiny_beir_dir}:test")
+    texts = [d.full_text for d in data.corpus.values()]
+    cosine = evaluate_retrieval(encoder, data, progress=False)
+    flat = evaluate_retrieval(
+        WithCorpusPrior(encoder, CorpusPrior(beta=0.0, k=3)), data, progress=False
+    )
+    assert flat.ndcg_at_10 == pytest.approx(cosine.ndcg_at_10, abs=1e-9)
+
+    wrapped = WithCorpusPrior(encoder, CorpusPrior(beta=0.5, k=3))
+    assert (wrapped.similarity.gamma_q, wrapped.similarity.gamma_d) == (1.0, 0.0)
+    stored = wrapped.encode_documents(texts)
+    d = unit(encoder.encode_documents(texts))
+    h = hub_scores(d, 3)
+    expected = np.exp(-0.5 * (h - h.mean()) / h.std())
+    np.testing.assert_allclose(np.linalg.norm(stored, axis=1), expected, rtol=1e-5)
+    np.testing.assert_allclose(stored / expected[:, None], d, rtol=1e-5, atol=1e-6)
+    # the evaluation through the wrapper is what fit-prior --eval reports
+    with_prior = evaluate_retrieval(wrapped, data, progress=False)
+    assert score_with_prior(encoder, data, wrapped.prior, progress=False) == pytest.approx(
+        (cosine.ndcg_at_10, with_prior.ndcg_at_10), abs=1e-9
+    )
+    with pytest.raises(ConfigError, match="qnorm"):
+        WithCorpusPrior(Encoder.load(tiny_model_dir, "qnorm"), CorpusPrior(beta=0.1))

@@ -130,3 +130,45 @@ def test_markdown_handles_a_zero_baseline_and_missing_cohens_d(quality) -> None:
     cosine_row, qnorm_row = table.strip().splitlines()[-2:]
     assert "0.0000 ± 0.0000" in cosine_row and "| – |" in cosine_row  # no Cohen's d
     assert "0.2500 ± 0.0000" in qnorm_row and "+0.40" in qnorm_row
+
+
+def test_cosine_plus_prior_reuses_the_cosine_run(
+    quality, tiny_model_dir: Path, tiny_beir_dir: Path, tmp_path: Path
+) -> None:
+    """cosine+prior scores the trained cosine model of the same seed (no second training)
+    with the corpus prior whose β was chosen on the training queries."""
+    from magretrieve.corpus_prior import CorpusPrior, WithCorpusPrior
+    from magretrieve.data import load_beir
+    from magretrieve.encoder import Encoder
+    from magretrieve.evaluate import evaluate_retrieval
+
+    args = [
+        "--model", str(tiny_model_dir),
+        "--train", f"{tiny_beir_dir}:train",
+        "--eval", f"{tiny_beir_dir}:test",
+        "--configs", "cosine,cosine+prior",
+        "--seeds", "1",
+        "--epochs", "1",
+        "--batch-size", "3",
+        "--work", str(tmp_path / "work"),
+        "--out", str(tmp_path / "out"),
+    ]  # fmt: skip
+    result = CliRunner().invoke(quality.main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    results = tmp_path / "work" / "results"
+    cosine = json.loads((results / "cosine-s1.json").read_text())
+    record = json.loads((results / "cosine+prior-s1.json").read_text())
+    assert record["train"]["reused"].endswith("cosine-s1")
+    assert record["train"]["steps"] == cosine["train"]["steps"]
+    assert not (tmp_path / "work" / "runs" / "cosine+prior-s1").exists()  # nothing trained
+    prior = CorpusPrior.from_dict(record["prior"])
+    assert prior.chosen_on.endswith(":train") and "0" in prior.grid
+    encoder = Encoder.load(tmp_path / "work" / "runs" / "cosine-s1")
+    data = load_beir(f"{tiny_beir_dir}:test")
+    expected = evaluate_retrieval(WithCorpusPrior(encoder, prior), data, progress=False)
+    (key,) = record["eval"]
+    assert record["eval"][key]["ndcg_at_10"] == pytest.approx(expected.ndcg_at_10, abs=1e-9)
+    assert (
+        "cosine+prior (fine-tuned cosine + corpus prior"
+        in (tmp_path / "out" / "quality.md").read_text()
+    )
