@@ -8,29 +8,22 @@ at each of its writes, which random kills hit only rarely.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_benchmark
 from test_bad_input import tiny_export_dir
 
 from magretrieve.adapters import faiss_store, open_store
 from magretrieve.errors import StoreError
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "crash_safety.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_crash_safety", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("crash_safety")
 
 
 @pytest.fixture(scope="module")

@@ -4,28 +4,21 @@ result for N = 0, and resumes from its cache."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import load_benchmark
 
 from magretrieve.data import Document, RetrievalDataset
 from magretrieve.errors import ConfigError
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "data_size.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_data_size", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("data_size")
 
 
 def _doc(doc_id: str, topic: str) -> Document:

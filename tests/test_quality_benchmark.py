@@ -4,26 +4,19 @@ the per-run results it cached, and resume from that cache without training again
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "quality.py"
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def quality():
-    spec = importlib.util.spec_from_file_location("bench_quality", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("quality")
 
 
 @pytest.fixture(scope="module")

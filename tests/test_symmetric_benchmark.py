@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 from click.testing import CliRunner
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "symmetric.py"
+from conftest import load_benchmark
 
 
 def _load_main():
-    spec = importlib.util.spec_from_file_location("symmetric_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return load_benchmark("symmetric").main
 
 
 def _write_sts(folder: Path) -> None:

@@ -4,30 +4,24 @@ are exact. No timing is asserted (only that rates are positive numbers)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import load_benchmark
 
 from magretrieve.data import load_training_data
 from magretrieve.encoder import Encoder
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "train_speed.py"
 LABELS = ["ours fp32", "sentence-transformers fp32", "ours bf16", "sentence-transformers bf16"]
 KEYS = ["ours-fp32", "st-fp32", "ours-bf16", "st-bf16"]
 
 
 @pytest.fixture(scope="module")
 def speed():
-    spec = importlib.util.spec_from_file_location("bench_train_speed", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("train_speed")
 
 
 @pytest.fixture(scope="module")
