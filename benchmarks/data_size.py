@@ -38,7 +38,7 @@ import click
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quality import MODES, BenchConfig, cpu_lock, run_ours  # noqa: E402
+from quality import MODES, BenchConfig, cpu_lock, run_ours, train_settings  # noqa: E402
 
 from magretrieve.data import (  # noqa: E402
     Document,
@@ -328,22 +328,6 @@ def reusable(
     return record, ""
 
 
-def _settings(
-    epochs: int, batch_size: int, lr: float, scale: float, max_steps: int | None
-) -> dict[str, Any]:
-    """Training settings in the quality benchmark's shape (so N = 0 results can be matched)."""
-    settings: dict[str, Any] = {
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "lr": lr,
-        "scale": scale,
-        "warmup_ratio": 0.1,
-    }
-    if max_steps:
-        settings["max_steps"] = max_steps
-    return settings
-
-
 def _ints(text: str, what: str) -> list[int]:
     try:
         return [int(s) for s in text.split(",") if s.strip()]
@@ -482,7 +466,7 @@ def main(
                     record, why = reusable(
                         reuse / f"{mode}-s{seed}.json",
                         {
-                            **_settings(epochs, batch_size, lr, scale, max_steps),
+                            **train_settings(epochs, batch_size, lr, scale, max_steps),
                             "max_document_length": max_doc_length,
                         },
                         steps[(0, seed)],
@@ -495,7 +479,7 @@ def main(
                     )
         return
 
-    settings = _settings(epochs, batch_size, lr, scale, max_steps)
+    settings = train_settings(epochs, batch_size, lr, scale, max_steps)
     run_settings = {**settings, "max_document_length": max_doc_length}
     (work / "results").mkdir(parents=True, exist_ok=True)
     (work / "runs").mkdir(parents=True, exist_ok=True)

@@ -145,6 +145,23 @@ def memoize_embeddings(encoder: Any, cache_dir: Path, tag: str) -> None:
     encoder.embed = embed
 
 
+def train_settings(
+    epochs: int, batch_size: int, lr: float, scale: float, max_steps: int | None = None
+) -> dict[str, Any]:
+    """The TrainConfig fields every configuration shares; stored with each cached result, so
+    other benchmarks (data_size.py) can tell whether a cached run was trained the same way."""
+    settings: dict[str, Any] = {
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "lr": lr,
+        "scale": scale,
+        "warmup_ratio": 0.1,
+    }
+    if max_steps:
+        settings["max_steps"] = max_steps
+    return settings
+
+
 def train_summary(log: dict[str, Any], encoder: Any) -> dict[str, Any]:
     """The part of a train log the benchmark keeps."""
     return {
@@ -465,15 +482,7 @@ def main(
     if max_doc_length:  # one document limit for every configuration, training and evaluation alike
         for config in registry.values():
             config.encoder_kwargs["max_document_length"] = max_doc_length
-    settings = {
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "lr": lr,
-        "scale": scale,
-        "warmup_ratio": 0.1,
-    }
-    if max_steps:
-        settings["max_steps"] = max_steps
+    settings = train_settings(epochs, batch_size, lr, scale, max_steps)
     pairs = load_training_data(train_spec)
     evals = [load_beir(s) for s in eval_specs]
     train_dataset = None

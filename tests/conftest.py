@@ -85,19 +85,22 @@ def build_tiny_sentence_transformer(
     return folder
 
 
+#: The six topics of the tiny BEIR set (two documents each).
+TINY_TOPICS = (
+    "statins heart",
+    "cancer cell",
+    "brain protein",
+    "wing flow",
+    "lung smoking",
+    "vitamin dose",
+)
+
+
 def write_tiny_beir(folder: Path) -> Path:
     """A 12-document BEIR folder with train and test qrels."""
     folder.mkdir(parents=True, exist_ok=True)
-    topics = [
-        "statins heart",
-        "cancer cell",
-        "brain protein",
-        "wing flow",
-        "lung smoking",
-        "vitamin dose",
-    ]
     docs, queries, train, test = [], [], [], []
-    for i, topic in enumerate(topics):
+    for i, topic in enumerate(TINY_TOPICS):
         for j in range(2):
             docs.append(
                 {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import load_benchmark
+from conftest import TINY_TOPICS, load_benchmark
 
 from magretrieve.data import Document, RetrievalDataset
 from magretrieve.errors import ConfigError
@@ -111,22 +111,13 @@ def test_summary_differences_are_paired_per_seed(bench) -> None:
 
 # ---------------------------------------------------------------- smoke run on the tiny BERT
 
-EXTRA = [
-    "statins heart",
-    "cancer cell",
-    "brain protein",
-    "wing flow",
-    "lung smoking",
-    "vitamin dose",
-]
-
 
 def _data(tiny_beir_dir: Path, root: Path) -> Path:
     """The tiny BEIR plus six minable documents e0..e5; e4 and e5 are judged by test queries."""
     folder = root / "sci"
     shutil.copytree(tiny_beir_dir, folder)
     with (folder / "corpus.jsonl").open("a") as fh:
-        for i, topic in enumerate(EXTRA):
+        for i, topic in enumerate(TINY_TOPICS):
             fh.write(json.dumps({"_id": f"e{i}", "title": _doc("", topic).title,
                                  "text": _doc("", topic).text}) + "\n")  # fmt: skip
     with (folder / "queries.jsonl").open("a") as fh:
