@@ -1,0 +1,116 @@
+"""What every benchmark shares: where data and caches live, the CPU lock, tables, the command.
+
+Benchmarks are scripts run from the repository root (``python benchmarks/NAME.py ...``); the
+script's folder is on ``sys.path`` by Python's own rule, so ``from _common import ...`` needs no
+path edits. Nothing here holds a path of a particular machine:
+
+- data: ``$MAGRETRIEVE_DATA`` or ``../shared/data`` beside the repository;
+- caches: ``$MAGRETRIEVE_CACHE`` or ``.cache/`` inside the repository (git-ignored);
+- the CPU lock: ``$MAGRETRIEVE_CPU_LOCK`` or ``.cache/cpu.lock`` (heavy jobs on a 2-core machine
+  run one at a time: two torch jobs side by side each run ~10x slower).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shlex
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def data_dir() -> Path:
+    """The BEIR data sets: ``$MAGRETRIEVE_DATA`` or ``../shared/data`` beside the repository."""
+    env = os.environ.get("MAGRETRIEVE_DATA")
+    return Path(env) if env else REPO.parent / "shared" / "data"
+
+
+def cache_dir(name: str = "") -> Path:
+    """A cache folder for one benchmark (created): ``$MAGRETRIEVE_CACHE/name`` or ``.cache/name``."""
+    env = os.environ.get("MAGRETRIEVE_CACHE")
+    root = Path(env) if env else REPO / ".cache"
+    folder = root / name if name else root
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def default_lock() -> Path:
+    """The CPU lock file shared by every heavy job of this checkout (or ``$MAGRETRIEVE_CPU_LOCK``)."""
+    env = os.environ.get("MAGRETRIEVE_CPU_LOCK")
+    return Path(env) if env else cache_dir() / "cpu.lock"
+
+
+@contextlib.contextmanager
+def cpu_lock(path: str | os.PathLike[str] | None = "default") -> Iterator[None]:
+    """Hold an exclusive flock so heavy jobs serialize; ``None``/``""`` disables it."""
+    if not path:
+        yield
+        return
+    lock = default_lock() if path == "default" else Path(path)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def portable_path(value: str | os.PathLike[str]) -> str:
+    """A path as a fresh clone can use it: relative to the repository where it lies inside it or
+    beside it (``../shared/...``); anything else is returned unchanged (a relative path stays)."""
+    text = os.fspath(value)
+    if not os.path.isabs(text):
+        return text
+    path = Path(text).resolve()
+    for base, prefix in ((REPO, ""), (REPO.parent, "..")):
+        try:
+            rel = path.relative_to(base)
+        except ValueError:
+            continue
+        return str(Path(prefix) / rel) if prefix else (str(rel) or ".")
+    return text
+
+
+def _portable_arg(arg: str) -> str:
+    if "=" in arg and arg.startswith("--"):
+        key, _, value = arg.partition("=")
+        return f"{key}={portable_path(value)}"
+    return portable_path(arg)
+
+
+def recorded_command(argv: Sequence[str] | None = None, prefix: str = "python") -> str:
+    """The command that reproduces this run from the repository root of a fresh clone.
+
+    The script becomes ``benchmarks/NAME.py`` and every absolute path argument inside or beside
+    the repository becomes relative; the result is shell-quoted so it runs as printed.
+    """
+    argv = list(sys.argv if argv is None else argv)
+    if not argv:
+        return prefix
+    script, args = argv[0], argv[1:]
+    script = portable_path(os.path.abspath(script)) if script.endswith(".py") else script
+    return shlex.join([*prefix.split(), script, *(_portable_arg(a) for a in args)])
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table (cells converted with ``str``)."""
+    lines = ["| " + " | ".join(map(str, headers)) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def machine_summary() -> str:
+    """One line naming the machine a timing was taken on (cores, CPU model), no hostnames."""
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{os.cpu_count()} cores{', ' + model if model else ''}"
