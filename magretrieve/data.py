@@ -142,23 +142,32 @@ def iter_corpus(path: str | Path, *, allow_empty: bool = False) -> Iterator[tupl
     """
     path = Path(path)
     for lineno, obj in read_jsonl(path):
-        doc_id = _required_str(obj, "_id", path, lineno)
-        text = _required_str(obj, "text", path, lineno, allow_empty=True)
-        title = obj.get("title")
-        if title is None:
-            title = ""
-        if not isinstance(title, str):
-            raise DataError(
-                f"{path}:{lineno}: field 'title' must be a string, got {type(title).__name__}"
-            )
-        if not text.strip() and not title.strip():
-            if not allow_empty:
-                raise DataError(f"{path}:{lineno}: document {doc_id!r} has empty title and text")
-            logger.warning(
-                "%s:%s: document %r has empty title and text (kept)", path, lineno, doc_id
-            )
-        payload = {k: v for k, v in obj.items() if k not in ("_id", "text", "title")}
-        yield lineno, Document(doc_id, text, title, payload)
+        yield lineno, corpus_document(obj, path, lineno, allow_empty=allow_empty)
+
+
+def corpus_document(
+    obj: dict[str, Any], path: Path, lineno: int, *, allow_empty: bool = False
+) -> Document:
+    """One corpus line's object as a :class:`Document` (errors name ``path:lineno``).
+
+    Shared by :func:`iter_corpus` and the distributed indexing engines, which parse lines
+    on their workers: both read a line exactly the same way.
+    """
+    doc_id = _required_str(obj, "_id", path, lineno)
+    text = _required_str(obj, "text", path, lineno, allow_empty=True)
+    title = obj.get("title")
+    if title is None:
+        title = ""
+    if not isinstance(title, str):
+        raise DataError(
+            f"{path}:{lineno}: field 'title' must be a string, got {type(title).__name__}"
+        )
+    if not text.strip() and not title.strip():
+        if not allow_empty:
+            raise DataError(f"{path}:{lineno}: document {doc_id!r} has empty title and text")
+        logger.warning("%s:%s: document %r has empty title and text (kept)", path, lineno, doc_id)
+    payload = {k: v for k, v in obj.items() if k not in ("_id", "text", "title")}
+    return Document(doc_id, text, title, payload)
 
 
 def load_corpus(path: str | Path, *, allow_empty: bool = False) -> dict[str, Document]:

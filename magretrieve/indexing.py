@@ -12,10 +12,10 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from magretrieve.data import Document, iter_corpus
-from magretrieve.errors import DataError
+from magretrieve.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # pragma: no cover
     from magretrieve.retriever import Retriever
@@ -129,8 +129,27 @@ def index_corpus(
     batch_size: int = 64,
     checkpoint_every: int = 4096,
     progress: bool = True,
+    engine: str = "local",
+    **engine_options: Any,
 ) -> IndexReport:
-    """Stream a corpus JSONL (``_id``, ``title``, ``text`` + payload) into the retriever's store."""
+    """Stream a corpus JSONL (``_id``, ``title``, ``text`` + payload) into the retriever's store.
+
+    ``engine`` picks where encoding runs (:mod:`magretrieve.engines`): ``"local"`` (this
+    process) or ``"ray"`` (a Ray cluster; options ``address``, ``workers``, ``threads``).
+    """
+    if engine != "local":
+        from magretrieve.engines import get_engine
+
+        return get_engine(engine)(
+            retriever,
+            corpus,
+            batch_size=batch_size,
+            checkpoint_every=checkpoint_every,
+            progress=progress,
+            **engine_options,
+        )
+    if engine_options:
+        raise ConfigError(f"options {sorted(engine_options)} need a distributed engine")
     path = Path(corpus)
     total = _count_lines(path) if path.is_file() else None
     return index_documents(

@@ -296,9 +296,23 @@ class Retriever:
             ids = [d.id for d in docs]
         if not docs:
             return 0
-        vectors = np.asarray(
-            self.encoder.encode_documents([d.full_text for d in docs]), dtype=np.float32
-        )
+        vectors = self.encoder.encode_documents([d.full_text for d in docs])
+        return self.add_vectors(docs, vectors)
+
+    def add_vectors(self, docs: Sequence[Document], vectors: np.ndarray) -> int:
+        """Write documents whose vectors were encoded elsewhere (e.g. on Ray workers).
+
+        The vectors must come from this retriever's model (same export): they get the store's
+        recorded magnitude and the same payload as :meth:`add_batch` would give them.
+        """
+        docs = list(docs)
+        ids = [d.id for d in docs]
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.shape != (len(docs), int(self.manifest.dimension)):
+            raise StoreError(
+                f"{self.store.location}: {vectors.shape} vectors for {len(docs)} documents of "
+                f"dimension {self.manifest.dimension}"
+            )
         check_finite(vectors, ids, f"encoding for {self.store.location}")
         meta = self.store.read_metadata()
         if meta and meta.get("magnitude"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from magretrieve.cli._group import main
+from magretrieve.engines import ENGINES
 
 
 def store_options(fn):  # type: ignore[no-untyped-def]
@@ -61,6 +62,22 @@ def collect_store_options(**kw: object) -> dict[str, object]:
 @click.option("--threads", type=int, default=None, help="onnxruntime threads.")
 @click.option("--force", is_flag=True, help="Write into a store built by another model.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@click.option(
+    "--engine",
+    type=click.Choice(sorted(ENGINES)),
+    default="local",
+    show_default=True,
+    help="Where documents are encoded: this process, or a Ray cluster (magretrieve[ray]); "
+    "either way this process writes the store.",
+)
+@click.option(
+    "--address",
+    default=None,
+    help="Ray cluster to join (e.g. auto, ray://head:10001); default: start a local Ray.",
+)
+@click.option(
+    "--workers", type=int, default=None, help="Ray encoding actors (default: one per CPU)."
+)
 @store_options
 def index_cmd(
     export_dir: str,
@@ -71,13 +88,25 @@ def index_cmd(
     threads: int | None,
     force: bool,
     no_progress: bool,
+    engine: str,
+    address: str | None,
+    workers: int | None,
     **store_kw: object,
 ) -> None:
     """Encode CORPUS.jsonl with EXPORT_DIR's document graph into the store.
 
     Re-running skips ids the store already holds, so an interrupted run resumes.
     """
+    from magretrieve.errors import ConfigError
     from magretrieve.indexing import index_corpus
+
+    engine_options: dict[str, object] = {}
+    if engine == "ray":
+        engine_options = {"address": address, "workers": workers}
+        if threads is not None:
+            engine_options["threads"] = threads
+    elif address is not None or workers is not None:
+        raise ConfigError("--address and --workers need --engine ray")
     from magretrieve.retriever import Retriever
 
     with Retriever.load(
@@ -93,6 +122,8 @@ def index_cmd(
             batch_size=batch_size,
             checkpoint_every=checkpoint_every,
             progress=not no_progress,
+            engine=engine,
+            **engine_options,
         )
         click.echo(
             f"{retriever.store.location}: {report.added} added, {report.skipped} already stored, "
