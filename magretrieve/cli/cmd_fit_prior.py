@@ -75,11 +75,11 @@ def fit_prior_command(model, train_spec, out, eval_specs, betas, k, as_json):
         evaluations.append(
             {"data": f"{data.name}:{data.split}", "cosine": cosine, "prior": with_prior}
         )
+    from magretrieve.adapters.base import atomic_write_bytes
+
     target = Path(out)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(prior.to_dict(), indent=1) + "\n")
-    tmp.replace(target)  # atomic: a crash never leaves half a prior file
+    # temp file + fsync + rename: a crash leaves the old file or the new one, never half
+    atomic_write_bytes(target, (json.dumps(prior.to_dict(), indent=1) + "\n").encode())
     if as_json:
         print_json({"prior": prior.to_dict(), "evaluations": evaluations, "out": str(target)})
         return

@@ -81,8 +81,10 @@ def rescale_cmd(
             prior = CorpusPrior.from_dict(
                 json.loads(Path(prior_file).read_text()), source=prior_file
             )
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # JSON and UTF-8 errors
             raise ConfigError(f"{prior_file}: not valid JSON ({exc})") from None
+        except OSError as exc:
+            raise ConfigError(f"{prior_file}: cannot read ({exc.strerror or exc})") from None
     elif beta is not None:
         prior = CorpusPrior(beta=beta, k=k)
     report = rescale_store(
