@@ -76,7 +76,9 @@ def test_valid_manifest_loads_with_contract_attributes(tmp_path: Path) -> None:
     assert (m.mode, m.gamma_q, m.gamma_d) == ("qnorm", 1.0, 0.0)
     assert m.query_contract == "unit_norm" and m.document_contract == "magnitude_keeping"
     assert m.index_metric == "inner_product" and m.dimension == 384
-    assert m.model_fingerprint == model_fingerprint(json.loads((tmp_path / MANIFEST_NAME).read_text()))
+    assert m.model_fingerprint == model_fingerprint(
+        json.loads((tmp_path / MANIFEST_NAME).read_text())
+    )
     assert m.similarity.mode == "qnorm" and not m.similarity.is_symmetric
     assert m.query_prefix == "query: " and m.folder == tmp_path
     assert m.path("document") == tmp_path / "document.onnx"
