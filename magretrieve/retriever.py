@@ -31,7 +31,7 @@ from magretrieve.adapters import VectorStore, open_store
 from magretrieve.adapters.base import check_finite, check_queries
 from magretrieve.data import Document, check_text, lone_surrogate
 from magretrieve.errors import StoreError
-from magretrieve.similarity import INDEX_METRIC, decompose
+from magretrieve.similarity import EPS, INDEX_METRIC
 
 logger = logging.getLogger(__name__)
 
@@ -372,25 +372,27 @@ class Retriever:
         """Search with already-encoded query vectors (``q / ‖q‖^γq``)."""
         q = check_queries(query_vectors, int(self.store.dimension), "search")
         with self._lock.read():
+            # stores report each hit's doc_norm, so no vector is fetched to explain a score
             if self.store.thread_safe_search:
-                results = self.store.search(q, k, with_vectors=True)
+                results = self.store.search(q, k, with_vectors=False)
             else:
                 with self._serial:
-                    results = self.store.search(q, k, with_vectors=True)
+                    results = self.store.search(q, k, with_vectors=False)
         out = []
         for qv, hits in zip(q, results, strict=True):
             if not hits:
                 out.append([])
                 continue
-            parts = decompose(qv, np.stack([h.vector for h in hits]))
+            qn = float(np.linalg.norm(qv))
+            norms = self._doc_norms(hits)
             out.append(
                 [
                     Hit(
                         id=h.id,
                         score=float(h.score),
-                        doc_norm=float(parts["doc_norm"][i]),
-                        cosine=float(parts["cosine"][i]),
-                        query_norm=float(parts["query_norm"][i]),
+                        doc_norm=float(norms[i]),
+                        cosine=float(h.score / max(qn * float(norms[i]), EPS)),
+                        query_norm=qn,
                         payload=h.payload,
                         rank=i + 1,
                     )
@@ -398,6 +400,19 @@ class Retriever:
                 ]
             )
         return out
+
+    def _doc_norms(self, hits: Sequence[Any]) -> np.ndarray:
+        """Each hit's stored norm; vectors are fetched only for stores that do not report it."""
+        norms = np.array(
+            [np.nan if h.doc_norm is None else h.doc_norm for h in hits], dtype=np.float64
+        )
+        missing = [i for i, h in enumerate(hits) if h.doc_norm is None]
+        if missing:
+            vecs = [hits[i].vector for i in missing]
+            if any(v is None for v in vecs):
+                vecs = list(self.store.get_vectors([hits[i].id for i in missing]))
+            norms[missing] = np.linalg.norm(np.stack(vecs), axis=1)
+        return norms
 
     # ------------------------------------------------------------------ misc
 
