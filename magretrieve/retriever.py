@@ -6,8 +6,8 @@ would not give the model's scores: another dimension, a metric other than inner 
 store that normalizes vectors while the model keeps document magnitude, or a store built by
 another model (its recorded ``model_fingerprint``/mode/γ differ) unless ``force=True``.
 
-Hits carry the score split as ``score = ‖q_stored‖ · ‖d_stored‖ · cos θ + offset`` (computed
-by :func:`magretrieve.similarity.decompose`) so a user sees what magnitude contributed. The
+Hits carry the score split as ``score = ‖q_stored‖ · ‖d_stored‖ · cos θ + offset`` (the norms
+reported by the store) so a user sees what magnitude contributed. The
 offset is non-zero only in a store given a document prior with an additive term
 (:mod:`magretrieve.priors`): such a store holds one extra coordinate ``b(d)`` and is searched
 with ``[q ; 1]``; the multiplier is ``doc_norm``.
@@ -34,7 +34,7 @@ from magretrieve.adapters import VectorStore, open_store
 from magretrieve.adapters.base import check_finite, check_queries
 from magretrieve.data import Document
 from magretrieve.errors import StoreError
-from magretrieve.similarity import INDEX_METRIC, decompose
+from magretrieve.similarity import EPS, INDEX_METRIC
 
 logger = logging.getLogger(__name__)
 
@@ -378,30 +378,37 @@ class Retriever:
         q = check_queries(query_vectors, int(self.manifest.dimension), "search")
         if self.offset:
             q = np.hstack([q, np.ones((len(q), 1), dtype=q.dtype)])
+        # stores report each hit's doc_norm, so no vector is fetched to explain a score; a
+        # store with a prior's offset coordinate returns vectors to split m(d) from b(d)
+        with_vectors = bool(self.offset)
         with self._lock.read():
             if self.store.thread_safe_search:
-                results = self.store.search(q, k, with_vectors=True)
+                results = self.store.search(q, k, with_vectors=with_vectors)
             else:
                 with self._serial:
-                    results = self.store.search(q, k, with_vectors=True)
+                    results = self.store.search(q, k, with_vectors=with_vectors)
         out = []
         for qv, hits in zip(q, results, strict=True):
             if not hits:
                 out.append([])
                 continue
-            stored = np.stack([h.vector for h in hits])
-            offsets = stored[:, -1] if self.offset else np.zeros(len(hits))
             if self.offset:
-                qv, stored = qv[:-1], stored[:, :-1]
-            parts = decompose(qv, stored)
+                stored = self._vectors(hits)
+                offsets = stored[:, -1].astype(np.float64)
+                qv = qv[:-1]
+                norms = np.linalg.norm(stored[:, :-1], axis=1)
+            else:
+                offsets = np.zeros(len(hits))
+                norms = self._doc_norms(hits)
+            qn = float(np.linalg.norm(qv))
             out.append(
                 [
                     Hit(
                         id=h.id,
                         score=float(h.score),
-                        doc_norm=float(parts["doc_norm"][i]),
-                        cosine=float(parts["cosine"][i]),
-                        query_norm=float(parts["query_norm"][i]),
+                        doc_norm=float(norms[i]),
+                        cosine=float((h.score - offsets[i]) / max(qn * float(norms[i]), EPS)),
+                        query_norm=qn,
                         payload=h.payload,
                         rank=i + 1,
                         offset=float(offsets[i]),
@@ -410,6 +417,26 @@ class Retriever:
                 ]
             )
         return out
+
+    def _vectors(self, hits: Sequence[Any]) -> np.ndarray:
+        """The stored vectors of the hits (fetched when the store did not return them)."""
+        vecs = [h.vector for h in hits]
+        if any(v is None for v in vecs):
+            vecs = list(self.store.get_vectors([h.id for h in hits]))
+        return np.stack([np.asarray(v, dtype=np.float32) for v in vecs])
+
+    def _doc_norms(self, hits: Sequence[Any]) -> np.ndarray:
+        """Each hit's stored norm; vectors are fetched only for stores that do not report it."""
+        norms = np.array(
+            [np.nan if h.doc_norm is None else h.doc_norm for h in hits], dtype=np.float64
+        )
+        missing = [i for i, h in enumerate(hits) if h.doc_norm is None]
+        if missing:
+            vecs = [hits[i].vector for i in missing]
+            if any(v is None for v in vecs):
+                vecs = list(self.store.get_vectors([hits[i].id for i in missing]))
+            norms[missing] = np.linalg.norm(np.stack(vecs), axis=1)
+        return norms
 
     # ------------------------------------------------------------------ misc
 

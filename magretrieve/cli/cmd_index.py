@@ -2,41 +2,38 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from magretrieve.cli._group import main
 
 
+def _click_option(opt: Any) -> Any:
+    kind: Any = click.Choice(list(opt.choices)) if opt.choices else opt.type
+    return click.option(opt.cli, opt.name, type=kind, default=None, help=opt.help)
+
+
 def store_options(fn):  # type: ignore[no-untyped-def]
-    """Options that shape a store when it is created (ignored for build-time knobs on reopen)."""
-    decorators = [
-        click.option(
-            "--faiss-index",
-            "index_type",
-            default=None,
-            help="FAISS index: flat (exact, default), hnsw, ivf, or a faiss.index_factory "
-            "string (inner product is always used).",
-        ),
-        click.option("--hnsw-m", type=int, default=None, help="HNSW M (FAISS default 32)."),
-        click.option(
-            "--ef-construction", type=int, default=None, help="HNSW efConstruction (FAISS 200)."
-        ),
-        click.option("--ef-search", type=int, default=None, help="HNSW efSearch (FAISS 128)."),
-        click.option("--nlist", type=int, default=None, help="FAISS IVF lists (default ~4·√n)."),
-        click.option("--nprobe", type=int, default=None, help="FAISS IVF lists probed (16)."),
-        click.option(
-            "--quantization",
-            type=click.Choice(["int8"]),
-            default=None,
-            help="Qdrant / Edge scalar quantization (searched with rescoring).",
-        ),
-        click.option("--shard-number", type=int, default=None, help="Qdrant server: shards."),
-        click.option(
-            "--replication-factor", type=int, default=None, help="Qdrant server: replicas."
-        ),
-    ]
-    for deco in reversed(decorators):
-        fn = deco(fn)
+    """The store options of every registered backend (adapters/registry.py), as click options.
+
+    Build-time knobs shape a store when it is created; on reopen they must match what the
+    store was built with (or the store refuses them). Each backend refuses options it does
+    not take, naming them.
+    """
+    from magretrieve.adapters.registry import cli_options
+
+    for opt in reversed(cli_options()):
+        fn = _click_option(opt)(fn)
+    return fn
+
+
+def search_store_options(fn):  # type: ignore[no-untyped-def]
+    """The search-time store knobs (``--ef-search``, ``--nprobe``, ...) for ``search``."""
+    from magretrieve.adapters.registry import cli_options
+
+    for opt in reversed(cli_options(search_only=True)):
+        fn = _click_option(opt)(fn)
     return fn
 
 
