@@ -43,7 +43,9 @@ class EncoderConfig:
     gamma_q: float = 1.0
     gamma_d: float = 1.0
     pooling: str = "mean"
-    max_query_length: int = 64
+    #: 0 (the default) means the model's own limit, resolved when the encoder is built: a
+    #: shorter default silently truncated long queries (issue 17) and cost quality.
+    max_query_length: int = 0
     max_document_length: int = 256
     query_prefix: str = ""
     document_prefix: str = ""
@@ -73,7 +75,8 @@ class EncoderConfig:
                 f"unknown pooling {self.pooling!r}; choose one of {', '.join(POOLINGS)}"
             )
         for name in ("max_query_length", "max_document_length"):
-            if int(getattr(self, name)) < 2:
+            value = int(getattr(self, name))
+            if value < 2 and not (name == "max_query_length" and value == 0):
                 raise ConfigError(f"{name} must be at least 2, got {getattr(self, name)}")
         if not (self.norm_scale > 0 and math.isfinite(self.norm_scale)):
             raise ConfigError(f"norm_scale must be a positive number, got {self.norm_scale}")
@@ -205,6 +208,10 @@ class Encoder(nn.Module, similarity.SideVectors):
             )
             limits.append(int(positions) - offset)
         usable = [x for x in limits if 0 < x < 1_000_000]
+        if not self.config.max_query_length:  # the default: as long as the model supports
+            self.config.max_query_length = (
+                min(usable) if usable else self.config.max_document_length
+            )
         if not usable:
             return
         limit = min(usable)
@@ -262,7 +269,11 @@ class Encoder(nn.Module, similarity.SideVectors):
                 cfg.pooling = st.get("pooling", cfg.pooling)
                 if "max_seq_length" in st:
                     cfg.max_document_length = st["max_seq_length"]
-                    cfg.max_query_length = min(cfg.max_query_length, st["max_seq_length"])
+                    cfg.max_query_length = (
+                        min(cfg.max_query_length, st["max_seq_length"])
+                        if cfg.max_query_length
+                        else st["max_seq_length"]
+                    )
                 if st["normalize"]:
                     level = logging.INFO if cfg.mode == "cosine" else logging.WARNING
                     logger.log(

@@ -5,8 +5,11 @@ functions of ``d̂`` alone, so they can be applied to what is stored:
 
 * a **frozen-encoder norm head** (``magretrieve train --norm-head linear --freeze-encoder``):
   ``d̂ · exp(g(d̂))`` with the head's weights (read torch-free from ``norm_head.safetensors``);
-* the **corpus prior** (:mod:`magretrieve.corpus_prior`): ``d̂ · exp(−β·z)``, ``z`` the
-  standardized hub score computed over the stored vectors themselves.
+* a **document prior** (:mod:`magretrieve.priors`: hub, CSLS, inverted softmax, mean-direction
+  removal, combinations): a multiplier ``m(d)`` and/or an additive offset ``b(d)`` computed
+  from the stored vectors themselves (and the training queries the prior carries). A prior
+  with an offset writes one extra coordinate, ``[m(d)·v(d) ; b(d)]``, and the Retriever
+  searches it with ``[q̂ ; 1]``.
 
 :func:`rescale_store` reads every point (id, vector, payload) of the source store, refuses
 vectors that are not unit-norm (or, for a head, not the outputs of the head's encoder,
@@ -32,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.corpus_prior import CorpusPrior, hub_scores, unit
+from magretrieve.corpus_prior import CorpusPrior, unit
 from magretrieve.errors import ConfigError, StoreError
+from magretrieve.priors import DocumentPrior, HubPrior, prior_from_dict, stored_vectors
 
 logger = logging.getLogger(__name__)
 
@@ -94,14 +98,11 @@ def head_recipe(run_dir: str | Path) -> dict[str, Any]:
     }
 
 
-def magnitudes_for(
-    recipe: Mapping[str, Any], units: np.ndarray, store: Any | None = None
-) -> np.ndarray:
-    """Magnitude ``m`` of each unit vector under ``recipe`` (a head or a fitted corpus prior).
+def magnitudes_for(recipe: Mapping[str, Any], units: np.ndarray) -> np.ndarray:
+    """Magnitude ``m`` of each unit vector under a norm-head ``recipe``.
 
-    For a corpus prior the hub score of a new vector is its mean cosine to its ``k`` nearest
-    documents in ``store`` (re-ranked by cosine among a wider candidate list, since the stored
-    vectors are already scaled).
+    Document priors (which may add an offset coordinate) go through
+    :func:`apply_recorded_magnitude` instead.
     """
     kind = recipe.get("kind")
     if kind == "norm_head":
@@ -109,34 +110,64 @@ def magnitudes_for(
 
         weights = {k: np.asarray(v, dtype=np.float64) for k, v in recipe["weights"].items()}
         return np.exp(log_magnitude_numpy(units, weights, recipe["head"], float(recipe["bound"])))
-    if kind == "corpus_prior":
-        prior = CorpusPrior.from_dict(recipe)
+    raise ConfigError(f"unknown magnitude recipe {kind!r}")
+
+
+def is_prior_recipe(recipe: Mapping[str, Any] | None) -> bool:
+    return bool(recipe) and recipe.get("kind") in ("document_prior", "corpus_prior")  # type: ignore[union-attr]
+
+
+def has_offset_coordinate(meta: Mapping[str, Any] | None) -> bool:
+    """Does a store written by :func:`rescale_store` hold the prior's offset coordinate?"""
+    recipe = (meta or {}).get(META_KEY)
+    return is_prior_recipe(recipe) and prior_from_dict(recipe, "store metadata").has_offset
+
+
+def store_neighbours(store: Any, with_offset: bool) -> Any:
+    """``neighbours(units, k)`` over a prior-rescaled store: cosines to the stored directions.
+
+    The stored vectors are scaled (and may carry an offset), so a wider candidate list is
+    fetched and re-ranked by cosine to each stored vector's direction part.
+    """
+
+    def neighbours(units: np.ndarray, k: int) -> np.ndarray:
+        out = np.full((len(units), k), np.nan)
         if store is None or store.count() == 0:
-            return np.ones(len(units))
-        hits = store.search(units, prior.k * 4, with_vectors=True)
-        hubs = np.zeros(len(units))
+            return out[:, :0]
+        q = np.hstack([units, np.zeros((len(units), 1), np.float32)]) if with_offset else units
+        hits = store.search(np.asarray(q, np.float32), k * 4, with_vectors=True)
+        width = k
         for row, found in enumerate(hits):
             if not found:
                 continue
-            cos = unit(np.stack([h.vector for h in found])) @ units[row]
-            hubs[row] = np.sort(cos)[::-1][: prior.k].mean()
-        return prior.magnitudes(prior.z_scores(hubs))
-    raise ConfigError(f"unknown magnitude recipe {kind!r}")
+            vecs = np.stack([h.vector for h in found])[:, : units.shape[1]]
+            cos = np.sort(unit(vecs) @ units[row])[::-1][:k]
+            out[row, : len(cos)] = cos
+            width = min(width, len(cos))
+        return out[:, :width]
+
+    return neighbours
 
 
 def apply_recorded_magnitude(
     meta: Mapping[str, Any] | None, vectors: np.ndarray, store: Any
 ) -> np.ndarray:
-    """Vectors as a rescaled store expects them: ``d̂·m`` when its metadata holds a recipe.
+    """Vectors as a rescaled store expects them, when its metadata holds a recipe.
 
-    The :class:`~magretrieve.retriever.Retriever` calls this before writing new documents,
-    so a rescaled store stays consistent; stores without a recipe get ``vectors`` unchanged.
+    A norm head gives ``d̂·m``; a document prior gives ``m·v`` or ``[m·v ; b]`` from the
+    recorded statistics and the store's neighbours. The
+    :class:`~magretrieve.retriever.Retriever` calls this before writing new documents, so a
+    rescaled store stays consistent; stores without a recipe get ``vectors`` unchanged.
     """
     recipe = (meta or {}).get(META_KEY)
     if not recipe:
         return vectors
     units = unit(vectors)
-    return (units * magnitudes_for(recipe, units, store)[:, None]).astype(np.float32)
+    if is_prior_recipe(recipe):
+        prior = prior_from_dict(recipe, "store metadata")
+        terms = prior.terms_for_new(units, store_neighbours(store, prior.has_offset))
+        return stored_vectors(terms, prior.has_offset)
+    return (units * magnitudes_for(recipe, units)[:, None]).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -280,7 +311,7 @@ def rescale_store(
     target: str | Any,
     *,
     head: str | Path | None = None,
-    prior: CorpusPrior | None = None,
+    prior: DocumentPrior | CorpusPrior | None = None,
     encoder_check_sample: int = 16,
     skip_encoder_check: bool = False,
     force: bool = False,
@@ -291,7 +322,8 @@ def rescale_store(
     """Rescale every stored vector of ``source`` into the new store ``target`` (see module doc).
 
     Exactly one of ``head`` (a run folder with a frozen-encoder norm head) or ``prior`` (a
-    :class:`CorpusPrior`; its mean/std are refitted on the source's vectors) must be given.
+    :class:`~magretrieve.priors.DocumentPrior`, or the older :class:`CorpusPrior`; its corpus
+    statistics are refitted on the source's vectors) must be given.
     The source is only read; the target must be new or empty, or hold an interrupted
     rescale of the same source with the same recipe, which is then resumed. The target is
     marked ``incomplete`` until its last point is written (every Retriever refuses it until
@@ -303,7 +335,8 @@ def rescale_store(
 
     if (head is None) == (prior is None):
         raise ConfigError(
-            "give exactly one of a norm head (--head RUN) or a corpus prior (--corpus-prior β)"
+            "give exactly one of a norm head (--head RUN) or a prior (--corpus-prior β, "
+            "--prior-file)"
         )
     if isinstance(source, str) and isinstance(target, str) and source == target:
         raise ConfigError(
@@ -331,19 +364,34 @@ def rescale_store(
         mags = magnitudes_for(recipe, units)
     else:
         assert prior is not None
-        prior = CorpusPrior(**{**prior.to_dict()})
-        prior.validate()
-        h = hub_scores(units, prior.k)
-        prior.mean, prior.std = float(h.mean()), float(h.std()) or 1.0
-        mags = prior.magnitudes(prior.z_scores(h))
+        if isinstance(prior, CorpusPrior):
+            prior.validate()
+            prior = HubPrior(prior.beta, prior.k)
+        prior = prior_from_dict(prior.to_dict(), "prior")  # a fresh copy: the caller's stays
+        prior.fit_corpus(units)
+        terms = prior.terms(units)
+        mags = terms.multiplier
+        offset = prior.has_offset
         recipe = prior.to_dict()
         check = "not needed (the prior uses only the stored vectors)"
     if not np.isfinite(mags).all():
         raise StoreError("the magnitude is not finite for some documents; nothing was written")
-    new = (units * mags[:, None]).astype(np.float32)
+    if recipe.get("kind") == "document_prior":
+        new = stored_vectors(terms, offset)
+        if not np.isfinite(new).all():
+            raise StoreError("the prior is not finite for some documents; nothing was written")
+    else:
+        offset = False
+        new = (units * mags[:, None]).astype(np.float32)
 
-    dst = open_store(target, dimension=int(units.shape[1]), **target_options)
+    dim = int(new.shape[1])
+    dst = open_store(target, dimension=dim, **target_options)
     try:
+        if int(dst.dimension) != dim:
+            raise StoreError(
+                f"{dst.location}: target has dimension {dst.dimension}; this prior stores "
+                f"{dim} ({'the vector and one offset coordinate' if offset else 'the vector'})"
+            )
         marker = incomplete_marker(where, recipe)
         todo = check_target(dst, marker)
         new_meta = dict(meta or {})
@@ -378,7 +426,7 @@ def rescale_store(
     return RescaleReport(
         source=where,
         target=target_location,
-        kind=str(recipe["kind"]),
+        kind=str(recipe.get("method") or recipe["kind"]),
         count=len(ids),
         magnitude_min=float(mags.min()),
         magnitude_max=float(mags.max()),
