@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from magretrieve.data import Document, corpus_document, iter_corpus
+from magretrieve.data import Document, corpus_document, is_empty, iter_corpus
 from magretrieve.errors import ConfigError, DataError
 from magretrieve.indexing import IndexReport
 
@@ -50,12 +50,23 @@ def _ray() -> Any:
     return ray
 
 
-def check_corpus(retriever: Retriever, path: Path) -> tuple[int, set[str]]:
-    """Validate every line, refuse duplicates; return (documents, ids already stored)."""
+def check_corpus(
+    retriever: Retriever, path: Path, skip_empty: bool
+) -> tuple[int, set[str], list[str]]:
+    """Validate every line, refuse duplicates; return (documents, ids stored, empty ids)."""
     seen: dict[str, int] = {}
     stored: set[str] = set()
+    empty: list[str] = []
     pending: list[str] = []
-    for line, doc in iter_corpus(path):
+    for line, doc in iter_corpus(path, skip_empty=True):
+        if is_empty(doc):
+            if not skip_empty:
+                raise DataError(
+                    f"{path}:{line}: document {doc.id!r} has empty title and text "
+                    "(`magretrieve index --skip-empty` skips and counts such documents)"
+                )
+            empty.append(doc.id)
+            continue
         if doc.id in seen:
             raise DataError(
                 f"{path}:{line}: duplicate document id {doc.id!r} (first on line {seen[doc.id]})"
@@ -67,7 +78,9 @@ def check_corpus(retriever: Retriever, path: Path) -> tuple[int, set[str]]:
             pending.clear()
     if pending:
         stored |= retriever.store.existing(pending)
-    return len(seen), stored
+    if not seen:
+        raise DataError(f"{path}: no document to index")
+    return len(seen), stored, empty
 
 
 class EncodeActor:
@@ -89,8 +102,8 @@ class EncodeActor:
             if not str(line).strip():
                 continue
             # the driver has validated every line: "?" only shows if the file changed since
-            doc = corpus_document(json.loads(line), self.source, 0)
-            if doc.id not in self.stored:
+            doc = corpus_document(json.loads(line), self.source, 0, skip_empty=True)
+            if not is_empty(doc) and doc.id not in self.stored:
                 docs.append(doc)
         dim = self.encoder.manifest.dimension
         if not docs:
@@ -119,6 +132,7 @@ def index_corpus_ray(
     batch_size: int = 64,
     checkpoint_every: int = 4096,
     progress: bool = True,
+    skip_empty: bool = False,
     address: str | None = None,
     workers: int | None = None,
     threads: int = 1,
@@ -127,7 +141,7 @@ def index_corpus_ray(
 
     ``address``: a running cluster (``ray://host:10001`` or ``auto``); None joins the Ray
     instance this process already started, or starts a local one. ``workers``: encoding actors
-    (default: the cluster's CPUs divided by ``threads``).
+    (default: the cluster's CPUs divided by ``threads``). ``skip_empty`` as in the local engine.
     """
     from tqdm.auto import tqdm
 
@@ -142,7 +156,7 @@ def index_corpus_ray(
         raise ConfigError("engine 'ray' needs a retriever loaded from an export folder")
     path = Path(corpus)
     start = time.perf_counter()
-    total, stored = check_corpus(retriever, path)
+    total, stored, empty = check_corpus(retriever, path, skip_empty)
     added = truncated = 0
     todo = total - len(stored)
     if todo:
@@ -179,6 +193,8 @@ def index_corpus_ray(
         seconds=time.perf_counter() - start,
         count=retriever.store.count(),
         truncated=truncated,
+        empty_skipped=len(empty),
+        empty_ids=empty[:5],
     )
 
 
