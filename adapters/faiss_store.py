@@ -364,7 +364,7 @@ class FaissStore(IdMapMixin, VectorStore):
                 f"{files['index']}: index has dimension {index.d}, {STATE_FILE} says {store._dim}"
             )
         if not isinstance(records, list) or any(
-            r is not None and not (isinstance(r, list) and len(r) == 2 and isinstance(r[0], str))
+            r is not None and not (isinstance(r, list) and len(r) in (2, 3) and isinstance(r[0], str))
             for r in records
         ):
             raise StoreError(f"{files['records']}: records must be [id, payload] pairs or null")
