@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 #: Below this many documents ``method="auto"`` computes the hub score exactly.
 EXACT_MAX = 20_000
-METHODS = ("auto", "exact", "ivf", "hnsw")
+METHODS = ("auto", "exact", "blocked", "ivf", "hnsw")
 #: Vectors used to train the IVF coarse quantizer (k-means), at most this many per list.
 TRAIN_PER_LIST = 64
 
@@ -62,6 +62,9 @@ def exact_mean_knn(unit_docs: np.ndarray, k: int, chunk: int = 1024) -> np.ndarr
 
 #: Lists probed per query (benchmarks/corpus_prior_scale.py: Spearman of z vs exact ≥ 0.99).
 NPROBE = 16
+#: Lists compared per list by the blocked path: its candidates are chosen per list, not per
+#: document, so it probes more lists than a per-document search (a product costs little).
+BLOCKED_NPROBE = 32
 #: k-means iterations of the coarse quantizer (FAISS default 25; 10 is as good for this use).
 KMEANS_ITERATIONS = 10
 
@@ -174,6 +177,59 @@ def approximate_mean_knn(
     return out
 
 
+def blocked_mean_knn(
+    unit_docs: np.ndarray, k: int, *, nprobe: int = BLOCKED_NPROBE, progress: bool = False
+) -> np.ndarray:
+    """Inverted-file k-NN computed list by list with matrix products ("batched IVF").
+
+    FAISS k-means (spherical) cuts the corpus into ``≈2√n`` lists; every document of a list
+    is compared, in one BLAS product, with the documents of the ``nprobe`` lists whose
+    centroids are nearest to its own list's centroid. The candidates are those of an IVF
+    search probing ``nprobe`` lists, chosen per list instead of per document, so the whole
+    list shares one product: O(n·nprobe·n/nlist·dim) = O(n^1.5·dim) at BLAS speed.
+    """
+    from tqdm.auto import tqdm
+
+    faiss = _faiss()
+    if faiss is None:
+        raise ConfigError("approximate k-NN needs faiss; pip install 'magretrieve[faiss]'")
+    x = _as_unit_f32(unit_docs)
+    n, dim = x.shape
+    nlist = default_nlist(n)
+    km = faiss.Kmeans(
+        dim,
+        nlist,
+        niter=KMEANS_ITERATIONS,
+        spherical=True,
+        max_points_per_centroid=TRAIN_PER_LIST,
+        seed=1234,
+    )
+    km.train(x)
+    _, assign = km.index.search(x, 1)
+    assign = assign[:, 0]
+    _, near = km.index.search(km.centroids, min(nprobe, nlist))
+    order = np.argsort(assign, kind="stable")
+    bounds = np.searchsorted(assign[order], np.arange(nlist + 1))
+    members = [order[bounds[i] : bounds[i + 1]] for i in range(nlist)]
+    out = np.zeros(n, dtype=np.float64)
+    bar = tqdm(total=n, desc="hub score (blocked ivf)", unit="doc", disable=not progress)
+    for cl in range(nlist):
+        rows = members[cl]
+        if not len(rows):
+            continue
+        cand = np.concatenate([members[j] for j in near[cl] if j >= 0])
+        sims = x[rows] @ x[cand].T
+        sims[cand[None, :] == rows[:, None]] = -np.inf  # not its own neighbour
+        kk = min(k, cand.shape[0] - 1)
+        if kk < 1:
+            continue
+        top = np.partition(sims, cand.shape[0] - kk, axis=1)[:, cand.shape[0] - kk :]
+        out[rows] = top.mean(axis=1)
+        bar.update(len(rows))
+    bar.close()
+    return out
+
+
 def mean_knn_similarity(
     unit_docs: np.ndarray,
     k: int,
@@ -184,8 +240,9 @@ def mean_knn_similarity(
 ) -> np.ndarray:
     """Mean cosine of each row to its ``k`` nearest other rows: exact or approximate (see module).
 
-    ``method``: ``auto`` (exact below :data:`EXACT_MAX` rows, else FAISS IVF), ``exact``,
-    ``ivf`` or ``hnsw``.
+    ``method``: ``auto`` (exact below :data:`EXACT_MAX` rows, else ``blocked``), ``exact``,
+    ``blocked`` (:func:`blocked_mean_knn`), ``ivf`` or ``hnsw`` (a FAISS index searched per
+    document; these two also take a streamed source, see :func:`approximate_mean_knn`).
     """
     if method not in METHODS:
         raise ConfigError(f"unknown k-NN method {method!r}; choose one of {', '.join(METHODS)}")
@@ -197,7 +254,7 @@ def mean_knn_similarity(
     if k < 1:
         raise ConfigError(f"k must be at least 1, got {k}")
     if method == "auto":
-        method = "exact" if n < EXACT_MAX else "ivf"
+        method = "exact" if n < EXACT_MAX else "blocked"
         if method != "exact" and _faiss() is None:
             logger.warning(
                 "hub score of %d documents computed exactly (O(n²)); install faiss-cpu "
@@ -207,4 +264,6 @@ def mean_knn_similarity(
             method = "exact"
     if method == "exact":
         return exact_mean_knn(d, k, chunk)
+    if method == "blocked":
+        return blocked_mean_knn(d, k, progress=progress)
     return approximate_mean_knn(d, k, method=method, progress=progress)

@@ -548,6 +548,76 @@ def train(
     return result
 
 
+def train_frozen(
+    encoder: Encoder,
+    pairs: Sequence[TrainingPair],
+    config: TrainConfig | None = None,
+    *,
+    report: Sequence[RetrievalDataset] = (),
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Train only ``encoder``'s norm head, the transformer frozen: encode every text once and
+    train the head on the cached vectors (:func:`magretrieve.heads.train_frozen_head`; seconds
+    to minutes on a CPU instead of hours). What ``magretrieve train --freeze-encoder
+    --norm-head ...`` runs.
+
+    Uses ``config``'s epochs, batch size, scale, hard negatives, seed and ``head_lr``. ``report``
+    sets are evaluated after training; with ``out_dir`` the model and ``train_log.json`` are
+    saved. The log has the keys of :func:`train`'s where they apply.
+    """
+    from magretrieve.evaluate import evaluate_retrieval
+    from magretrieve.heads import train_frozen_head
+
+    cfg = config or TrainConfig()
+    cfg.validate()
+    if encoder.norm_head is None:
+        raise ConfigError("train_frozen needs an encoder with a norm head (norm_head=linear|mlp)")
+    pairs = list(pairs)
+    if len(pairs) < 2:
+        raise DataError(f"training needs at least 2 pairs with a positive, got {len(pairs)}")
+    encoder.config.extra["frozen_encoder"] = True
+    started = time.perf_counter()
+    losses = train_frozen_head(
+        encoder,
+        pairs,
+        epochs=cfg.epochs,
+        lr=cfg.head_lr,
+        batch_size=cfg.batch_size,
+        scale=cfg.scale,
+        hard_negatives=cfg.hard_negatives,
+        seed=cfg.seed,
+        progress=progress,
+    )
+    evaluations = (
+        [
+            {
+                f"{d.name}:{d.split}": evaluate_retrieval(encoder, d, progress=progress).to_dict()
+                for d in report
+            }
+        ]
+        if report
+        else []
+    )
+    log: dict[str, Any] = {
+        "frozen_encoder": True,
+        "config": asdict(cfg),
+        "epoch_losses": losses,
+        "n_pairs": len(pairs),
+        "world_size": 1,
+        "seconds": time.perf_counter() - started,
+        "evaluations": evaluations,
+        "total_steps": len(losses),
+        "final_gamma_q": encoder.config.gamma_q,
+        "final_gamma_d": encoder.config.gamma_d,
+        "steps": [{"loss": losses[-1]}] if losses else [],
+    }
+    if out_dir is not None:
+        folder = encoder.save(out_dir)
+        (folder / LOG_NAME).write_text(json.dumps(log, indent=1) + "\n")
+    return TrainResult(log=log, out_dir=Path(out_dir) if out_dir else None, evaluations=evaluations)
+
+
 def split_validation(
     pairs: Sequence[TrainingPair], dataset: RetrievalDataset | None, fraction: float, seed: int
 ) -> tuple[list[TrainingPair], RetrievalDataset | None]:

@@ -218,7 +218,14 @@ def _run(
     ctx.enable_progress_bars = False  # one bar, ours
     if workers is None:
         workers = max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)
-    ds = ray.data.read_text(str(path.resolve()), encoding="utf-8", drop_empty_lines=True)
+    # reading is light next to encoding; at 0 CPUs it never waits for the actors, which hold
+    # every CPU (with a 1-CPU read task on a 2-CPU cluster and 2 actors, nothing would run)
+    ds = ray.data.read_text(
+        str(path.resolve()),
+        encoding="utf-8",
+        drop_empty_lines=True,
+        ray_remote_args={"num_cpus": 0},
+    )
     encoded = ds.map_batches(
         EncodeActor,
         fn_constructor_kwargs={
