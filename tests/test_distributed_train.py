@@ -132,9 +132,7 @@ def test_no_duplicate_masking_changes_the_loss(tiny_model_dir):
 def test_torchrun_two_ranks_writes_one_run(tiny_model_dir, tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text(
-        "".join(
-            json.dumps({"query": p.query, "positive": p.positive}) + "\n" for p in make_pairs()
-        )
+        "".join(json.dumps({"query": p.query, "positive": p.positive}) + "\n" for p in make_pairs())
     )
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

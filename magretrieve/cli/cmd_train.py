@@ -274,6 +274,10 @@ def train_command(
         result = trainer.train(
             encoder, pairs, cfg, validation=validation, report=reports, out_dir=out_path
         )
+    if world_size > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     if rank != 0:  # rank 0 wrote the run folder and prints the summary
         return
     log = result.log
