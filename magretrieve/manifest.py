@@ -22,7 +22,23 @@ from magretrieve.errors import ConfigError, ManifestError
 
 MANIFEST_NAME = "magretrieve.json"
 FORMAT = "magretrieve-export"
-FORMAT_VERSION = 1
+#: 2: the encoder's configuration is embedded whole under "encoder" (magretrieve.config)
+#: instead of its fields being re-listed at the top level; version 1 manifests still load.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+#: Fields of the encoder configuration that version 1 listed at the top level.
+ENCODER_FIELDS = (
+    "mode",
+    "gamma_q",
+    "gamma_d",
+    "pooling",
+    "max_query_length",
+    "max_document_length",
+    "query_prefix",
+    "document_prefix",
+    "norm_scale",
+    "base_model",
+)
 SIDES = ("query", "document")
 CONTRACTS = ("unit_norm", "magnitude_keeping")
 
@@ -108,6 +124,8 @@ class Manifest:
     #: int8 exports: agreement of int8 vs fp32 vectors (and NDCG@10 when measured).
     quantization_report: dict[str, Any] | None = None
     base_model: str = ""
+    #: The whole EncoderConfig of the exported model (magretrieve.config), as a dict.
+    encoder: dict[str, Any] = field(default_factory=dict)
     folder: Path | None = None
 
     # ------------------------------------------------------------------ views
@@ -133,19 +151,18 @@ class Manifest:
             raise ManifestError("manifest has no folder; load it with Manifest.load(folder)")
         return self.folder / self.graphs[side].file
 
+    def encoder_config(self) -> Any:
+        """The exported model's :class:`magretrieve.config.EncoderConfig` (torch-free)."""
+        from magretrieve.config import EncoderConfig
+
+        data = {**self.encoder, **{name: getattr(self, name) for name in ENCODER_FIELDS}}
+        return EncoderConfig.from_dict(data, source=MANIFEST_NAME)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "mode": self.mode,
-            "gamma_q": self.gamma_q,
-            "gamma_d": self.gamma_d,
-            "pooling": self.pooling,
-            "max_query_length": self.max_query_length,
-            "max_document_length": self.max_document_length,
-            "query_prefix": self.query_prefix,
-            "document_prefix": self.document_prefix,
-            "norm_scale": self.norm_scale,
+            "encoder": self.encoder_config().to_dict(),
             "dimension": self.dimension,
             "index_metric": self.index_metric,
             "graphs": {side: spec.to_dict() for side, spec in self.graphs.items()},
@@ -158,7 +175,6 @@ class Manifest:
             "exporter": dict(self.exporter),
             "versions": dict(self.versions),
             "parity": dict(self.parity),
-            "base_model": self.base_model,
         }
 
     def save(self, folder: str | Path) -> Path:
@@ -177,11 +193,25 @@ class Manifest:
                 f"{source}: not a magretrieve export manifest (format != {FORMAT!r})"
             )
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise ManifestError(
                 f"{source}: unknown format_version {version!r} (this magretrieve reads "
                 f"{FORMAT_VERSION}); re-export the model or upgrade magretrieve"
             )
+        encoder: dict[str, Any] = {}
+        if version >= 2:
+            from magretrieve.config import EncoderConfig
+
+            raw_encoder = data.get("encoder")
+            if not isinstance(raw_encoder, dict):
+                raise ManifestError(f"{source}: missing field 'encoder' (the encoder config)")
+            try:
+                encoder = EncoderConfig.from_dict(
+                    raw_encoder, source=f"{source}: encoder"
+                ).to_dict()
+            except (ConfigError, TypeError, ValueError) as exc:
+                raise ManifestError(f"{source}: encoder: {exc}") from None
+            data = {**data, **{name: encoder[name] for name in ENCODER_FIELDS}}
         try:
             mode = data["mode"]
             gamma_q = float(data["gamma_q"])
@@ -251,6 +281,7 @@ class Manifest:
                 parity=dict(data.get("parity") or {}),
                 quantization_report=data.get("quantization_report"),
                 base_model=str(data.get("base_model", "")),
+                encoder=encoder,
             )
         except KeyError as exc:
             raise ManifestError(f"{source}: missing field {exc.args[0]!r}") from None

@@ -98,7 +98,7 @@ def test_learnable_gammas_set_contracts(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"format_version": 2}, "unknown format_version 2"),
+        ({"format_version": 3}, "unknown format_version 3"),
         ({"format": "something-else"}, "not a magretrieve export manifest"),
         ({"mode": "euclid"}, "unknown mode"),
         ({"mode": "learnable", "gamma_q": 1.5}, "gamma_q must lie in [0, 1]"),
