@@ -23,6 +23,8 @@ rm -rf "$SERVE_VENV"
 "$SERVE_VENV/bin/pip" install -q --upgrade pip
 "$SERVE_VENV/bin/pip" install -q "${WHEEL}[serve,faiss,qdrant-edge]"
 SIZE_MB=$(du -sm "$SERVE_VENV" | cut -f1)
+SITE="$("$SERVE_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+TOOLS_MB=$(cd "$SITE" && du -smc pip pip-* setuptools setuptools-* pkg_resources _distutils_hack 2>/dev/null | tail -1 | cut -f1)
 "$SERVE_VENV/bin/pip" install -q pytest
 for mod in torch transformers; do
     if "$SERVE_VENV/bin/python" -c "import $mod" 2>/dev/null; then
@@ -30,7 +32,7 @@ for mod in torch transformers; do
         exit 1
     fi
 done
-echo "check_serving: serve-only venv [serve,faiss,qdrant-edge] is ${SIZE_MB} MB (without pytest)"
+echo "check_serving: serve-only venv [serve,faiss,qdrant-edge] is ${SIZE_MB} MB; $((SIZE_MB - TOOLS_MB)) MB without pip/setuptools (measured before pytest is added)"
 cd "$WORK"
 MAGRETRIEVE_SERVING_EXPORT="$WORK/export" MAGRETRIEVE_SERVING_REQUIRE_NO_TORCH=1 \
     "$SERVE_VENV/bin/pytest" -q -p no:cacheprovider -c "$REPO/pyproject.toml" --rootdir "$REPO" \
