@@ -337,8 +337,7 @@ def export_model(
         if isinstance(exc, OSError):  # disk full, read-only: one line, the target untouched
             where = exc.filename or staging
             raise ConfigError(
-                f"{where}: {exc.strerror or exc} while writing the export; {target} was not "
-                "changed"
+                f"{where}: {exc.strerror or exc} while writing the export; {target} was not changed"
             ) from None
         raise
     shutil.rmtree(staging, ignore_errors=True)
