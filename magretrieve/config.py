@@ -45,7 +45,9 @@ class EncoderConfig:
     gamma_q: float = 1.0
     gamma_d: float = 1.0
     pooling: str = "mean"
-    max_query_length: int = 64
+    #: 0 (the default) means the model's own limit, resolved when the encoder is built: a
+    #: shorter default silently truncated long queries (issue 17) and cost quality.
+    max_query_length: int = 0
     max_document_length: int = 256
     query_prefix: str = ""
     document_prefix: str = ""
@@ -75,7 +77,8 @@ class EncoderConfig:
                 f"unknown pooling {self.pooling!r}; choose one of {', '.join(POOLINGS)}"
             )
         for name in ("max_query_length", "max_document_length"):
-            if int(getattr(self, name)) < 2:
+            value = int(getattr(self, name))
+            if value < 2 and not (name == "max_query_length" and value == 0):
                 raise ConfigError(f"{name} must be at least 2, got {getattr(self, name)}")
         if not (self.norm_scale > 0 and math.isfinite(self.norm_scale)):
             raise ConfigError(f"norm_scale must be a positive number, got {self.norm_scale}")
