@@ -296,10 +296,33 @@ class Retriever:
             ids = [d.id for d in docs]
         if not docs:
             return 0
-        vectors = np.asarray(
-            self.encoder.encode_documents([d.full_text for d in docs]), dtype=np.float32
-        )
-        check_finite(vectors, ids, f"encoding for {self.store.location}")
+        return self.write_batch(docs, self.encode_batch(docs))
+
+    def tokenize_batch(self, docs: Sequence[Document]) -> Any | None:
+        """The encoder's tokens for ``docs`` (None when the encoder tokenizes inside encoding).
+
+        With :meth:`encode_batch` ``(docs, tokens)`` this lets an indexing pipeline tokenize
+        one batch while the previous one is encoded.
+        """
+        tokenize = getattr(self.encoder, "tokenize", None)
+        if not callable(tokenize) or not callable(getattr(self.encoder, "encode_tokenized", None)):
+            return None
+        return tokenize([d.full_text for d in docs], "document")
+
+    def encode_batch(self, docs: Sequence[Document], tokens: Any | None = None) -> np.ndarray:
+        """Document vectors of ``docs`` (from :meth:`tokenize_batch` tokens when given);
+        NaN/inf vectors are refused, naming the document."""
+        if tokens is not None:
+            raw = self.encoder.encode_tokenized(tokens, "document")  # type: ignore[attr-defined]
+        else:
+            raw = self.encoder.encode_documents([d.full_text for d in docs])
+        vectors = np.asarray(raw, dtype=np.float32)
+        check_finite(vectors, [d.id for d in docs], f"encoding for {self.store.location}")
+        return vectors
+
+    def write_batch(self, docs: Sequence[Document], vectors: np.ndarray) -> int:
+        """Write encoded documents (with the store's recorded magnitude treatment, if any)."""
+        ids = [d.id for d in docs]
         meta = self.store.read_metadata()
         if meta and meta.get("magnitude"):
             # a store rescaled after the fact (issue 6) records how its documents got their
@@ -318,6 +341,14 @@ class Retriever:
         with self._lock.write():
             self._record_model()
             return self.store.add(ids, vectors, payloads)
+
+    def existing(self, ids: Sequence[str]) -> set[str]:
+        """Ids the store already holds (under the read lock: safe beside a writing thread)."""
+        with self._lock.read():
+            if self.store.thread_safe_search:
+                return set(self.store.existing(list(ids)))
+            with self._serial:
+                return set(self.store.existing(list(ids)))
 
     def delete(self, ids: Sequence[str]) -> int:
         with self._lock.write():

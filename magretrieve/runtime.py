@@ -211,12 +211,30 @@ class OnnxEncoder:
         if max_batch_tokens is not None and max_batch_tokens < 1:
             raise ConfigError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
         texts = list(texts)
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return self.encode_tokenized(
+            self.tokenize(texts, side), side, batch_size, progress, max_batch_tokens
+        )
+
+    def encode_tokenized(
+        self,
+        encodings: Sequence[Any],
+        side: str,
+        batch_size: int = DEFAULT_DOCUMENT_BATCH,
+        progress: bool | str = False,
+        max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS,
+    ) -> np.ndarray:
+        """Vectors of texts already tokenized by :meth:`tokenize` (in their order).
+
+        Tokenizing and running the graph are separate steps so that an indexing pipeline
+        can tokenize the next batch while this one runs (:mod:`magretrieve.indexing`).
+        """
+        out = np.zeros((len(encodings), self.dim), dtype=np.float32)
+        if not len(encodings):
             return out
         spec = self.manifest.graphs[side]
         session = self.session(side)
-        encodings = self.tokenize(texts, side)
         # a truncated encoding keeps the cut-off tokens in ``overflowing``
         truncated = sum(1 for e in encodings if e.overflowing)
         with self._count_lock:
@@ -229,7 +247,7 @@ class OnnxEncoder:
         )
         desc = progress if isinstance(progress, str) else f"encoding {side}s (onnx)"
         with tqdm(
-            total=len(texts), desc=desc, unit="text", disable=not progress, leave=False
+            total=len(encodings), desc=desc, unit="text", disable=not progress, leave=False
         ) as bar:
             for idx in batches:
                 feed = self._feed([encodings[i] for i in idx], spec.inputs)

@@ -50,7 +50,14 @@ def collect_store_options(**kw: object) -> dict[str, object]:
 @click.option(
     "--store", "store_spec", required=True, help="Store spec, e.g. faiss:indexes/scifact."
 )
-@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option(
+    "--batch-size",
+    type=int,
+    default=256,
+    show_default=True,
+    help="Documents read, length-sorted, encoded and written together (the graph runs them "
+    "in padded-token-budget batches, docs/export.md).",
+)
 @click.option(
     "--checkpoint-every",
     type=int,
