@@ -305,6 +305,7 @@ def export_model(
     exporter: str = "auto",
     eval_data: str | Path | None = None,
     echo: Callable[[str], None] | None = None,
+    device: str = "cpu",
 ) -> Path:
     """Export an encoder (an :class:`Encoder` or a model folder/alias) to ``out_dir``.
 
@@ -314,7 +315,8 @@ def export_model(
     with onnxruntime's transformer optimizer; the fused graphs are what parity checks, and
     the manifest's ``exporter.optimizer`` records the fusions (or why there are none). ``quantize="int8"`` keeps only int8 graphs, after the fp32 graphs
     passed parity, and records int8-vs-fp32 agreement (and NDCG@10 on ``eval_data``,
-    ``DIR[:split]``) in the manifest. Returns the export folder.
+    ``DIR[:split]``) in the manifest. ``device="cuda"`` also checks the fp32 graphs' parity
+    on onnxruntime's CUDA provider (export itself traces on the CPU). Returns the folder.
     """
     say = echo or (lambda msg: logger.info(msg))
     target = Path(out_dir).expanduser()
@@ -329,6 +331,10 @@ def export_model(
             "--eval-data compares int8 with fp32; use it together with --quantize int8"
         )
     _check_target(target, overwrite)
+    if device != "cpu":
+        from magretrieve.runtime import check_device
+
+        check_device(device)  # no CUDA provider: refuse before the slow part
     dataset = None
     if eval_data is not None:
         from magretrieve.data import load_beir
@@ -379,6 +385,8 @@ def export_model(
         if attempts:
             manifest.exporter["failed_attempts"] = attempts
             manifest.save(fp32_dir)
+        if device != "cpu":
+            _device_parity(encoder, fp32_dir, manifest, reference, device, say)
         final_dir = fp32_dir
         if quantize == "int8":
             final_dir = _build_int8(
@@ -404,6 +412,28 @@ def export_model(
     shutil.rmtree(staging, ignore_errors=True)
     say(f"wrote {target}")
     return target
+
+
+def _device_parity(
+    encoder: Encoder,
+    folder: Path,
+    manifest: Manifest,
+    reference: dict[str, Any],
+    device: str,
+    say: Callable[[str], None],
+) -> None:
+    """Check the fp32 graphs on ``device`` against the same PyTorch reference (same limits)."""
+    from magretrieve.export import parity
+    from magretrieve.runtime import OnnxEncoder
+
+    say(f"checking parity on {device} (onnxruntime {device} provider) against PyTorch")
+    report = parity.measure(reference, OnnxEncoder.load(folder, device=device))
+    parity.check(report, f"{folder} on {device}")
+    manifest.parity[device] = {
+        "max_abs_diff": report["max_abs_diff"],
+        "max_rel_norm_err": report["max_rel_norm_err"],
+    }
+    manifest.save(folder)
 
 
 def _build_int8(

@@ -319,6 +319,11 @@ class Encoder(nn.Module, similarity.SideVectors):
                 raise ConfigError(
                     f"{folder}: norm head weights do not fit the config ({exc})"
                 ) from None
+        if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(
+                f"--device {device}: torch sees no CUDA GPU here (torch.cuda.is_available() "
+                f"is False; torch {torch.__version__})"
+            )
         encoder.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         encoder.eval()
         return encoder

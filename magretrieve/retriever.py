@@ -201,11 +201,13 @@ def _as_document(doc: Document | Mapping[str, Any], position: int) -> Document:
     return Document(doc_id, text, title, extra)
 
 
-def load_encoder(export_dir: str | Path, threads: int | None = None) -> EncoderLike:
+def load_encoder(
+    export_dir: str | Path, threads: int | None = None, device: str = "cpu"
+) -> EncoderLike:
     """The ONNX encoder of an export folder (one seam, so tests can substitute a fake)."""
     from magretrieve.runtime import OnnxEncoder
 
-    return OnnxEncoder.load(export_dir, threads=threads)
+    return OnnxEncoder.load(export_dir, threads=threads, device=device)
 
 
 class Retriever:
@@ -238,11 +240,12 @@ class Retriever:
         *,
         force: bool = False,
         threads: int | None = None,
+        device: str = "cpu",
         create: bool = True,
         **store_options: Any,
     ) -> Retriever:
         """Open an export folder and a store (created with the model's dimension if absent)."""
-        encoder = load_encoder(export_dir, threads=threads)
+        encoder = load_encoder(export_dir, threads=threads, device=device)
         vs = open_store(
             store, dimension=encoder.manifest.dimension if create else None, **store_options
         )

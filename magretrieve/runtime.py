@@ -153,9 +153,11 @@ class OnnxEncoder:
             options.inter_op_num_threads = 1
             options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            providers = [PROVIDERS[self.device]]
-            if self.device != "cpu":
-                providers.append(PROVIDERS["cpu"])  # for the few operators a provider lacks
+            providers: list[Any] = [PROVIDERS["cpu"]]
+            if self.device == "cuda":
+                # TF32 matmuls (onnxruntime's CUDA default on Ampere+) round to ~1e-3, which
+                # would break fp32 parity; the CPU provider runs the few operators CUDA lacks.
+                providers.insert(0, (PROVIDERS["cuda"], {"use_tf32": 0}))
             path = self.manifest.path(side)
             try:
                 self._sessions[side] = ort.InferenceSession(

@@ -6,7 +6,6 @@ Nothing is downloaded: the tokenizer is a WordPiece vocabulary written by the fi
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -19,6 +18,7 @@ from magretrieve.testing import (  # noqa: F401  (re-exported for tests)
     build_tiny_sentence_transformer,
     write_tiny_beir,
 )
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -285,12 +285,18 @@ def test_minilm_qnorm_export_parity(tmp_path: Path) -> None:
     from magretrieve.manifest import Manifest
     from magretrieve.runtime import OnnxEncoder
 
-    out = export_model(
-        "all-MiniLM-L6-v2", tmp_path / "minilm", mode="qnorm", exporter="torchscript"
-    )
+    out = export_model("all-MiniLM-L6-v2", tmp_path / "minilm", mode="qnorm")
     manifest = Manifest.load(out)
     assert manifest.dimension == 384 and manifest.max_document_length == 256
+    # parity is checked on the fused graphs: 6 layers → 6 Attention, 12 SkipLayerNorm, 6 GELU
     assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["max_rel_norm_err"] <= 1e-5
+    assert manifest.exporter["name"] == "torch.onnx (torchscript)"
+    assert manifest.exporter["optimizer"]["fused_operators"] == {
+        "EmbedLayerNormalization": 1,
+        "Attention": 6,
+        "BiasGelu": 6,
+        "SkipLayerNormalization": 12,
+    }
     q = OnnxEncoder.load(out).encode_queries(["does aspirin reduce heart attack risk?"])
     assert q.shape == (1, 384)
     np.testing.assert_allclose(np.linalg.norm(q), 1.0, atol=1e-5)

@@ -119,9 +119,7 @@ def test_batches_follow_the_token_budget_and_vectors_do_not_depend_on_it(fused_e
 def test_torch_encoder_batches_by_tokens_too(fused_export) -> None:
     _, encoder = fused_export
     budgeted = encoder.encode_documents(TEXTS, batch_size=64)
-    np.testing.assert_allclose(
-        budgeted, encoder.encode_documents(TEXTS, batch_size=1), atol=1e-5
-    )
+    np.testing.assert_allclose(budgeted, encoder.encode_documents(TEXTS, batch_size=1), atol=1e-5)
     np.testing.assert_allclose(
         encoder.embed(TEXTS, "document", 64, False, max_batch_tokens=8),
         encoder.embed(TEXTS, "document", 64, False, max_batch_tokens=None),
@@ -301,3 +299,141 @@ def test_cuda_onnx_matches_cpu(fused_export) -> None:
     gpu = OnnxEncoder.load(folder, device="cuda")
     assert gpu.session("document").get_providers()[0] == "CUDAExecutionProvider"
     np.testing.assert_allclose(gpu.encode_documents(TEXTS), cpu, atol=1e-3)
+
+
+def _torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _invoke(*args: object):
+    from click.testing import CliRunner
+
+    from magretrieve.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=True)
+
+
+def test_cli_device_cuda_refused_in_one_line_without_a_gpu(
+    fused_export, tiny_model_dir: Path, tiny_beir_dir: Path, tmp_path: Path
+) -> None:
+    """index / eval / export / train --device cuda on a machine without CUDA: one line, exit 1,
+    nothing written. (With a GPU the same commands run: test_cli_device_cuda_on_a_gpu.)"""
+    if _cuda_ready() or _torch_cuda():
+        pytest.skip("a CUDA GPU is present: the refusal path does not apply")
+    folder, _ = fused_export
+    store = tmp_path / "ix"
+    runs = {
+        "index": _invoke(
+            "index",
+            folder,
+            tiny_beir_dir / "corpus.jsonl",
+            "--store",
+            f"faiss:{store}",
+            "--device",
+            "cuda",
+        ),
+        "eval onnx": _invoke(
+            "eval", "--model", folder, "--data", f"{tiny_beir_dir}:test", "--device", "cuda"
+        ),
+        "eval torch": _invoke(
+            "eval",
+            "--model",
+            tiny_model_dir,
+            "--data",
+            f"{tiny_beir_dir}:test",
+            "--mode",
+            "qnorm",
+            "--device",
+            "cuda",
+        ),
+        "export": _invoke(
+            "export", tiny_model_dir, tmp_path / "exp", "--mode", "qnorm", "--device", "cuda"
+        ),
+        "train": _invoke(
+            "train",
+            "--model",
+            tiny_model_dir,
+            "--train",
+            f"{tiny_beir_dir}:train",
+            "--out",
+            tmp_path / "run",
+            "--device",
+            "cuda",
+            "--max-steps",
+            "1",
+        ),
+    }
+    for name, res in runs.items():
+        assert res.exit_code == 1, (name, res.output)
+        assert "Traceback" not in res.output, name
+        assert "--device cuda:" in res.output, (name, res.output)
+    assert "CUDAExecutionProvider" in runs["index"].output
+    assert "torch.cuda.is_available() is False" in runs["eval torch"].output
+    assert not store.exists() and not (tmp_path / "exp").exists()
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(
+    not (_cuda_ready() and _torch_cuda()), reason="no CUDA GPU (torch and onnxruntime)"
+)
+def test_cli_device_cuda_on_a_gpu(
+    fused_export, tiny_model_dir: Path, tiny_beir_dir: Path, tmp_path: Path
+) -> None:
+    """export parity, index, eval and train on the GPU agree with the CPU path."""
+    import json
+
+    from magretrieve.adapters import open_store
+    from magretrieve.manifest import Manifest
+
+    folder, _ = fused_export
+    res = _invoke("export", tiny_model_dir, tmp_path / "exp", "--mode", "qnorm", "--device", "cuda")
+    assert res.exit_code == 0, res.output
+    assert Manifest.load(tmp_path / "exp").parity["cuda"]["max_abs_diff"] <= 1e-4
+    for device in ("cpu", "cuda"):
+        res = _invoke(
+            "index",
+            folder,
+            tiny_beir_dir / "corpus.jsonl",
+            "--store",
+            f"faiss:{tmp_path / device}",
+            "--device",
+            device,
+            "--no-progress",
+        )
+        assert res.exit_code == 0, res.output
+    cpu, gpu = open_store(f"faiss:{tmp_path / 'cpu'}"), open_store(f"faiss:{tmp_path / 'cuda'}")
+    ids = sorted(cpu.iter_ids())
+    np.testing.assert_allclose(gpu.get_vectors(ids), cpu.get_vectors(ids), atol=1e-3)
+    scores = {}
+    for device in ("cpu", "cuda"):
+        res = _invoke(
+            "eval",
+            "--model",
+            folder,
+            "--data",
+            f"{tiny_beir_dir}:test",
+            "--device",
+            device,
+            "--json",
+        )
+        assert res.exit_code == 0, res.output
+        scores[device] = json.loads(res.output)["ndcg_at_10"]
+    assert scores["cuda"] == pytest.approx(scores["cpu"], abs=1e-3)
+    res = _invoke(
+        "train",
+        "--model",
+        tiny_model_dir,
+        "--train",
+        f"{tiny_beir_dir}:train",
+        "--out",
+        tmp_path / "run",
+        "--device",
+        "cuda",
+        "--max-steps",
+        "2",
+        "--epochs",
+        "1",
+    )
+    assert res.exit_code == 0, res.output

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
 from magretrieve.similarity import MODES
 
@@ -91,6 +92,7 @@ def _print_report(dest: str) -> None:
     metavar="DIR[:split]",
     help="BEIR folder (and split) on which to report NDCG@10 of fp32 vs int8.",
 )
+@device_option("Also check the graphs' parity on onnxruntime's CUDA provider (cuda).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing export folder at DEST.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON at the end.")
 def export_cmd(
@@ -103,6 +105,7 @@ def export_cmd(
     optimize: bool,
     exporter: str,
     eval_data: str | None,
+    device: str,
     overwrite: bool,
     as_json: bool,
 ) -> None:
@@ -126,6 +129,7 @@ def export_cmd(
         exporter=exporter,
         eval_data=eval_data,
         echo=lambda msg: click.echo(msg, err=True),
+        device=device,
     )
     _print_report(dest)
     if as_json:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
 
 
@@ -65,7 +66,14 @@ def collect_store_options(**kw: object) -> dict[str, object]:
     show_default=True,
     help="Persist the store after this many new documents (a resumed run skips them).",
 )
-@click.option("--threads", type=int, default=None, help="onnxruntime threads.")
+@click.option(
+    "--threads",
+    type=int,
+    default=None,
+    help="onnxruntime intra-op threads (default: the cores this process may use, or "
+    "$MAGRETRIEVE_ONNX_THREADS).",
+)
+@device_option("Run the document graph on onnxruntime's CUDA provider (cuda) or the CPU.")
 @click.option("--force", is_flag=True, help="Write into a store built by another model.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @store_options
@@ -76,6 +84,7 @@ def index_cmd(
     batch_size: int,
     checkpoint_every: int,
     threads: int | None,
+    device: str,
     force: bool,
     no_progress: bool,
     **store_kw: object,
@@ -92,6 +101,7 @@ def index_cmd(
         store=store_spec,
         force=force,
         threads=threads,
+        device=device,
         **collect_store_options(**store_kw),
     ) as retriever:
         report = index_corpus(
