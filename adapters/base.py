@@ -36,12 +36,19 @@ ID_NAMESPACE = uuid.UUID("6f1c3f0e-8a57-5b7e-9a43-3d2b1c0e9f10")
 
 @dataclass
 class StoreHit:
-    """One search result as a store returns it (before the Retriever decomposes the score)."""
+    """One search result as a store returns it (before the Retriever decomposes the score).
+
+    ``doc_norm`` is the stored vector's norm, kept by the store next to the vector (payload,
+    record table) so explaining a score never needs the vector itself: with it the Retriever
+    searches with ``with_vectors=False``. ``None`` only for third-party stores that cannot
+    tell; the Retriever then fetches those vectors.
+    """
 
     id: str
     score: float
     payload: dict[str, Any] = field(default_factory=dict)
     vector: np.ndarray | None = None
+    doc_norm: float | None = None
 
 
 @dataclass
@@ -228,6 +235,13 @@ def check_batch(
     for doc_id in ids:
         if not isinstance(doc_id, str) or not doc_id:
             raise StoreError(f"{where}: document ids must be non-empty strings, got {doc_id!r}")
+        try:
+            doc_id.encode("utf-8")  # Qdrant hashes ids as UTF-8; a lone surrogate has none
+        except UnicodeEncodeError as exc:
+            raise StoreError(
+                f"{where}: document id {doc_id!r} holds a lone surrogate at position "
+                f"{exc.start} (not valid Unicode)"
+            ) from None
     if len(set(ids)) != len(ids):
         seen: set[str] = set()
         dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]

@@ -4,7 +4,7 @@ Layout of a store folder::
 
     DIR/faiss_store.json      state, written LAST: generation, parameters, checksums, metadata
     DIR/index-<gen>.faiss     the FAISS index (int64 ids = positions in the record table)
-    DIR/records-<gen>.json    [[doc_id, payload] or null per int64 id], tombstones
+    DIR/records-<gen>.json    [[doc_id, payload, doc_norm] or null per int64 id], tombstones
 
 Saving writes a new generation (temp file + fsync + ``os.replace``) and switches
 ``faiss_store.json`` to it last, so a crash at any point leaves the previous consistent state
@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from magretrieve.adapters import registry
 from magretrieve.adapters.base import (
     IdMapMixin,
     StoreHit,
@@ -236,7 +237,8 @@ class FaissStore(IdMapMixin, VectorStore):
                 index.ntotal,
                 index.ntotal - 1,
             )
-            self._records = [[str(i), {}] for i in range(index.ntotal)]
+            norms = np.linalg.norm(index.reconstruct_n(0, index.ntotal), axis=1)
+            self._records = [[str(i), {}, float(norms[i])] for i in range(index.ntotal)]
             self._row = {str(i): i for i in range(index.ntotal)}
             self._sequential = True
         return index
@@ -340,6 +342,7 @@ class FaissStore(IdMapMixin, VectorStore):
         store._records = records["records"]
         store._tombstones = set(records["tombstones"])
         store._row = {r[0]: n for n, r in enumerate(store._records) if r is not None}
+        cls._check_consistent(store, files)
         for key, opt in (("hnsw_m", "hnsw_m"), ("ef_construction", "ef_construction")):
             if options.get(opt) is not None and options[opt] != params.get(key):
                 logger.warning(
@@ -350,6 +353,33 @@ class FaissStore(IdMapMixin, VectorStore):
                     params.get(key),
                 )
         return store
+
+    @staticmethod
+    def _check_consistent(store: FaissStore, files: dict[str, Path]) -> None:
+        """Index and record table must describe the same points (checksums only prove that
+        each file is what the state file says, not that the two agree with each other)."""
+        index, records = store._index, store._records
+        if int(index.d) != store._dim:
+            raise StoreError(
+                f"{files['index']}: index has dimension {index.d}, {STATE_FILE} says {store._dim}"
+            )
+        if not isinstance(records, list) or any(
+            r is not None and not (isinstance(r, list) and len(r) == 2 and isinstance(r[0], str))
+            for r in records
+        ):
+            raise StoreError(f"{files['records']}: records must be [id, payload] pairs or null")
+        if any(not isinstance(t, int) or not 0 <= t < len(records) for t in store._tombstones):
+            raise StoreError(f"{files['records']}: tombstones outside the record table")
+        live = len(store._row)
+        if len(store._row) != sum(r is not None for r in records):
+            raise StoreError(f"{files['records']}: a document id appears twice")
+        expected = live + len(store._tombstones)
+        if int(index.ntotal) != expected:
+            raise StoreError(
+                f"{files['index']}: index holds {index.ntotal} vectors but "
+                f"{files['records'].name} describes {expected} ({live} live, "
+                f"{len(store._tombstones)} tombstoned); the two files disagree"
+            )
 
     @classmethod
     def _load_empty(
@@ -484,8 +514,9 @@ class FaissStore(IdMapMixin, VectorStore):
                 self._index.add(arr)  # plain index: FAISS ids are positions, as ours are
             else:
                 self._index.add_with_ids(arr, fids)
-            for doc_id, payload, fid in zip(ids, plist, fids, strict=True):
-                self._records.append([doc_id, payload])
+            norms = np.linalg.norm(arr, axis=1)
+            for doc_id, payload, fid, norm in zip(ids, plist, fids, norms, strict=True):
+                self._records.append([doc_id, payload, float(norm)])
                 self._row[doc_id] = int(fid)
             self._flush_pending(final=False)
         return len(ids)
@@ -565,11 +596,18 @@ class FaissStore(IdMapMixin, VectorStore):
                 if rec is None:
                     continue
                 vec = self._index.reconstruct(int(f)) if with_vectors else None
-                hits.append(StoreHit(rec[0], float(s), dict(rec[1]), vec))
+                hits.append(StoreHit(rec[0], float(s), dict(rec[1]), vec, self._norm(int(f))))
                 if len(hits) == k:
                     break
             out.append(hits)
         return out
+
+    def _norm(self, fid: int) -> float:
+        """The stored vector's norm, kept in the record table (records of format 1 lack it)."""
+        rec = self._records[fid]
+        if len(rec) < 3:
+            rec.append(float(np.linalg.norm(self._index.reconstruct(fid))))
+        return float(rec[2])
 
     def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
         if self._pending:
@@ -595,3 +633,63 @@ class FaissStore(IdMapMixin, VectorStore):
             out["factory"] = self.params.get("factory")
         out["tombstones"] = len(self._tombstones)
         return out
+
+
+# ----------------------------------------------------------------------------- registry entry
+
+FAISS_OPTIONS = (
+    "index_type",
+    "hnsw_m",
+    "ef_construction",
+    "ef_search",
+    "nlist",
+    "nprobe",
+)
+
+
+def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> FaissStore:
+    return FaissStore.open(loc["path"], dimension, **options)
+
+
+def _adopts(obj: Any) -> bool:
+    return (type(obj).__module__ or "").startswith("faiss") and hasattr(obj, "metric_type")
+
+
+def _adopt_object(
+    obj: Any, dimension: int | None, collection: str | None, options: dict[str, Any]
+) -> FaissStore:
+    options = dict(options)
+    path = options.pop("path", None)
+    opts = registry.check_options(registry.backend_for("faiss:x")[0], options, "FAISS index")
+    if dimension is not None and int(obj.d) != int(dimension):
+        raise StoreError(
+            f"FAISS index has dimension {obj.d}, but the model produces dimension {dimension}"
+        )
+    return FaissStore(int(obj.d), path, index=obj, **opts)
+
+
+registry.register(
+    registry.Backend(
+        prefix="faiss",
+        form="faiss:DIR",
+        parse=registry.parse_dir,
+        open=_open,
+        options=FAISS_OPTIONS,
+        folder=True,
+        adopts=_adopts,
+        adopt=_adopt_object,
+        extra="faiss",
+        examples=lambda tmp: [
+            registry.Example("faiss-flat", f"faiss:{tmp / 'faiss'}"),
+            registry.Example(
+                "faiss-hnsw", f"faiss:{tmp / 'faiss-hnsw'}", {"index_type": "hnsw"}, exact=False
+            ),
+            registry.Example(
+                "faiss-ivf",
+                f"faiss:{tmp / 'faiss-ivf'}",
+                {"index_type": "ivf", "nlist": 4},
+                exact=False,
+            ),
+        ],
+    )
+)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from magretrieve.adapters import registry
 from magretrieve.adapters.base import (
     IdMapMixin,
     StoreHit,
@@ -143,6 +144,7 @@ class MemoryStore(IdMapMixin, VectorStore):
             top = np.argpartition(-row, kk - 1)[:kk] if kk < n else np.arange(n)
             # ties broken by insertion order, like a stable exact scan
             top = top[np.lexsort((top, -row[top]))]
+            norms = np.linalg.norm(vectors[top], axis=1)
             out.append(
                 [
                     StoreHit(
@@ -150,8 +152,9 @@ class MemoryStore(IdMapMixin, VectorStore):
                         float(row[j]),
                         dict(payloads[j]),
                         vectors[j].copy() if with_vectors else None,
+                        float(norm),
                     )
-                    for j in top
+                    for j, norm in zip(top, norms, strict=True)
                 ]
             )
         return out
@@ -225,3 +228,30 @@ class MemoryStore(IdMapMixin, VectorStore):
             for key in ("vectors", "records"):
                 if key in old and old[key] not in (vec_name, rec_name):
                     (self._path / old[key]).unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------- registry entry
+
+
+def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> MemoryStore:
+    if loc["path"]:
+        return MemoryStore.open(loc["path"], dimension)
+    if dimension is None:
+        raise StoreError("memory: store needs a dimension")
+    return MemoryStore(dimension)
+
+
+registry.register(
+    registry.Backend(
+        prefix="memory",
+        form="memory:[DIR]",
+        parse=registry.parse_optional_dir,
+        open=_open,
+        folder=True,
+        persists=lambda loc: bool(loc["path"]),
+        examples=lambda tmp: [
+            registry.Example("memory", "memory:"),
+            registry.Example("memory-dir", f"memory:{tmp / 'memory'}"),
+        ],
+    )
+)

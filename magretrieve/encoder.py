@@ -44,7 +44,9 @@ class EncoderConfig:
     gamma_q: float = 1.0
     gamma_d: float = 1.0
     pooling: str = "mean"
-    max_query_length: int = 64
+    #: 0 (the default) means the model's own limit, resolved when the encoder is built: a
+    #: shorter default silently truncated long queries (issue 17) and cost quality.
+    max_query_length: int = 0
     max_document_length: int = 256
     query_prefix: str = ""
     document_prefix: str = ""
@@ -74,7 +76,8 @@ class EncoderConfig:
                 f"unknown pooling {self.pooling!r}; choose one of {', '.join(POOLINGS)}"
             )
         for name in ("max_query_length", "max_document_length"):
-            if int(getattr(self, name)) < 2:
+            value = int(getattr(self, name))
+            if value < 2 and not (name == "max_query_length" and value == 0):
                 raise ConfigError(f"{name} must be at least 2, got {getattr(self, name)}")
         if not (self.norm_scale > 0 and math.isfinite(self.norm_scale)):
             raise ConfigError(f"norm_scale must be a positive number, got {self.norm_scale}")
@@ -157,6 +160,14 @@ def _read_sentence_transformers(folder: Path) -> tuple[Path, dict[str, Any]]:
     return transformer_dir, settings
 
 
+def _is_corrupt_file_error(exc: BaseException) -> bool:
+    """A load error caused by a file's content (truncated safetensors, broken JSON)."""
+    module = type(exc).__module__ or ""
+    return module.startswith(("safetensors", "tokenizers", "json")) or isinstance(
+        exc, (ValueError, UnicodeDecodeError)
+    )
+
+
 class Encoder(nn.Module, similarity.SideVectors):
     """Transformer + pooling + (partial) normalization, with its config saved beside its weights."""
 
@@ -198,6 +209,10 @@ class Encoder(nn.Module, similarity.SideVectors):
             )
             limits.append(int(positions) - offset)
         usable = [x for x in limits if 0 < x < 1_000_000]
+        if not self.config.max_query_length:  # the default: as long as the model supports
+            self.config.max_query_length = (
+                min(usable) if usable else self.config.max_document_length
+            )
         if not usable:
             return
         limit = min(usable)
@@ -255,7 +270,11 @@ class Encoder(nn.Module, similarity.SideVectors):
                 cfg.pooling = st.get("pooling", cfg.pooling)
                 if "max_seq_length" in st:
                     cfg.max_document_length = st["max_seq_length"]
-                    cfg.max_query_length = min(cfg.max_query_length, st["max_seq_length"])
+                    cfg.max_query_length = (
+                        min(cfg.max_query_length, st["max_seq_length"])
+                        if cfg.max_query_length
+                        else st["max_seq_length"]
+                    )
                 if st["normalize"]:
                     level = logging.INFO if cfg.mode == "cosine" else logging.WARNING
                     logger.log(
@@ -290,13 +309,30 @@ class Encoder(nn.Module, similarity.SideVectors):
             if value is not None:
                 setattr(cfg, name, value)
         cfg.validate()
+        local = Path(str(transformer_dir))
+        if local.is_dir() and not (local / "config.json").is_file():
+            raise ConfigError(
+                f"{local / 'config.json'}: missing; a model folder needs the Hugging Face "
+                "config.json beside its weights (copy the whole folder)"
+            )
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(transformer_dir))
             transformer = AutoModel.from_pretrained(str(transformer_dir), use_safetensors=True)
         except OSError as exc:
+            if exc.filename:  # the OS refused a file (permissions, I/O error)
+                raise ConfigError(f"{exc.filename}: cannot read ({exc.strerror})") from None
             raise ConfigError(
                 f"{transformer_dir}: cannot load the transformer ({exc}). magretrieve loads safetensors "
                 "weights only; a folder with only pytorch_model.bin (a pickle) is refused"
+            ) from None
+        except Exception as exc:  # safetensors/tokenizers/json errors on a corrupt file
+            if not _is_corrupt_file_error(exc):
+                raise
+            weights = sorted(local.glob("*.safetensors")) if local.is_dir() else []
+            where = weights[0] if len(weights) == 1 else transformer_dir
+            raise ConfigError(
+                f"{where}: cannot load the model: a file is truncated or corrupt "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
             ) from None
         encoder = cls(transformer, tokenizer, cfg)
         if encoder.norm_head is not None and has_own and data.get("norm_head", "none") != "none":

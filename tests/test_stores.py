@@ -15,12 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from magretrieve.adapters import open_store, parse_spec
+from magretrieve.adapters import open_store, parse_spec, registry
 from magretrieve.adapters.faiss_store import FaissStore
 from magretrieve.errors import StoreError
 
 DIM = 16
-BACKENDS = ["memory", "faiss-flat", "qdrant-memory", "qdrant-local", "qdrant-edge"]
+#: Every registered backend's example specs (adapters/registry.py): a new store joins by
+#: registering, not by an edit here. Names only; the specs are rebuilt under tmp_path.
+EXAMPLES = {e.name: e for e in registry.examples(Path("EXAMPLE"))}
+BACKENDS = sorted(EXAMPLES)
+EXACT_BACKENDS = sorted(n for n, e in EXAMPLES.items() if e.exact)
 
 
 def make_data(n: int = 400, nq: int = 25, dim: int = DIM, seed: int = 0):
@@ -34,14 +38,12 @@ def make_data(n: int = 400, nq: int = 25, dim: int = DIM, seed: int = 0):
     return ids, docs, queries
 
 
+def example(backend: str, tmp: Path) -> registry.Example:
+    return {e.name: e for e in registry.examples(tmp)}[backend]
+
+
 def spec_for(backend: str, tmp: Path) -> str:
-    return {
-        "memory": "memory:",
-        "faiss-flat": f"faiss:{tmp / 'faiss'}",
-        "qdrant-memory": "qdrant-memory:test",
-        "qdrant-local": f"qdrant-local:{tmp / 'qdrant'}/test",
-        "qdrant-edge": f"qdrant-edge:{tmp / 'edge'}",
-    }[backend]
+    return example(backend, tmp).spec
 
 
 def exact_topk(queries: np.ndarray, docs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -50,14 +52,37 @@ def exact_topk(queries: np.ndarray, docs: np.ndarray, k: int) -> tuple[np.ndarra
     return order, np.take_along_axis(scores, order, axis=1)
 
 
+def _open_example(name: str, tmp_path: Path):
+    ex = example(name, tmp_path)
+    return open_store(ex.spec, dimension=DIM, **ex.options)
+
+
 @pytest.fixture(params=BACKENDS)
 def store(request, tmp_path):
-    s = open_store(spec_for(request.param, tmp_path), dimension=DIM)
+    s = _open_example(request.param, tmp_path)
     yield s
     s.close()
 
 
-def test_exact_backends_agree_with_brute_force(store):
+@pytest.fixture(params=EXACT_BACKENDS)
+def exact_store(request, tmp_path):
+    s = _open_example(request.param, tmp_path)
+    yield s
+    s.close()
+
+
+def test_backend_list_covers_every_registered_store():
+    """The registry drives the test list: every backend names at least one example spec
+    unless it needs a service (qdrant server: covered through a client object below)."""
+    prefixes = {parse_spec(e.spec)[0] for e in EXAMPLES.values()}
+    assert {"faiss", "memory", "qdrant-local", "qdrant-memory", "qdrant-edge"} <= prefixes
+    assert {"memory", "faiss-flat", "qdrant-memory", "qdrant-local", "qdrant-edge"} <= set(
+        EXACT_BACKENDS
+    )
+
+
+def test_exact_backends_agree_with_brute_force(exact_store):
+    store = exact_store
     ids, docs, queries = make_data()
     store.add(ids, docs, [{"n": i} for i in range(len(ids))])
     store.optimize()
@@ -70,6 +95,15 @@ def test_exact_backends_agree_with_brute_force(store):
         # payload comes back, bookkeeping keys stripped
         assert hits[0].payload == {"n": int(order[qi][0])}
         np.testing.assert_allclose(hits[0].vector, docs[order[qi][0]], atol=1e-6)
+        # every store reports the stored norm, with or without fetching vectors
+        want = np.linalg.norm(docs[order[qi]], axis=1)
+        np.testing.assert_allclose([h.doc_norm for h in hits], want, rtol=1e-5)
+    bare = store.search(queries[:3], 5, with_vectors=False)
+    for qi, hits in enumerate(bare):
+        assert all(h.vector is None for h in hits)
+        np.testing.assert_allclose(
+            [h.doc_norm for h in hits], np.linalg.norm(docs[order[qi][:5]], axis=1), rtol=1e-5
+        )
 
 
 def test_stored_vectors_keep_their_norms(store):
@@ -503,3 +537,90 @@ def test_qdrant_server_path_passes_cluster_hnsw_and_quantization_settings():
         [h.score for h in hits], s.get_vectors([h.id for h in hits]) @ queries[0], atol=1e-4
     )
     assert s.describe()["parameters"]["shard_number"] == 3
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+@pytest.mark.parametrize(
+    "spec,options,message",
+    [
+        ("faiss:{tmp}/f", {"hnsw_m": 0, "index_type": "hnsw"}, r"--hnsw-m must be >= 2, got 0"),
+        ("faiss:{tmp}/f", {"hnsw_m": -4, "index_type": "hnsw"}, r"--hnsw-m must be >= 2"),
+        ("faiss:{tmp}/f", {"nlist": -3, "index_type": "ivf"}, r"--nlist must be >= 1, got -3"),
+        ("faiss:{tmp}/f", {"nprobe": 0}, r"--nprobe must be >= 1, got 0"),
+        ("faiss:{tmp}/f", {"ef_search": 0}, r"--ef-search must be >= 1, got 0"),
+        ("faiss:{tmp}/f", {"hnsw_m": 2.5}, r"--hnsw-m must be an integer, got 2.5"),
+        ("faiss:{tmp}/f", {"hnsw_m": "x"}, r"--hnsw-m must be an integer, got 'x'"),
+        ("qdrant-edge:{tmp}/e", {"quantization": "pq"}, r"--quantization must be one of int8"),
+        ("qdrant-memory:c", {"shard_number": 0}, r"--shard-number must be >= 1"),
+        ("qdrant-memory:c", {"oversampling": float("nan")}, r"oversampling must be a finite"),
+        ("qdrant-memory:c", {"nlist": 8}, r"\['nlist'\] do not apply to qdrant-memory"),
+        ("memory:", {"hnsw_m": 16}, r"\['hnsw_m'\] do not apply to memory"),
+    ],
+)
+def test_options_are_checked_before_any_backend_call(tmp_path, spec, options, message):
+    spec = spec.format(tmp=tmp_path)
+    with pytest.raises(StoreError, match=message):
+        open_store(spec, dimension=DIM, **options)
+    # nothing was created for the refused spec
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_new_backend_is_one_registry_entry(tmp_path, monkeypatch):
+    """A toy backend registered from outside: spec parsing, option checks, open_store and the
+    spec list in errors all pick it up without another edit."""
+    from magretrieve.adapters.memory_store import MemoryStore
+
+    opened = {}
+
+    def _open(loc, dimension, options):
+        opened.update(loc=loc, options=options)
+        return MemoryStore(dimension)
+
+    toy = registry.Backend(
+        prefix="toy",
+        form="toy:NAME",
+        parse=registry.parse_collection,
+        open=_open,
+        options=("ef_search",),
+    )
+    monkeypatch.setitem(registry._BACKENDS, "toy", toy)
+    assert parse_spec("toy:abc") == ("toy", {"collection": "abc"})
+    store = open_store("toy:abc", dimension=DIM, ef_search=np.int64(40))
+    assert opened == {"loc": {"collection": "abc"}, "options": {"ef_search": 40}}
+    ids, docs, queries = make_data(n=20)
+    store.add(ids, docs)
+    assert store.search(queries[:1], 3)[0][0].id == ids[int(np.argmax(docs @ queries[0]))]
+    with pytest.raises(StoreError, match=r"\['nprobe'\] do not apply to toy"):
+        open_store("toy:abc", dimension=DIM, nprobe=3)
+    with pytest.raises(StoreError, match="toy:NAME"):
+        parse_spec("nope:x")
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register(registry.Backend("toy", "toy:X", registry.parse_dir, _open))
+
+
+def test_cli_store_options_come_from_the_registry():
+    from click.testing import CliRunner
+
+    from magretrieve.cli import main
+
+    flags = {o.cli for o in registry.cli_options()}
+    assert {"--faiss-index", "--hnsw-m", "--ef-search", "--nlist", "--nprobe"} <= flags
+    assert {"--shard-number", "--replication-factor", "--quantization"} <= flags
+    index_help = CliRunner().invoke(main, ["index", "--help"]).output
+    search_help = CliRunner().invoke(main, ["search", "--help"]).output
+    for flag in flags:
+        assert flag in index_help
+    for opt in registry.cli_options(search_only=True):
+        assert opt.cli in search_help
+    assert "--hnsw-m" not in search_help  # a build-time knob is not offered at search time
+
+
+def test_regular_file_refused_as_folder_store(tmp_path):
+    f = tmp_path / "store.faiss"
+    f.write_text("not a folder")
+    for spec in (f"faiss:{f}", f"memory:{f}", f"qdrant-edge:{f}", f"qdrant-local:{f}/c"):
+        with pytest.raises(StoreError, match="is a file, not a folder"):
+            open_store(spec, dimension=DIM)
+    assert f.read_text() == "not a folder"

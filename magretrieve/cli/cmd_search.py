@@ -7,7 +7,7 @@ import json
 import click
 
 from magretrieve.cli._group import main
-from magretrieve.cli.cmd_index import collect_store_options
+from magretrieve.cli.cmd_index import collect_store_options, search_store_options
 
 
 def _snippet(hit: object, width: int = 60) -> str:
@@ -24,18 +24,16 @@ def _snippet(hit: object, width: int = 60) -> str:
 )
 @click.option("-k", "k", type=int, default=5, show_default=True, help="Hits per query.")
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
-@click.option("--ef-search", type=int, default=None, help="HNSW efSearch for this search.")
-@click.option("--nprobe", type=int, default=None, help="FAISS IVF lists probed.")
 @click.option("--force", is_flag=True, help="Search a store built by another model.")
+@search_store_options
 def search_cmd(
     export_dir: str,
     query: tuple[str, ...],
     store_spec: str,
     k: int,
     as_json: bool,
-    ef_search: int | None,
-    nprobe: int | None,
     force: bool,
+    **store_kw: object,
 ) -> None:
     """Search the store with QUERY; shows score = ‖q‖·doc_norm·cosine for each hit."""
     from magretrieve.retriever import Retriever
@@ -46,7 +44,7 @@ def search_cmd(
         store=store_spec,
         force=force,
         create=False,
-        **collect_store_options(ef_search=ef_search, nprobe=nprobe),
+        **collect_store_options(**store_kw),
     ) as retriever:
         hits = retriever.search(text, k=k)
     if as_json:
