@@ -73,6 +73,7 @@ def eval_command(model, data_specs, mode, batch_size, as_json):
                 "Cohen's d ‖d‖",
                 "CV ‖d‖",
                 "queries",
+                "truncated queries",
                 "docs",
             ],
             [
@@ -85,6 +86,7 @@ def eval_command(model, data_specs, mode, batch_size, as_json):
                     r["cohens_d"],
                     r["norm_cv"],
                     r["n_queries"],
+                    r["truncated_queries"] if r["truncated_queries"] >= 0 else "?",
                     r["n_documents"],
                 )
                 for r in retrieval
