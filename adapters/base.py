@@ -235,6 +235,13 @@ def check_batch(
     for doc_id in ids:
         if not isinstance(doc_id, str) or not doc_id:
             raise StoreError(f"{where}: document ids must be non-empty strings, got {doc_id!r}")
+        try:
+            doc_id.encode("utf-8")  # Qdrant hashes ids as UTF-8; a lone surrogate has none
+        except UnicodeEncodeError as exc:
+            raise StoreError(
+                f"{where}: document id {doc_id!r} holds a lone surrogate at position "
+                f"{exc.start} (not valid Unicode)"
+            ) from None
     if len(set(ids)) != len(ids):
         seen: set[str] = set()
         dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]

@@ -342,6 +342,7 @@ class FaissStore(IdMapMixin, VectorStore):
         store._records = records["records"]
         store._tombstones = set(records["tombstones"])
         store._row = {r[0]: n for n, r in enumerate(store._records) if r is not None}
+        cls._check_consistent(store, files)
         for key, opt in (("hnsw_m", "hnsw_m"), ("ef_construction", "ef_construction")):
             if options.get(opt) is not None and options[opt] != params.get(key):
                 logger.warning(
@@ -352,6 +353,33 @@ class FaissStore(IdMapMixin, VectorStore):
                     params.get(key),
                 )
         return store
+
+    @staticmethod
+    def _check_consistent(store: FaissStore, files: dict[str, Path]) -> None:
+        """Index and record table must describe the same points (checksums only prove that
+        each file is what the state file says, not that the two agree with each other)."""
+        index, records = store._index, store._records
+        if int(index.d) != store._dim:
+            raise StoreError(
+                f"{files['index']}: index has dimension {index.d}, {STATE_FILE} says {store._dim}"
+            )
+        if not isinstance(records, list) or any(
+            r is not None and not (isinstance(r, list) and len(r) == 2 and isinstance(r[0], str))
+            for r in records
+        ):
+            raise StoreError(f"{files['records']}: records must be [id, payload] pairs or null")
+        if any(not isinstance(t, int) or not 0 <= t < len(records) for t in store._tombstones):
+            raise StoreError(f"{files['records']}: tombstones outside the record table")
+        live = len(store._row)
+        if len(store._row) != sum(r is not None for r in records):
+            raise StoreError(f"{files['records']}: a document id appears twice")
+        expected = live + len(store._tombstones)
+        if int(index.ntotal) != expected:
+            raise StoreError(
+                f"{files['index']}: index holds {index.ntotal} vectors but "
+                f"{files['records'].name} describes {expected} ({live} live, "
+                f"{len(store._tombstones)} tombstoned); the two files disagree"
+            )
 
     @classmethod
     def _load_empty(

@@ -1,8 +1,9 @@
-"""``export_model``: encoder → staged export folder → parity check → atomic rename.
+"""``export_model``: encoder → staged export folder → parity check → atomic publish.
 
 Everything is built in a hidden temporary folder beside the target. Only when both graphs
-pass parity (fp32) is the folder renamed into place, so a failed export leaves nothing
-half-written and an existing export is replaced only with ``overwrite=True``.
+pass parity (fp32) is the folder put in place (:mod:`magretrieve.export.publish`: a rename,
+or an atomic swap with an existing export), so a failed or killed export leaves the old
+export or the new one, and an existing export is replaced only with ``overwrite=True``.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from magretrieve.adapters.base import fsync_dir
 from magretrieve.errors import ConfigError, MagRetrieveError
+from magretrieve.export.publish import make_staging, publish, recover
 from magretrieve.manifest import MANIFEST_NAME, GraphSpec, Manifest, hash_folder
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,6 +50,15 @@ def _versions(exporter: str) -> dict[str, str]:
 
         versions["onnxscript"] = onnxscript.__version__
     return versions
+
+
+def _fsync_file(path: Path) -> None:
+    if path.is_file():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _check_target(target: Path, overwrite: bool) -> None:
@@ -107,7 +118,11 @@ def _write_manifest(
     quantization: str | None = None,
     quantization_report: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Hash every file in ``folder`` and write its manifest (the manifest itself is unhashed)."""
+    """Hash every file in ``folder`` and write its manifest.
+
+    ``save`` seals it: ``model_fingerprint`` from the file hashes and settings, and the
+    manifest's own ``manifest_sha256``.
+    """
     from magretrieve import similarity
     from magretrieve.export.graphs import OUTPUT_NAME, input_names
 
@@ -140,7 +155,7 @@ def _write_manifest(
         graphs=graphs,
         tokenizer=TOKENIZER_FILE,
         files=files,
-        model_fingerprint=files[GRAPH_FILES["document"]],
+        model_fingerprint="",  # computed from the content by Manifest.save
         quantization=quantization,
         pad_token_id=int(encoder.tokenizer.pad_token_id or 0),
         exporter=exporter,
@@ -249,6 +264,7 @@ def export_model(
         raise ConfigError(
             "--eval-data compares int8 with fp32; use it together with --quantize int8"
         )
+    recover(target, say)  # what an earlier, killed export to this target left behind
     _check_target(target, overwrite)
     dataset = None
     if eval_data is not None:
@@ -268,7 +284,7 @@ def export_model(
         parent = parent.parent
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        staging = make_staging(target)
     except OSError as exc:
         raise ConfigError(f"{target}: cannot create the export folder ({exc})") from None
     try:
@@ -283,6 +299,8 @@ def export_model(
                 if exporter != "auto" or isinstance(exc, ConfigError):
                     raise
                 attempts.append({"exporter": name, "error": str(exc)})
+            except OSError:
+                raise  # disk full, read-only folder: the other exporter would fail the same way
             except Exception as exc:  # an exporter crash is not the user's fault: try the other
                 if exporter != "auto":
                     raise
@@ -305,15 +323,10 @@ def export_model(
             final_dir = _build_int8(
                 encoder, fp32_dir, staging / "int8", manifest, reference, dataset, say
             )
-        previous = staging / "previous"
-        if target.exists():
-            target.rename(previous)
-        try:
-            final_dir.rename(target)
-        except OSError:
-            if previous.exists():
-                previous.rename(target)  # put the old export back
-            raise
+        for item in final_dir.iterdir():  # durable before it becomes visible
+            _fsync_file(item)
+        fsync_dir(final_dir)
+        publish(final_dir, target, staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         for folder in created:  # parents this call created, deepest first

@@ -159,6 +159,14 @@ def _read_sentence_transformers(folder: Path) -> tuple[Path, dict[str, Any]]:
     return transformer_dir, settings
 
 
+def _is_corrupt_file_error(exc: BaseException) -> bool:
+    """A load error caused by a file's content (truncated safetensors, broken JSON)."""
+    module = type(exc).__module__ or ""
+    return module.startswith(("safetensors", "tokenizers", "json")) or isinstance(
+        exc, (ValueError, UnicodeDecodeError)
+    )
+
+
 class Encoder(nn.Module, similarity.SideVectors):
     """Transformer + pooling + (partial) normalization, with its config saved beside its weights."""
 
@@ -300,13 +308,30 @@ class Encoder(nn.Module, similarity.SideVectors):
             if value is not None:
                 setattr(cfg, name, value)
         cfg.validate()
+        local = Path(str(transformer_dir))
+        if local.is_dir() and not (local / "config.json").is_file():
+            raise ConfigError(
+                f"{local / 'config.json'}: missing; a model folder needs the Hugging Face "
+                "config.json beside its weights (copy the whole folder)"
+            )
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(transformer_dir))
             transformer = AutoModel.from_pretrained(str(transformer_dir), use_safetensors=True)
         except OSError as exc:
+            if exc.filename:  # the OS refused a file (permissions, I/O error)
+                raise ConfigError(f"{exc.filename}: cannot read ({exc.strerror})") from None
             raise ConfigError(
                 f"{transformer_dir}: cannot load the transformer ({exc}). magretrieve loads safetensors "
                 "weights only; a folder with only pytorch_model.bin (a pickle) is refused"
+            ) from None
+        except Exception as exc:  # safetensors/tokenizers/json errors on a corrupt file
+            if not _is_corrupt_file_error(exc):
+                raise
+            weights = sorted(local.glob("*.safetensors")) if local.is_dir() else []
+            where = weights[0] if len(weights) == 1 else transformer_dir
+            raise ConfigError(
+                f"{where}: cannot load the model: a file is truncated or corrupt "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
             ) from None
         encoder = cls(transformer, tokenizer, cfg)
         if encoder.norm_head is not None and has_own and data.get("norm_head", "none") != "none":

@@ -25,6 +25,7 @@ Torch is imported only for the encoder check of a head.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Mapping
@@ -171,6 +172,42 @@ def apply_recorded_magnitude(
 
 # ----------------------------------------------------------------------------- checks
 
+#: Store-metadata key present while a rescale into the store has not finished.
+INCOMPLETE_KEY = "incomplete"
+
+
+def incomplete_marker(source: str, recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """What a target records while a rescale into it runs: operation, source and recipe hash."""
+    canonical = json.dumps(recipe, sort_keys=True, separators=(",", ":"), default=str)
+    return {
+        "operation": "rescale",
+        "source": source,
+        "recipe_sha256": hashlib.sha256(canonical.encode()).hexdigest(),
+    }
+
+
+def check_target(dst: Any, marker: Mapping[str, Any]) -> Any:
+    """Refuse a target that holds anything but an interrupted run of this same rescale.
+
+    Returns a predicate telling which ids still need writing (all of them for a new target;
+    those not stored yet when an interrupted rescale with the same source and recipe resumes).
+    """
+    meta = dst.read_metadata() or {}
+    found = meta.get(INCOMPLETE_KEY)
+    if found:
+        if dict(found) != dict(marker):
+            raise StoreError(
+                f"{dst.location}: holds an interrupted rescale of {found.get('source')} with "
+                "another source or recipe; finish it with the command that started it, or "
+                "choose a new store"
+            )
+        logger.warning("%s: resuming an interrupted rescale", dst.location)
+        have = set(dst.iter_ids())
+        return lambda doc_id: doc_id not in have
+    if dst.count():
+        raise StoreError(f"{dst.location}: target is not empty; choose a new store")
+    return lambda doc_id: True
+
 
 def check_source_metadata(meta: Mapping[str, Any] | None, where: str, force: bool) -> None:
     """The source must be a cosine-normalized store that was not rescaled already."""
@@ -287,7 +324,10 @@ def rescale_store(
     Exactly one of ``head`` (a run folder with a frozen-encoder norm head) or ``prior`` (a
     :class:`~magretrieve.priors.DocumentPrior`, or the older :class:`CorpusPrior`; its corpus
     statistics are refitted on the source's vectors) must be given.
-    The source is only read; the target must be new or empty.
+    The source is only read; the target must be new or empty, or hold an interrupted
+    rescale of the same source with the same recipe, which is then resumed. The target is
+    marked ``incomplete`` until its last point is written (every Retriever refuses it until
+    then), so a crash leaves the old state (nothing), the new one, or a reported, resumable one.
     """
     from tqdm.auto import tqdm
 
@@ -347,25 +387,37 @@ def rescale_store(
     dim = int(new.shape[1])
     dst = open_store(target, dimension=dim, **target_options)
     try:
-        if dst.count():
-            raise StoreError(f"{dst.location}: target is not empty; choose a new store")
         if int(dst.dimension) != dim:
             raise StoreError(
                 f"{dst.location}: target has dimension {dst.dimension}; this prior stores "
                 f"{dim} ({'the vector and one offset coordinate' if offset else 'the vector'})"
             )
+        marker = incomplete_marker(where, recipe)
+        todo = check_target(dst, marker)
         new_meta = dict(meta or {})
         new_meta["document_contract"] = "magnitude_keeping"
         new_meta[META_KEY] = recipe
         new_meta["rescaled_from"] = where
-        dst.write_metadata(new_meta)
+        # Marked incomplete first: a crash from here on leaves a target every Retriever
+        # refuses ("incomplete"), and re-running this command resumes it.
+        dst.write_metadata({**new_meta, INCOMPLETE_KEY: marker})
+        dst.persist()
         bar = tqdm(total=len(ids), desc="rescaling", unit="doc", disable=not progress)
         for start in range(0, len(ids), batch_size):
             end = start + batch_size
-            dst.add(ids[start:end], new[start:end], payloads[start:end])
+            chunk = [i for i in range(start, min(end, len(ids))) if todo(ids[i])]
+            if chunk:
+                dst.add([ids[i] for i in chunk], new[chunk], [payloads[i] for i in chunk])
             bar.update(len(ids[start:end]))
         bar.close()
         dst.optimize()
+        dst.persist()
+        if dst.count() != len(ids):
+            raise StoreError(
+                f"{dst.location}: holds {dst.count()} points after the rescale, expected "
+                f"{len(ids)}; left marked incomplete"
+            )
+        dst.write_metadata(new_meta)  # done: the marker goes last
         dst.persist()
         target_location = dst.location
     finally:

@@ -32,7 +32,7 @@ import numpy as np
 
 from magretrieve.adapters import VectorStore, open_store
 from magretrieve.adapters.base import check_finite, check_queries
-from magretrieve.data import Document
+from magretrieve.data import Document, check_text, lone_surrogate
 from magretrieve.errors import StoreError
 from magretrieve.similarity import EPS, INDEX_METRIC
 
@@ -172,6 +172,13 @@ def check_compatible(manifest: Any, store: VectorStore, *, force: bool = False) 
         )
     if not meta:
         return
+    if meta.get("incomplete"):
+        job = meta["incomplete"]
+        raise StoreError(
+            f"{where}: incomplete: a `magretrieve {job.get('operation', 'rescale')}` from "
+            f"{job.get('source')} into it was interrupted; run the same command again to "
+            "finish it (or delete the store)"
+        )
     ours = manifest_metadata(manifest)
     differs = [
         key
@@ -266,10 +273,21 @@ class Retriever:
         force: bool = False,
         threads: int | None = None,
         create: bool = True,
+        for_writing: bool = False,
         **store_options: Any,
     ) -> Retriever:
-        """Open an export folder and a store (created with the model's dimension if absent)."""
+        """Open an export folder and a store (created with the model's dimension if absent).
+
+        The query graph (and with ``for_writing`` the document graph) is checked against the
+        manifest before the store is touched, so a broken export never creates a store.
+        """
         encoder = load_encoder(export_dir, threads=threads)
+        # check the graphs against the manifest before a store is opened (or created)
+        warm = getattr(encoder, "session", None)
+        if callable(warm):
+            warm("query")
+            if for_writing:
+                warm("document")
         vs = open_store(
             store, dimension=encoder.manifest.dimension if create else None, **store_options
         )
@@ -313,6 +331,10 @@ class Retriever:
         """Encode one batch and write it (the unit of work of resumable indexing)."""
         docs = list(docs)
         ids = [d.id for d in docs]
+        for d in docs:  # tokenizers and Qdrant's id hashing fail on a lone surrogate
+            for what, value in (("id", d.id), ("title", d.title), ("text", d.text)):
+                if isinstance(value, str) and lone_surrogate(value) is not None:
+                    check_text(value, f"document {d.id!r}: {what}")
         if len(set(ids)) != len(ids):
             seen: set[str] = set()
             dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]

@@ -99,7 +99,50 @@ class OnnxEncoder:
                 )
             except Exception as exc:  # onnxruntime raises its own exception types
                 raise ManifestError(f"{path}: onnxruntime cannot load the graph ({exc})") from None
+            self._probe(side, self._sessions[side])
         return self._sessions[side]
+
+    def _probe(self, side: str, session: Any) -> None:
+        """Check the manifest's fields against the graph itself before it serves anything.
+
+        Inputs and output must be the graph's, and one batch of the side's max length made
+        of pad tokens must run and give one finite vector of ``dimension``: an edited
+        dimension, max length, pad id or output name is refused here, naming the graph,
+        instead of failing mid-indexing (or writing a store of the wrong dimension).
+        """
+        m = self.manifest
+        spec = m.graphs[side]
+        path = m.path(side)
+        graph_inputs = {i.name for i in session.get_inputs()}
+        graph_outputs = [o.name for o in session.get_outputs()]
+        if set(spec.inputs) != graph_inputs:
+            raise ManifestError(
+                f"{path}: the graph's inputs are {sorted(graph_inputs)}, the manifest says "
+                f"{sorted(spec.inputs)}"
+            )
+        if spec.output not in graph_outputs:
+            raise ManifestError(
+                f"{path}: the graph has no output {spec.output!r} (its outputs: {graph_outputs})"
+            )
+        length = self._max_length(side)
+        ids = np.full((1, length), m.pad_token_id, dtype=np.int64)
+        ones = np.ones((1, length), dtype=np.int64)
+        feed = {"input_ids": ids, "attention_mask": ones, "token_type_ids": np.zeros_like(ids)}
+        try:
+            out = session.run([spec.output], {k: feed[k] for k in spec.inputs})[0]
+        except Exception as exc:  # onnxruntime's own error types
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ManifestError(
+                f"{path}: the graph does not run with the manifest's settings "
+                f"(max_{side}_length={length}, pad_token_id={m.pad_token_id}): {first[:300]}"
+            ) from None
+        if out.shape != (1, m.dimension):
+            raise ManifestError(
+                f"{path}: the graph gives vectors of shape {tuple(out.shape)[1:]}, the manifest "
+                f"says dimension {m.dimension}"
+            )
+        if not np.isfinite(out).all():
+            raise ManifestError(f"{path}: the graph outputs NaN or inf (corrupt weights)")
 
     # ------------------------------------------------------------------ encoding
 
@@ -115,7 +158,18 @@ class OnnxEncoder:
         if side not in SIDES:
             raise ConfigError(f"side must be 'query' or 'document', got {side!r}")
         prefix = self._prefix(side)
-        return self._tokenizers[side].encode_batch([prefix + t for t in texts])
+        try:
+            return self._tokenizers[side].encode_batch([prefix + t for t in texts])
+        except TypeError:  # tokenizers refuses non-str items and lone surrogates alike
+            from magretrieve.data import check_text
+
+            for n, t in enumerate(texts):
+                if not isinstance(t, str):
+                    raise ConfigError(
+                        f"{side} text #{n} is a {type(t).__name__}, not a string"
+                    ) from None
+                check_text(t, f"{side} text #{n}")
+            raise
 
     def _feed(self, encodings: Sequence[Any], inputs: Sequence[str]) -> dict[str, np.ndarray]:
         """Pad a batch to its longest text (right padding, as the torch encoder does)."""

@@ -106,12 +106,20 @@ class Env:
     def spec(self) -> str:
         return f"faiss:{self.store}"
 
-    def bad_export(self, edit: Callable[[Path, dict], None]) -> Path:
-        """A copy of export A whose manifest (and files) ``edit`` may change."""
+    def bad_export(self, edit: Callable[[Path, dict], None], reseal: bool = True) -> Path:
+        """A copy of export A whose manifest (and files) ``edit`` may change.
+
+        ``reseal`` recomputes ``model_fingerprint`` and ``manifest_sha256`` after the edit, as
+        a deliberate editor would: the field checks behind the checksum are what is tested.
+        """
+        from magretrieve.manifest import seal
+
         folder = self.tmp / "bad_export"
         shutil.copytree(self.export, folder)
         manifest = json.loads((folder / "magretrieve.json").read_text())
         edit(folder, manifest)
+        if reseal:
+            seal(manifest)
         (folder / "magretrieve.json").write_text(json.dumps(manifest, indent=2))
         return folder
 

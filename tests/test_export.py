@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from magretrieve.errors import ConfigError, MagRetrieveError
+from magretrieve.manifest import model_fingerprint
 
 TEXTS = [
     "statins heart mortality",
@@ -63,7 +64,8 @@ def test_parity_and_contract_every_mode(
     assert manifest.gamma_d == pytest.approx(gamma_d, abs=1e-6)
     assert manifest.parity["max_abs_diff"] <= 1e-4
     assert manifest.parity["max_rel_norm_err"] <= 1e-5
-    assert manifest.model_fingerprint == manifest.files["document.onnx"]
+    data = json.loads((out / "magretrieve.json").read_text())
+    assert manifest.model_fingerprint == model_fingerprint(data)  # graphs, tokenizer, settings
     assert manifest.graphs["document"].head is None
     assert _listing(out) == sorted(
         [

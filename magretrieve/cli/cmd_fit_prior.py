@@ -80,11 +80,11 @@ def fit_prior_command(model, train_spec, out, method, eval_specs, betas, k, as_j
     encoder = _load_any(model, None)
     selection = fit_prior(encoder, train, method=method, grids=grids, progress=not as_json)
     written = selection.to_dict()
+    from magretrieve.adapters.base import atomic_write_bytes
+
     target = Path(out)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(written, indent=1) + "\n")
-    tmp.replace(target)  # atomic: a crash never leaves half a prior file
+    # temp file + fsync + rename: a crash leaves the old file or the new one, never half
+    atomic_write_bytes(target, (json.dumps(written, indent=1) + "\n").encode())
     evaluations = [
         score_with_prior(encoder, data, selection.prior, progress=not as_json) for data in evals
     ]

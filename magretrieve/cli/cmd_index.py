@@ -57,6 +57,11 @@ def collect_store_options(**kw: object) -> dict[str, object]:
 )
 @click.option("--threads", type=int, default=None, help="onnxruntime threads.")
 @click.option("--force", is_flag=True, help="Write into a store built by another model.")
+@click.option(
+    "--skip-empty",
+    is_flag=True,
+    help="Skip (and count) documents with empty title and text instead of refusing the corpus.",
+)
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @store_options
 def index_cmd(
@@ -67,6 +72,7 @@ def index_cmd(
     checkpoint_every: int,
     threads: int | None,
     force: bool,
+    skip_empty: bool,
     no_progress: bool,
     **store_kw: object,
 ) -> None:
@@ -74,14 +80,17 @@ def index_cmd(
 
     Re-running skips ids the store already holds, so an interrupted run resumes.
     """
-    from magretrieve.indexing import index_corpus
+    from magretrieve.indexing import check_corpus_file, index_corpus
     from magretrieve.retriever import Retriever
 
+    # the whole file is validated first: a bad corpus never creates or half-fills a store
+    documents = check_corpus_file(corpus, skip_empty=skip_empty)
     with Retriever.load(
         export_dir,
         store=store_spec,
         force=force,
         threads=threads,
+        for_writing=True,
         **collect_store_options(**store_kw),
     ) as retriever:
         report = index_corpus(
@@ -90,6 +99,8 @@ def index_cmd(
             batch_size=batch_size,
             checkpoint_every=checkpoint_every,
             progress=not no_progress,
+            skip_empty=skip_empty,
+            total=documents,
         )
         click.echo(
             f"{retriever.store.location}: {report.added} added, {report.skipped} already stored, "
@@ -100,4 +111,11 @@ def index_cmd(
             click.echo(
                 f"note: {report.truncated} document(s) longer than max_document_length={limit} "
                 "tokens were truncated (only their first tokens are indexed)"
+            )
+        if report.empty_skipped:
+            shown = ", ".join(repr(i) for i in report.empty_ids or [])
+            more = ", ..." if report.empty_skipped > len(report.empty_ids or []) else ""
+            click.echo(
+                f"note: {report.empty_skipped} document(s) with empty title and text were "
+                f"skipped (--skip-empty): {shown}{more}"
             )

@@ -82,8 +82,10 @@ def rescale_cmd(
             raise ConfigError("give --corpus-prior or --prior-file, not both")
         try:
             data = json.loads(Path(prior_file).read_text())
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # JSON and UTF-8 errors
             raise ConfigError(f"{prior_file}: not valid JSON ({exc})") from None
+        except OSError as exc:
+            raise ConfigError(f"{prior_file}: cannot read ({exc.strerror or exc})") from None
         prior = prior_from_dict(data, source=prior_file)
     elif beta is not None:
         prior = HubPrior(beta, k)
