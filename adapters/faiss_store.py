@@ -364,17 +364,11 @@ class FaissStore(IdMapMixin, VectorStore):
                 f"{files['index']}: index has dimension {index.d}, {STATE_FILE} says {store._dim}"
             )
         if not isinstance(records, list) or any(
-            r is not None
-            and not (
-                isinstance(r, list)
-                and len(r) in (2, 3)  # [id, payload] or [id, payload, stored norm]
-                and isinstance(r[0], str)
-                and (len(r) == 2 or isinstance(r[2], int | float))
-            )
+            r is not None and not (isinstance(r, list) and len(r) >= 2 and isinstance(r[0], str))
             for r in records
         ):
             raise StoreError(
-                f"{files['records']}: records must be [id, payload(, norm)] lists or null"
+                f"{files['records']}: records must be [id, payload, ...] lists or null"
             )
         if any(not isinstance(t, int) or not 0 <= t < len(records) for t in store._tombstones):
             raise StoreError(f"{files['records']}: tombstones outside the record table")
