@@ -364,10 +364,12 @@ class FaissStore(IdMapMixin, VectorStore):
                 f"{files['index']}: index has dimension {index.d}, {STATE_FILE} says {store._dim}"
             )
         if not isinstance(records, list) or any(
-            r is not None and not (isinstance(r, list) and len(r) == 2 and isinstance(r[0], str))
+            r is not None and not (isinstance(r, list) and len(r) >= 2 and isinstance(r[0], str))
             for r in records
         ):
-            raise StoreError(f"{files['records']}: records must be [id, payload] pairs or null")
+            raise StoreError(
+                f"{files['records']}: records must be [id, payload, ...] lists or null"
+            )
         if any(not isinstance(t, int) or not 0 <= t < len(records) for t in store._tombstones):
             raise StoreError(f"{files['records']}: tombstones outside the record table")
         live = len(store._row)

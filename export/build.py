@@ -414,13 +414,18 @@ def export_model(
             _fsync_file(item)
         fsync_dir(final_dir)
         publish(final_dir, target, staging)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
         for folder in created:  # parents this call created, deepest first
             try:
                 folder.rmdir()
             except OSError:
                 break
+        if isinstance(exc, OSError):  # disk full, read-only: one line, the target untouched
+            where = exc.filename or staging
+            raise ConfigError(
+                f"{where}: {exc.strerror or exc} while writing the export; {target} was not changed"
+            ) from None
         raise
     shutil.rmtree(staging, ignore_errors=True)
     say(f"wrote {target}")

@@ -75,6 +75,7 @@ def eval_command(model, data_specs, mode, batch_size, device, as_json):
                 "Cohen's d ‖d‖",
                 "CV ‖d‖",
                 "queries",
+                "truncated queries",
                 "docs",
             ],
             [
@@ -87,6 +88,7 @@ def eval_command(model, data_specs, mode, batch_size, device, as_json):
                     r["cohens_d"],
                     r["norm_cv"],
                     r["n_queries"],
+                    r["truncated_queries"] if r["truncated_queries"] >= 0 else "?",
                     r["n_documents"],
                 )
                 for r in retrieval
