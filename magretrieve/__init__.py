@@ -44,6 +44,7 @@ _LAZY: dict[str, str] = {
     "TrainConfig": "magretrieve.trainer",
     "train": "magretrieve.trainer",
     "evaluate_retrieval": "magretrieve.evaluate",
+    "retrieval_metrics": "magretrieve.metrics",
     "evaluate_sts": "magretrieve.evaluate",
     "export_model": "magretrieve.export",
     # stores and retrieval (the serving path)
@@ -55,9 +56,13 @@ _LAZY: dict[str, str] = {
     "DEFAULT_K": "magretrieve.retriever",
     "index_corpus": "magretrieve.indexing",
     "index_documents": "magretrieve.indexing",
-    # the recommended magnitude for normalization-pretrained encoders: the corpus prior
+    # document priors on top of cosine (the recommended magnitude for normalization-pretrained
+    # encoders): chosen on training queries, applied to a store without re-encoding
+    "DocumentPrior": "magretrieve.priors",
+    "prior_from_dict": "magretrieve.priors",
+    "fit_prior": "magretrieve.priors.fit",
+    "choose_prior": "magretrieve.priors.select",
     "CorpusPrior": "magretrieve.corpus_prior",
-    "fit_prior": "magretrieve.corpus_prior",
     "rescale_store": "magretrieve.rescale",
     # diagnosis (the subpackage is ``magretrieve.diagnose``; the function has its own name so
     # that importing a submodule can never replace it)

@@ -304,9 +304,12 @@ class Retriever:
             warm("query")
             if for_writing:
                 warm("document")
-        vs = open_store(
-            store, dimension=encoder.manifest.dimension if create else None, **store_options
-        )
+        try:  # an existing store opens with its own dimension (d + 1 with a prior's offset)
+            vs = open_store(store, dimension=None, **store_options)
+        except StoreError:
+            if not create:
+                raise
+            vs = open_store(store, dimension=encoder.manifest.dimension, **store_options)
         try:
             return cls(encoder, vs, force=force)
         except BaseException:
