@@ -235,6 +235,13 @@ def check_batch(
     for doc_id in ids:
         if not isinstance(doc_id, str) or not doc_id:
             raise StoreError(f"{where}: document ids must be non-empty strings, got {doc_id!r}")
+        try:
+            doc_id.encode("utf-8")  # Qdrant hashes ids as UTF-8; a lone surrogate has none
+        except UnicodeEncodeError as exc:
+            raise StoreError(
+                f"{where}: document id {doc_id!r} holds a lone surrogate at position "
+                f"{exc.start} (not valid Unicode)"
+            ) from None
     if len(set(ids)) != len(ids):
         seen: set[str] = set()
         dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
@@ -372,16 +379,22 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     A crash leaves either the old file or the new one, never a half-written one.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:  # read-only or missing folder: name the folder, not a temp name
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path.parent)) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            # a full disk raises ENOSPC from write() without a file name: add the path
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
         raise
     fsync_dir(path.parent)
 

@@ -299,11 +299,14 @@ class FaissStore(IdMapMixin, VectorStore):
         else:
             store._handle = fx.read(str(saved.index_file), str(saved.index_file))
             store._normalizes = store._handle.normalizes
+            records_file = path / state["records_file"]
+            _check_records(saved.records, records_file)
             store._table = RecordTable.from_json(saved.records or {})
             pending = saved.pending
             pfids = (saved.records or {}).get("pending", [])
             if pending is not None and len(pfids):
                 store._pending = [(np.asarray(pfids, dtype=np.int64), pending)]
+            _check_consistent(store, saved.index_file, records_file)
         if store._handle is not None:
             fx.set_search_parameters(store._handle, store.params)
             store._check_applicable(
@@ -670,6 +673,51 @@ class FaissStore(IdMapMixin, VectorStore):
     def close(self) -> None:
         if self._writer is not None:
             self._writer.release()
+
+
+# ----------------------------------------------------------------------------- consistency
+
+
+def _check_records(records: Any, records_file: Path) -> None:
+    """The record file's shape: ``[id, payload, ...]`` lists or null, tombstones in range."""
+    rows = records.get("records") if isinstance(records, dict) else None
+    if not isinstance(rows, list) or any(
+        r is not None and not (isinstance(r, list) and len(r) >= 2 and isinstance(r[0], str))
+        for r in rows
+    ):
+        raise StoreError(f"{records_file}: records must be [id, payload, ...] lists or null")
+    tombs = records.get("tombstones", [])
+    if not isinstance(tombs, list) or any(
+        not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < len(rows) for t in tombs
+    ):
+        raise StoreError(f"{records_file}: tombstones outside the record table")
+    pending = records.get("pending", [])
+    if not isinstance(pending, list) or any(
+        not isinstance(t, int) or not 0 <= t < len(rows) for t in pending
+    ):
+        raise StoreError(f"{records_file}: pending ids outside the record table")
+
+
+def _check_consistent(store: FaissStore, index_file: Path, records_file: Path) -> None:
+    """Index and record table must describe the same points (checksums only prove that each
+    file is what the state file says, not that the two agree with each other)."""
+    index, table = store._handle.index, store._table  # type: ignore[union-attr]
+    if int(index.d) != store._dim:
+        raise StoreError(
+            f"{index_file}: index has dimension {index.d}, {STATE_FILE} says {store._dim}"
+        )
+    live = len(table.row)
+    if live != sum(r is not None for r in table.records):
+        raise StoreError(f"{records_file}: a document id appears twice")
+    pending = sum(len(f) for f, _ in store._pending)
+    expected = live + len(table.tombstones) - pending
+    if int(index.ntotal) != expected:
+        raise StoreError(
+            f"{index_file}: index holds {index.ntotal} vectors but {records_file.name} "
+            f"describes {expected} ({live} live, {len(table.tombstones)} tombstoned"
+            + (f", {pending} waiting for training" if pending else "")
+            + "); the two files disagree"
+        )
 
 
 # ----------------------------------------------------------------------------- registry entry

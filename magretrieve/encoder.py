@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from magretrieve import similarity
+from magretrieve.batching import DEFAULT_BATCH_TOKENS, token_budget_batches
 from magretrieve.errors import ConfigError
 from magretrieve.models import resolve_model_path
 
@@ -43,7 +44,9 @@ class EncoderConfig:
     gamma_q: float = 1.0
     gamma_d: float = 1.0
     pooling: str = "mean"
-    max_query_length: int = 64
+    #: 0 (the default) means the model's own limit, resolved when the encoder is built: a
+    #: shorter default silently truncated long queries (issue 17) and cost quality.
+    max_query_length: int = 0
     max_document_length: int = 256
     query_prefix: str = ""
     document_prefix: str = ""
@@ -73,7 +76,8 @@ class EncoderConfig:
                 f"unknown pooling {self.pooling!r}; choose one of {', '.join(POOLINGS)}"
             )
         for name in ("max_query_length", "max_document_length"):
-            if int(getattr(self, name)) < 2:
+            value = int(getattr(self, name))
+            if value < 2 and not (name == "max_query_length" and value == 0):
                 raise ConfigError(f"{name} must be at least 2, got {getattr(self, name)}")
         if not (self.norm_scale > 0 and math.isfinite(self.norm_scale)):
             raise ConfigError(f"norm_scale must be a positive number, got {self.norm_scale}")
@@ -156,6 +160,14 @@ def _read_sentence_transformers(folder: Path) -> tuple[Path, dict[str, Any]]:
     return transformer_dir, settings
 
 
+def _is_corrupt_file_error(exc: BaseException) -> bool:
+    """A load error caused by a file's content (truncated safetensors, broken JSON)."""
+    module = type(exc).__module__ or ""
+    return module.startswith(("safetensors", "tokenizers", "json")) or isinstance(
+        exc, (ValueError, UnicodeDecodeError)
+    )
+
+
 class Encoder(nn.Module, similarity.SideVectors):
     """Transformer + pooling + (partial) normalization, with its config saved beside its weights."""
 
@@ -197,6 +209,10 @@ class Encoder(nn.Module, similarity.SideVectors):
             )
             limits.append(int(positions) - offset)
         usable = [x for x in limits if 0 < x < 1_000_000]
+        if not self.config.max_query_length:  # the default: as long as the model supports
+            self.config.max_query_length = (
+                min(usable) if usable else self.config.max_document_length
+            )
         if not usable:
             return
         limit = min(usable)
@@ -254,7 +270,11 @@ class Encoder(nn.Module, similarity.SideVectors):
                 cfg.pooling = st.get("pooling", cfg.pooling)
                 if "max_seq_length" in st:
                     cfg.max_document_length = st["max_seq_length"]
-                    cfg.max_query_length = min(cfg.max_query_length, st["max_seq_length"])
+                    cfg.max_query_length = (
+                        min(cfg.max_query_length, st["max_seq_length"])
+                        if cfg.max_query_length
+                        else st["max_seq_length"]
+                    )
                 if st["normalize"]:
                     level = logging.INFO if cfg.mode == "cosine" else logging.WARNING
                     logger.log(
@@ -289,13 +309,30 @@ class Encoder(nn.Module, similarity.SideVectors):
             if value is not None:
                 setattr(cfg, name, value)
         cfg.validate()
+        local = Path(str(transformer_dir))
+        if local.is_dir() and not (local / "config.json").is_file():
+            raise ConfigError(
+                f"{local / 'config.json'}: missing; a model folder needs the Hugging Face "
+                "config.json beside its weights (copy the whole folder)"
+            )
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(transformer_dir))
             transformer = AutoModel.from_pretrained(str(transformer_dir), use_safetensors=True)
         except OSError as exc:
+            if exc.filename:  # the OS refused a file (permissions, I/O error)
+                raise ConfigError(f"{exc.filename}: cannot read ({exc.strerror})") from None
             raise ConfigError(
                 f"{transformer_dir}: cannot load the transformer ({exc}). magretrieve loads safetensors "
                 "weights only; a folder with only pytorch_model.bin (a pickle) is refused"
+            ) from None
+        except Exception as exc:  # safetensors/tokenizers/json errors on a corrupt file
+            if not _is_corrupt_file_error(exc):
+                raise
+            weights = sorted(local.glob("*.safetensors")) if local.is_dir() else []
+            where = weights[0] if len(weights) == 1 else transformer_dir
+            raise ConfigError(
+                f"{where}: cannot load the model: a file is truncated or corrupt "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
             ) from None
         encoder = cls(transformer, tokenizer, cfg)
         if encoder.norm_head is not None and has_own and data.get("norm_head", "none") != "none":
@@ -318,6 +355,11 @@ class Encoder(nn.Module, similarity.SideVectors):
                 raise ConfigError(
                     f"{folder}: norm head weights do not fit the config ({exc})"
                 ) from None
+        if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(
+                f"--device {device}: torch sees no CUDA GPU here (torch.cuda.is_available() "
+                f"is False; torch {torch.__version__})"
+            )
         encoder.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         encoder.eval()
         return encoder
@@ -462,9 +504,18 @@ class Encoder(nn.Module, similarity.SideVectors):
 
     @torch.inference_mode()
     def embed(
-        self, texts: Sequence[str], side: str, batch_size: int = 64, progress: bool | str = False
+        self,
+        texts: Sequence[str],
+        side: str,
+        batch_size: int = 64,
+        progress: bool | str = False,
+        max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS,
     ) -> np.ndarray:
-        """Raw pooled float32 embeddings, batched by length so little compute goes to padding."""
+        """Raw pooled float32 embeddings, batched by length so little compute goes to padding.
+
+        Texts are sorted longest first and a batch closes at ``batch_size`` texts or when
+        ``rows × longest`` would pass ``max_batch_tokens`` (None: fixed-size batches).
+        """
         from tqdm.auto import tqdm
 
         texts = list(texts)
@@ -476,11 +527,10 @@ class Encoder(nn.Module, similarity.SideVectors):
         was_training = self.training
         self.eval()
         lengths, self.last_truncated = self._lengths(texts, side)
-        order = np.argsort([-n for n in lengths], kind="stable")
+        batches = token_budget_batches(lengths, max_tokens=max_batch_tokens, max_rows=batch_size)
         desc = progress if isinstance(progress, str) else f"encoding {side}s"
         bar = tqdm(total=len(texts), desc=desc, unit="text", disable=not progress, leave=False)
-        for start in range(0, len(texts), batch_size):
-            idx = order[start : start + batch_size]
+        for idx in batches:
             batch = self.tokenize([texts[i] for i in idx], side)
             out[idx] = self(**batch, side=side).float().cpu().numpy()
             bar.update(len(idx))

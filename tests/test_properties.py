@@ -335,18 +335,35 @@ MANIFEST_PATHS = st.sampled_from(
     raw=st.one_of(st.binary(max_size=120), st.none()),
     path=MANIFEST_PATHS,
     value=VALUES,
+    reseal=st.booleans(),
 )
-def test_manifest_loader_only_raises_magretrieve_errors(raw, path, value) -> None:
-    """Arbitrary bytes, or a valid manifest with one entry replaced, as magretrieve.json."""
-    from magretrieve.manifest import MANIFEST_NAME, Manifest
+def test_manifest_loader_only_raises_magretrieve_errors(raw, path, value, reseal) -> None:
+    """Arbitrary bytes, or a valid manifest with one entry replaced, as magretrieve.json.
+
+    ``reseal``: the edit also recomputes the checksum and fingerprint (so the field checks
+    behind them are reached); without it the checksum must refuse every effective edit.
+    """
+    from magretrieve.manifest import MANIFEST_NAME, Manifest, content_checksum, seal
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "export"
         manifest = _manifest_folder(folder)
+        original = json.loads(json.dumps(manifest))
         if raw is not None:
             (folder / MANIFEST_NAME).write_bytes(raw)
         else:
-            (folder / MANIFEST_NAME).write_text(json.dumps(_mutate(manifest, path, value)))
+            edited = _mutate(manifest, path, value)
+            if reseal and path == ("model_fingerprint",):
+                edited["manifest_sha256"] = content_checksum(edited)  # fingerprint stays edited
+            elif reseal:
+                seal(edited)
+            (folder / MANIFEST_NAME).write_text(json.dumps(edited))
+            if not reseal and edited != original:
+                try:
+                    Manifest.load(folder)
+                except MagRetrieveError:
+                    return
+                raise AssertionError(f"an edit of {path} passed the checksum")
         try:
             loaded = Manifest.load(folder)
         except MagRetrieveError as exc:

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
 
 
@@ -47,7 +48,14 @@ def collect_store_options(**kw: object) -> dict[str, object]:
 @click.option(
     "--store", "store_spec", required=True, help="Store spec, e.g. faiss:indexes/scifact."
 )
-@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option(
+    "--batch-size",
+    type=int,
+    default=256,
+    show_default=True,
+    help="Documents read, length-sorted, encoded and written together (the graph runs them "
+    "in padded-token-budget batches, docs/export.md).",
+)
 @click.option(
     "--checkpoint-every",
     type=int,
@@ -55,8 +63,20 @@ def collect_store_options(**kw: object) -> dict[str, object]:
     show_default=True,
     help="Persist the store after this many new documents (a resumed run skips them).",
 )
-@click.option("--threads", type=int, default=None, help="onnxruntime threads.")
+@click.option(
+    "--threads",
+    type=int,
+    default=None,
+    help="onnxruntime intra-op threads (default: the cores this process may use, or "
+    "$MAGRETRIEVE_ONNX_THREADS).",
+)
+@device_option("Run the document graph on onnxruntime's CUDA provider (cuda) or the CPU.")
 @click.option("--force", is_flag=True, help="Write into a store built by another model.")
+@click.option(
+    "--skip-empty",
+    is_flag=True,
+    help="Skip (and count) documents with empty title and text instead of refusing the corpus.",
+)
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @store_options
 def index_cmd(
@@ -66,7 +86,9 @@ def index_cmd(
     batch_size: int,
     checkpoint_every: int,
     threads: int | None,
+    device: str,
     force: bool,
+    skip_empty: bool,
     no_progress: bool,
     **store_kw: object,
 ) -> None:
@@ -75,17 +97,20 @@ def index_cmd(
     Re-running skips ids the store already holds, so an interrupted run resumes.
     """
     from magretrieve.adapters.registry import check_spec_before_encoding
-    from magretrieve.indexing import index_corpus
+    from magretrieve.indexing import check_corpus_file, index_corpus
     from magretrieve.retriever import Retriever
 
     # a spec naming a regular file, or a store that keeps nothing, fails before any encoding
     check_spec_before_encoding(store_spec, must_persist=True)
-
+    # the whole file is validated first: a bad corpus never creates or half-fills a store
+    documents = check_corpus_file(corpus, skip_empty=skip_empty)
     with Retriever.load(
         export_dir,
         store=store_spec,
         force=force,
         threads=threads,
+        device=device,
+        for_writing=True,
         **collect_store_options(**store_kw),
     ) as retriever:
         report = index_corpus(
@@ -94,6 +119,8 @@ def index_cmd(
             batch_size=batch_size,
             checkpoint_every=checkpoint_every,
             progress=not no_progress,
+            skip_empty=skip_empty,
+            total=documents,
         )
         click.echo(
             f"{retriever.store.location}: {report.added} added, {report.skipped} already stored, "
@@ -109,4 +136,11 @@ def index_cmd(
             click.echo(
                 f"note: {report.truncated} document(s) longer than max_document_length={limit} "
                 "tokens were truncated (only their first tokens are indexed)"
+            )
+        if report.empty_skipped:
+            shown = ", ".join(repr(i) for i in report.empty_ids or [])
+            more = ", ..." if report.empty_skipped > len(report.empty_ids or []) else ""
+            click.echo(
+                f"note: {report.empty_skipped} document(s) with empty title and text were "
+                f"skipped (--skip-empty): {shown}{more}"
             )
