@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from magretrieve import similarity
+from magretrieve.batching import DEFAULT_BATCH_TOKENS, token_budget_batches
 from magretrieve.errors import ConfigError
 from magretrieve.models import resolve_model_path
 
@@ -354,6 +355,11 @@ class Encoder(nn.Module, similarity.SideVectors):
                 raise ConfigError(
                     f"{folder}: norm head weights do not fit the config ({exc})"
                 ) from None
+        if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(
+                f"--device {device}: torch sees no CUDA GPU here (torch.cuda.is_available() "
+                f"is False; torch {torch.__version__})"
+            )
         encoder.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         encoder.eval()
         return encoder
@@ -498,9 +504,18 @@ class Encoder(nn.Module, similarity.SideVectors):
 
     @torch.inference_mode()
     def embed(
-        self, texts: Sequence[str], side: str, batch_size: int = 64, progress: bool | str = False
+        self,
+        texts: Sequence[str],
+        side: str,
+        batch_size: int = 64,
+        progress: bool | str = False,
+        max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS,
     ) -> np.ndarray:
-        """Raw pooled float32 embeddings, batched by length so little compute goes to padding."""
+        """Raw pooled float32 embeddings, batched by length so little compute goes to padding.
+
+        Texts are sorted longest first and a batch closes at ``batch_size`` texts or when
+        ``rows × longest`` would pass ``max_batch_tokens`` (None: fixed-size batches).
+        """
         from tqdm.auto import tqdm
 
         texts = list(texts)
@@ -512,11 +527,10 @@ class Encoder(nn.Module, similarity.SideVectors):
         was_training = self.training
         self.eval()
         lengths, self.last_truncated = self._lengths(texts, side)
-        order = np.argsort([-n for n in lengths], kind="stable")
+        batches = token_budget_batches(lengths, max_tokens=max_batch_tokens, max_rows=batch_size)
         desc = progress if isinstance(progress, str) else f"encoding {side}s"
         bar = tqdm(total=len(texts), desc=desc, unit="text", disable=not progress, leave=False)
-        for start in range(0, len(texts), batch_size):
-            idx = order[start : start + batch_size]
+        for idx in batches:
             batch = self.tokenize([texts[i] for i in idx], side)
             out[idx] = self(**batch, side=side).float().cpu().numpy()
             bar.update(len(idx))

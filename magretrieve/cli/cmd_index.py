@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
 
 
@@ -47,7 +48,14 @@ def collect_store_options(**kw: object) -> dict[str, object]:
 @click.option(
     "--store", "store_spec", required=True, help="Store spec, e.g. faiss:indexes/scifact."
 )
-@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option(
+    "--batch-size",
+    type=int,
+    default=256,
+    show_default=True,
+    help="Documents read, length-sorted, encoded and written together (the graph runs them "
+    "in padded-token-budget batches, docs/export.md).",
+)
 @click.option(
     "--checkpoint-every",
     type=int,
@@ -55,7 +63,14 @@ def collect_store_options(**kw: object) -> dict[str, object]:
     show_default=True,
     help="Persist the store after this many new documents (a resumed run skips them).",
 )
-@click.option("--threads", type=int, default=None, help="onnxruntime threads.")
+@click.option(
+    "--threads",
+    type=int,
+    default=None,
+    help="onnxruntime intra-op threads (default: the cores this process may use, or "
+    "$MAGRETRIEVE_ONNX_THREADS).",
+)
+@device_option("Run the document graph on onnxruntime's CUDA provider (cuda) or the CPU.")
 @click.option("--force", is_flag=True, help="Write into a store built by another model.")
 @click.option(
     "--skip-empty",
@@ -71,6 +86,7 @@ def index_cmd(
     batch_size: int,
     checkpoint_every: int,
     threads: int | None,
+    device: str,
     force: bool,
     skip_empty: bool,
     no_progress: bool,
@@ -90,6 +106,7 @@ def index_cmd(
         store=store_spec,
         force=force,
         threads=threads,
+        device=device,
         for_writing=True,
         **collect_store_options(**store_kw),
     ) as retriever:

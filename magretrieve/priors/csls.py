@@ -47,6 +47,11 @@ class CslsPrior(DocumentPrior):
     def uses_query_bank(self) -> bool:  # type: ignore[override]
         return self.bank == "queries"
 
+    @classmethod
+    def grid(cls, bank: str = "", **options: Any) -> list[DocumentPrior]:
+        banks = (bank,) if bank else BANKS
+        return [cls(a, k, b) for b in banks for k in (10, 50) for a in (0.1, 0.25, 0.5, 1.0)]
+
     def with_bank(self, bank: np.ndarray | None) -> CslsPrior:
         return CslsPrior(self.alpha, self.k, self.bank, bank) if self.bank == "queries" else self
 
