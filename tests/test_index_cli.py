@@ -224,9 +224,7 @@ def test_index_reports_measured_ann_recall_and_tunes_to_a_target(use_fake, tmp_p
     assert store.parameters()["ef_search"] == recall["ef_search"]
 
 
-def test_index_into_a_non_persisting_store_or_a_file_is_refused_before_encoding(
-    use_fake, tmp_path
-):
+def test_index_into_a_non_persisting_store_or_a_file_is_refused_before_encoding(use_fake, tmp_path):
     corpus = write_corpus(tmp_path / "c.jsonl", 10)
     use_fake["fail_after"] = 0  # any encoding would fail: the refusal must come first
     res = run("index", "EXPORT", str(corpus), "--store", "memory:", "--no-progress")
