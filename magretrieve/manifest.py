@@ -387,6 +387,15 @@ class Manifest:
         folder = Path(folder)
         path = folder / MANIFEST_NAME
         if not path.is_file():
+            if not folder.exists() and folder.parent.is_dir():
+                # an `export --overwrite` killed between its two renames (where the folders
+                # cannot be swapped atomically) set the old export aside in its staging folder
+                for kept in folder.parent.glob(f".{folder.name}.tmp-*/previous/{MANIFEST_NAME}"):
+                    raise ManifestError(
+                        f"{folder}: missing: an interrupted `magretrieve export --overwrite` left "
+                        f"the previous export in {kept.parent}; run the export again (it puts "
+                        "the old one back first) or move that folder back"
+                    )
             raise ManifestError(
                 f"{path}: no manifest; is {folder} an export folder (magretrieve export)?"
             )

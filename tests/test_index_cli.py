@@ -203,3 +203,34 @@ def test_cli_refusals_are_one_line_errors(use_fake, tmp_path):
     assert res.exit_code == 1 and "dup.jsonl:2: duplicate document id 'n1'" in res.output
     assert "first on line 1" in res.output and "Traceback" not in res.output
     assert open_store(spec).count() == 10
+
+
+def test_index_reports_measured_ann_recall_and_tunes_to_a_target(use_fake, tmp_path):
+    """An ANN index states its recall@10 against exact search; --target-recall tunes efSearch."""
+    corpus = write_corpus(tmp_path / "c.jsonl", 400)
+    spec = f"faiss:{tmp_path / 'hx'}"
+    res = run(
+        "index", "EXPORT", str(corpus), "--store", spec, "--no-progress",
+        "--faiss-index", "hnsw", "--hnsw-m", "4", "--target-recall", "0.99",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "ANN recall@10" in res.output and "ef_search=" in res.output, res.output
+    store = open_store(spec)
+    recall = store.describe()["parameters"]["recall"]
+    assert recall["target"] == 0.99 and recall["recall_at_10"] >= 0.95
+    # the state file keeps it: a reopened store reports the same measurement
+    assert json.loads((tmp_path / "hx" / "faiss_store.json").read_text())["recall"] == recall
+    # the tuned efSearch is what the store now searches with
+    assert store.parameters()["ef_search"] == recall["ef_search"]
+
+
+def test_index_into_a_non_persisting_store_or_a_file_is_refused_before_encoding(use_fake, tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl", 10)
+    use_fake["fail_after"] = 0  # any encoding would fail: the refusal must come first
+    res = run("index", "EXPORT", str(corpus), "--store", "memory:", "--no-progress")
+    assert res.exit_code == 1 and "keeps nothing after the command ends" in res.output
+    f = tmp_path / "ix.faiss"
+    f.write_text("x")
+    res = run("index", "EXPORT", str(corpus), "--store", f"faiss:{f}", "--no-progress")
+    assert res.exit_code == 1 and "is a file, not a folder" in res.output, res.output
+    assert f.read_text() == "x"

@@ -96,9 +96,12 @@ def index_cmd(
 
     Re-running skips ids the store already holds, so an interrupted run resumes.
     """
+    from magretrieve.adapters.registry import check_spec_before_encoding
     from magretrieve.indexing import check_corpus_file, index_corpus
     from magretrieve.retriever import Retriever
 
+    # a spec naming a regular file, or a store that keeps nothing, fails before any encoding
+    check_spec_before_encoding(store_spec, must_persist=True)
     # the whole file is validated first: a bad corpus never creates or half-fills a store
     documents = check_corpus_file(corpus, skip_empty=skip_empty)
     with Retriever.load(
@@ -123,6 +126,11 @@ def index_cmd(
             f"{retriever.store.location}: {report.added} added, {report.skipped} already stored, "
             f"{report.count} in store ({report.docs_per_second:.1f} docs/s)"
         )
+        recall = retriever.store.describe()["parameters"].get("recall")
+        if recall:
+            from magretrieve.adapters._ann_recall import warning_line
+
+            click.echo(warning_line(recall))
         if report.truncated:
             limit = getattr(retriever.manifest, "max_document_length", "?")
             click.echo(
