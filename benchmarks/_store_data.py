@@ -3,7 +3,7 @@
 Passages are the sentences (≥ 4 words) of the scifact and cranfield abstracts in
 ../shared/data; queries are both sets' queries. Vectors come from all-MiniLM-L6-v2 in
 ``qnorm`` (documents keep their raw pooled magnitude, queries are unit-norm) and are cached
-in /tmp so the store comparison can be re-run without re-encoding.
+in .cache/stores (or $MAGRETRIEVE_CACHE/stores) so the store comparison can be re-run without re-encoding.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import re
 from pathlib import Path
 
 import numpy as np
+from _common import cache_dir
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 SETS = ("scifact", "cranfield")
-CACHE = Path("/tmp/magretrieve_bench_stores")
+CACHE = cache_dir("stores")
 _SPLIT = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -44,7 +45,7 @@ def queries() -> list[str]:
 
 
 def load_vectors(batch_size: int = 128) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
-    """(ids, texts, document vectors, query vectors), encoding once and caching in /tmp."""
+    """(ids, texts, document vectors, query vectors), encoding once and caching in CACHE."""
     ids, texts = passages()
     qtexts = queries()
     key = hashlib.sha256("\n".join(texts + ["\0"] + qtexts).encode()).hexdigest()[:16]
