@@ -459,7 +459,12 @@ class FaissStore(IdMapMixin, VectorStore):
         where = self.location
         target_recall = _check("target_recall", target_recall, where)
         self._ready_for_search()
-        if self._handle is None or self._handle.kind not in ("hnsw", "ivf") or not self.count():
+        if (
+            self._handle is None
+            or self._pending
+            or self._handle.kind not in ("hnsw", "ivf")
+            or not self.count()
+        ):
             return None
         with self._lock:
             fids = np.fromiter(self._table.row.values(), dtype=np.int64)
@@ -578,9 +583,35 @@ class FaissStore(IdMapMixin, VectorStore):
         return len(self._table)
 
     def _ready_for_search(self) -> None:
+        """Train on the buffer when it can be trained; a smaller buffer is searched exactly."""
         if self._pending:
             with self._lock:
-                self._flush_pending(final=True)
+                if self._pending and self._trainable():
+                    self._flush_pending(final=True)
+
+    def _trainable(self) -> bool:
+        n = sum(len(v) for _, v in self._pending)
+        if self._handle is None or self._handle.is_trained:
+            return n > 0
+        return n >= fx.min_train(self._handle.index)
+
+    def _pending_search(self, q: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+        """Exact search over vectors still waiting for training: (FAISS id, score) per query."""
+        fids = np.concatenate([f for f, _ in self._pending])
+        vecs = np.concatenate([v for _, v in self._pending])
+        scores = q @ vecs.T
+        out = []
+        for row in scores:
+            top = np.argsort(-row, kind="stable")[:k]
+            out.append([(int(fids[j]), float(row[j])) for j in top])
+        return out
+
+    def _vector(self, fid: int) -> np.ndarray:
+        for f, v in self._pending:
+            hit = np.flatnonzero(f == fid)
+            if len(hit):
+                return v[int(hit[0])].copy()
+        return self._handle.index.reconstruct(int(fid))  # type: ignore[union-attr]
 
     def search(
         self, queries: np.ndarray, k: int, *, with_vectors: bool = True
@@ -588,18 +619,27 @@ class FaissStore(IdMapMixin, VectorStore):
         q = check_queries(queries, self._dim, self.location)
         k = check_k(k)
         self._ready_for_search()
-        if self._handle is None or self.count() == 0:
+        if self.count() == 0:
             return [[] for _ in range(len(q))]
-        scores, fids = self.raw_search(q, min(k + len(self._table.tombstones), self._handle.ntotal))
+        with self._lock:
+            if self._pending:  # too few vectors to train yet: exact search over the buffer
+                rows = self._pending_search(q, k)
+            else:
+                kk = min(k + len(self._table.tombstones), self._handle.ntotal)  # type: ignore[union-attr]
+                scores, fids = self.raw_search(q, kk)
+                rows = [
+                    [(int(f), float(sc)) for sc, f in zip(srow, frow, strict=True)]
+                    for srow, frow in zip(scores, fids, strict=True)
+                ]
         out = []
-        for srow, frow in zip(scores, fids, strict=True):
+        for row in rows:
             hits: list[StoreHit] = []
-            for s, f in zip(srow, frow, strict=True):
-                rec = self._table.live(int(f))
+            for f, sc in row:
+                rec = self._table.live(f)
                 if rec is None:
                     continue
-                vec = self._handle.index.reconstruct(int(f)) if with_vectors else None
-                hits.append(StoreHit(rec[0], float(s), dict(rec[1]), vec, self._norm(int(f))))
+                vec = self._vector(f) if with_vectors else None
+                hits.append(StoreHit(rec[0], sc, dict(rec[1]), vec, self._norm(f)))
                 if len(hits) == k:
                     break
             out.append(hits)
@@ -637,7 +677,7 @@ class FaissStore(IdMapMixin, VectorStore):
         """The stored vector's norm, kept in the record table (records of format 1 lack it)."""
         rec = self._table.records[fid]
         if len(rec) < 3:  # type: ignore[arg-type]
-            rec.append(float(np.linalg.norm(self._handle.index.reconstruct(fid))))  # type: ignore[union-attr]
+            rec.append(float(np.linalg.norm(self._vector(fid))))
         return float(rec[2])  # type: ignore[index]
 
     def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
@@ -649,8 +689,7 @@ class FaissStore(IdMapMixin, VectorStore):
                 out.append(None)
                 continue
             rec = self._table.records[fid]
-            vec = self._handle.index.reconstruct(int(fid))  # type: ignore[union-attr]
-            out.append(StoreRecord(doc_id, vec, dict(rec[1])))  # type: ignore[index]
+            out.append(StoreRecord(doc_id, self._vector(int(fid)), dict(rec[1])))  # type: ignore[index]
         return out
 
     def parameters(self) -> dict[str, Any]:

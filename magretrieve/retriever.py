@@ -271,6 +271,7 @@ class Retriever:
         self.store = store
         self.store_text = store_text
         check_compatible(self.manifest, store, force=force)
+        self._force = force
         #: Searched with ``[q ; 1]``: the store holds a prior's offset coordinate.
         self.offset = offset_coordinate(store.read_metadata())
         self._lock = _RWLock()
@@ -311,15 +312,30 @@ class Retriever:
                 raise
             vs = open_store(store, dimension=encoder.manifest.dimension, **store_options)
         try:
-            return cls(encoder, vs, force=force)
+            retriever = cls(encoder, vs, force=force)
+            if for_writing:
+                retriever._check_not_foreign()
+            return retriever
         except BaseException:
             vs.close()
             raise
 
     # ------------------------------------------------------------------ writing
 
+    def _check_not_foreign(self) -> None:
+        """Refuse to write into points magretrieve did not write (unless ``force``)."""
+        foreign = 0 if self._force else self.store.foreign_points()
+        if foreign:
+            raise StoreError(
+                f"{self.store.location} already holds {foreign} point(s) that magretrieve did "
+                "not write (no model metadata); writing would mix them with this model's "
+                "documents and stamp the collection. Use a new collection, or pass "
+                "force=True / --force"
+            )
+
     def _record_model(self) -> None:
         if not self.store.read_metadata():
+            self._check_not_foreign()
             self.store.write_metadata(manifest_metadata(self.manifest))
 
     def add_documents(

@@ -234,3 +234,32 @@ def test_index_into_a_non_persisting_store_or_a_file_is_refused_before_encoding(
     res = run("index", "EXPORT", str(corpus), "--store", f"faiss:{f}", "--no-progress")
     assert res.exit_code == 1 and "is a file, not a folder" in res.output, res.output
     assert f.read_text() == "x"
+
+
+def test_index_into_a_foreign_qdrant_collection_needs_force(use_fake, tmp_path):
+    """A non-empty collection magretrieve did not write is neither written nor stamped."""
+    from qdrant_client import QdrantClient, models
+
+    corpus = write_corpus(tmp_path / "c.jsonl", 12)
+    client = QdrantClient(path=str(tmp_path / "q"))
+    client.create_collection(
+        "theirs", vectors_config=models.VectorParams(size=24, distance=models.Distance.DOT)
+    )
+    client.upsert(
+        "theirs",
+        points=[models.PointStruct(id=1, vector=[0.1] * 24, payload={"doc_id": "x"})],
+    )
+    client.close()
+    spec = f"qdrant-local:{tmp_path / 'q'}/theirs"
+    res = run("index", "EXPORT", str(corpus), "--store", spec, "--no-progress")
+    assert res.exit_code == 1, res.output
+    assert "already holds 1 point(s) that magretrieve did not write" in res.output
+    with open_store(spec) as store:
+        assert store.count() == 1 and store.read_metadata() is None  # untouched
+    res = run("index", "EXPORT", str(corpus), "--store", spec, "--no-progress", "--force")
+    assert res.exit_code == 0, res.output
+    with open_store(spec) as store:
+        assert store.count() == 13 and store.read_metadata()["mode"] == "qnorm"
+    # once stamped, re-indexing needs no --force
+    res = run("index", "EXPORT", str(corpus), "--store", spec, "--no-progress")
+    assert res.exit_code == 0 and "12 already stored" in res.output, res.output

@@ -805,9 +805,10 @@ def test_faiss_option_that_does_not_apply_is_an_error(tmp_path, options, message
 # ----------------------------------------------------------------------------- writers
 
 
-def test_second_writer_on_a_faiss_folder_gets_a_clear_error_and_loses_nothing(tmp_path):
+@pytest.mark.parametrize("prefix", ["faiss", "memory"])
+def test_second_writer_on_a_folder_store_gets_a_clear_error_and_loses_nothing(tmp_path, prefix):
     ids, docs, queries = make_data(n=40)
-    spec = f"faiss:{tmp_path / 'f'}"
+    spec = f"{prefix}:{tmp_path / 'f'}"
     first = open_store(spec, dimension=DIM)
     first.add(ids[:10], docs[:10])
     first.persist()
@@ -853,3 +854,29 @@ def test_second_writer_error_names_the_holding_process(tmp_path):
         holder.wait()
     s.add(["b"], np.ones((1, 4), dtype=np.float32))  # a killed holder leaves no stale lock
     assert s.count() == 1
+
+
+@pytest.mark.parametrize(
+    "payload,needle",
+    [
+        ({"when": __import__("datetime").date(2024, 1, 2)}, r"field 'when' holds a date"),
+        ({"score": float("nan")}, r"field 'score' holds the number nan"),
+        ({"a": {"b": [1, float("inf")]}}, r"field 'a.b\[1\]' holds the number inf"),
+        ({"tags": {"x", "y"}}, r"field 'tags' holds a set"),
+        ({"n": np.float32(1.5)}, r"field 'n' holds a float32"),
+        ({1: "int key"}, r"non-string key 1"),
+        (["not", "a", "dict"], r"must be a JSON object"),
+    ],
+)
+def test_non_json_payload_refused_before_anything_is_written(store, tmp_path, payload, needle):
+    ids, docs, queries = make_data(n=6)
+    store.add(ids[:3], docs[:3], [{"ok": True}] * 3)
+    with pytest.raises(StoreError, match=rf"'doc-4'.*{needle}.*nothing of this batch"):
+        store.add(ids[3:], docs[3:], [{"fine": 1}, payload, {"fine": 2}])
+    assert store.count() == 3 and store.existing(ids) == set(ids[:3])
+    store.persist()  # the store still saves: the bad payload never got in
+    store.add(ids[3:], docs[3:], [{"fine": 1}, {"now": "2024-01-02"}, {"x": None}])
+    store.persist()
+    assert store.get(["doc-4"])[0].payload == {"now": "2024-01-02"}
+    hit = store.search(queries[:1], 6)[0]
+    json.dumps([h.payload for h in hit], allow_nan=False)  # strict JSON out
