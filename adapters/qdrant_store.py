@@ -114,6 +114,7 @@ class QdrantStore(VectorStore):
         self.thread_safe_search = not self.embedded
         if quantization not in (None, "int8"):
             raise StoreError(f"unknown Qdrant quantization {quantization!r}; use 'int8' or none")
+        self._created = False
         if client.collection_exists(collection):
             info = client.get_collection(collection)
             params = info.config.params.vectors
@@ -163,6 +164,7 @@ class QdrantStore(VectorStore):
             self.quantization = quantization
             self._hnsw = hnsw
             self._shards = (shard_number, replication_factor)
+            self._created = True
 
     @property
     def dimension(self) -> int:
@@ -289,6 +291,12 @@ class QdrantStore(VectorStore):
                 with_vectors=False,
             )
         )
+
+    def foreign_points(self) -> int:
+        """An existing collection without magretrieve's metadata: its points are not ours."""
+        if self._created or self.read_metadata():
+            return 0
+        return self.count()
 
     def read_metadata(self) -> dict[str, Any] | None:
         meta = self.client.get_collection(self.collection).config.metadata or {}

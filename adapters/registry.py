@@ -233,12 +233,16 @@ def add_option(option: StoreOption) -> None:
 
 @dataclass(frozen=True)
 class Example:
-    """A spec the shared store tests run against (``exact``: searched exactly)."""
+    """A spec the shared store tests run against.
+
+    ``exact``: searched exactly; ``lossy``: vectors come back approximately (PQ/SQ codes).
+    """
 
     name: str
     spec: str
     options: dict[str, Any] = field(default_factory=dict)
     exact: bool = True
+    lossy: bool = False
 
 
 @dataclass(frozen=True)

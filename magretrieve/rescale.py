@@ -71,7 +71,7 @@ class RescaleReport:
 
 def head_recipe(run_dir: str | Path) -> dict[str, Any]:
     """The magnitude recipe of a trained norm head (weights inlined as lists), torch-free."""
-    from magretrieve.encoder import CONFIG_NAME
+    from magretrieve.config import CONFIG_NAME
     from magretrieve.heads import load_head_weights
 
     run = Path(run_dir)
@@ -266,7 +266,15 @@ def check_encoder(
     rng = np.random.default_rng(0)
     rows = sorted(rng.choice(with_text, size=min(sample, len(with_text)), replace=False).tolist())
     from magretrieve.data import Document
-    from magretrieve.encoder import Encoder
+
+    try:
+        from magretrieve.encoder import Encoder
+    except ImportError as exc:  # a serving install: no torch / transformers
+        raise ConfigError(
+            f"{run_dir}: the encoder check re-encodes {len(rows)} stored texts with the head's "
+            f"PyTorch encoder, which needs {exc.name or 'torch'} (pip install "
+            "'magretrieve[train]'); on a serving install pass --skip-encoder-check"
+        ) from None
 
     encoder = Encoder.load(run_dir, device="cpu")
     encoder.norm_head = None  # the unit direction of the frozen encoder

@@ -49,6 +49,10 @@ class EncoderLike(Protocol):
     def encode_documents(self, texts: Sequence[str], batch_size: int = ...) -> np.ndarray: ...
 
 
+#: Hits returned by every search method unless ``k`` is given (one default for all).
+DEFAULT_K = 10
+
+
 @dataclass
 class Hit:
     """One search result with its score decomposition.
@@ -233,11 +237,22 @@ def _as_document(doc: Document | Mapping[str, Any], position: int) -> Document:
     return Document(doc_id, text, title, extra)
 
 
-def load_encoder(export_dir: str | Path, threads: int | None = None) -> EncoderLike:
+def load_encoder(
+    export_dir: str | Path, threads: int | None = None, device: str = "cpu"
+) -> EncoderLike:
     """The ONNX encoder of an export folder (one seam, so tests can substitute a fake)."""
     from magretrieve.runtime import OnnxEncoder
 
-    return OnnxEncoder.load(export_dir, threads=threads)
+    return OnnxEncoder.load(export_dir, threads=threads, device=device)
+
+
+def check_documents(docs: Sequence[Document]) -> None:
+    """Refuse a lone surrogate in an id, title or text (tokenizers and Qdrant's id hashing
+    fail on one), naming the document."""
+    for d in docs:
+        for what, value in (("id", d.id), ("title", d.title), ("text", d.text)):
+            if isinstance(value, str) and lone_surrogate(value) is not None:
+                check_text(value, f"document {d.id!r}: {what}")
 
 
 class Retriever:
@@ -256,6 +271,7 @@ class Retriever:
         self.store = store
         self.store_text = store_text
         check_compatible(self.manifest, store, force=force)
+        self._force = force
         #: Searched with ``[q ; 1]``: the store holds a prior's offset coordinate.
         self.offset = offset_coordinate(store.read_metadata())
         self._lock = _RWLock()
@@ -272,6 +288,7 @@ class Retriever:
         *,
         force: bool = False,
         threads: int | None = None,
+        device: str = "cpu",
         create: bool = True,
         for_writing: bool = False,
         **store_options: Any,
@@ -281,26 +298,44 @@ class Retriever:
         The query graph (and with ``for_writing`` the document graph) is checked against the
         manifest before the store is touched, so a broken export never creates a store.
         """
-        encoder = load_encoder(export_dir, threads=threads)
+        encoder = load_encoder(export_dir, threads=threads, device=device)
         # check the graphs against the manifest before a store is opened (or created)
         warm = getattr(encoder, "session", None)
         if callable(warm):
             warm("query")
             if for_writing:
                 warm("document")
-        vs = open_store(
-            store, dimension=encoder.manifest.dimension if create else None, **store_options
-        )
+        try:  # an existing store opens with its own dimension (d + 1 with a prior's offset)
+            vs = open_store(store, dimension=None, **store_options)
+        except StoreError:
+            if not create:
+                raise
+            vs = open_store(store, dimension=encoder.manifest.dimension, **store_options)
         try:
-            return cls(encoder, vs, force=force)
+            retriever = cls(encoder, vs, force=force)
+            if for_writing:
+                retriever._check_not_foreign()
+            return retriever
         except BaseException:
             vs.close()
             raise
 
     # ------------------------------------------------------------------ writing
 
+    def _check_not_foreign(self) -> None:
+        """Refuse to write into points magretrieve did not write (unless ``force``)."""
+        foreign = 0 if self._force else self.store.foreign_points()
+        if foreign:
+            raise StoreError(
+                f"{self.store.location} already holds {foreign} point(s) that magretrieve did "
+                "not write (no model metadata); writing would mix them with this model's "
+                "documents and stamp the collection. Use a new collection, or pass "
+                "force=True / --force"
+            )
+
     def _record_model(self) -> None:
         if not self.store.read_metadata():
+            self._check_not_foreign()
             self.store.write_metadata(manifest_metadata(self.manifest))
 
     def add_documents(
@@ -331,10 +366,7 @@ class Retriever:
         """Encode one batch and write it (the unit of work of resumable indexing)."""
         docs = list(docs)
         ids = [d.id for d in docs]
-        for d in docs:  # tokenizers and Qdrant's id hashing fail on a lone surrogate
-            for what, value in (("id", d.id), ("title", d.title), ("text", d.text)):
-                if isinstance(value, str) and lone_surrogate(value) is not None:
-                    check_text(value, f"document {d.id!r}: {what}")
+        check_documents(docs)
         if len(set(ids)) != len(ids):
             seen: set[str] = set()
             dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
@@ -345,24 +377,33 @@ class Retriever:
             ids = [d.id for d in docs]
         if not docs:
             return 0
-        vectors = self.encoder.encode_documents([d.full_text for d in docs])
-        return self.add_vectors(docs, vectors)
+        return self.write_batch(docs, self.encode_batch(docs))
 
-    def add_vectors(self, docs: Sequence[Document], vectors: np.ndarray) -> int:
-        """Write documents whose vectors were encoded elsewhere (e.g. on Ray workers).
+    def tokenize_batch(self, docs: Sequence[Document]) -> Any | None:
+        """The encoder's tokens for ``docs`` (None when the encoder tokenizes inside encoding).
 
-        The vectors must come from this retriever's model (same export): they get the store's
-        recorded magnitude and the same payload as :meth:`add_batch` would give them.
+        With :meth:`encode_batch` ``(docs, tokens)`` this lets an indexing pipeline tokenize
+        one batch while the previous one is encoded.
         """
-        docs = list(docs)
+        tokenize = getattr(self.encoder, "tokenize", None)
+        if not callable(tokenize) or not callable(getattr(self.encoder, "encode_tokenized", None)):
+            return None
+        return tokenize([d.full_text for d in docs], "document")
+
+    def encode_batch(self, docs: Sequence[Document], tokens: Any | None = None) -> np.ndarray:
+        """Document vectors of ``docs`` (from :meth:`tokenize_batch` tokens when given);
+        NaN/inf vectors are refused, naming the document."""
+        if tokens is not None:
+            raw = self.encoder.encode_tokenized(tokens, "document")  # type: ignore[attr-defined]
+        else:
+            raw = self.encoder.encode_documents([d.full_text for d in docs])
+        vectors = np.asarray(raw, dtype=np.float32)
+        check_finite(vectors, [d.id for d in docs], f"encoding for {self.store.location}")
+        return vectors
+
+    def write_batch(self, docs: Sequence[Document], vectors: np.ndarray) -> int:
+        """Write encoded documents (with the store's recorded magnitude treatment, if any)."""
         ids = [d.id for d in docs]
-        vectors = np.asarray(vectors, dtype=np.float32)
-        if vectors.shape != (len(docs), int(self.manifest.dimension)):
-            raise StoreError(
-                f"{self.store.location}: {vectors.shape} vectors for {len(docs)} documents of "
-                f"dimension {self.manifest.dimension}"
-            )
-        check_finite(vectors, ids, f"encoding for {self.store.location}")
         meta = self.store.read_metadata()
         if meta and meta.get("magnitude"):
             # a store rescaled after the fact (issue 6) records how its documents got their
@@ -382,6 +423,14 @@ class Retriever:
             self._record_model()
             return self.store.add(ids, vectors, payloads)
 
+    def existing(self, ids: Sequence[str]) -> set[str]:
+        """Ids the store already holds (under the read lock: safe beside a writing thread)."""
+        with self._lock.read():
+            if self.store.thread_safe_search:
+                return set(self.store.existing(list(ids)))
+            with self._serial:
+                return set(self.store.existing(list(ids)))
+
     def delete(self, ids: Sequence[str]) -> int:
         with self._lock.write():
             return self.store.delete(list(ids))
@@ -392,11 +441,11 @@ class Retriever:
 
     # ------------------------------------------------------------------ searching
 
-    def search(self, text: str, k: int = 5) -> list[Hit]:
+    def search(self, text: str, k: int = DEFAULT_K) -> list[Hit]:
         """Top-``k`` hits for one query text."""
         return self.search_batch([text], k=k)[0]
 
-    def search_batch(self, texts: Sequence[str], k: int = 10) -> list[list[Hit]]:
+    def search_batch(self, texts: Sequence[str], k: int = DEFAULT_K) -> list[list[Hit]]:
         """Top-``k`` hits for each query text (one encoder call, one store call)."""
         if isinstance(texts, str):
             raise StoreError("search_batch takes a list of texts; use search() for one text")
@@ -409,7 +458,7 @@ class Retriever:
         qvecs = np.asarray(self.encoder.encode_queries(texts), dtype=np.float32)
         return self.search_vectors(qvecs, k=k)
 
-    def search_vectors(self, query_vectors: np.ndarray, k: int = 10) -> list[list[Hit]]:
+    def search_vectors(self, query_vectors: np.ndarray, k: int = DEFAULT_K) -> list[list[Hit]]:
         """Search with already-encoded query vectors (``q / ‖q‖^γq``)."""
         q = check_queries(query_vectors, int(self.manifest.dimension), "search")
         if self.offset:

@@ -67,3 +67,13 @@ def load_benchmark(name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def set_manifest_field(manifest: dict, key: str, value: object) -> None:
+    """Set a manifest field where it lives: encoder settings sit under ``"encoder"`` (format 2)."""
+    from magretrieve.manifest import ENCODER_FIELDS
+
+    if key in ENCODER_FIELDS and isinstance(manifest.get("encoder"), dict):
+        manifest["encoder"][key] = value
+    else:
+        manifest[key] = value

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
 from magretrieve.engines import ENGINES
 
@@ -48,7 +49,14 @@ def collect_store_options(**kw: object) -> dict[str, object]:
 @click.option(
     "--store", "store_spec", required=True, help="Store spec, e.g. faiss:indexes/scifact."
 )
-@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option(
+    "--batch-size",
+    type=int,
+    default=256,
+    show_default=True,
+    help="Documents read, length-sorted, encoded and written together (the graph runs them "
+    "in padded-token-budget batches, docs/export.md).",
+)
 @click.option(
     "--checkpoint-every",
     type=int,
@@ -56,7 +64,14 @@ def collect_store_options(**kw: object) -> dict[str, object]:
     show_default=True,
     help="Persist the store after this many new documents (a resumed run skips them).",
 )
-@click.option("--threads", type=int, default=None, help="onnxruntime threads.")
+@click.option(
+    "--threads",
+    type=int,
+    default=None,
+    help="onnxruntime intra-op threads (default: the cores this process may use, or "
+    "$MAGRETRIEVE_ONNX_THREADS).",
+)
+@device_option("Run the document graph on onnxruntime's CUDA provider (cuda) or the CPU.")
 @click.option("--force", is_flag=True, help="Write into a store built by another model.")
 @click.option(
     "--skip-empty",
@@ -88,6 +103,7 @@ def index_cmd(
     batch_size: int,
     checkpoint_every: int,
     threads: int | None,
+    device: str,
     force: bool,
     skip_empty: bool,
     no_progress: bool,
@@ -100,6 +116,7 @@ def index_cmd(
 
     Re-running skips ids the store already holds, so an interrupted run resumes.
     """
+    from magretrieve.adapters.registry import check_spec_before_encoding
     from magretrieve.errors import ConfigError
     from magretrieve.indexing import check_corpus_file, index_corpus
 
@@ -112,6 +129,8 @@ def index_cmd(
         raise ConfigError("--address and --workers need --engine ray")
     from magretrieve.retriever import Retriever
 
+    # a spec naming a regular file, or a store that keeps nothing, fails before any encoding
+    check_spec_before_encoding(store_spec, must_persist=True)
     # the whole file is validated first: a bad corpus never creates or half-fills a store
     documents = check_corpus_file(corpus, skip_empty=skip_empty)
     with Retriever.load(
@@ -119,6 +138,7 @@ def index_cmd(
         store=store_spec,
         force=force,
         threads=threads,
+        device=device,
         for_writing=True,
         **collect_store_options(**store_kw),
     ) as retriever:
@@ -137,6 +157,11 @@ def index_cmd(
             f"{retriever.store.location}: {report.added} added, {report.skipped} already stored, "
             f"{report.count} in store ({report.docs_per_second:.1f} docs/s)"
         )
+        recall = retriever.store.describe()["parameters"].get("recall")
+        if recall:
+            from magretrieve.adapters._ann_recall import warning_line
+
+            click.echo(warning_line(recall))
         if report.truncated:
             limit = getattr(retriever.manifest, "max_document_length", "?")
             click.echo(

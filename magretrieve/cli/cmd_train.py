@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
 from magretrieve.similarity import MODES
 
@@ -115,6 +116,7 @@ from magretrieve.similarity import MODES
     help="Cached contrastive loss (GradCache): embed each batch in mini-batches of this many "
     "texts; same gradient, one mini-batch's activations in memory.",
 )
+@device_option("Train on a CUDA GPU with torch (cuda) or on the CPU.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 def train_command(
     model,
@@ -148,6 +150,7 @@ def train_command(
     calibrate_scale,
     precision,
     mini_batch_size,
+    device,
     as_json,
 ):
     """Fine-tune MODEL with InfoNCE under --mode and save it to --out.
@@ -170,7 +173,9 @@ def train_command(
     from magretrieve.errors import ConfigError
 
     # under torchrun (WORLD_SIZE > 1): join the process group, one device per rank
-    rank, world_size, device = trainer.init_distributed()
+    rank, world_size, rank_device = trainer.init_distributed()
+    if rank_device is not None:  # NCCL: this rank's GPU, whatever --device says
+        device = rank_device
     if world_size > 1 and freeze_encoder:
         raise ConfigError(
             "--freeze-encoder trains the head on cached vectors in one process (seconds); "

@@ -11,7 +11,7 @@ Layout of a run (``magretrieve index EXPORT CORPUS --store SPEC --engine ray``):
    (1 CPU, 1 onnxruntime thread by default), parses each line and encodes the documents not yet
    stored.
 3. **Write, on the driver — one writer**: vectors stream back in corpus order and the driver
-   writes them with :meth:`Retriever.add_vectors` (same payloads, same recorded magnitude as the
+   writes them with :meth:`Retriever.write_batch` (same payloads, same recorded magnitude as the
    local path), persisting every ``checkpoint_every`` documents. A folder store (FAISS, Qdrant
    Edge, embedded Qdrant) is single-writer by construction, so one writer is the only correct
    choice for it; it also keeps the crash semantics of the local engine (a killed run keeps
@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from magretrieve.data import Document, corpus_document, is_empty, iter_corpus
-from magretrieve.errors import ConfigError, DataError
+from magretrieve.adapters.base import check_finite
+from magretrieve.errors import ConfigError, DataError, StoreError
 from magretrieve.indexing import IndexReport
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -253,7 +254,12 @@ def _run(
                     out["id"], out["title"], out["body"], out["payload"], strict=True
                 )
             ]
-            n = retriever.add_vectors(docs, np.stack(out["vector"]).astype(np.float32))
+            vectors = np.stack(out["vector"]).astype(np.float32)
+            ids = [d.id for d in docs]
+            if vectors.shape != (len(docs), int(retriever.manifest.dimension)):
+                raise StoreError(f"ray engine: {vectors.shape} vectors for {len(docs)} documents")
+            check_finite(vectors, ids, f"encoding for {retriever.store.location}")
+            n = retriever.write_batch(docs, vectors)
             added += n
             since_checkpoint += n
             truncated += int(out["truncated"].sum())

@@ -1,8 +1,8 @@
 """Training-free document priors on top of cosine, one seam for all (see :mod:`.base`).
 
 A new prior is one module with a :class:`~magretrieve.priors.base.DocumentPrior` subclass
-plus one entry in :data:`REGISTRY` (and, to be tried by ``--method auto``, a grid in
-:mod:`magretrieve.priors.select`).
+(its terms, its JSON, its candidate grid) plus one entry in :data:`REGISTRY`; ``fit-prior
+--method auto`` then tries it too.
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ REGISTRY: dict[str, type[DocumentPrior]] = {
     "csls": CslsPrior,
     "inverted-softmax": InvertedSoftmaxPrior,
     "center": CenterPrior,
+}
+#: ``--method`` names that try part of a method's grid: name -> (method, grid options).
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "csls-queries": ("csls", {"bank": "queries"}),
+    "csls-corpus": ("csls", {"bank": "corpus"}),
 }
 
 

@@ -164,6 +164,11 @@ class DocumentPrior:
     #: Does it carry a bank of training queries (so its selection must be cross-fitted)?
     uses_query_bank: ClassVar[bool] = False
 
+    @classmethod
+    def grid(cls, **options: Any) -> list[DocumentPrior]:
+        """The candidates ``fit-prior`` tries for this method (on training queries)."""
+        raise NotImplementedError
+
     def params(self) -> dict[str, Any]:
         """Parameters and fitted statistics as JSON-ready values."""
         raise NotImplementedError

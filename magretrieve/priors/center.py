@@ -27,6 +27,10 @@ class CenterPrior(DocumentPrior):
         self.strength = float(strength)
         self.mean = None if mean is None else np.asarray(mean, np.float64).reshape(-1)
 
+    @classmethod
+    def grid(cls, **options: Any) -> list[DocumentPrior]:
+        return [cls(s) for s in (0.25, 0.5, 0.75, 1.0)]
+
     def params(self) -> dict[str, Any]:
         out: dict[str, Any] = {"strength": self.strength}
         if self.mean is not None:

@@ -47,6 +47,11 @@ class CslsPrior(DocumentPrior):
     def uses_query_bank(self) -> bool:  # type: ignore[override]
         return self.bank == "queries"
 
+    @classmethod
+    def grid(cls, bank: str = "", **options: Any) -> list[DocumentPrior]:
+        banks = (bank,) if bank else BANKS
+        return [cls(a, k, b) for b in banks for k in (10, 50) for a in (0.1, 0.25, 0.5, 1.0)]
+
     def with_bank(self, bank: np.ndarray | None) -> CslsPrior:
         return CslsPrior(self.alpha, self.k, self.bank, bank) if self.bank == "queries" else self
 
@@ -69,8 +74,10 @@ class CslsPrior(DocumentPrior):
         return cls(require(data, "alpha", float, source), int(data.get("k", 10)), bank, queries)
 
     def _neighbour_mean(self, units: np.ndarray) -> np.ndarray:
-        if self.bank == "corpus":
-            return top_k_mean(units, units, self.k, exclude_self=True)
+        if self.bank == "corpus":  # the hub score: one corpus-kNN code path for both priors
+            from magretrieve.priors.hub import corpus_hub_scores
+
+            return corpus_hub_scores(units, self.k)
         if self.queries is None:
             raise ConfigError("csls: no query bank (fit the prior on training queries)")
         return top_k_mean(units, self.queries, self.k)

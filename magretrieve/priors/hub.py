@@ -32,6 +32,10 @@ class HubPrior(DocumentPrior):
         self.beta, self.k, self.mean, self.std = float(beta), int(k), float(mean), float(std)
         self._z: np.ndarray | None = None
 
+    @classmethod
+    def grid(cls, **options: Any) -> list[DocumentPrior]:
+        return [cls(b, 10) for b in (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)]
+
     def params(self) -> dict[str, Any]:
         return {"beta": self.beta, "k": self.k, "mean": self.mean, "std": self.std}
 

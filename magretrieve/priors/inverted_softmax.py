@@ -43,6 +43,10 @@ class InvertedSoftmaxPrior(DocumentPrior):
         self.beta, self.alpha = float(beta), float(alpha)
         self.queries = None if queries is None else np.asarray(queries, np.float32)
 
+    @classmethod
+    def grid(cls, **options: Any) -> list[DocumentPrior]:
+        return [cls(b, a) for b in (5.0, 10.0, 20.0, 50.0) for a in (0.25, 0.5, 1.0)]
+
     def with_bank(self, bank: np.ndarray | None) -> InvertedSoftmaxPrior:
         return InvertedSoftmaxPrior(self.beta, self.alpha, bank)
 

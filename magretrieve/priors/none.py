@@ -13,6 +13,10 @@ from magretrieve.priors.base import DocumentPrior, Neighbours, PriorTerms
 class NoPrior(DocumentPrior):
     method = "none"
 
+    @classmethod
+    def grid(cls, **options: Any) -> list[DocumentPrior]:
+        return [cls()]
+
     def params(self) -> dict[str, Any]:
         return {}
 

@@ -17,11 +17,7 @@ import numpy as np
 
 from magretrieve.errors import ConfigError, DataError
 from magretrieve.priors.base import DocumentPrior, query_vectors, stored_vectors, unit
-from magretrieve.priors.center import CenterPrior
 from magretrieve.priors.combined import CombinedPrior
-from magretrieve.priors.csls import CslsPrior
-from magretrieve.priors.hub import HubPrior
-from magretrieve.priors.inverted_softmax import InvertedSoftmaxPrior
 from magretrieve.priors.none import NoPrior
 
 #: Folds of the cross-fitting of query-bank priors.
@@ -29,30 +25,26 @@ FOLDS = 5
 
 
 def grid(method: str) -> list[DocumentPrior]:
-    """Candidates of one method (``hub``, ``csls``, ``csls-queries``, ``csls-corpus``, …)."""
-    if method == "none":
-        return [NoPrior()]
-    if method == "hub":
-        return [HubPrior(b, 10) for b in (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)]
-    if method in ("csls", "csls-queries", "csls-corpus"):
-        banks = ("queries", "corpus") if method == "csls" else (method.split("-")[1],)
-        return [
-            CslsPrior(a, k, bank) for bank in banks for k in (10, 50) for a in (0.1, 0.25, 0.5, 1.0)
-        ]
-    if method == "inverted-softmax":
-        return [
-            InvertedSoftmaxPrior(b, a) for b in (5.0, 10.0, 20.0, 50.0) for a in (0.25, 0.5, 1.0)
-        ]
-    if method == "center":
-        return [CenterPrior(s) for s in (0.25, 0.5, 0.75, 1.0)]
+    """Candidates of one method (a :data:`REGISTRY` name or a :data:`VARIANTS` name)."""
+    from magretrieve.priors import REGISTRY, VARIANTS
+
+    if method in VARIANTS:
+        name, options = VARIANTS[method]
+        return REGISTRY[name].grid(**options)
+    if method in REGISTRY:
+        return REGISTRY[method].grid()
+    known = ", ".join(["auto", *REGISTRY, *VARIANTS])
     raise ConfigError(
-        f"unknown prior method {method!r}; choose auto, none, hub, csls, csls-queries, "
-        "csls-corpus, inverted-softmax, center, or a combination a+b"
+        f"unknown prior method {method!r}; choose one of {known}, or a combination a+b"
     )
 
 
-#: What ``--method auto`` tries, besides the combinations of the best of each.
-AUTO_METHODS = ("hub", "csls", "inverted-softmax", "center")
+#: What ``--method auto`` tries, besides the combinations of the best of each: every
+#: registered method.
+def auto_methods() -> list[str]:
+    from magretrieve.priors import REGISTRY
+
+    return [m for m in REGISTRY if m != "none"]
 
 
 def ndcg_at_10(
@@ -132,12 +124,15 @@ def choose_prior(
     chosen_on: str = "training queries",
     progress: bool = False,
     grids: Mapping[str, Sequence[DocumentPrior]] | None = None,
+    include_none: bool = True,
 ) -> Selection:
     """Pick the prior with the best training NDCG@10 (ties: the earlier, simpler candidate).
 
     ``method`` is ``auto`` (every method, then combinations of the best of each), one method
     name, or a combination ``a+b`` (the best of each part, combined). ``grids`` replaces the
-    candidates of a method (e.g. ``{"hub": [HubPrior(0.1)]}``).
+    candidates of a method (e.g. ``{"hub": [HubPrior(0.1)]}``). ``include_none=False`` is for
+    measurement only (what the method's best candidate does when forced on); ``fit-prior``
+    always keeps plain cosine as a candidate.
     """
     from tqdm.auto import tqdm
 
@@ -154,7 +149,7 @@ def choose_prior(
         return value
 
     score(NoPrior())
-    methods = list(AUTO_METHODS) if method == "auto" else method.split("+")
+    methods = auto_methods() if method == "auto" else method.split("+")
     singles = {m: list((grids or {}).get(m) or grid(m)) for m in methods}
     best_of: dict[str, tuple[float, DocumentPrior]] = {}
     total = sum(len(c) for c in singles.values())
@@ -167,14 +162,23 @@ def choose_prior(
                 best_of[m] = (value, p)
     bar.close()
     if method == "auto":
-        mult = [best_of[m][1] for m in ("hub", "center")]
-        offs = [best_of[m][1] for m in ("csls", "inverted-softmax")]
+        # the best multiplier/direction prior with the best of each offset prior, and the two
+        # direction-or-multiplier priors together
+        mult = [best_of[m][1] for m in best_of if not best_of[m][1].has_offset]
+        mult += [best_of[m][1] for m in best_of if best_of[m][1].method == "center"]
+        offs = [best_of[m][1] for m in best_of if best_of[m][1].has_offset]
+        offs = [p for p in offs if p.method != "center"]
         for a in mult:
             for b in offs:
                 score(CombinedPrior([a, b]))
-        score(CombinedPrior([best_of["center"][1], best_of["hub"][1]]))
+        if len(mult) > 1:
+            score(CombinedPrior(sorted(mult, key=lambda p: p.method != "center")))
     elif len(methods) > 1:
         score(CombinedPrior([best_of[m][1] for m in methods]))
+        if not include_none:  # forced: the combination itself
+            ranked = ranked[-1:]
+    if not include_none:
+        ranked = ranked[1:] if ranked[0][1].method == "none" else ranked
     best = ranked[0]
     for value, p in ranked[1:]:
         if value > best[0] + 1e-12:
