@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from magretrieve.data import Document, corpus_document, is_empty, iter_corpus
 from magretrieve.adapters.base import check_finite
+from magretrieve.data import Document, corpus_document, is_empty, iter_corpus
 from magretrieve.errors import ConfigError, DataError, StoreError
 from magretrieve.indexing import IndexReport
 
