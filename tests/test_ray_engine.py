@@ -105,8 +105,9 @@ def test_ray_refuses_duplicates_before_storing(ray_local, export_dir, tmp_path) 
     spec = f"faiss:{tmp_path / 'dup'}"
     with pytest.raises(DataError, match=r"corpus.jsonl:6: duplicate document id 'd2'.*line 3"):
         index(export_dir, spec, corpus, engine="ray", workers=2)
-    with open_store(spec) as store:
-        assert store.count() == 0
+    if (tmp_path / "dup" / "faiss_store.json").exists():  # created empty, or not at all
+        with open_store(spec) as store:
+            assert store.count() == 0
 
 
 def test_cli_engine_ray(ray_local, export_dir, tmp_path) -> None:
