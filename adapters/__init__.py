@@ -91,6 +91,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
         raise StoreError(f"store spec {spec!r} not understood; use one of: {', '.join(SPEC_FORMS)}")
     kind, rest = spec.split(":", 1)
     kind = kind.lower()
+    if kind in ("pgvector", "milvus"):  # TEMPORARY until the registry lands
+        return kind, {"rest": rest}
     if kind == "faiss" and rest:
         return kind, {"path": rest}
     if kind == "qdrant-edge" and rest:
@@ -149,6 +151,17 @@ def open_store(
     if not isinstance(obj, str):
         return _open_object(obj, dimension, collection, options)
     kind, loc = parse_spec(obj)
+    if kind == "pgvector":  # TEMPORARY until the registry lands
+        from magretrieve.adapters.pgvector_store import open_spec
+
+        return open_spec(loc["rest"], dimension, options)
+    if kind == "milvus":  # TEMPORARY until the registry lands
+        from magretrieve.adapters.milvus_store import open_milvus, parse_milvus
+
+        parsed = parse_milvus(loc["rest"])
+        if parsed is None:
+            raise StoreError(f"store spec {obj!r}: expected milvus:PATH.db/COLLECTION or milvus:URL/COLLECTION")
+        return open_milvus(parsed, dimension, **{k: v for k, v in options.items() if v is not None})
     opts = _options(kind, options)
     if kind == "faiss":
         from magretrieve.adapters.faiss_store import FaissStore
@@ -201,6 +214,10 @@ def _open_object(
     obj: Any, dimension: int | None, collection: str | None, options: dict[str, Any]
 ) -> VectorStore:
     module = type(obj).__module__ or ""
+    if module.startswith("psycopg"):  # TEMPORARY until the registry lands
+        from magretrieve.adapters.pgvector_store import PgVectorStore
+
+        return PgVectorStore(obj, collection or "", dimension, **{k: v for k, v in options.items() if v is not None})
     if module.startswith("qdrant_client"):
         from magretrieve.adapters.qdrant_store import QdrantStore
 

@@ -67,3 +67,21 @@ def load_benchmark(name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def pg_uri(tmp_path_factory: pytest.TempPathFactory):
+    """A real PostgreSQL server with pgvector, started by the tests (``pgserver``, as root too).
+
+    Unix socket only, in a short tmp folder; stopped and deleted at the end of the session.
+    Each test uses its own table.
+    """
+    import pgserver
+
+    folder = tmp_path_factory.mktemp("pg")
+    server = pgserver.get_server(folder, cleanup_mode="delete")
+    try:
+        server.psql("CREATE EXTENSION IF NOT EXISTS vector;")
+        yield server.get_uri()
+    finally:
+        server.cleanup()
