@@ -19,4 +19,9 @@ for name, folder in MAPPED.items():
         packages.append(f"{name}.{sub}")
         package_dir[f"{name}.{sub}"] = f"{folder}/{sub.replace('.', '/')}"
 
-setup(packages=packages, package_dir=package_dir)
+# diagnose quotes measured figures from a file the benchmarks write (magretrieve.diagnose.evidence)
+setup(
+    packages=packages,
+    package_dir=package_dir,
+    package_data={"magretrieve.diagnose": ["evidence.json"]},
+)

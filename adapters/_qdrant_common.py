@@ -39,12 +39,20 @@ def make_payload(doc_id: str, vector: np.ndarray, payload: Mapping[str, Any]) ->
 
 def split_payload(payload: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
     """(document id, the user's payload) from a stored point payload."""
+    doc_id, user, _ = split_payload_norm(payload)
+    return doc_id, user
+
+
+def split_payload_norm(
+    payload: Mapping[str, Any] | None,
+) -> tuple[str, dict[str, Any], float | None]:
+    """(document id, the user's payload, the stored ``doc_norm``) from a point payload."""
     payload = dict(payload or {})
     doc_id = payload.pop("doc_id", None)
-    payload.pop("doc_norm", None)
+    norm = payload.pop("doc_norm", None)
     if doc_id is None:
         raise StoreError("a point without a 'doc_id' payload: not written by magretrieve")
-    return str(doc_id), payload
+    return str(doc_id), payload, (float(norm) if isinstance(norm, (int, float)) else None)
 
 
 def quantized_query_factors(queries: np.ndarray, doc_norm_mean: float | None) -> np.ndarray:
@@ -138,9 +146,11 @@ def to_hits(
     for points, factor in zip(results, factors, strict=True):
         hits = []
         for p in points:
-            doc_id, payload = split_payload(p.payload)
+            doc_id, payload, norm = split_payload_norm(p.payload)
             vec = np.asarray(p.vector, dtype=np.float32) if with_vectors else None
-            hits.append(StoreHit(doc_id, float(p.score) / float(factor), payload, vec))
+            if norm is None and vec is not None:
+                norm = float(np.linalg.norm(vec))
+            hits.append(StoreHit(doc_id, float(p.score) / float(factor), payload, vec, norm))
         out.append(hits)
     return out
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 import uuid
@@ -36,12 +37,19 @@ ID_NAMESPACE = uuid.UUID("6f1c3f0e-8a57-5b7e-9a43-3d2b1c0e9f10")
 
 @dataclass
 class StoreHit:
-    """One search result as a store returns it (before the Retriever decomposes the score)."""
+    """One search result as a store returns it (before the Retriever decomposes the score).
+
+    ``doc_norm`` is the stored vector's norm, kept by the store next to the vector (payload,
+    record table) so explaining a score never needs the vector itself: with it the Retriever
+    searches with ``with_vectors=False``. ``None`` only for third-party stores that cannot
+    tell; the Retriever then fetches those vectors.
+    """
 
     id: str
     score: float
     payload: dict[str, Any] = field(default_factory=dict)
     vector: np.ndarray | None = None
+    doc_norm: float | None = None
 
 
 @dataclass
@@ -131,6 +139,11 @@ class VectorStore(ABC):
     @abstractmethod
     def write_metadata(self, meta: Mapping[str, Any]) -> None:
         """Record which model built the store (see :data:`META_KEYS`)."""
+
+    def foreign_points(self) -> int:
+        """Points that magretrieve did not write (an existing collection without its model
+        metadata); writing next to them needs ``force``. 0 for stores only magretrieve fills."""
+        return 0
 
     def persist(self) -> None:  # noqa: B027 - optional hook
         """Make everything added so far durable (atomic where the backend allows)."""
@@ -228,6 +241,13 @@ def check_batch(
     for doc_id in ids:
         if not isinstance(doc_id, str) or not doc_id:
             raise StoreError(f"{where}: document ids must be non-empty strings, got {doc_id!r}")
+        try:
+            doc_id.encode("utf-8")  # Qdrant hashes ids as UTF-8; a lone surrogate has none
+        except UnicodeEncodeError as exc:
+            raise StoreError(
+                f"{where}: document id {doc_id!r} holds a lone surrogate at position "
+                f"{exc.start} (not valid Unicode)"
+            ) from None
     if len(set(ids)) != len(ids):
         seen: set[str] = set()
         dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
@@ -247,10 +267,60 @@ def check_batch(
     if payloads is None:
         plist: list[dict[str, Any]] = [{} for _ in ids]
     else:
-        plist = [dict(p or {}) for p in payloads]
-        if len(plist) != len(ids):
-            raise StoreError(f"{where}: {len(ids)} ids but {len(plist)} payloads")
+        payloads = list(payloads)
+        if len(payloads) != len(ids):
+            raise StoreError(f"{where}: {len(ids)} ids but {len(payloads)} payloads")
+        plist = [check_payload(p, i, where) for i, p in zip(ids, payloads, strict=True)]
     return ids, np.ascontiguousarray(arr), plist
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
+    """A strict-JSON copy of one payload, or a StoreError naming the document and the field.
+
+    Strict JSON: objects with string keys, lists, strings, finite numbers, booleans and null.
+    NaN/Infinity (which ``json.dumps`` writes as invalid tokens), dates, sets, bytes, numpy
+    values and other objects are refused *before* anything of the batch is written, so one
+    bad payload can never leave a store that fails at every later save.
+    """
+    if payload is None:
+        return {}
+    if not isinstance(payload, Mapping):
+        raise StoreError(
+            f"{where}: payload of document {doc_id!r} must be a JSON object (dict), "
+            f"got {type(payload).__name__}; nothing of this batch was written"
+        )
+
+    def walk(value: Any, path: str) -> Any:
+        if isinstance(value, bool) or value is None or isinstance(value, str):
+            return value
+        if isinstance(value, int) and type(value) is int:
+            return value
+        if isinstance(value, float) and type(value) is float:
+            if not math.isfinite(value):
+                raise _bad(path, f"the number {value!r} (JSON has no NaN/Infinity)")
+            return value
+        if isinstance(value, Mapping):
+            out = {}
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise _bad(path, f"a non-string key {key!r}")
+                out[key] = walk(item, f"{path}.{key}" if path else key)
+            return out
+        if isinstance(value, (list, tuple)):
+            return [walk(item, f"{path}[{n}]") for n, item in enumerate(value)]
+        raise _bad(path, f"a {type(value).__name__} ({value!r:.40}), which is not JSON")
+
+    def _bad(path: str, what: str) -> StoreError:
+        field_name = f"field {path!r}" if path else "payload"
+        return StoreError(
+            f"{where}: document {doc_id!r}: payload {field_name} holds {what}; "
+            "nothing of this batch was written"
+        )
+
+    return walk(payload, "")  # type: ignore[no-any-return]
 
 
 def check_finite(arr: np.ndarray, ids: Sequence[str], where: str) -> None:
@@ -365,16 +435,22 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     A crash leaves either the old file or the new one, never a half-written one.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:  # read-only or missing folder: name the folder, not a temp name
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path.parent)) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            # a full disk raises ENOSPC from write() without a file name: add the path
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
         raise
     fsync_dir(path.parent)
 

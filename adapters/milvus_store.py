@@ -16,13 +16,16 @@ Rules kept here, as in the other stores:
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from magretrieve.adapters import registry
 from magretrieve.adapters.base import (
     StoreHit,
     StoreRecord,
@@ -74,6 +77,7 @@ class MilvusStore(VectorStore):
         self.client = client
         self.collection = collection
         self._owns = owns_client
+        self._lite_path: str | None = None  # set by open_milvus for a Milvus Lite file
         self._location = location or f"milvus collection {collection!r}"
         self.ef_search = ef_search
         self.nprobe = nprobe
@@ -235,10 +239,15 @@ class MilvusStore(VectorStore):
             for h in hits:
                 ent = h["entity"]
                 vec = np.asarray(ent["vector"], dtype=np.float32) if with_vectors else None
-                hit = StoreHit(str(h["doc_id"]), float(h["distance"]), dict(ent["payload"] or {}), vec)
-                if hasattr(hit, "doc_norm"):
-                    hit.doc_norm = float(ent["doc_norm"])
-                row.append(hit)
+                row.append(
+                    StoreHit(
+                        str(h["doc_id"]),
+                        float(h["distance"]),
+                        dict(ent["payload"] or {}),
+                        vec,
+                        doc_norm=float(ent["doc_norm"]),
+                    )
+                )
             out.append(row)
         return out
 
@@ -338,23 +347,14 @@ class MilvusStore(VectorStore):
     def close(self) -> None:
         if self._owns:
             self.client.close()
+            self._owns = False
+            if self._lite_path is not None:
+                release_lite(self._lite_path)
 
 
-def parse_milvus(rest: str) -> dict[str, str] | None:
-    """``PATH.db/COLLECTION`` -> {"path", "collection"}; ``URL/COLLECTION`` -> {"url", ...}."""
-    scheme, sep, after = rest.partition("://")
-    if sep:
-        host, _, collection = after.rstrip("/").rpartition("/")
-        if host and collection:
-            return {"url": f"{scheme}://{host}", "collection": collection}
-        return None
-    base, _, collection = rest.rstrip("/").rpartition("/")
-    if base.endswith(".db") and collection:
-        return {"path": base, "collection": collection}
-    return None
-
-
-def open_milvus(location: Mapping[str, str], dimension: int | None = None, **options: Any) -> MilvusStore:
+def open_milvus(
+    location: Mapping[str, str], dimension: int | None = None, **options: Any
+) -> MilvusStore:
     """Open (or create) the collection of a parsed ``milvus:`` spec."""
     mv = pymilvus()
     if "url" in location:
@@ -365,14 +365,112 @@ def open_milvus(location: Mapping[str, str], dimension: int | None = None, **opt
         path.parent.mkdir(parents=True, exist_ok=True)
         uri = str(path)
         where = f"milvus:{path}/{location['collection']}"
+    lite = None if "url" in location else os.path.abspath(uri)
     try:
         client = mv.MilvusClient(uri)
     except Exception as exc:  # connection refused, lite file locked by another process
-        raise StoreError(f"{where}: cannot open Milvus ({type(exc).__name__}: {exc})") from None
+        hint = (
+            "; Milvus Lite opens a .db in one process at a time: is another process using it?"
+            if lite
+            else ""
+        )
+        raise StoreError(
+            f"{where}: cannot open Milvus ({type(exc).__name__}: {exc}){hint}"
+        ) from None
+    if lite is not None:
+        _LITE_USERS[lite] = _LITE_USERS.get(lite, 0) + 1
     try:
-        return MilvusStore(
+        store = MilvusStore(
             client, location["collection"], dimension, owns_client=True, location=where, **options
         )
     except BaseException:
         client.close()
+        if lite is not None:
+            release_lite(lite)
         raise
+    store._lite_path = lite
+    return store
+
+
+#: Open stores per Milvus Lite file in this process: its embedded server runs until the last
+#: one closes (then another process can open the file).
+_LITE_USERS: dict[str, int] = {}
+
+
+def release_lite(path: str) -> None:
+    """One user of a Milvus Lite file is done; stop its embedded server after the last one."""
+    left = _LITE_USERS.get(path, 0) - 1
+    if left > 0:
+        _LITE_USERS[path] = left
+        return
+    _LITE_USERS.pop(path, None)
+    try:
+        from milvus_lite.server_manager import server_manager_instance
+    except ImportError:  # pragma: no cover - a server URL needs no milvus-lite
+        return
+    server_manager_instance.release_server(path)
+
+
+# ----------------------------------------------------------------------------- registry entry
+
+FORM = "milvus:PATH.db/COLLECTION"
+
+
+def parse_milvus(rest: str, spec: str = "") -> dict[str, str]:
+    """``PATH.db/COLLECTION`` -> {"path", "collection"}; ``URL/COLLECTION`` -> {"url", ...}."""
+    scheme, sep, after = rest.partition("://")
+    if sep:
+        host, _, collection = after.rstrip("/").rpartition("/")
+        if host and collection:
+            return {"url": f"{scheme}://{host}", "collection": collection}
+    else:
+        base, _, collection = rest.rstrip("/").rpartition("/")
+        if base.endswith(".db") and collection:
+            return {"path": base, "collection": collection}
+    raise StoreError(
+        f"store spec {spec or 'milvus:' + rest!r}: expected {FORM} (Milvus Lite) or "
+        "milvus:http://HOST:19530/COLLECTION (a Milvus server), e.g. milvus:indexes/milvus.db/scifact"
+    )
+
+
+def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> MilvusStore:
+    return open_milvus(loc, dimension, **options)
+
+
+def _adopts(obj: Any) -> bool:
+    return type(obj).__name__ == "MilvusClient" and (type(obj).__module__ or "").startswith(
+        "pymilvus"
+    )
+
+
+def _adopt(
+    client: Any, dimension: int | None, collection: str | None, options: dict[str, Any]
+) -> MilvusStore:
+    if not collection:
+        raise StoreError("a MilvusClient needs collection='name'")
+    backend, _ = registry.backend_for("milvus:x.db/x")
+    opts = registry.check_options(backend, options, f"milvus collection {collection!r}")
+    return MilvusStore(client, collection, dimension, **opts)
+
+
+def _examples(tmp: Path) -> list[registry.Example]:
+    # Milvus Lite needs only the package; without the extra installed there is nothing to run
+    # (tests/test_backend_congruence.py requires it, so a missing extra fails there)
+    if importlib.util.find_spec("milvus_lite") is None:
+        return []
+    return [registry.Example("milvus-lite", f"milvus:{tmp / 'milvus.db'}/test")]
+
+
+registry.register(
+    registry.Backend(
+        prefix="milvus",
+        form=FORM,
+        parse=parse_milvus,
+        open=_open,
+        options=("index_type", "hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe"),
+        adopts=_adopts,
+        adopt=_adopt,
+        extra="milvus",
+        examples=_examples,
+    )
+)

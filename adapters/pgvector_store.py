@@ -24,13 +24,16 @@ and written in one transaction, so a failed batch leaves the table as it was.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from magretrieve.adapters import registry
 from magretrieve.adapters.base import (
     StoreHit,
     StoreRecord,
@@ -319,7 +322,9 @@ class PgVectorStore(VectorStore):
             with self.conn.transaction():
                 return fn()
         except pg.Error as exc:
-            raise StoreError(f"{self._location}: {what} failed ({type(exc).__name__}: {exc})") from None
+            raise StoreError(
+                f"{self._location}: {what} failed ({type(exc).__name__}: {exc})"
+            ) from None
 
     # ------------------------------------------------------------------ protocol
 
@@ -391,10 +396,7 @@ class PgVectorStore(VectorStore):
     @staticmethod
     def _hit(r: Sequence[Any], with_vectors: bool) -> StoreHit:
         vec = as_array(r[4]) if with_vectors else None
-        hit = StoreHit(str(r[0]), float(r[3]), dict(r[1] or {}), vec)
-        if hasattr(hit, "doc_norm"):
-            hit.doc_norm = float(r[2])
-        return hit
+        return StoreHit(str(r[0]), float(r[3]), dict(r[1] or {}), vec, doc_norm=float(r[2]))
 
     def delete(self, ids: Sequence[str]) -> int:
         sql = _sql()
@@ -414,7 +416,9 @@ class PgVectorStore(VectorStore):
         sql = _sql()
         row = self._run(
             "count",
-            lambda: self.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(self._table)).fetchone(),
+            lambda: self.conn.execute(
+                sql.SQL("SELECT count(*) FROM {}").format(self._table)
+            ).fetchone(),
         )
         return int(row[0])
 
@@ -426,11 +430,10 @@ class PgVectorStore(VectorStore):
         stmt = sql.SQL("SELECT doc_id, embedding, payload FROM {} WHERE doc_id = ANY(%s)").format(
             self._table
         )
-        rows = self._run("get", lambda: self.conn.execute(stmt, ([str(i) for i in ids],)).fetchall())
-        found = {
-            str(r[0]): StoreRecord(str(r[0]), as_array(r[1]), dict(r[2] or {}))
-            for r in rows
-        }
+        rows = self._run(
+            "get", lambda: self.conn.execute(stmt, ([str(i) for i in ids],)).fetchall()
+        )
+        found = {str(r[0]): StoreRecord(str(r[0]), as_array(r[1]), dict(r[2] or {})) for r in rows}
         return [found.get(i) for i in ids]
 
     def existing(self, ids: Sequence[str]) -> set[str]:
@@ -439,7 +442,9 @@ class PgVectorStore(VectorStore):
         if not ids:
             return set()
         stmt = sql.SQL("SELECT doc_id FROM {} WHERE doc_id = ANY(%s)").format(self._table)
-        return {str(r[0]) for r in self._run("read", lambda: self.conn.execute(stmt, (ids,)).fetchall())}
+        return {
+            str(r[0]) for r in self._run("read", lambda: self.conn.execute(stmt, (ids,)).fetchall())
+        }
 
     def iter_ids(self) -> Iterator[str]:
         sql = _sql()
@@ -512,19 +517,61 @@ def open_pgvector(
         raise
 
 
+# ----------------------------------------------------------------------------- registry entry
+
+
 def parse_pgvector(rest: str, spec: str) -> dict[str, str]:
     """``POSTGRES_URI#TABLE`` -> {"uri", "table"}; a missing table is refused naming the form."""
     uri, sep, name = rest.rpartition("#")
     if not sep or not uri or not name:
         raise StoreError(
-            f"store spec {redact(spec)!r}: expected pgvector:POSTGRES_URI#TABLE, e.g. "
+            f"store spec {redact(spec)!r}: expected {FORM}, e.g. "
             "pgvector:postgresql://user@localhost:5432/db#scifact"
         )
     return {"uri": uri, "table": name}
 
 
-def open_spec(rest: str, dimension: int | None, options: Mapping[str, Any]) -> PgVectorStore:
-    loc = parse_pgvector(rest, f"pgvector:{rest}")
-    return open_pgvector(
-        loc["uri"], loc["table"], dimension, **{k: v for k, v in options.items() if v is not None}
+def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> PgVectorStore:
+    return open_pgvector(loc["uri"], loc["table"], dimension, **options)
+
+
+def _adopts(obj: Any) -> bool:
+    return (type(obj).__module__ or "").startswith("psycopg")
+
+
+def _adopt(
+    conn: Any, dimension: int | None, table: str | None, options: dict[str, Any]
+) -> PgVectorStore:
+    if not table:
+        raise StoreError("a psycopg connection needs collection='table'")
+    backend, _ = registry.backend_for(f"pgvector:x#{table}")
+    opts = registry.check_options(backend, options, f"pgvector table {table!r}")
+    return PgVectorStore(conn, table, dimension, **opts)
+
+
+def _examples(tmp: Any) -> list[registry.Example]:
+    """The shared store tests run on a real server when the test session started one."""
+    uri = os.environ.get(TEST_URI_ENV)
+    if not uri:
+        return []
+    table = "t_" + hashlib.sha1(str(tmp).encode()).hexdigest()[:12]
+    return [registry.Example("pgvector", f"pgvector:{uri}#{table}", {"index_type": "flat"})]
+
+
+#: Set by the test session (tests/conftest.py) to the URI of the server it started.
+TEST_URI_ENV = "MAGRETRIEVE_TEST_PGVECTOR_URI"
+FORM = "pgvector:POSTGRES_URI#TABLE"
+
+registry.register(
+    registry.Backend(
+        prefix="pgvector",
+        form=FORM,
+        parse=parse_pgvector,
+        open=_open,
+        options=("index_type", "hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe"),
+        adopts=_adopts,
+        adopt=_adopt,
+        extra="pgvector",
+        examples=_examples,
     )
+)

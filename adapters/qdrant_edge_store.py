@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from magretrieve.adapters import registry
 from magretrieve.adapters._qdrant_common import (
     build_points,
     check_vector_params,
@@ -301,3 +302,31 @@ class QdrantEdgeStore(VectorStore):
             self.shard.flush()
             self.shard.close()
             self._closed = True
+
+
+# ----------------------------------------------------------------------------- registry entry
+
+EDGE_OPTIONS = (
+    "hnsw_m",
+    "ef_construction",
+    "ef_search",
+    "quantization",
+    "oversampling",
+    "rescore",
+    "query_scaling",
+    "full_scan_threshold",
+    "indexing_threshold",
+)
+
+registry.register(
+    registry.Backend(
+        prefix="qdrant-edge",
+        form="qdrant-edge:DIR",
+        parse=registry.parse_dir,
+        open=lambda loc, dimension, options: QdrantEdgeStore(loc["path"], dimension, **options),
+        options=EDGE_OPTIONS,
+        folder=True,
+        extra="qdrant-edge",
+        examples=lambda tmp: [registry.Example("qdrant-edge", f"qdrant-edge:{tmp / 'edge'}")],
+    )
+)

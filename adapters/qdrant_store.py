@@ -19,12 +19,15 @@ Rules kept here:
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from magretrieve.adapters import registry
 from magretrieve.adapters._qdrant_common import (
     RESERVED,
     build_points,
@@ -111,6 +114,7 @@ class QdrantStore(VectorStore):
         self.thread_safe_search = not self.embedded
         if quantization not in (None, "int8"):
             raise StoreError(f"unknown Qdrant quantization {quantization!r}; use 'int8' or none")
+        self._created = False
         if client.collection_exists(collection):
             info = client.get_collection(collection)
             params = info.config.params.vectors
@@ -160,6 +164,7 @@ class QdrantStore(VectorStore):
             self.quantization = quantization
             self._hnsw = hnsw
             self._shards = (shard_number, replication_factor)
+            self._created = True
 
     @property
     def dimension(self) -> int:
@@ -287,6 +292,12 @@ class QdrantStore(VectorStore):
             )
         )
 
+    def foreign_points(self) -> int:
+        """An existing collection without magretrieve's metadata: its points are not ours."""
+        if self._created or self.read_metadata():
+            return 0
+        return self.count()
+
     def read_metadata(self) -> dict[str, Any] | None:
         meta = self.client.get_collection(self.collection).config.metadata or {}
         value = meta.get(META_KEY)
@@ -314,3 +325,121 @@ class QdrantStore(VectorStore):
     def close(self) -> None:
         if self._owns:
             self.client.close()
+
+
+# ----------------------------------------------------------------------------- registry entries
+
+QDRANT_OPTIONS = (
+    "hnsw_m",
+    "ef_construction",
+    "ef_search",
+    "quantization",
+    "oversampling",
+    "rescore",
+    "query_scaling",
+    "shard_number",
+    "replication_factor",
+    "on_disk",
+    "api_key",
+    "timeout",
+)
+_CLIENT_OPTIONS = ("api_key", "timeout")
+
+
+def _open_with_client(make_client: Any, where: str, collection: str, dimension: Any, opts: dict):
+    client_opts = {k: opts.pop(k) for k in _CLIENT_OPTIONS if k in opts}
+    client = make_client(
+        require("qdrant_client", "qdrant-client", "qdrant").QdrantClient, client_opts
+    )
+    try:
+        return QdrantStore(client, collection, dimension, owns_client=True, location=where, **opts)
+    except StoreError:
+        client.close()
+        raise
+    except Exception as exc:  # connection refused, auth, server-side errors
+        client.close()
+        raise StoreError(f"{where}: Qdrant request failed ({type(exc).__name__}: {exc})") from exc
+
+
+def _open_server(loc: dict[str, str], dimension: int | None, opts: dict[str, Any]) -> QdrantStore:
+    def make(client_cls: Any, client_opts: dict[str, Any]) -> Any:
+        client_opts.setdefault("api_key", os.environ.get("QDRANT_API_KEY"))
+        return client_cls(url=loc["url"], **client_opts)
+
+    where = f"qdrant:{loc['url']}/{loc['collection']}"
+    return _open_with_client(make, where, loc["collection"], dimension, dict(opts))
+
+
+def _open_local(loc: dict[str, str], dimension: int | None, opts: dict[str, Any]) -> QdrantStore:
+    def make(client_cls: Any, client_opts: dict[str, Any]) -> Any:
+        Path(loc["path"]).mkdir(parents=True, exist_ok=True)
+        try:
+            return client_cls(path=loc["path"], force_disable_check_same_thread=True)
+        except RuntimeError as exc:  # portalocker: another process holds the folder
+            raise StoreError(f"{loc['path']}: cannot open embedded Qdrant ({exc})") from None
+
+    where = f"qdrant-local:{loc['path']}/{loc['collection']}"
+    return _open_with_client(make, where, loc["collection"], dimension, dict(opts))
+
+
+def _open_memory(loc: dict[str, str], dimension: int | None, opts: dict[str, Any]) -> QdrantStore:
+    where = f"qdrant-memory:{loc['collection']}"
+    return _open_with_client(
+        lambda cls, _: cls(":memory:"), where, loc["collection"], dimension, dict(opts)
+    )
+
+
+def _adopts(obj: Any) -> bool:
+    return (type(obj).__module__ or "").startswith("qdrant_client")
+
+
+def _adopt_client(
+    client: Any, dimension: int | None, collection: str | None, options: dict[str, Any]
+) -> QdrantStore:
+    if not collection:
+        raise StoreError("a QdrantClient needs collection='name'")
+    backend, _ = registry.backend_for("qdrant-memory:x")
+    opts = registry.check_options(backend, options, f"Qdrant collection {collection!r}")
+    for key in _CLIENT_OPTIONS:
+        opts.pop(key, None)
+    return QdrantStore(client, collection, dimension, **opts)
+
+
+registry.register(
+    registry.Backend(
+        prefix="qdrant",
+        form="qdrant:URL/COLLECTION",
+        parse=registry.parse_url_collection,
+        open=_open_server,
+        options=QDRANT_OPTIONS,
+        adopts=_adopts,
+        adopt=_adopt_client,
+        extra="qdrant",
+    )
+)
+registry.register(
+    registry.Backend(
+        prefix="qdrant-local",
+        form="qdrant-local:DIR/COLLECTION",
+        parse=registry.parse_path_collection,
+        open=_open_local,
+        options=QDRANT_OPTIONS,
+        folder=True,
+        extra="qdrant",
+        examples=lambda tmp: [
+            registry.Example("qdrant-local", f"qdrant-local:{tmp / 'qdrant'}/test")
+        ],
+    )
+)
+registry.register(
+    registry.Backend(
+        prefix="qdrant-memory",
+        form="qdrant-memory:COLLECTION",
+        parse=registry.parse_collection,
+        open=_open_memory,
+        options=QDRANT_OPTIONS,
+        persists=lambda loc: False,
+        extra="qdrant",
+        examples=lambda tmp: [registry.Example("qdrant-memory", "qdrant-memory:test")],
+    )
+)

@@ -1,212 +1,325 @@
-"""Encode speed of all-MiniLM-L6-v2: PyTorch eager vs ONNX fp32 vs ONNX int8, in one run.
+"""Encode speed, side by side in one run: sentence-transformers, PyTorch eager, ONNX fp32/int8,
+and end-to-end ``index`` into FAISS flat (issue 15).
 
-Measures query latency (batch 1, one thread, p50/p95), document throughput (batch 32, two
-threads), peak RSS of a serving process vs a torch process, and NDCG@10 of fp32 vs int8 on
-scifact test (exact search). Writes a markdown table to benchmarks/results/encode_speed.md.
+Documents: every scifact abstract (5,183), each column encoding the whole corpus its own way:
+sentence-transformers ``encode`` (its own length-sorted batches of 32, fp32) as the peer,
+magretrieve's PyTorch encoder, the ONNX fp32 and int8 exports (token-budget batches), and
+``index_corpus`` of the fp32 export into a fresh FAISS flat store (read, tokenize, encode,
+write, checkpoint). Queries: the 300 scifact test claims one at a time (batch 1), p50/p95.
+Every column uses the same thread count. Columns run interleaved in rounds, in a rotated
+order each round, so noise from other jobs hits all of them alike; the median over rounds is
+reported, as ratios (the machine is shared: absolute times are noisy, ratios within one run
+are the result). NDCG@10 of fp32 and int8 comes from the timed vectors (exact search).
 
-    nice -n 10 python benchmarks/encode_speed.py [--data ../shared/data/scifact] [--queries 200]
+    python benchmarks/encode_speed.py --rounds 2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from _common import cache_dir, cpu_lock, data_dir, machine_summary, markdown_table, recorded_command
 
-ROOT = Path(__file__).resolve().parents[1]
-RSS_CHILD = """
-import json, sys
-kind, folder, texts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-if kind == "torch":
-    import torch
-    torch.set_num_threads(1)
-    from magretrieve.encoder import Encoder
-    enc = Encoder.load(folder, mode="qnorm", device="cpu")
-    enc.encode_queries(texts, batch_size=1)
-else:
-    sys.modules["torch"] = None
-    from magretrieve.runtime import OnnxEncoder
-    enc = OnnxEncoder.load(folder, threads=1)
-    enc.encode_queries(texts, batch_size=1)
-# VmHWM, not ru_maxrss: ru_maxrss survives exec and would report the forking parent's peak.
-hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
-print(int(hwm.split()[1]) / 1024)
-"""
+#: Column key → label, in the order of the first round.
+COLUMNS = {
+    "st": "sentence-transformers encode (peer, fp32)",
+    "eager": "PyTorch eager (magretrieve)",
+    "fp32": "ONNX fp32",
+    "int8": "ONNX int8",
+    "index": "end-to-end `index` → FAISS flat (ONNX fp32)",
+}
+QUERY_COLUMNS = ("st", "eager", "fp32", "int8")
+#: Goals of issue 15: (what, column, baseline, metric, at least).
+GOALS = (
+    ("documents: ONNX fp32 vs sentence-transformers", "fp32", "st", "docs_s", 1.5),
+    ("documents: ONNX int8 vs sentence-transformers", "int8", "st", "docs_s", 2.5),
+    ("query p50: ONNX fp32 vs PyTorch eager", "fp32", "eager", "p50", 2.5),
+    ("query p50: ONNX int8 vs PyTorch eager", "int8", "eager", "p50", 4.0),
+    ("end-to-end index vs ONNX fp32 encoding", "index", "fp32", "docs_s", 0.9),
+)
+MAX_NDCG_LOSS = 0.5  # points
 
 
-def _latency(encode, queries: list[str], warmup: int = 5) -> tuple[float, float]:
-    for q in queries[:warmup]:
-        encode([q])
-    times = []
+def latencies_ms(encode: Callable[[list[str]], Any], queries: list[str]) -> list[float]:
+    """Milliseconds per query, one query per call."""
+    out = []
     for q in queries:
         start = time.perf_counter()
         encode([q])
-        times.append((time.perf_counter() - start) * 1000)
-    return float(np.percentile(times, 50)), float(np.percentile(times, 95))
+        out.append((time.perf_counter() - start) * 1000)
+    return out
 
 
-def _throughput(encode, docs: list[str]) -> float:
-    encode(docs[:32])
-    start = time.perf_counter()
-    encode(docs)
-    return len(docs) / (time.perf_counter() - start)
+def rotated(keys: list[str], round_no: int) -> list[str]:
+    """The column order of a round: the first order shifted by the round number."""
+    shift = round_no % len(keys)
+    return keys[shift:] + keys[:shift]
 
 
-def _rss(kind: str, folder: str, texts: list[str]) -> float:
-    out = subprocess.run(
-        [sys.executable, "-c", RSS_CHILD, kind, folder, json.dumps(texts)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return float(out.stdout.strip().splitlines()[-1])
+def ratio(rows: dict[str, dict[str, float]], column: str, baseline: str, metric: str) -> float:
+    """How many times faster ``column`` is than ``baseline`` (throughput up, latency down)."""
+    a, b = rows[column][metric], rows[baseline][metric]
+    return a / b if metric == "docs_s" else b / a
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "scifact"))
-    parser.add_argument("--queries", type=int, default=200, help="queries timed at batch 1")
-    parser.add_argument("--docs", type=int, default=512, help="documents timed at batch 32")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "encode_speed.md"))
-    parser.add_argument("--skip-ndcg", action="store_true")
-    parser.add_argument(
-        "--ndcg-corpus",
-        type=int,
-        default=0,
-        help="NDCG on a corpus of every judged document plus the first others up to N (0: all)",
-    )
-    args = parser.parse_args()
+    parser.add_argument("--model", default="all-MiniLM-L6-v2", help="ST folder or alias")
+    parser.add_argument("--data", default=None, help="BEIR folder (default: data_dir()/scifact)")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--queries", type=int, default=300, help="queries timed (0: all)")
+    parser.add_argument("--docs", type=int, default=0, help="documents encoded (0: all)")
+    parser.add_argument("--threads", type=int, default=2, help="threads of every column")
+    parser.add_argument("--mode", default="qnorm")
+    parser.add_argument("--out", default=None, help="results stem (default results/encode_speed)")
+    parser.add_argument("--lock", default="default", help="CPU lock file ('' for none)")
+    args = parser.parse_args(argv)
 
+    data = Path(args.data) if args.data else data_dir() / "scifact"
+    out = (
+        Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / "encode_speed"
+    )
+    with cpu_lock(args.lock or None):
+        result = run(args, data)
+    write_results(result, out)
+    return result
+
+
+def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     import torch
+    from sentence_transformers import SentenceTransformer
 
     from magretrieve.data import load_beir
     from magretrieve.encoder import Encoder
     from magretrieve.export import export_model
-    from magretrieve.export.evaluate import evaluate_export
+    from magretrieve.export.evaluate import exact_run
+    from magretrieve.indexing import index_corpus
     from magretrieve.manifest import Manifest
+    from magretrieve.metrics import retrieval_metrics
     from magretrieve.models import resolve_model_path
+    from magretrieve.retriever import Retriever
     from magretrieve.runtime import OnnxEncoder
 
-    dataset = load_beir(f"{args.data}:test")
-    queries = list(dataset.queries.values())[: args.queries]
-    docs = [d.full_text for d in list(dataset.corpus.values())[: args.docs]]
-    work = Path(tempfile.mkdtemp(prefix="encode_speed-"))
+    torch.set_num_threads(args.threads)
+    dataset = load_beir(f"{data}:{args.split}")
+    qids = list(dataset.queries)[: args.queries or None]
+    queries = [dataset.queries[q] for q in qids]
+    dids = list(dataset.corpus)[: args.docs or None]
+    docs = [dataset.corpus[d].full_text for d in dids]
+    corpus_file = data / "corpus.jsonl"
+    if args.docs:  # a smaller corpus file for the index column, the same documents
+        corpus_file = cache_dir("encode_speed") / f"corpus-{args.docs}.jsonl"
+        with (data / "corpus.jsonl").open() as src, corpus_file.open("w") as dst:
+            for n, line in enumerate(src):
+                if n >= args.docs:
+                    break
+                dst.write(line)
+
+    work = Path(tempfile.mkdtemp(prefix="encode_speed-", dir=cache_dir("encode_speed")))
+    timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    fp32_dir = export_model("all-MiniLM-L6-v2", work / "fp32", mode="qnorm")
-    fp32_export_s = time.perf_counter() - t0
+    fp32_dir = export_model(args.model, work / "fp32", mode=args.mode)
+    timings["export_fp32_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    int8_dir = export_model("all-MiniLM-L6-v2", work / "int8", mode="qnorm", quantize="int8")
-    int8_export_s = time.perf_counter() - t0
-    exporter = Manifest.load(fp32_dir).exporter["name"]
+    int8_dir = export_model(args.model, work / "int8", mode=args.mode, quantize="int8")
+    timings["export_int8_s"] = time.perf_counter() - t0
+    manifest = Manifest.load(fp32_dir)
+
+    st = SentenceTransformer(str(resolve_model_path(args.model)), device="cpu")
+    eager = Encoder.load(args.model, mode=args.mode, device="cpu")
+    onnx = {
+        "fp32": OnnxEncoder.load(fp32_dir, threads=args.threads),
+        "int8": OnnxEncoder.load(int8_dir, threads=args.threads),
+    }
+    doc_encode: dict[str, Callable[[list[str]], Any]] = {
+        "st": lambda t: st.encode(t, batch_size=32, convert_to_numpy=True),
+        "eager": lambda t: eager.encode_documents(t),
+        "fp32": lambda t: onnx["fp32"].encode_documents(t),
+        "int8": lambda t: onnx["int8"].encode_documents(t),
+    }
+    query_encode: dict[str, Callable[[list[str]], Any]] = {
+        "st": lambda t: st.encode(t, batch_size=1, convert_to_numpy=True),
+        "eager": lambda t: eager.encode_queries(t, batch_size=1),
+        "fp32": lambda t: onnx["fp32"].encode_queries(t, batch_size=1),
+        "int8": lambda t: onnx["int8"].encode_queries(t, batch_size=1),
+    }
+    for key in QUERY_COLUMNS:  # warm-up: sessions, allocators, first-call paths
+        doc_encode[key](docs[:8])
+        query_encode[key](queries[:5])
+
+    docs_s: dict[str, list[float]] = {k: [] for k in COLUMNS}
+    lat: dict[str, list[float]] = {k: [] for k in QUERY_COLUMNS}
+    vectors: dict[str, np.ndarray] = {}
+    qvectors: dict[str, np.ndarray] = {}
+    for r in range(args.rounds):
+        for key in rotated(list(COLUMNS), r):
+            print(f"round {r + 1}/{args.rounds}: {COLUMNS[key]}", flush=True)
+            start = time.perf_counter()
+            if key == "index":
+                with Retriever.load(
+                    fp32_dir, store=f"faiss:{work / f'index-{r}'}", threads=args.threads
+                ) as retriever:
+                    report = index_corpus(retriever, corpus_file, progress=False)
+                if report.added != len(docs):
+                    raise RuntimeError(f"index added {report.added} of {len(docs)} documents")
+            else:
+                vecs = doc_encode[key](docs)
+                if key in onnx:
+                    vectors[key] = np.asarray(vecs)
+            docs_s[key].append(len(docs) / (time.perf_counter() - start))
+            if key in lat:
+                lat[key].extend(latencies_ms(query_encode[key], queries))
+    for key in onnx:  # the vectors of the timed path (batch 1), for NDCG
+        qvectors[key] = onnx[key].encode_queries(queries, batch_size=1)
 
     rows: dict[str, dict[str, float]] = {}
-    torch.set_num_threads(1)
-    eager = Encoder.load("all-MiniLM-L6-v2", mode="qnorm", device="cpu")
-    rows["PyTorch eager"] = {}
-    rows["PyTorch eager"]["p50"], rows["PyTorch eager"]["p95"] = _latency(
-        lambda t: eager.encode_queries(t, batch_size=1), queries
+    for key in COLUMNS:
+        rows[key] = {"docs_s": statistics.median(docs_s[key])}
+        if key in lat:
+            rows[key]["p50"] = float(np.percentile(lat[key], 50))
+            rows[key]["p95"] = float(np.percentile(lat[key], 95))
+    qrels = {q: dataset.qrels[q] for q in qids if q in dataset.qrels}
+    for key in onnx:
+        run_ = exact_run(qvectors[key], vectors[key], qids, dids)
+        rows[key]["ndcg@10"] = retrieval_metrics(qrels, run_)["ndcg@10"]
+    goals = []
+    for what, column, baseline, metric, need in GOALS:
+        got = ratio(rows, column, baseline, metric)
+        goals.append({"goal": what, "ratio": got, "at_least": need, "met": got >= need})
+    loss = (rows["fp32"]["ndcg@10"] - rows["int8"]["ndcg@10"]) * 100
+    goals.append(
+        {
+            "goal": "int8 NDCG@10 loss vs fp32 (points)",
+            "loss_points": loss,
+            "at_most": MAX_NDCG_LOSS,
+            "met": loss <= MAX_NDCG_LOSS,
+        }
     )
-    for name, folder in (("ONNX fp32", fp32_dir), ("ONNX int8", int8_dir)):
-        enc = OnnxEncoder.load(folder, threads=1)
-        rows[name] = {}
-        rows[name]["p50"], rows[name]["p95"] = _latency(
-            lambda t, e=enc: e.encode_queries(t, batch_size=1), queries
-        )
-    torch.set_num_threads(2)
-    rows["PyTorch eager"]["docs_s"] = _throughput(
-        lambda t: eager.encode_documents(t, batch_size=32), docs
-    )
-    for name, folder in (("ONNX fp32", fp32_dir), ("ONNX int8", int8_dir)):
-        enc = OnnxEncoder.load(folder, threads=2)
-        rows[name]["docs_s"] = _throughput(
-            lambda t, e=enc: e.encode_documents(t, batch_size=32), docs
-        )
+    import onnxruntime
+    import sentence_transformers
 
-    rss_texts = queries[:20]
-    rows["PyTorch eager"]["rss"] = _rss(
-        "torch", str(resolve_model_path("all-MiniLM-L6-v2")), rss_texts
-    )
-    rows["ONNX fp32"]["rss"] = _rss("onnx", str(fp32_dir), rss_texts)
-    rows["ONNX int8"]["rss"] = _rss("onnx", str(int8_dir), rss_texts)
-    for name, folder in (("ONNX fp32", fp32_dir), ("ONNX int8", int8_dir)):
-        rows[name]["mb"] = sum(p.stat().st_size for p in folder.glob("*.onnx")) / 1e6
+    return {
+        "command": recorded_command(),
+        "machine": machine_summary(),
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "model": args.model,
+        "mode": args.mode,
+        "data": f"{data.name}:{args.split}",
+        "documents": len(docs),
+        "queries": len(queries),
+        "exporter": manifest.exporter,
+        "versions": {
+            "torch": torch.__version__,
+            "onnxruntime": onnxruntime.__version__,
+            "sentence-transformers": sentence_transformers.__version__,
+        },
+        "timings": timings,
+        "per_round_docs_s": docs_s,
+        "rows": rows,
+        "ratios": {
+            key: {
+                "docs_vs_st": ratio(rows, key, "st", "docs_s"),
+                **(
+                    {"p50_vs_eager": ratio(rows, key, "eager", "p50")} if "p50" in rows[key] else {}
+                ),
+            }
+            for key in COLUMNS
+        },
+        "goals": goals,
+    }
 
-    ndcg_note = f"scifact test, full corpus ({len(dataset.corpus)} documents)"
-    if args.ndcg_corpus and args.ndcg_corpus < len(dataset.corpus):
-        judged = {d for docs_ in dataset.qrels.values() for d in docs_}
-        keep = list(judged) + [d for d in dataset.corpus if d not in judged]
-        dataset.corpus = {d: dataset.corpus[d] for d in keep[: max(args.ndcg_corpus, len(judged))]}
-        ndcg_note = (
-            f"scifact test on a {len(dataset.corpus)}-document corpus (all {len(judged)} judged + "
-            "the first others): easier than the full corpus, so compare fp32 with int8, not with "
-            "published figures"
+
+def write_results(result: dict[str, Any], out: Path) -> None:
+    """``out``.json (everything) and ``out``.md (ratios, the machine, the goals)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    rows, ratios = result["rows"], result["ratios"]
+    table = []
+    for key, label in COLUMNS.items():
+        r = rows[key]
+        table.append(
+            [
+                label,
+                f"{ratios[key]['docs_vs_st']:.2f}×",
+                f"{ratios[key]['p50_vs_eager']:.2f}×" if "p50_vs_eager" in ratios[key] else "–",
+                f"{rows['eager']['p95'] / r['p95']:.2f}×" if "p95" in r else "–",
+                f"{r['ndcg@10']:.4f}" if "ndcg@10" in r else "–",
+            ]
         )
-    if not args.skip_ndcg:
-        for name, folder in (("ONNX fp32", fp32_dir), ("ONNX int8", int8_dir)):
-            rows[name]["ndcg"] = evaluate_export(
-                OnnxEncoder.load(folder, threads=2), dataset, label=name
-            )["ndcg@10"]
-
-    base = rows["PyTorch eager"]
+    goal_rows = []
+    for g in result["goals"]:
+        if "ratio" in g:
+            goal_rows.append(
+                [g["goal"], f"≥ {g['at_least']}×", f"{g['ratio']:.2f}×", _met(g["met"])]
+            )
+        else:
+            goal_rows.append(
+                [
+                    g["goal"],
+                    f"≤ {g['at_most']}",
+                    f"{g['loss_points']:+.2f}",
+                    _met(g["met"]),
+                ]
+            )
+    opt = result["exporter"].get("optimizer", {})
+    fused = ", ".join(f"{n} {k}" for k, n in sorted(opt.get("fused_operators", {}).items()))
     lines = [
-        "# Encode speed: all-MiniLM-L6-v2, qnorm (PyTorch eager vs ONNX fp32 vs ONNX int8)",
+        f"# Encode speed: {result['model']} ({result['mode']}), one run, columns side by side",
         "",
-        "Command (from the project root, one run, all columns side by side):",
+        "Command (from the repository root):",
         "",
         "```",
-        "nice -n 10 python benchmarks/encode_speed.py " + " ".join(sys.argv[1:]),
+        result["command"],
         "```",
         "",
-        f"Machine: {_cpu()} (2 cores, shared with other jobs: absolute numbers are noisy, ratios "
-        f"within this run are the result). torch {torch.__version__}, onnxruntime "
-        f"{_ort_version()}, exporter {exporter}. Queries: {len(queries)} scifact test claims, one "
-        f"at a time on 1 thread. Documents: {len(docs)} scifact abstracts (max 256 tokens), batch "
-        "32 on 2 threads. Peak RSS: a fresh process that loads the encoder and encodes 20 queries. "
-        f"Export took {fp32_export_s:.0f} s (fp32) and {int8_export_s:.0f} s (int8, incl. fp32 "
-        "parity).",
+        f"Machine: {result['machine']}, shared with other jobs (the run held the CPU lock, but "
+        "absolute times are noisy: the ratios within this run are the result; absolute numbers "
+        "are in encode_speed.json). Every column uses "
+        f"{result['threads']} threads. {result['rounds']} rounds, columns interleaved in a "
+        "rotated order each round, median over rounds.",
         "",
-        "| encoder | query p50 ms | query p95 ms | speed-up p50 | docs/s (b32, 2 thr) | speed-up | "
-        "peak RSS MB | graphs MB (q+d) | NDCG@10 scifact |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"Documents: {result['documents']} {result['data']} corpus abstracts (max 256 tokens), "
+        "the whole corpus per column and round. Queries: "
+        f"{result['queries']} {result['data']} claims one at a time (batch 1), p50/p95 over all "
+        "rounds. Export: "
+        f"{result['exporter'].get('name')} opset {result['exporter'].get('opset')}, "
+        + (f"fused ({fused})" if opt.get("applied") else f"unfused ({opt.get('reason')})")
+        + "; int8 = dynamic per-channel quantization of the fused fp32 graphs. End-to-end: "
+        "`index_corpus` (what `magretrieve index` runs) of the fp32 export into a new FAISS "
+        "flat store, corpus file to persisted store.",
+        "",
+        markdown_table(
+            [
+                "column",
+                "documents: × sentence-transformers",
+                "query p50: × eager",
+                "query p95: × eager",
+                "NDCG@10 (full corpus, exact)",
+            ],
+            table,
+        ),
+        "",
+        "## Goals of issue 15",
+        "",
+        markdown_table(["goal", "target", "measured", "met"], goal_rows),
+        "",
     ]
-    for name, r in rows.items():
-        lines.append(
-            f"| {name} | {r['p50']:.2f} | {r['p95']:.2f} | {base['p50'] / r['p50']:.2f}× | "
-            f"{r['docs_s']:.1f} | {r['docs_s'] / base['docs_s']:.2f}× | {r['rss']:.0f} | "
-            f"{r.get('mb', float('nan')):.1f} | "
-            + (f"{r['ndcg']:.4f}" if "ndcg" in r else "–")
-            + " |"
-        )
-    if "ndcg" in rows["ONNX int8"]:
-        delta = (rows["ONNX int8"]["ndcg"] - rows["ONNX fp32"]["ndcg"]) * 100
-        lines += [
-            "",
-            f"NDCG@10 int8 − fp32: {delta:+.2f} points (exact inner-product search; {ndcg_note}).",
-        ]
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    out.with_suffix(".md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
-def _ort_version() -> str:
-    import onnxruntime
-
-    return onnxruntime.__version__
+def _met(ok: bool) -> str:
+    return "yes" if ok else "**no**"
 
 
 if __name__ == "__main__":

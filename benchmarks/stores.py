@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _store_data import load_vectors, passages  # noqa: E402
 
-from magretrieve.adapters import faiss_store, open_store  # noqa: E402
+from magretrieve.adapters import _faiss_index, open_store  # noqa: E402
 
 K = 10
 RESULTS = Path(__file__).resolve().parent / "results" / "stores.md"
@@ -189,7 +189,7 @@ def main() -> None:
                 store.single_query_threads = extra["threads"]
             if "sweep" in extra:
                 for ef in extra["sweep"]:
-                    store.params["ef_search"] = ef
+                    store.set_search_parameters(ef_search=ef)
                     rows.append(
                         {
                             **base,
@@ -200,7 +200,7 @@ def main() -> None:
                     print(rows[-1], flush=True)
             elif "nprobe" in extra:
                 for p in extra["nprobe"]:
-                    store.params["nprobe"] = p
+                    store.set_search_parameters(nprobe=p)
                     rows.append(
                         {
                             **base,
@@ -265,7 +265,7 @@ def main() -> None:
         "- vectors: all-MiniLM-L6-v2, mode qnorm (documents keep their raw pooled magnitude: "
         f"doc_norm mean {norms.mean():.2f}, min {norms.min():.2f}, max {norms.max():.2f}; "
         "queries unit-norm), searched by inner product",
-        f"- machine: {platform.machine()}, {faiss_store._DEFAULT_THREADS} OpenMP threads for "
+        f"- machine: {platform.machine()}, {_faiss_index.default_threads()} OpenMP threads for "
         "batches (1 per single query unless noted), shared "
         "with other jobs (wall-clock; compare ratios within this table)",
         f"- faiss {faiss.__version__}; qdrant-client embedded mode is brute force; Qdrant Edge "

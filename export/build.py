@@ -1,8 +1,9 @@
-"""``export_model``: encoder → staged export folder → parity check → atomic rename.
+"""``export_model``: encoder → staged export folder → parity check → atomic publish.
 
 Everything is built in a hidden temporary folder beside the target. Only when both graphs
-pass parity (fp32) is the folder renamed into place, so a failed export leaves nothing
-half-written and an existing export is replaced only with ``overwrite=True``.
+pass parity (fp32) is the folder put in place (:mod:`magretrieve.export.publish`: a rename,
+or an atomic swap with an existing export), so a failed or killed export leaves the old
+export or the new one, and an existing export is replaced only with ``overwrite=True``.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from magretrieve.adapters.base import fsync_dir
 from magretrieve.errors import ConfigError, MagRetrieveError
+from magretrieve.export.publish import make_staging, publish, recover
 from magretrieve.manifest import MANIFEST_NAME, GraphSpec, Manifest, hash_folder
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,6 +28,10 @@ logger = logging.getLogger(__name__)
 GRAPH_FILES = {"query": "query.onnx", "document": "document.onnx"}
 TOKENIZER_FILE = "tokenizer.json"
 EXPORTER_CHOICES = ("auto", "dynamo", "torchscript")
+#: What ``exporter="auto"`` tries, in order. TorchScript first, by measurement
+#: (docs/export.md): its trace of eager attention fuses into onnxruntime's Attention and
+#: EmbedLayerNormalization operators, dynamo's graph only into layer norm / GELU.
+AUTO_ORDER = ("torchscript", "dynamo")
 
 
 def _versions(exporter: str) -> dict[str, str]:
@@ -48,6 +54,15 @@ def _versions(exporter: str) -> dict[str, str]:
 
         versions["onnxscript"] = onnxscript.__version__
     return versions
+
+
+def _fsync_file(path: Path) -> None:
+    if path.is_file():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _check_target(target: Path, overwrite: bool) -> None:
@@ -107,7 +122,11 @@ def _write_manifest(
     quantization: str | None = None,
     quantization_report: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Hash every file in ``folder`` and write its manifest (the manifest itself is unhashed)."""
+    """Hash every file in ``folder`` and write its manifest.
+
+    ``save`` seals it: ``model_fingerprint`` from the file hashes and settings, and the
+    manifest's own ``manifest_sha256``.
+    """
     from magretrieve import similarity
     from magretrieve.export.graphs import OUTPUT_NAME, input_names
 
@@ -140,7 +159,7 @@ def _write_manifest(
         graphs=graphs,
         tokenizer=TOKENIZER_FILE,
         files=files,
-        model_fingerprint=files[GRAPH_FILES["document"]],
+        model_fingerprint="",  # computed from the content by Manifest.save
         quantization=quantization,
         pad_token_id=int(encoder.tokenizer.pad_token_id or 0),
         exporter=exporter,
@@ -148,6 +167,7 @@ def _write_manifest(
         parity=parity,
         quantization_report=quantization_report,
         base_model=cfg.base_model,
+        encoder=cfg.to_dict(),
         folder=folder,
     )
     manifest.save(folder)
@@ -166,6 +186,62 @@ def _parity(
     return report
 
 
+def _fuse(encoder: Encoder, folder: Path, backup: Path, say: Callable[[str], None]) -> dict:
+    """Fuse both graphs in place with onnxruntime's transformer optimizer; return what applied.
+
+    The unfused graphs are kept in ``backup`` so that a fused graph that misses parity can be
+    replaced by its unfused original. A model the optimizer does not know, or an optimizer
+    crash, leaves the graphs unfused and says why (the export still succeeds).
+    """
+    from magretrieve.export.quantize import optimize_bert, optimizer_model_type
+
+    tcfg = encoder.transformer.config
+    model_type = str(getattr(tcfg, "model_type", ""))
+    facts: dict[str, Any] = {"tool": "onnxruntime.transformers.optimizer"}
+    if optimizer_model_type(model_type) is None:
+        reason = f"model type {model_type!r} is not BERT-like; graphs exported unfused"
+        say(f"not fusing: {reason}")
+        return facts | {"applied": False, "reason": reason}
+    backup.mkdir(parents=True, exist_ok=True)
+    fused_ops: dict[str, dict[str, int]] = {}
+    try:
+        for side, name in GRAPH_FILES.items():
+            say(f"fusing the {side} graph (onnxruntime transformer optimizer)")
+            shutil.copy2(folder / name, backup / name)
+            fused = folder / f"{name}.fused"
+            done = optimize_bert(
+                folder / name,
+                fused,
+                model_type=model_type,
+                num_heads=int(tcfg.num_attention_heads),
+                hidden_size=int(tcfg.hidden_size),
+            )
+            fused_ops[side] = done["fused_operators"]
+            fused.replace(folder / name)
+    except Exception as exc:  # the optimizer is best effort: an unfused graph is still right
+        _restore_unfused(folder, backup)
+        reason = f"optimizer failed ({type(exc).__name__}: {str(exc)[:200]}); graphs unfused"
+        say(f"not fusing: {reason}")
+        return facts | {"applied": False, "reason": reason}
+    ops = fused_ops["document"]
+    attention = any("Attention" in op for op in ops)
+    if not attention:
+        say("note: attention was not fused (layer norm / GELU fusions only)")
+    return facts | {
+        "applied": True,
+        "model_type": optimizer_model_type(model_type),
+        "fused_operators": ops,
+        "attention_fused": attention,
+    }
+
+
+def _restore_unfused(folder: Path, backup: Path) -> None:
+    for name in GRAPH_FILES.values():
+        (folder / f"{name}.fused").unlink(missing_ok=True)
+        if (backup / name).is_file():
+            shutil.copy2(backup / name, folder / name)
+
+
 def _build_fp32(
     encoder: Encoder,
     folder: Path,
@@ -174,9 +250,12 @@ def _build_fp32(
     reference: dict[str, Any],
     say: Callable[[str], None],
 ) -> Manifest:
-    """Export both sides with one exporter into ``folder`` and prove parity (raises otherwise)."""
+    """Export both sides with one exporter into ``folder`` and prove parity (raises otherwise).
+
+    With ``optimize`` the graphs are fused and the *fused* graphs must pass parity; if they
+    do not, the unfused graphs are checked instead and the manifest says why they are unfused.
+    """
     from magretrieve.export.graphs import export_side
-    from magretrieve.export.quantize import optimize_bert
 
     folder.mkdir(parents=True, exist_ok=False)
     facts: dict[str, Any] = {}
@@ -186,25 +265,39 @@ def _build_fp32(
     encoder.tokenizer.save_pretrained(str(folder))
     if not (folder / TOKENIZER_FILE).is_file():
         raise ConfigError("the tokenizer did not save a tokenizer.json; serving cannot tokenize")
+    backup = folder.parent / f"{folder.name}.unfused"
     if optimize:
-        tcfg = encoder.transformer.config
-        for side, name in GRAPH_FILES.items():
-            say(f"fusing the {side} graph (onnxruntime transformer optimizer)")
-            fused = folder / f"{name}.fused"
-            facts["optimizer"] = optimize_bert(
-                folder / name,
-                fused,
-                model_type=str(getattr(tcfg, "model_type", "")),
-                num_heads=int(tcfg.num_attention_heads),
-                hidden_size=int(tcfg.hidden_size),
-            )
-            fused.replace(folder / name)
+        facts["optimizer"] = _fuse(encoder, folder, backup, say)
+    else:
+        facts["optimizer"] = {"applied": False, "reason": "not requested (--no-optimize)"}
     dim = int(reference["query"].shape[1])
-    manifest = _write_manifest(
-        folder, encoder, dimension=dim, exporter=facts, versions=_versions(exporter), parity={}
-    )
-    say("checking parity against PyTorch")
-    report = _parity(encoder, folder, reference, strict=True)
+    try:
+        manifest = _write_manifest(
+            folder, encoder, dimension=dim, exporter=facts, versions=_versions(exporter), parity={}
+        )
+        say("checking parity against PyTorch")
+        try:
+            report = _parity(encoder, folder, reference, strict=True)
+        except MagRetrieveError as exc:
+            if not facts["optimizer"].get("applied"):
+                raise
+            say(f"the fused graphs missed parity ({exc}); checking the unfused graphs")
+            _restore_unfused(folder, backup)
+            facts["optimizer"] = facts["optimizer"] | {
+                "applied": False,
+                "reason": f"fused graphs missed parity: {str(exc)[:200]}",
+            }
+            manifest = _write_manifest(
+                folder,
+                encoder,
+                dimension=dim,
+                exporter=facts,
+                versions=_versions(exporter),
+                parity={},
+            )
+            report = _parity(encoder, folder, reference, strict=True)
+    finally:
+        shutil.rmtree(backup, ignore_errors=True)
     manifest.parity = {
         "max_abs_diff": report["max_abs_diff"],
         "max_rel_norm_err": report["max_rel_norm_err"],
@@ -223,19 +316,23 @@ def export_model(
     gamma_q: float | None = None,
     gamma_d: float | None = None,
     quantize: str | None = None,
-    optimize: bool = False,
+    optimize: bool = True,
     overwrite: bool = False,
     exporter: str = "auto",
     eval_data: str | Path | None = None,
     echo: Callable[[str], None] | None = None,
+    device: str = "cpu",
 ) -> Path:
     """Export an encoder (an :class:`Encoder` or a model folder/alias) to ``out_dir``.
 
     Writes ``query.onnx``, ``document.onnx``, the tokenizer files and ``magretrieve.json``.
-    ``exporter="auto"`` tries the dynamo exporter and falls back to TorchScript if dynamo
-    fails or misses parity. ``quantize="int8"`` keeps only int8 graphs, after the fp32 graphs
+    ``exporter="auto"`` tries the TorchScript exporter (its graph fuses fully) and falls back
+    to dynamo if it fails or misses parity. ``optimize`` (default on) fuses BERT-like graphs
+    with onnxruntime's transformer optimizer; the fused graphs are what parity checks, and
+    the manifest's ``exporter.optimizer`` records the fusions (or why there are none). ``quantize="int8"`` keeps only int8 graphs, after the fp32 graphs
     passed parity, and records int8-vs-fp32 agreement (and NDCG@10 on ``eval_data``,
-    ``DIR[:split]``) in the manifest. Returns the export folder.
+    ``DIR[:split]``) in the manifest. ``device="cuda"`` also checks the fp32 graphs' parity
+    on onnxruntime's CUDA provider (export itself traces on the CPU). Returns the folder.
     """
     say = echo or (lambda msg: logger.info(msg))
     target = Path(out_dir).expanduser()
@@ -249,7 +346,12 @@ def export_model(
         raise ConfigError(
             "--eval-data compares int8 with fp32; use it together with --quantize int8"
         )
+    recover(target, say)  # what an earlier, killed export to this target left behind
     _check_target(target, overwrite)
+    if device != "cpu":
+        from magretrieve.runtime import check_device
+
+        check_device(device)  # no CUDA provider: refuse before the slow part
     dataset = None
     if eval_data is not None:
         from magretrieve.data import load_beir
@@ -268,14 +370,14 @@ def export_model(
         parent = parent.parent
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        staging = make_staging(target)
     except OSError as exc:
         raise ConfigError(f"{target}: cannot create the export folder ({exc})") from None
     try:
         fp32_dir = staging / "fp32"
         attempts: list[dict[str, str]] = []
         manifest: Manifest | None = None
-        for name in ("dynamo", "torchscript") if exporter == "auto" else (exporter,):
+        for name in AUTO_ORDER if exporter == "auto" else (exporter,):
             try:
                 manifest = _build_fp32(encoder, fp32_dir, name, optimize, reference, say)
                 break
@@ -283,6 +385,8 @@ def export_model(
                 if exporter != "auto" or isinstance(exc, ConfigError):
                     raise
                 attempts.append({"exporter": name, "error": str(exc)})
+            except OSError:
+                raise  # disk full, read-only folder: the other exporter would fail the same way
             except Exception as exc:  # an exporter crash is not the user's fault: try the other
                 if exporter != "auto":
                     raise
@@ -300,31 +404,55 @@ def export_model(
         if attempts:
             manifest.exporter["failed_attempts"] = attempts
             manifest.save(fp32_dir)
+        if device != "cpu":
+            _device_parity(encoder, fp32_dir, manifest, reference, device, say)
         final_dir = fp32_dir
         if quantize == "int8":
             final_dir = _build_int8(
                 encoder, fp32_dir, staging / "int8", manifest, reference, dataset, say
             )
-        previous = staging / "previous"
-        if target.exists():
-            target.rename(previous)
-        try:
-            final_dir.rename(target)
-        except OSError:
-            if previous.exists():
-                previous.rename(target)  # put the old export back
-            raise
-    except BaseException:
+        for item in final_dir.iterdir():  # durable before it becomes visible
+            _fsync_file(item)
+        fsync_dir(final_dir)
+        publish(final_dir, target, staging)
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
         for folder in created:  # parents this call created, deepest first
             try:
                 folder.rmdir()
             except OSError:
                 break
+        if isinstance(exc, OSError):  # disk full, read-only: one line, the target untouched
+            where = exc.filename or staging
+            raise ConfigError(
+                f"{where}: {exc.strerror or exc} while writing the export; {target} was not changed"
+            ) from None
         raise
     shutil.rmtree(staging, ignore_errors=True)
     say(f"wrote {target}")
     return target
+
+
+def _device_parity(
+    encoder: Encoder,
+    folder: Path,
+    manifest: Manifest,
+    reference: dict[str, Any],
+    device: str,
+    say: Callable[[str], None],
+) -> None:
+    """Check the fp32 graphs on ``device`` against the same PyTorch reference (same limits)."""
+    from magretrieve.export import parity
+    from magretrieve.runtime import OnnxEncoder
+
+    say(f"checking parity on {device} (onnxruntime {device} provider) against PyTorch")
+    report = parity.measure(reference, OnnxEncoder.load(folder, device=device))
+    parity.check(report, f"{folder} on {device}")
+    manifest.parity[device] = {
+        "max_abs_diff": report["max_abs_diff"],
+        "max_rel_norm_err": report["max_rel_norm_err"],
+    }
+    manifest.save(folder)
 
 
 def _build_int8(

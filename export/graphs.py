@@ -8,9 +8,11 @@ adds on a side later (a norm head, issue 6) flows into the graph without changes
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,6 +62,35 @@ class SideGraph(nn.Module):
         return self.encoder.side_vectors(raw, self.side)
 
 
+@contextlib.contextmanager
+def eager_attention(encoder: Encoder) -> Iterator[str]:
+    """Trace the transformer with its plain ("eager") attention, restoring the setting after.
+
+    transformers 5 defaults to SDPA attention, whose exported pattern onnxruntime's
+    transformer optimizer cannot fuse; the eager softmax(QKᵀ/√d + mask)V pattern traced by
+    the TorchScript exporter fuses into one ``Attention`` operator (docs/export.md). Both
+    compute the same function, and parity checks the graph either way. Yields the attention
+    implementation that was traced.
+    """
+    transformer = getattr(encoder, "transformer", None)
+    config = getattr(transformer, "config", None)
+    before = getattr(config, "_attn_implementation", None)
+    setter = getattr(transformer, "set_attn_implementation", None)
+    if before in (None, "eager") or not callable(setter):
+        yield before or "default"
+        return
+    try:
+        setter("eager")
+    except Exception as exc:  # a model without an eager path: export what it has
+        logger.info("keeping %s attention for export (%s)", before, exc)
+        yield before
+        return
+    try:
+        yield "eager"
+    finally:
+        setter(before)
+
+
 def input_names(encoder: Encoder) -> list[str]:
     """Graph inputs in ``forward`` order; token_type_ids only when the model uses them."""
     return ["input_ids", "attention_mask"] + (
@@ -90,7 +121,7 @@ def export_side(
     # The dynamo exporter logs one warning per torchvision operator it cannot register;
     # torchvision is irrelevant to text encoders, so keep that noise out of the user's console.
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), eager_attention(encoder) as attention:
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
             batch = torch.export.Dim("batch")
@@ -120,4 +151,4 @@ def export_side(
                 dynamo=False,
                 do_constant_folding=True,
             )
-    return {"name": f"torch.onnx ({exporter})", "opset": opset}
+    return {"name": f"torch.onnx ({exporter})", "opset": opset, "attention": attention}

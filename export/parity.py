@@ -68,11 +68,26 @@ def compare(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:
 
 
 def reference_vectors(encoder: Encoder, texts: Sequence[str]) -> dict[str, np.ndarray]:
-    """The PyTorch encoder's query and document vectors (what the graphs must reproduce)."""
-    return {
+    """The PyTorch encoder's query and document vectors (what the graphs must reproduce).
+
+    A model whose vectors hold NaN or inf (NaN weights, an overflowing layer) is refused
+    here: an export of it would be a store full of NaN.
+    """
+    from magretrieve.errors import ConfigError
+
+    vectors = {
         "query": encoder.encode_queries(list(texts), batch_size=len(texts)),
         "document": encoder.encode_documents(list(texts), batch_size=len(texts)),
     }
+    for side, vecs in vectors.items():
+        bad = ~np.isfinite(np.asarray(vecs, dtype=np.float64)).all(axis=1)
+        if bad.any():
+            raise ConfigError(
+                f"the model's {side} vectors contain NaN or inf (parity text "
+                f"{texts[int(np.flatnonzero(bad)[0])][:40]!r}, {int(bad.sum())} of {len(texts)}): "
+                "its weights hold NaN/inf or a layer overflows; nothing was exported"
+            )
+    return vectors
 
 
 def measure(
@@ -91,17 +106,30 @@ def measure(
             stats = compare(reference[side], encode(list(texts), batch_size=bs))
             for key, value in stats.items():
                 better_low = not key.endswith("cosine")
-                if key not in worst or (value > worst[key] if better_low else value < worst[key]):
+                if key in worst and np.isnan(worst[key]):
+                    continue  # NaN is the worst value there is: keep it
+                if (
+                    key not in worst
+                    or np.isnan(value)
+                    or (value > worst[key] if better_low else value < worst[key])
+                ):
                     worst[key] = value
         report[side] = worst
-    report["max_abs_diff"] = max(report[s]["max_abs_diff"] for s in ("query", "document"))
-    report["max_rel_norm_err"] = max(report[s]["max_rel_norm_err"] for s in ("query", "document"))
+    # np.max propagates NaN (the builtin max would drop it)
+    for key in ("max_abs_diff", "max_rel_norm_err"):
+        report[key] = float(np.max([report[s][key] for s in ("query", "document")]))
     return report
 
 
 def check(report: dict[str, Any], where: str) -> None:
-    """Raise :class:`ParityError` when a parity report exceeds the fp32 tolerances."""
-    if report["max_abs_diff"] > MAX_ABS_DIFF or report["max_rel_norm_err"] > MAX_REL_NORM_ERR:
+    """Raise :class:`ParityError` unless a parity report is within the fp32 tolerances.
+
+    Written as "not within" so that NaN (which compares false with everything) fails.
+    """
+    within = (
+        report["max_abs_diff"] <= MAX_ABS_DIFF and report["max_rel_norm_err"] <= MAX_REL_NORM_ERR
+    )
+    if not within:
         raise ParityError(
             f"{where}: ONNX output differs from PyTorch (max abs diff "
             f"{report['max_abs_diff']:.3g} > {MAX_ABS_DIFF:g} or relative norm error "

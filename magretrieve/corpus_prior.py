@@ -76,6 +76,11 @@ class CorpusPrior:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "corpus prior") -> CorpusPrior:
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                f"{source}: a corpus prior is a JSON object (as `magretrieve fit-prior` writes), "
+                f"got a JSON {type(data).__name__}"
+            )
         if data.get("kind", KIND) != KIND:
             raise ConfigError(f"{source}: not a corpus prior (kind {data.get('kind')!r})")
         try:

@@ -19,6 +19,52 @@ from magretrieve.errors import DataError
 
 logger = logging.getLogger(__name__)
 
+#: Relevance grades outside this range are refused: trec_eval sizes per-query tables by the
+#: largest grade (a grade of 1e12 would allocate tens of GB), and BEIR grades are 0-4.
+MAX_GRADE = 1000
+
+
+def lone_surrogate(text: str) -> int | None:
+    """Position of the first lone surrogate in ``text`` (``\\udc80`` etc.), or None.
+
+    A lone surrogate is a valid JSON escape and what Python makes of a mis-encoded shell
+    argument, but not Unicode text: tokenizers and UTF-8 encoders fail on it.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def check_text(text: str, where: str) -> str:
+    """``text`` if it is valid Unicode; a DataError naming ``where`` and the position if not."""
+    pos = lone_surrogate(text)
+    if pos is not None:
+        raise DataError(
+            f"{where} holds a lone surrogate ({text[pos]!r} at position {pos}): not valid "
+            "Unicode text (a broken JSON escape, or a mis-encoded shell argument)"
+        )
+    return text
+
+
+def _check_strings(obj: Any, where: str, key: str = "") -> None:
+    """Refuse a lone surrogate anywhere in a parsed JSON value, naming the field."""
+    if isinstance(obj, str):
+        check_text(obj, f"{where}: field {key!r}" if key else where)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            check_text(k, f"{where}: a field name")
+            _check_strings(v, where, key or k)
+    elif isinstance(obj, list):
+        for v in obj:
+            _check_strings(v, where, key)
+
+
+def read_error(path: str | Path, exc: OSError) -> DataError:
+    """A one-line DataError for a file the operating system will not let us read."""
+    return DataError(f"{path}: cannot read ({exc.strerror or exc})")
+
 
 @dataclass
 class Document:
@@ -91,8 +137,12 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+    try:
+        fh = path.open("rb")
+    except OSError as exc:
+        raise read_error(path, exc) from None
+    with fh:
+        for lineno, raw in _lines(fh, path):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -114,7 +164,25 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 raise DataError(
                     f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}"
                 )
+            if (
+                "\\u" in line and "\\ud" in line.lower()
+            ):  # cheap prefilter: only a \\uDxxx escape is lone
+                _check_strings(obj, f"{path}:{lineno}")
             yield lineno, obj
+
+
+def _lines(fh: Any, path: Path) -> Iterator[tuple[int, bytes]]:
+    """Numbered lines of an open file; an OS read error (EIO, ...) is a DataError."""
+    lineno = 0
+    while True:
+        try:
+            raw = fh.readline()
+        except OSError as exc:
+            raise read_error(path, exc) from None
+        if not raw:
+            return
+        lineno += 1
+        yield lineno, raw
 
 
 def _required_str(
@@ -123,7 +191,13 @@ def _required_str(
     if key not in obj:
         raise DataError(f"{path}:{lineno}: missing field {key!r}")
     value = obj[key]
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and key == "_id":
+    if key == "_id" and isinstance(value, float):
+        # json reads NaN/Infinity/1.5 as floats; str() would make ids "nan" and "1.5" that
+        # match nothing in qrels (or match by accident). Integers only.
+        raise DataError(
+            f"{path}:{lineno}: field '_id' must be a string or an integer, got {value!r}"
+        )
+    if isinstance(value, int) and not isinstance(value, bool) and key == "_id":
         value = str(value)
     if not isinstance(value, str):
         raise DataError(
@@ -134,11 +208,15 @@ def _required_str(
     return value
 
 
-def iter_corpus(path: str | Path, *, allow_empty: bool = False) -> Iterator[tuple[int, Document]]:
+def iter_corpus(
+    path: str | Path, *, allow_empty: bool = False, skip_empty: bool = False
+) -> Iterator[tuple[int, Document]]:
     """Stream a corpus JSONL (``_id``, ``text``, optional ``title`` and extra payload fields).
 
     Streaming lets indexing start before a large file is read; duplicates are refused by
-    the caller that keeps the ids (see :func:`load_corpus`).
+    the caller that keeps the ids (see :func:`load_corpus`). A document with empty title and
+    text is refused, kept with a warning (``allow_empty``), or passed through for the caller
+    to skip and count (``skip_empty``: :func:`is_empty` tells which).
     """
     path = Path(path)
     for lineno, obj in read_jsonl(path):
@@ -152,13 +230,24 @@ def iter_corpus(path: str | Path, *, allow_empty: bool = False) -> Iterator[tupl
                 f"{path}:{lineno}: field 'title' must be a string, got {type(title).__name__}"
             )
         if not text.strip() and not title.strip():
+            if skip_empty:
+                yield lineno, Document(doc_id, text, title, {})
+                continue
             if not allow_empty:
-                raise DataError(f"{path}:{lineno}: document {doc_id!r} has empty title and text")
+                raise DataError(
+                    f"{path}:{lineno}: document {doc_id!r} has empty title and text "
+                    "(`magretrieve index --skip-empty` skips and counts such documents)"
+                )
             logger.warning(
                 "%s:%s: document %r has empty title and text (kept)", path, lineno, doc_id
             )
         payload = {k: v for k, v in obj.items() if k not in ("_id", "text", "title")}
         yield lineno, Document(doc_id, text, title, payload)
+
+
+def is_empty(doc: Document) -> bool:
+    """True for a document with nothing to encode (empty or whitespace title and text)."""
+    return not doc.text.strip() and not doc.title.strip()
 
 
 def load_corpus(path: str | Path, *, allow_empty: bool = False) -> dict[str, Document]:
@@ -200,7 +289,11 @@ def load_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     qrels: dict[str, dict[str, int]] = {}
     rows: list[list[str]] = []
     try:
-        with path.open(encoding="utf-8", newline="") as fh:
+        fh = path.open(encoding="utf-8", newline="")
+    except OSError as exc:
+        raise read_error(path, exc) from None
+    try:
+        with fh:
             # QUOTE_NONE: BEIR qrels are plain TSV, so one row is one line (line numbers stay right)
             reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
             try:
@@ -210,6 +303,8 @@ def load_qrels(path: str | Path) -> dict[str, dict[str, int]]:
                 raise DataError(f"{path}:{reader.line_num}: unreadable TSV row ({exc})") from None
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not valid UTF-8 ({exc.reason})") from None
+    except OSError as exc:
+        raise read_error(path, exc) from None
     if not rows:
         raise DataError(f"{path}: empty qrels file")
     header = [c.strip().lower() for c in rows[0]]
@@ -229,6 +324,19 @@ def load_qrels(path: str | Path) -> dict[str, dict[str, int]]:
             raise DataError(f"{path}:{lineno}: score {score!r} is not a number") from None
         if not math.isfinite(value):
             raise DataError(f"{path}:{lineno}: score {score!r} is not a finite number")
+        if value != int(value):
+            # trec_eval scores integer grades: int() would silently turn 0.5 into 0
+            raise DataError(
+                f"{path}:{lineno}: score {score!r} is not an integer grade (NDCG needs integer "
+                "relevance grades; map fractional scores to grades before evaluating)"
+            )
+        if abs(value) > MAX_GRADE:
+            raise DataError(
+                f"{path}:{lineno}: grade {score!r} is outside [-{MAX_GRADE}, {MAX_GRADE}] "
+                "(BEIR grades are 0-4; trec_eval allocates per grade)"
+            )
+        if not qid or not did:
+            raise DataError(f"{path}:{lineno}: empty query or document id")
         rel = int(value)
         qrels.setdefault(qid, {})[did] = rel
     if not qrels:

@@ -15,7 +15,6 @@ import json
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,85 +23,19 @@ import torch
 from torch import nn
 
 from magretrieve import similarity
+from magretrieve.batching import DEFAULT_BATCH_TOKENS, token_budget_batches
+from magretrieve.config import (  # noqa: F401  (re-exported: the encoder's config lives there)
+    CONFIG_NAME,
+    CONFIG_VERSION,
+    POOLINGS,
+    SIDES,
+    EncoderConfig,
+    read_sentence_transformers,
+)
 from magretrieve.errors import ConfigError
 from magretrieve.models import resolve_model_path
 
 logger = logging.getLogger(__name__)
-
-CONFIG_NAME = "magretrieve_config.json"
-CONFIG_VERSION = 1
-POOLINGS = ("mean", "cls", "last")
-SIDES = ("query", "document")
-
-
-@dataclass
-class EncoderConfig:
-    """Everything besides the transformer weights that defines the encoder's outputs."""
-
-    mode: str = "cosine"
-    gamma_q: float = 1.0
-    gamma_d: float = 1.0
-    pooling: str = "mean"
-    max_query_length: int = 64
-    max_document_length: int = 256
-    query_prefix: str = ""
-    document_prefix: str = ""
-    #: Raw pooled vectors are divided by this before partial normalization (norm calibration).
-    norm_scale: float = 1.0
-    #: Document norm head (magretrieve.heads): "none", "linear" or "mlp"; the document vector
-    #: becomes d̂·exp(g(d̂)) with g zero at init (the model starts as cosine).
-    norm_head: str = "none"
-    #: Hidden width of the MLP head.
-    norm_head_hidden: int = 64
-    #: Bound g to ±bound via bound·tanh(g/bound); 0 leaves g unbounded.
-    norm_head_bound: float = 0.0
-    #: Where the weights came from (a folder or hub name), for provenance only.
-    base_model: str = ""
-    version: int = CONFIG_VERSION
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def validate(self) -> None:
-        sim = similarity.resolve(
-            self.mode,
-            self.gamma_q if self.mode == "learnable" else None,
-            self.gamma_d if self.mode == "learnable" else None,
-        )
-        self.gamma_q, self.gamma_d = sim.gamma_q, sim.gamma_d
-        if self.pooling not in POOLINGS:
-            raise ConfigError(
-                f"unknown pooling {self.pooling!r}; choose one of {', '.join(POOLINGS)}"
-            )
-        for name in ("max_query_length", "max_document_length"):
-            if int(getattr(self, name)) < 2:
-                raise ConfigError(f"{name} must be at least 2, got {getattr(self, name)}")
-        if not (self.norm_scale > 0 and math.isfinite(self.norm_scale)):
-            raise ConfigError(f"norm_scale must be a positive number, got {self.norm_scale}")
-        from magretrieve.heads import check_head_config
-
-        check_head_config(self.norm_head, self.norm_head_hidden, self.norm_head_bound)
-        if self.norm_head != "none" and self.gamma_d >= 1.0:
-            raise ConfigError(
-                f"a norm head needs a mode that keeps document magnitude (qnorm, dot or learnable); "
-                f"mode {self.mode!r} normalizes documents and would erase what the head learns"
-            )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> EncoderConfig:
-        version = data.get("version", CONFIG_VERSION)
-        if version != CONFIG_VERSION:
-            raise ConfigError(
-                f"{source}: unknown config version {version} (this magretrieve reads {CONFIG_VERSION})"
-            )
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = set(data) - known
-        if unknown:
-            raise ConfigError(f"{source}: unknown config fields {sorted(unknown)}")
-        cfg = cls(**data)
-        cfg.validate()
-        return cfg
 
 
 def _gamma_logit(gamma: float) -> float:
@@ -110,50 +43,12 @@ def _gamma_logit(gamma: float) -> float:
     return math.log(g / (1 - g))
 
 
-def _read_sentence_transformers(folder: Path) -> tuple[Path, dict[str, Any]]:
-    """Return the transformer folder and settings (pooling, max length, normalize) of an ST folder."""
-    modules = json.loads((folder / "modules.json").read_text())
-    settings: dict[str, Any] = {"normalize": False}
-    transformer_dir = folder
-    for module in modules:
-        kind = module.get("type", "")
-        path = folder / module.get("path", "")
-        if kind.endswith("Transformer"):
-            transformer_dir = path if (path / "config.json").is_file() else folder
-            st_cfg = folder / "sentence_bert_config.json"
-            if st_cfg.is_file():
-                max_len = json.loads(st_cfg.read_text()).get("max_seq_length")
-                if max_len:
-                    settings["max_seq_length"] = int(max_len)
-        elif kind.endswith("Pooling"):
-            pool_cfg = json.loads((path / "config.json").read_text())
-            named = {
-                "mean": "mean",
-                "mean_tokens": "mean",
-                "cls": "cls",
-                "cls_token": "cls",
-                "lasttoken": "last",
-                "last_token": "last",
-            }
-            if isinstance(pool_cfg.get("pooling_mode"), str):  # sentence-transformers >= 6
-                if pool_cfg["pooling_mode"] not in named:
-                    raise ConfigError(
-                        f"{path}: unsupported sentence-transformers pooling {pool_cfg}"
-                    )
-                settings["pooling"] = named[pool_cfg["pooling_mode"]]
-            elif pool_cfg.get("pooling_mode_cls_token"):
-                settings["pooling"] = "cls"
-            elif pool_cfg.get("pooling_mode_lasttoken"):
-                settings["pooling"] = "last"
-            elif pool_cfg.get("pooling_mode_mean_tokens"):
-                settings["pooling"] = "mean"
-            else:
-                raise ConfigError(f"{path}: unsupported sentence-transformers pooling {pool_cfg}")
-        elif kind.endswith("Normalize"):
-            settings["normalize"] = True
-        else:
-            raise ConfigError(f"{folder}: unsupported sentence-transformers module {kind!r}")
-    return transformer_dir, settings
+def _is_corrupt_file_error(exc: BaseException) -> bool:
+    """A load error caused by a file's content (truncated safetensors, broken JSON)."""
+    module = type(exc).__module__ or ""
+    return module.startswith(("safetensors", "tokenizers", "json")) or isinstance(
+        exc, (ValueError, UnicodeDecodeError)
+    )
 
 
 class Encoder(nn.Module, similarity.SideVectors):
@@ -197,6 +92,10 @@ class Encoder(nn.Module, similarity.SideVectors):
             )
             limits.append(int(positions) - offset)
         usable = [x for x in limits if 0 < x < 1_000_000]
+        if not self.config.max_query_length:  # the default: as long as the model supports
+            self.config.max_query_length = (
+                min(usable) if usable else self.config.max_document_length
+            )
         if not usable:
             return
         limit = min(usable)
@@ -250,11 +149,17 @@ class Encoder(nn.Module, similarity.SideVectors):
             cfg = EncoderConfig(mode=mode or "cosine", base_model=str(model))
             transformer_dir = folder
             if folder.is_dir() and (folder / "modules.json").is_file():
-                transformer_dir, st = _read_sentence_transformers(folder)
+                transformer_dir, st = read_sentence_transformers(folder)
                 cfg.pooling = st.get("pooling", cfg.pooling)
+                cfg.query_prefix = st.get("query_prefix", cfg.query_prefix)
+                cfg.document_prefix = st.get("document_prefix", cfg.document_prefix)
                 if "max_seq_length" in st:
                     cfg.max_document_length = st["max_seq_length"]
-                    cfg.max_query_length = min(cfg.max_query_length, st["max_seq_length"])
+                    cfg.max_query_length = (
+                        min(cfg.max_query_length, st["max_seq_length"])
+                        if cfg.max_query_length
+                        else st["max_seq_length"]
+                    )
                 if st["normalize"]:
                     level = logging.INFO if cfg.mode == "cosine" else logging.WARNING
                     logger.log(
@@ -289,13 +194,30 @@ class Encoder(nn.Module, similarity.SideVectors):
             if value is not None:
                 setattr(cfg, name, value)
         cfg.validate()
+        local = Path(str(transformer_dir))
+        if local.is_dir() and not (local / "config.json").is_file():
+            raise ConfigError(
+                f"{local / 'config.json'}: missing; a model folder needs the Hugging Face "
+                "config.json beside its weights (copy the whole folder)"
+            )
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(transformer_dir))
             transformer = AutoModel.from_pretrained(str(transformer_dir), use_safetensors=True)
         except OSError as exc:
+            if exc.filename:  # the OS refused a file (permissions, I/O error)
+                raise ConfigError(f"{exc.filename}: cannot read ({exc.strerror})") from None
             raise ConfigError(
                 f"{transformer_dir}: cannot load the transformer ({exc}). magretrieve loads safetensors "
                 "weights only; a folder with only pytorch_model.bin (a pickle) is refused"
+            ) from None
+        except Exception as exc:  # safetensors/tokenizers/json errors on a corrupt file
+            if not _is_corrupt_file_error(exc):
+                raise
+            weights = sorted(local.glob("*.safetensors")) if local.is_dir() else []
+            where = weights[0] if len(weights) == 1 else transformer_dir
+            raise ConfigError(
+                f"{where}: cannot load the model: a file is truncated or corrupt "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
             ) from None
         encoder = cls(transformer, tokenizer, cfg)
         if encoder.norm_head is not None and has_own and data.get("norm_head", "none") != "none":
@@ -318,6 +240,11 @@ class Encoder(nn.Module, similarity.SideVectors):
                 raise ConfigError(
                     f"{folder}: norm head weights do not fit the config ({exc})"
                 ) from None
+        if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(
+                f"--device {device}: torch sees no CUDA GPU here (torch.cuda.is_available() "
+                f"is False; torch {torch.__version__})"
+            )
         encoder.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         encoder.eval()
         return encoder
@@ -462,9 +389,18 @@ class Encoder(nn.Module, similarity.SideVectors):
 
     @torch.inference_mode()
     def embed(
-        self, texts: Sequence[str], side: str, batch_size: int = 64, progress: bool | str = False
+        self,
+        texts: Sequence[str],
+        side: str,
+        batch_size: int = 64,
+        progress: bool | str = False,
+        max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS,
     ) -> np.ndarray:
-        """Raw pooled float32 embeddings, batched by length so little compute goes to padding."""
+        """Raw pooled float32 embeddings, batched by length so little compute goes to padding.
+
+        Texts are sorted longest first and a batch closes at ``batch_size`` texts or when
+        ``rows × longest`` would pass ``max_batch_tokens`` (None: fixed-size batches).
+        """
         from tqdm.auto import tqdm
 
         texts = list(texts)
@@ -476,11 +412,10 @@ class Encoder(nn.Module, similarity.SideVectors):
         was_training = self.training
         self.eval()
         lengths, self.last_truncated = self._lengths(texts, side)
-        order = np.argsort([-n for n in lengths], kind="stable")
+        batches = token_budget_batches(lengths, max_tokens=max_batch_tokens, max_rows=batch_size)
         desc = progress if isinstance(progress, str) else f"encoding {side}s"
         bar = tqdm(total=len(texts), desc=desc, unit="text", disable=not progress, leave=False)
-        for start in range(0, len(texts), batch_size):
-            idx = order[start : start + batch_size]
+        for idx in batches:
             batch = self.tokenize([texts[i] for i in idx], side)
             out[idx] = self(**batch, side=side).float().cpu().numpy()
             bar.update(len(idx))

@@ -51,6 +51,8 @@ class RetrievalEval:
     n_documents: int
     seconds: float
     run: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
+    #: Queries longer than the model's query length (cut before encoding); -1 when unknown.
+    truncated_queries: int = -1
 
     def to_dict(self, with_run: bool = False) -> dict[str, Any]:
         data = asdict(self)
@@ -150,6 +152,9 @@ def evaluate_retrieval(
         batch_size=batch_size,
         progress="encoding queries" if progress else False,
     )
+    truncated = getattr(encoder, "last_truncated", None)
+    if truncated is None:
+        truncated = getattr(getattr(encoder, "encoder", None), "last_truncated", -1)
     q = np.asarray(q, dtype=np.float32)
     top_idx, top_scores = exact_search(q, stored, k)
     run = {
@@ -173,6 +178,7 @@ def evaluate_retrieval(
         n_documents=len(doc_ids),
         seconds=time.perf_counter() - started,
         run=run,
+        truncated_queries=int(truncated),
     )
 
 

@@ -134,7 +134,14 @@ def load_head_weights(folder: str | Path) -> dict[str, np.ndarray]:
         raise ConfigError(
             f"{path}: missing; the config names a norm head but its weights are absent"
         )
-    return load_file(str(path))
+    try:
+        return load_file(str(path))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except Exception as exc:  # safetensors raises its own error type on a truncated file
+        raise ConfigError(
+            f"{path}: not a readable safetensors file, truncated or corrupt ({exc})"
+        ) from None
 
 
 def log_magnitude_numpy(

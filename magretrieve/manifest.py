@@ -5,6 +5,14 @@ values, the tokenizer settings (prefixes, max lengths), the output contract of e
 (unit-norm or magnitude-keeping), the index metric every store must use, and a sha256 of
 every file so that a tampered or half-copied folder is refused before it serves a query.
 
+The manifest covers itself too: ``manifest_sha256`` is the sha256 of its own canonical
+content (every other key), verified by :meth:`Manifest.load`, so a hand-edited field is
+refused. ``model_fingerprint`` is a hash of everything that decides a vector (the hashes of
+the graphs and tokenizer files, prefixes, max lengths, mode, γ, dimension, ...), so a store
+built by one export refuses an export whose tokenizer or prompts were swapped. Neither is a
+signature: whoever can write the folder can recompute both; the runtime also checks the
+fields against the graphs themselves (:class:`~magretrieve.runtime.OnnxEncoder`).
+
 This module is torch-free: serving reads it without training dependencies.
 """
 
@@ -22,9 +30,62 @@ from magretrieve.errors import ConfigError, ManifestError
 
 MANIFEST_NAME = "magretrieve.json"
 FORMAT = "magretrieve-export"
-FORMAT_VERSION = 1
+#: 2: sealed (manifest_sha256), and the encoder's configuration is embedded whole under
+#: "encoder" (magretrieve.config) instead of its fields being re-listed at the top level.
+FORMAT_VERSION = 2
+#: The fields of the embedded encoder configuration that the Manifest exposes as attributes.
+ENCODER_FIELDS = (
+    "mode",
+    "gamma_q",
+    "gamma_d",
+    "pooling",
+    "max_query_length",
+    "max_document_length",
+    "query_prefix",
+    "document_prefix",
+    "norm_scale",
+    "base_model",
+)
 SIDES = ("query", "document")
 CONTRACTS = ("unit_norm", "magnitude_keeping")
+#: Key of the manifest's hash of its own content.
+CHECKSUM_KEY = "manifest_sha256"
+#: Keys that describe how an export was made and checked, not what its vectors are: left out
+#: of ``model_fingerprint`` (re-running parity must not make a store "another model's").
+NOT_FINGERPRINTED = (
+    CHECKSUM_KEY,
+    "model_fingerprint",
+    "exporter",
+    "versions",
+    "parity",
+    "quantization_report",
+    "base_model",
+)
+
+
+def _canonical(data: dict[str, Any], leave_out: tuple[str, ...]) -> bytes:
+    body = {k: v for k, v in data.items() if k not in leave_out}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def content_checksum(data: dict[str, Any]) -> str:
+    """sha256 of a manifest's canonical JSON without its own ``manifest_sha256``."""
+    return hashlib.sha256(_canonical(data, (CHECKSUM_KEY,))).hexdigest()
+
+
+def model_fingerprint(data: dict[str, Any]) -> str:
+    """sha256 of everything in a manifest that changes a vector (file hashes, settings)."""
+    encoder = data.get("encoder")
+    if isinstance(encoder, dict):  # where the weights came from is provenance, not a setting
+        data = {**data, "encoder": {k: v for k, v in encoder.items() if k != "base_model"}}
+    return hashlib.sha256(_canonical(data, NOT_FINGERPRINTED)).hexdigest()
+
+
+def seal(data: dict[str, Any]) -> dict[str, Any]:
+    """Fill in ``model_fingerprint`` and ``manifest_sha256`` of a manifest dict (in place)."""
+    data["model_fingerprint"] = model_fingerprint(data)
+    data[CHECKSUM_KEY] = content_checksum(data)
+    return data
 
 
 def check_file_name(name: str, source: str, what: str) -> str:
@@ -56,6 +117,41 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+#: Inputs the runtime knows how to feed a graph.
+GRAPH_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def _check_format(data: Any, source: str) -> None:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ManifestError(f"{source}: not a magretrieve export manifest (format != {FORMAT!r})")
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ManifestError(
+            f"{source}: unknown format_version {version!r} (this magretrieve reads "
+            f"{FORMAT_VERSION}); re-export the model or upgrade magretrieve"
+        )
+
+
+def _check_seal(data: dict[str, Any], source: str) -> None:
+    """The manifest's own checksum and fingerprint must match its content."""
+    recorded = data.get(CHECKSUM_KEY)
+    if not isinstance(recorded, str):
+        raise ManifestError(
+            f"{source}: no {CHECKSUM_KEY} (written by an older magretrieve, or edited); "
+            "re-export the model"
+        )
+    if recorded != content_checksum(data):
+        raise ManifestError(
+            f"{source}: content does not match its {CHECKSUM_KEY} (edited by hand or corrupt); "
+            "re-export the model"
+        )
+    if data.get("model_fingerprint") != model_fingerprint(data):
+        raise ManifestError(
+            f"{source}: model_fingerprint does not match the files and settings it must cover; "
+            "re-export the model"
+        )
 
 
 @dataclass
@@ -108,6 +204,8 @@ class Manifest:
     #: int8 exports: agreement of int8 vs fp32 vectors (and NDCG@10 when measured).
     quantization_report: dict[str, Any] | None = None
     base_model: str = ""
+    #: The whole EncoderConfig of the exported model (magretrieve.config), as a dict.
+    encoder: dict[str, Any] = field(default_factory=dict)
     folder: Path | None = None
 
     # ------------------------------------------------------------------ views
@@ -133,19 +231,18 @@ class Manifest:
             raise ManifestError("manifest has no folder; load it with Manifest.load(folder)")
         return self.folder / self.graphs[side].file
 
+    def encoder_config(self) -> Any:
+        """The exported model's :class:`magretrieve.config.EncoderConfig` (torch-free)."""
+        from magretrieve.config import EncoderConfig
+
+        data = {**self.encoder, **{name: getattr(self, name) for name in ENCODER_FIELDS}}
+        return EncoderConfig.from_dict(data, source=MANIFEST_NAME)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "mode": self.mode,
-            "gamma_q": self.gamma_q,
-            "gamma_d": self.gamma_d,
-            "pooling": self.pooling,
-            "max_query_length": self.max_query_length,
-            "max_document_length": self.max_document_length,
-            "query_prefix": self.query_prefix,
-            "document_prefix": self.document_prefix,
-            "norm_scale": self.norm_scale,
+            "encoder": self.encoder_config().to_dict(),
             "dimension": self.dimension,
             "index_metric": self.index_metric,
             "graphs": {side: spec.to_dict() for side, spec in self.graphs.items()},
@@ -158,13 +255,17 @@ class Manifest:
             "exporter": dict(self.exporter),
             "versions": dict(self.versions),
             "parity": dict(self.parity),
-            "base_model": self.base_model,
         }
 
     def save(self, folder: str | Path) -> Path:
-        """Write ``magretrieve.json`` into ``folder`` (hashes must already be filled in)."""
+        """Write ``magretrieve.json`` into ``folder`` (file hashes must already be filled in).
+
+        Computes ``model_fingerprint`` from the content and seals it with ``manifest_sha256``.
+        """
         path = Path(folder) / MANIFEST_NAME
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        data = seal(self.to_dict())
+        self.model_fingerprint = data["model_fingerprint"]
+        path.write_text(json.dumps(data, indent=2) + "\n")
         return path
 
     # ------------------------------------------------------------------ loading
@@ -172,16 +273,13 @@ class Manifest:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = MANIFEST_NAME) -> Manifest:
         """Validate a manifest dict; every problem is a ManifestError naming ``source``."""
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ManifestError(
-                f"{source}: not a magretrieve export manifest (format != {FORMAT!r})"
-            )
-        version = data.get("format_version")
-        if version != FORMAT_VERSION:
-            raise ManifestError(
-                f"{source}: unknown format_version {version!r} (this magretrieve reads "
-                f"{FORMAT_VERSION}); re-export the model or upgrade magretrieve"
-            )
+        _check_format(data, source)
+        raw_encoder = data.get("encoder")
+        if not isinstance(raw_encoder, dict):
+            raise ManifestError(f"{source}: missing field 'encoder' (the encoder config)")
+        # the strict checks below read the fields as written (EncoderConfig would quietly
+        # normalize, e.g. γ of a fixed mode), so a hand-edited value is refused, not repaired
+        data = {**data, **{n: raw_encoder[n] for n in ENCODER_FIELDS if n in raw_encoder}}
         try:
             mode = data["mode"]
             gamma_q = float(data["gamma_q"])
@@ -228,6 +326,27 @@ class Manifest:
             for name in files:
                 check_file_name(str(name), source, "file entry")
             check_file_name(str(data["tokenizer"]), source, "tokenizer")
+            for side, spec in graphs.items():
+                if not spec.inputs or any(x not in GRAPH_INPUTS for x in spec.inputs):
+                    raise ManifestError(
+                        f"{source}: graphs.{side}.inputs={spec.inputs} (known inputs: "
+                        f"{', '.join(GRAPH_INPUTS)})"
+                    )
+            for name in ("dimension", "max_query_length", "max_document_length"):
+                value = data[name]
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ManifestError(
+                        f"{source}: {name} must be a positive integer, got {value!r}"
+                    )
+            pad = data.get("pad_token_id", 0)
+            if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
+                raise ManifestError(f"{source}: pad_token_id must be an integer ≥ 0, got {pad!r}")
+            from magretrieve.config import EncoderConfig
+
+            try:
+                encoder = EncoderConfig.from_dict(raw_encoder, source=f"{source}: encoder")
+            except ConfigError as exc:
+                raise ManifestError(str(exc)) from None
             return cls(
                 mode=sim.mode,
                 gamma_q=sim.gamma_q,
@@ -251,6 +370,7 @@ class Manifest:
                 parity=dict(data.get("parity") or {}),
                 quantization_report=data.get("quantization_report"),
                 base_model=str(data.get("base_model", "")),
+                encoder=encoder.to_dict(),
             )
         except KeyError as exc:
             raise ManifestError(f"{source}: missing field {exc.args[0]!r}") from None
@@ -267,13 +387,26 @@ class Manifest:
         folder = Path(folder)
         path = folder / MANIFEST_NAME
         if not path.is_file():
+            if not folder.exists() and folder.parent.is_dir():
+                # an `export --overwrite` killed between its two renames (where the folders
+                # cannot be swapped atomically) set the old export aside in its staging folder
+                for kept in folder.parent.glob(f".{folder.name}.tmp-*/previous/{MANIFEST_NAME}"):
+                    raise ManifestError(
+                        f"{folder}: missing: an interrupted `magretrieve export --overwrite` left "
+                        f"the previous export in {kept.parent}; run the export again (it puts "
+                        "the old one back first) or move that folder back"
+                    )
             raise ManifestError(
                 f"{path}: no manifest; is {folder} an export folder (magretrieve export)?"
             )
         try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise ManifestError(f"{path}: not valid JSON ({exc})") from None
+        except OSError as exc:
+            raise ManifestError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        _check_format(data, str(path))
+        _check_seal(data, str(path))
         manifest = cls.from_dict(data, source=str(path))
         manifest.folder = folder
         needed = {manifest.tokenizer, *(g.file for g in manifest.graphs.values())}
@@ -290,7 +423,11 @@ class Manifest:
                     f"{file}: a symlink to {file.resolve()}, outside the export folder {folder}; "
                     "refused (copy the file into the folder instead)"
                 )
-            if verify and sha256_file(file) != expected:
+            try:
+                actual = sha256_file(file) if verify else expected
+            except OSError as exc:
+                raise ManifestError(f"{file}: cannot read ({exc.strerror or exc})") from None
+            if actual != expected:
                 raise ManifestError(
                     f"{file}: sha256 does not match {path} (file modified or corrupt); "
                     "re-export the model"

@@ -5,8 +5,11 @@ functions of ``d̂`` alone, so they can be applied to what is stored:
 
 * a **frozen-encoder norm head** (``magretrieve train --norm-head linear --freeze-encoder``):
   ``d̂ · exp(g(d̂))`` with the head's weights (read torch-free from ``norm_head.safetensors``);
-* the **corpus prior** (:mod:`magretrieve.corpus_prior`): ``d̂ · exp(−β·z)``, ``z`` the
-  standardized hub score computed over the stored vectors themselves.
+* a **document prior** (:mod:`magretrieve.priors`: hub, CSLS, inverted softmax, mean-direction
+  removal, combinations): a multiplier ``m(d)`` and/or an additive offset ``b(d)`` computed
+  from the stored vectors themselves (and the training queries the prior carries). A prior
+  with an offset writes one extra coordinate, ``[m(d)·v(d) ; b(d)]``, and the Retriever
+  searches it with ``[q̂ ; 1]``.
 
 :func:`rescale_store` reads every point (id, vector, payload) of the source store, refuses
 vectors that are not unit-norm (or, for a head, not the outputs of the head's encoder,
@@ -22,6 +25,7 @@ Torch is imported only for the encoder check of a head.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Mapping
@@ -31,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.corpus_prior import CorpusPrior, hub_scores, unit
+from magretrieve.corpus_prior import CorpusPrior, unit
 from magretrieve.errors import ConfigError, StoreError
+from magretrieve.priors import DocumentPrior, HubPrior, prior_from_dict, stored_vectors
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +71,7 @@ class RescaleReport:
 
 def head_recipe(run_dir: str | Path) -> dict[str, Any]:
     """The magnitude recipe of a trained norm head (weights inlined as lists), torch-free."""
-    from magretrieve.encoder import CONFIG_NAME
+    from magretrieve.config import CONFIG_NAME
     from magretrieve.heads import load_head_weights
 
     run = Path(run_dir)
@@ -93,14 +98,11 @@ def head_recipe(run_dir: str | Path) -> dict[str, Any]:
     }
 
 
-def magnitudes_for(
-    recipe: Mapping[str, Any], units: np.ndarray, store: Any | None = None
-) -> np.ndarray:
-    """Magnitude ``m`` of each unit vector under ``recipe`` (a head or a fitted corpus prior).
+def magnitudes_for(recipe: Mapping[str, Any], units: np.ndarray) -> np.ndarray:
+    """Magnitude ``m`` of each unit vector under a norm-head ``recipe``.
 
-    For a corpus prior the hub score of a new vector is its mean cosine to its ``k`` nearest
-    documents in ``store`` (re-ranked by cosine among a wider candidate list, since the stored
-    vectors are already scaled).
+    Document priors (which may add an offset coordinate) go through
+    :func:`apply_recorded_magnitude` instead.
     """
     kind = recipe.get("kind")
     if kind == "norm_head":
@@ -108,37 +110,103 @@ def magnitudes_for(
 
         weights = {k: np.asarray(v, dtype=np.float64) for k, v in recipe["weights"].items()}
         return np.exp(log_magnitude_numpy(units, weights, recipe["head"], float(recipe["bound"])))
-    if kind == "corpus_prior":
-        prior = CorpusPrior.from_dict(recipe)
+    raise ConfigError(f"unknown magnitude recipe {kind!r}")
+
+
+def is_prior_recipe(recipe: Mapping[str, Any] | None) -> bool:
+    return bool(recipe) and recipe.get("kind") in ("document_prior", "corpus_prior")  # type: ignore[union-attr]
+
+
+def has_offset_coordinate(meta: Mapping[str, Any] | None) -> bool:
+    """Does a store written by :func:`rescale_store` hold the prior's offset coordinate?"""
+    recipe = (meta or {}).get(META_KEY)
+    return is_prior_recipe(recipe) and prior_from_dict(recipe, "store metadata").has_offset
+
+
+def store_neighbours(store: Any, with_offset: bool) -> Any:
+    """``neighbours(units, k)`` over a prior-rescaled store: cosines to the stored directions.
+
+    The stored vectors are scaled (and may carry an offset), so a wider candidate list is
+    fetched and re-ranked by cosine to each stored vector's direction part.
+    """
+
+    def neighbours(units: np.ndarray, k: int) -> np.ndarray:
+        out = np.full((len(units), k), np.nan)
         if store is None or store.count() == 0:
-            return np.ones(len(units))
-        hits = store.search(units, prior.k * 4, with_vectors=True)
-        hubs = np.zeros(len(units))
+            return out[:, :0]
+        q = np.hstack([units, np.zeros((len(units), 1), np.float32)]) if with_offset else units
+        hits = store.search(np.asarray(q, np.float32), k * 4, with_vectors=True)
+        width = k
         for row, found in enumerate(hits):
             if not found:
                 continue
-            cos = unit(np.stack([h.vector for h in found])) @ units[row]
-            hubs[row] = np.sort(cos)[::-1][: prior.k].mean()
-        return prior.magnitudes(prior.z_scores(hubs))
-    raise ConfigError(f"unknown magnitude recipe {kind!r}")
+            vecs = np.stack([h.vector for h in found])[:, : units.shape[1]]
+            cos = np.sort(unit(vecs) @ units[row])[::-1][:k]
+            out[row, : len(cos)] = cos
+            width = min(width, len(cos))
+        return out[:, :width]
+
+    return neighbours
 
 
 def apply_recorded_magnitude(
     meta: Mapping[str, Any] | None, vectors: np.ndarray, store: Any
 ) -> np.ndarray:
-    """Vectors as a rescaled store expects them: ``d̂·m`` when its metadata holds a recipe.
+    """Vectors as a rescaled store expects them, when its metadata holds a recipe.
 
-    The :class:`~magretrieve.retriever.Retriever` calls this before writing new documents,
-    so a rescaled store stays consistent; stores without a recipe get ``vectors`` unchanged.
+    A norm head gives ``d̂·m``; a document prior gives ``m·v`` or ``[m·v ; b]`` from the
+    recorded statistics and the store's neighbours. The
+    :class:`~magretrieve.retriever.Retriever` calls this before writing new documents, so a
+    rescaled store stays consistent; stores without a recipe get ``vectors`` unchanged.
     """
     recipe = (meta or {}).get(META_KEY)
     if not recipe:
         return vectors
     units = unit(vectors)
-    return (units * magnitudes_for(recipe, units, store)[:, None]).astype(np.float32)
+    if is_prior_recipe(recipe):
+        prior = prior_from_dict(recipe, "store metadata")
+        terms = prior.terms_for_new(units, store_neighbours(store, prior.has_offset))
+        return stored_vectors(terms, prior.has_offset)
+    return (units * magnitudes_for(recipe, units)[:, None]).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------- checks
+
+#: Store-metadata key present while a rescale into the store has not finished.
+INCOMPLETE_KEY = "incomplete"
+
+
+def incomplete_marker(source: str, recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """What a target records while a rescale into it runs: operation, source and recipe hash."""
+    canonical = json.dumps(recipe, sort_keys=True, separators=(",", ":"), default=str)
+    return {
+        "operation": "rescale",
+        "source": source,
+        "recipe_sha256": hashlib.sha256(canonical.encode()).hexdigest(),
+    }
+
+
+def check_target(dst: Any, marker: Mapping[str, Any]) -> Any:
+    """Refuse a target that holds anything but an interrupted run of this same rescale.
+
+    Returns a predicate telling which ids still need writing (all of them for a new target;
+    those not stored yet when an interrupted rescale with the same source and recipe resumes).
+    """
+    meta = dst.read_metadata() or {}
+    found = meta.get(INCOMPLETE_KEY)
+    if found:
+        if dict(found) != dict(marker):
+            raise StoreError(
+                f"{dst.location}: holds an interrupted rescale of {found.get('source')} with "
+                "another source or recipe; finish it with the command that started it, or "
+                "choose a new store"
+            )
+        logger.warning("%s: resuming an interrupted rescale", dst.location)
+        have = set(dst.iter_ids())
+        return lambda doc_id: doc_id not in have
+    if dst.count():
+        raise StoreError(f"{dst.location}: target is not empty; choose a new store")
+    return lambda doc_id: True
 
 
 def check_source_metadata(meta: Mapping[str, Any] | None, where: str, force: bool) -> None:
@@ -198,7 +266,15 @@ def check_encoder(
     rng = np.random.default_rng(0)
     rows = sorted(rng.choice(with_text, size=min(sample, len(with_text)), replace=False).tolist())
     from magretrieve.data import Document
-    from magretrieve.encoder import Encoder
+
+    try:
+        from magretrieve.encoder import Encoder
+    except ImportError as exc:  # a serving install: no torch / transformers
+        raise ConfigError(
+            f"{run_dir}: the encoder check re-encodes {len(rows)} stored texts with the head's "
+            f"PyTorch encoder, which needs {exc.name or 'torch'} (pip install "
+            "'magretrieve[train]'); on a serving install pass --skip-encoder-check"
+        ) from None
 
     encoder = Encoder.load(run_dir, device="cpu")
     encoder.norm_head = None  # the unit direction of the frozen encoder
@@ -243,7 +319,7 @@ def rescale_store(
     target: str | Any,
     *,
     head: str | Path | None = None,
-    prior: CorpusPrior | None = None,
+    prior: DocumentPrior | CorpusPrior | None = None,
     encoder_check_sample: int = 16,
     skip_encoder_check: bool = False,
     force: bool = False,
@@ -254,8 +330,12 @@ def rescale_store(
     """Rescale every stored vector of ``source`` into the new store ``target`` (see module doc).
 
     Exactly one of ``head`` (a run folder with a frozen-encoder norm head) or ``prior`` (a
-    :class:`CorpusPrior`; its mean/std are refitted on the source's vectors) must be given.
-    The source is only read; the target must be new or empty.
+    :class:`~magretrieve.priors.DocumentPrior`, or the older :class:`CorpusPrior`; its corpus
+    statistics are refitted on the source's vectors) must be given.
+    The source is only read; the target must be new or empty, or hold an interrupted
+    rescale of the same source with the same recipe, which is then resumed. The target is
+    marked ``incomplete`` until its last point is written (every Retriever refuses it until
+    then), so a crash leaves the old state (nothing), the new one, or a reported, resumable one.
     """
     from tqdm.auto import tqdm
 
@@ -263,7 +343,8 @@ def rescale_store(
 
     if (head is None) == (prior is None):
         raise ConfigError(
-            "give exactly one of a norm head (--head RUN) or a corpus prior (--corpus-prior β)"
+            "give exactly one of a norm head (--head RUN) or a prior (--corpus-prior β, "
+            "--prior-file)"
         )
     if isinstance(source, str) and isinstance(target, str) and source == target:
         raise ConfigError(
@@ -291,33 +372,60 @@ def rescale_store(
         mags = magnitudes_for(recipe, units)
     else:
         assert prior is not None
-        prior = CorpusPrior(**{**prior.to_dict()})
-        prior.validate()
-        h = hub_scores(units, prior.k)
-        prior.mean, prior.std = float(h.mean()), float(h.std()) or 1.0
-        mags = prior.magnitudes(prior.z_scores(h))
+        if isinstance(prior, CorpusPrior):
+            prior.validate()
+            prior = HubPrior(prior.beta, prior.k)
+        prior = prior_from_dict(prior.to_dict(), "prior")  # a fresh copy: the caller's stays
+        prior.fit_corpus(units)
+        terms = prior.terms(units)
+        mags = terms.multiplier
+        offset = prior.has_offset
         recipe = prior.to_dict()
         check = "not needed (the prior uses only the stored vectors)"
     if not np.isfinite(mags).all():
         raise StoreError("the magnitude is not finite for some documents; nothing was written")
-    new = (units * mags[:, None]).astype(np.float32)
+    if recipe.get("kind") == "document_prior":
+        new = stored_vectors(terms, offset)
+        if not np.isfinite(new).all():
+            raise StoreError("the prior is not finite for some documents; nothing was written")
+    else:
+        offset = False
+        new = (units * mags[:, None]).astype(np.float32)
 
-    dst = open_store(target, dimension=int(units.shape[1]), **target_options)
+    dim = int(new.shape[1])
+    dst = open_store(target, dimension=dim, **target_options)
     try:
-        if dst.count():
-            raise StoreError(f"{dst.location}: target is not empty; choose a new store")
+        if int(dst.dimension) != dim:
+            raise StoreError(
+                f"{dst.location}: target has dimension {dst.dimension}; this prior stores "
+                f"{dim} ({'the vector and one offset coordinate' if offset else 'the vector'})"
+            )
+        marker = incomplete_marker(where, recipe)
+        todo = check_target(dst, marker)
         new_meta = dict(meta or {})
         new_meta["document_contract"] = "magnitude_keeping"
         new_meta[META_KEY] = recipe
         new_meta["rescaled_from"] = where
-        dst.write_metadata(new_meta)
+        # Marked incomplete first: a crash from here on leaves a target every Retriever
+        # refuses ("incomplete"), and re-running this command resumes it.
+        dst.write_metadata({**new_meta, INCOMPLETE_KEY: marker})
+        dst.persist()
         bar = tqdm(total=len(ids), desc="rescaling", unit="doc", disable=not progress)
         for start in range(0, len(ids), batch_size):
             end = start + batch_size
-            dst.add(ids[start:end], new[start:end], payloads[start:end])
+            chunk = [i for i in range(start, min(end, len(ids))) if todo(ids[i])]
+            if chunk:
+                dst.add([ids[i] for i in chunk], new[chunk], [payloads[i] for i in chunk])
             bar.update(len(ids[start:end]))
         bar.close()
         dst.optimize()
+        dst.persist()
+        if dst.count() != len(ids):
+            raise StoreError(
+                f"{dst.location}: holds {dst.count()} points after the rescale, expected "
+                f"{len(ids)}; left marked incomplete"
+            )
+        dst.write_metadata(new_meta)  # done: the marker goes last
         dst.persist()
         target_location = dst.location
     finally:
@@ -326,7 +434,7 @@ def rescale_store(
     return RescaleReport(
         source=where,
         target=target_location,
-        kind=str(recipe["kind"]),
+        kind=str(recipe.get("method") or recipe["kind"]),
         count=len(ids),
         magnitude_min=float(mags.min()),
         magnitude_max=float(mags.max()),

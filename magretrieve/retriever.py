@@ -6,8 +6,11 @@ would not give the model's scores: another dimension, a metric other than inner 
 store that normalizes vectors while the model keeps document magnitude, or a store built by
 another model (its recorded ``model_fingerprint``/mode/γ differ) unless ``force=True``.
 
-Hits carry the score split as ``score = ‖q_stored‖ · ‖d_stored‖ · cos θ`` (computed by
-:func:`magretrieve.similarity.decompose`) so a user sees what magnitude contributed.
+Hits carry the score split as ``score = ‖q_stored‖ · ‖d_stored‖ · cos θ + offset`` (the norms
+reported by the store) so a user sees what magnitude contributed. The
+offset is non-zero only in a store given a document prior with an additive term
+(:mod:`magretrieve.priors`): such a store holds one extra coordinate ``b(d)`` and is searched
+with ``[q ; 1]``; the multiplier is ``doc_norm``.
 
 Thread safety: ``search``/``search_batch`` may be called from many threads. Writes
 (``add_documents``, ``delete``) take an exclusive lock, so adding while searching is safe
@@ -29,9 +32,9 @@ import numpy as np
 
 from magretrieve.adapters import VectorStore, open_store
 from magretrieve.adapters.base import check_finite, check_queries
-from magretrieve.data import Document
+from magretrieve.data import Document, check_text, lone_surrogate
 from magretrieve.errors import StoreError
-from magretrieve.similarity import INDEX_METRIC, decompose
+from magretrieve.similarity import EPS, INDEX_METRIC
 
 logger = logging.getLogger(__name__)
 
@@ -46,12 +49,18 @@ class EncoderLike(Protocol):
     def encode_documents(self, texts: Sequence[str], batch_size: int = ...) -> np.ndarray: ...
 
 
+#: Hits returned by every search method unless ``k`` is given (one default for all).
+DEFAULT_K = 10
+
+
 @dataclass
 class Hit:
     """One search result with its score decomposition.
 
-    ``score = query_norm · doc_norm · cosine``: ``doc_norm`` is the stored vector's norm
-    (``‖d‖^(1−γd)``), so in qnorm/dot modes it is the magnitude the model kept.
+    ``score = query_norm · doc_norm · cosine + offset``: ``doc_norm`` is the stored vector's
+    norm (``‖d‖^(1−γd)``), so in qnorm/dot modes it is the magnitude the model kept, and in a
+    prior-rescaled cosine store it is the prior's multiplier ``m(d)``; ``offset`` is the
+    prior's additive term ``b(d)`` (0 without one).
     """
 
     id: str
@@ -61,6 +70,12 @@ class Hit:
     query_norm: float
     payload: dict[str, Any] = field(default_factory=dict)
     rank: int = 0
+    offset: float = 0.0
+
+    @property
+    def multiplier(self) -> float:
+        """The document's multiplier (its stored norm): ``m(d)`` under a document prior."""
+        return self.doc_norm
 
     @property
     def title(self) -> str:
@@ -78,6 +93,8 @@ class Hit:
             "doc_norm": self.doc_norm,
             "cosine": self.cosine,
             "query_norm": self.query_norm,
+            "multiplier": self.multiplier,
+            "offset": self.offset,
             "payload": self.payload,
         }
 
@@ -137,10 +154,14 @@ def manifest_metadata(manifest: Any) -> dict[str, Any]:
 def check_compatible(manifest: Any, store: VectorStore, *, force: bool = False) -> None:
     """Refuse a store that cannot reproduce the model's scores (see module docstring)."""
     where = store.location
-    if int(store.dimension) != int(manifest.dimension):
+    meta = store.read_metadata()
+    extra = 1 if offset_coordinate(meta) else 0
+    if int(store.dimension) != int(manifest.dimension) + extra:
         raise StoreError(
             f"{where}: store dimension {store.dimension} does not match the model's "
-            f"dimension {manifest.dimension} ({getattr(manifest, 'folder', '')})"
+            f"dimension {manifest.dimension}"
+            + (" plus the prior's offset coordinate" if extra else "")
+            + f" ({getattr(manifest, 'folder', '')})"
         )
     if getattr(manifest, "index_metric", INDEX_METRIC) != INDEX_METRIC:
         raise StoreError(
@@ -153,9 +174,15 @@ def check_compatible(manifest: Any, store: VectorStore, *, force: bool = False) 
             f"{where}: the store normalizes vectors, but mode {manifest.mode} keeps document "
             "magnitude (document contract magnitude_keeping); use an index without L2norm"
         )
-    meta = store.read_metadata()
     if not meta:
         return
+    if meta.get("incomplete"):
+        job = meta["incomplete"]
+        raise StoreError(
+            f"{where}: incomplete: a `magretrieve {job.get('operation', 'rescale')}` from "
+            f"{job.get('source')} into it was interrupted; run the same command again to "
+            "finish it (or delete the store)"
+        )
     ours = manifest_metadata(manifest)
     differs = [
         key
@@ -174,6 +201,15 @@ def check_compatible(manifest: Any, store: VectorStore, *, force: bool = False) 
         if not force:
             raise StoreError(message)
         logger.warning("forced: %s", message)
+
+
+def offset_coordinate(meta: Mapping[str, Any] | None) -> bool:
+    """Does the store hold a document prior's offset in one extra coordinate?"""
+    if not meta or not meta.get("magnitude"):
+        return False
+    from magretrieve.rescale import has_offset_coordinate
+
+    return has_offset_coordinate(meta)
 
 
 def _as_document(doc: Document | Mapping[str, Any], position: int) -> Document:
@@ -201,11 +237,22 @@ def _as_document(doc: Document | Mapping[str, Any], position: int) -> Document:
     return Document(doc_id, text, title, extra)
 
 
-def load_encoder(export_dir: str | Path, threads: int | None = None) -> EncoderLike:
+def load_encoder(
+    export_dir: str | Path, threads: int | None = None, device: str = "cpu"
+) -> EncoderLike:
     """The ONNX encoder of an export folder (one seam, so tests can substitute a fake)."""
     from magretrieve.runtime import OnnxEncoder
 
-    return OnnxEncoder.load(export_dir, threads=threads)
+    return OnnxEncoder.load(export_dir, threads=threads, device=device)
+
+
+def check_documents(docs: Sequence[Document]) -> None:
+    """Refuse a lone surrogate in an id, title or text (tokenizers and Qdrant's id hashing
+    fail on one), naming the document."""
+    for d in docs:
+        for what, value in (("id", d.id), ("title", d.title), ("text", d.text)):
+            if isinstance(value, str) and lone_surrogate(value) is not None:
+                check_text(value, f"document {d.id!r}: {what}")
 
 
 class Retriever:
@@ -224,6 +271,9 @@ class Retriever:
         self.store = store
         self.store_text = store_text
         check_compatible(self.manifest, store, force=force)
+        self._force = force
+        #: Searched with ``[q ; 1]``: the store holds a prior's offset coordinate.
+        self.offset = offset_coordinate(store.read_metadata())
         self._lock = _RWLock()
         self._serial = threading.Lock()  # for stores whose search is not thread-safe
         warm = getattr(encoder, "session", None)
@@ -238,24 +288,54 @@ class Retriever:
         *,
         force: bool = False,
         threads: int | None = None,
+        device: str = "cpu",
         create: bool = True,
+        for_writing: bool = False,
         **store_options: Any,
     ) -> Retriever:
-        """Open an export folder and a store (created with the model's dimension if absent)."""
-        encoder = load_encoder(export_dir, threads=threads)
-        vs = open_store(
-            store, dimension=encoder.manifest.dimension if create else None, **store_options
-        )
+        """Open an export folder and a store (created with the model's dimension if absent).
+
+        The query graph (and with ``for_writing`` the document graph) is checked against the
+        manifest before the store is touched, so a broken export never creates a store.
+        """
+        encoder = load_encoder(export_dir, threads=threads, device=device)
+        # check the graphs against the manifest before a store is opened (or created)
+        warm = getattr(encoder, "session", None)
+        if callable(warm):
+            warm("query")
+            if for_writing:
+                warm("document")
+        try:  # an existing store opens with its own dimension (d + 1 with a prior's offset)
+            vs = open_store(store, dimension=None, **store_options)
+        except StoreError:
+            if not create:
+                raise
+            vs = open_store(store, dimension=encoder.manifest.dimension, **store_options)
         try:
-            return cls(encoder, vs, force=force)
+            retriever = cls(encoder, vs, force=force)
+            if for_writing:
+                retriever._check_not_foreign()
+            return retriever
         except BaseException:
             vs.close()
             raise
 
     # ------------------------------------------------------------------ writing
 
+    def _check_not_foreign(self) -> None:
+        """Refuse to write into points magretrieve did not write (unless ``force``)."""
+        foreign = 0 if self._force else self.store.foreign_points()
+        if foreign:
+            raise StoreError(
+                f"{self.store.location} already holds {foreign} point(s) that magretrieve did "
+                "not write (no model metadata); writing would mix them with this model's "
+                "documents and stamp the collection. Use a new collection, or pass "
+                "force=True / --force"
+            )
+
     def _record_model(self) -> None:
         if not self.store.read_metadata():
+            self._check_not_foreign()
             self.store.write_metadata(manifest_metadata(self.manifest))
 
     def add_documents(
@@ -286,6 +366,7 @@ class Retriever:
         """Encode one batch and write it (the unit of work of resumable indexing)."""
         docs = list(docs)
         ids = [d.id for d in docs]
+        check_documents(docs)
         if len(set(ids)) != len(ids):
             seen: set[str] = set()
             dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
@@ -296,10 +377,33 @@ class Retriever:
             ids = [d.id for d in docs]
         if not docs:
             return 0
-        vectors = np.asarray(
-            self.encoder.encode_documents([d.full_text for d in docs]), dtype=np.float32
-        )
-        check_finite(vectors, ids, f"encoding for {self.store.location}")
+        return self.write_batch(docs, self.encode_batch(docs))
+
+    def tokenize_batch(self, docs: Sequence[Document]) -> Any | None:
+        """The encoder's tokens for ``docs`` (None when the encoder tokenizes inside encoding).
+
+        With :meth:`encode_batch` ``(docs, tokens)`` this lets an indexing pipeline tokenize
+        one batch while the previous one is encoded.
+        """
+        tokenize = getattr(self.encoder, "tokenize", None)
+        if not callable(tokenize) or not callable(getattr(self.encoder, "encode_tokenized", None)):
+            return None
+        return tokenize([d.full_text for d in docs], "document")
+
+    def encode_batch(self, docs: Sequence[Document], tokens: Any | None = None) -> np.ndarray:
+        """Document vectors of ``docs`` (from :meth:`tokenize_batch` tokens when given);
+        NaN/inf vectors are refused, naming the document."""
+        if tokens is not None:
+            raw = self.encoder.encode_tokenized(tokens, "document")  # type: ignore[attr-defined]
+        else:
+            raw = self.encoder.encode_documents([d.full_text for d in docs])
+        vectors = np.asarray(raw, dtype=np.float32)
+        check_finite(vectors, [d.id for d in docs], f"encoding for {self.store.location}")
+        return vectors
+
+    def write_batch(self, docs: Sequence[Document], vectors: np.ndarray) -> int:
+        """Write encoded documents (with the store's recorded magnitude treatment, if any)."""
+        ids = [d.id for d in docs]
         meta = self.store.read_metadata()
         if meta and meta.get("magnitude"):
             # a store rescaled after the fact (issue 6) records how its documents got their
@@ -319,6 +423,14 @@ class Retriever:
             self._record_model()
             return self.store.add(ids, vectors, payloads)
 
+    def existing(self, ids: Sequence[str]) -> set[str]:
+        """Ids the store already holds (under the read lock: safe beside a writing thread)."""
+        with self._lock.read():
+            if self.store.thread_safe_search:
+                return set(self.store.existing(list(ids)))
+            with self._serial:
+                return set(self.store.existing(list(ids)))
+
     def delete(self, ids: Sequence[str]) -> int:
         with self._lock.write():
             return self.store.delete(list(ids))
@@ -329,11 +441,11 @@ class Retriever:
 
     # ------------------------------------------------------------------ searching
 
-    def search(self, text: str, k: int = 5) -> list[Hit]:
+    def search(self, text: str, k: int = DEFAULT_K) -> list[Hit]:
         """Top-``k`` hits for one query text."""
         return self.search_batch([text], k=k)[0]
 
-    def search_batch(self, texts: Sequence[str], k: int = 10) -> list[list[Hit]]:
+    def search_batch(self, texts: Sequence[str], k: int = DEFAULT_K) -> list[list[Hit]]:
         """Top-``k`` hits for each query text (one encoder call, one store call)."""
         if isinstance(texts, str):
             raise StoreError("search_batch takes a list of texts; use search() for one text")
@@ -346,36 +458,70 @@ class Retriever:
         qvecs = np.asarray(self.encoder.encode_queries(texts), dtype=np.float32)
         return self.search_vectors(qvecs, k=k)
 
-    def search_vectors(self, query_vectors: np.ndarray, k: int = 10) -> list[list[Hit]]:
+    def search_vectors(self, query_vectors: np.ndarray, k: int = DEFAULT_K) -> list[list[Hit]]:
         """Search with already-encoded query vectors (``q / ‖q‖^γq``)."""
-        q = check_queries(query_vectors, int(self.store.dimension), "search")
+        q = check_queries(query_vectors, int(self.manifest.dimension), "search")
+        if self.offset:
+            q = np.hstack([q, np.ones((len(q), 1), dtype=q.dtype)])
+        # stores report each hit's doc_norm, so no vector is fetched to explain a score; a
+        # store with a prior's offset coordinate returns vectors to split m(d) from b(d)
+        with_vectors = bool(self.offset)
         with self._lock.read():
             if self.store.thread_safe_search:
-                results = self.store.search(q, k, with_vectors=True)
+                results = self.store.search(q, k, with_vectors=with_vectors)
             else:
                 with self._serial:
-                    results = self.store.search(q, k, with_vectors=True)
+                    results = self.store.search(q, k, with_vectors=with_vectors)
         out = []
         for qv, hits in zip(q, results, strict=True):
             if not hits:
                 out.append([])
                 continue
-            parts = decompose(qv, np.stack([h.vector for h in hits]))
+            if self.offset:
+                stored = self._vectors(hits)
+                offsets = stored[:, -1].astype(np.float64)
+                qv = qv[:-1]
+                norms = np.linalg.norm(stored[:, :-1], axis=1)
+            else:
+                offsets = np.zeros(len(hits))
+                norms = self._doc_norms(hits)
+            qn = float(np.linalg.norm(qv))
             out.append(
                 [
                     Hit(
                         id=h.id,
                         score=float(h.score),
-                        doc_norm=float(parts["doc_norm"][i]),
-                        cosine=float(parts["cosine"][i]),
-                        query_norm=float(parts["query_norm"][i]),
+                        doc_norm=float(norms[i]),
+                        cosine=float((h.score - offsets[i]) / max(qn * float(norms[i]), EPS)),
+                        query_norm=qn,
                         payload=h.payload,
                         rank=i + 1,
+                        offset=float(offsets[i]),
                     )
                     for i, h in enumerate(hits)
                 ]
             )
         return out
+
+    def _vectors(self, hits: Sequence[Any]) -> np.ndarray:
+        """The stored vectors of the hits (fetched when the store did not return them)."""
+        vecs = [h.vector for h in hits]
+        if any(v is None for v in vecs):
+            vecs = list(self.store.get_vectors([h.id for h in hits]))
+        return np.stack([np.asarray(v, dtype=np.float32) for v in vecs])
+
+    def _doc_norms(self, hits: Sequence[Any]) -> np.ndarray:
+        """Each hit's stored norm; vectors are fetched only for stores that do not report it."""
+        norms = np.array(
+            [np.nan if h.doc_norm is None else h.doc_norm for h in hits], dtype=np.float64
+        )
+        missing = [i for i, h in enumerate(hits) if h.doc_norm is None]
+        if missing:
+            vecs = [hits[i].vector for i in missing]
+            if any(v is None for v in vecs):
+                vecs = list(self.store.get_vectors([hits[i].id for i in missing]))
+            norms[missing] = np.linalg.norm(np.stack(vecs), axis=1)
+        return norms
 
     # ------------------------------------------------------------------ misc
 

@@ -8,6 +8,7 @@ a store keeps them (documents) or searches with them (queries).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,9 +17,58 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from magretrieve.batching import DEFAULT_BATCH_TOKENS, token_budget_batches
 from magretrieve.errors import ConfigError, ManifestError
 from magretrieve.manifest import SIDES, Manifest
 from magretrieve.similarity import Similarity
+
+#: Most documents per batch by default; the token budget usually closes a batch first.
+DEFAULT_DOCUMENT_BATCH = 128
+#: Environment knob: onnxruntime intra-op threads when ``threads`` is not given.
+THREADS_ENV = "MAGRETRIEVE_ONNX_THREADS"
+#: Devices an OnnxEncoder runs on, and the onnxruntime provider each one needs.
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which containers and ``taskset`` set)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def default_threads() -> int:
+    """Intra-op threads: ``$MAGRETRIEVE_ONNX_THREADS``, else every core this process may use.
+
+    onnxruntime's own default counts the machine's cores, not the process's affinity, so in
+    a container limited to 2 of 64 cores it would start 64 threads that fight over 2.
+    """
+    env = os.environ.get(THREADS_ENV, "").strip()
+    if env:
+        try:
+            value = int(env)
+        except ValueError:
+            raise ConfigError(f"{THREADS_ENV}={env!r}: not an integer") from None
+        if value < 1:
+            raise ConfigError(f"{THREADS_ENV}={env!r}: must be at least 1")
+        return value
+    return available_cores()
+
+
+def check_device(device: str) -> str:
+    """Refuse an unknown device, or ``cuda`` when onnxruntime has no CUDA provider here."""
+    if device not in PROVIDERS:
+        raise ConfigError(f"unknown device {device!r}; choose one of {', '.join(PROVIDERS)}")
+    import onnxruntime as ort
+
+    if PROVIDERS[device] not in ort.get_available_providers():
+        raise ConfigError(
+            f"--device {device}: this onnxruntime has no {PROVIDERS[device]} "
+            f"(available: {', '.join(ort.get_available_providers())}); install onnxruntime-gpu "
+            "on a machine with a CUDA GPU"
+        )
+    return device
 
 
 class OnnxEncoder:
@@ -26,9 +76,14 @@ class OnnxEncoder:
 
     Sessions are opened lazily, so a process that only encodes queries never loads the
     document graph (and its copy of the weights).
+
+    Knobs (docs/export.md, "Speed"): ``threads`` (intra-op threads; default every core the
+    process may use, or ``$MAGRETRIEVE_ONNX_THREADS``), ``device`` (``cpu`` or ``cuda``),
+    and per call ``batch_size`` (most texts per batch) and ``max_batch_tokens`` (padded
+    tokens per batch over length-sorted texts).
     """
 
-    def __init__(self, manifest: Manifest, threads: int | None = None) -> None:
+    def __init__(self, manifest: Manifest, threads: int | None = None, device: str = "cpu") -> None:
         from tokenizers import Tokenizer
 
         if manifest.folder is None:
@@ -36,7 +91,8 @@ class OnnxEncoder:
         if threads is not None and threads < 1:
             raise ConfigError(f"threads must be at least 1, got {threads}")
         self.manifest = manifest
-        self.threads = threads
+        self.threads = threads if threads is not None else default_threads()
+        self.device = check_device(device)
         tokenizer_path = manifest.folder / manifest.tokenizer
         # One tokenizer per side, configured once and never mutated afterwards: switching one
         # shared tokenizer's truncation per call let a concurrent search and document encode
@@ -61,12 +117,15 @@ class OnnxEncoder:
         self._count_lock = threading.Lock()
 
     @classmethod
-    def load(cls, folder: str | Path, threads: int | None = None) -> OnnxEncoder:
+    def load(
+        cls, folder: str | Path, threads: int | None = None, device: str = "cpu"
+    ) -> OnnxEncoder:
         """Open an export folder, verifying every file's sha256 against the manifest.
 
-        ``threads`` sets onnxruntime's intra-op thread count (None: onnxruntime's default).
+        ``threads`` sets onnxruntime's intra-op thread count (None: :func:`default_threads`);
+        ``device="cuda"`` runs the graphs with onnxruntime's CUDA provider.
         """
-        return cls(Manifest.load(folder, verify=True), threads=threads)
+        return cls(Manifest.load(folder, verify=True), threads=threads, device=device)
 
     # ------------------------------------------------------------------ properties
 
@@ -88,18 +147,68 @@ class OnnxEncoder:
             import onnxruntime as ort
 
             options = ort.SessionOptions()
-            if self.threads is not None:
-                options.intra_op_num_threads = self.threads
-                options.inter_op_num_threads = 1
+            # One graph runs at a time per call: parallelism inside operators (intra-op), none
+            # between them (the encoder graphs are a chain; inter-op threads only contend).
+            options.intra_op_num_threads = self.threads
+            options.inter_op_num_threads = 1
+            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            providers: list[Any] = [PROVIDERS["cpu"]]
+            if self.device == "cuda":
+                # TF32 matmuls (onnxruntime's CUDA default on Ampere+) round to ~1e-3, which
+                # would break fp32 parity; the CPU provider runs the few operators CUDA lacks.
+                providers.insert(0, (PROVIDERS["cuda"], {"use_tf32": 0}))
             path = self.manifest.path(side)
             try:
                 self._sessions[side] = ort.InferenceSession(
-                    str(path), sess_options=options, providers=["CPUExecutionProvider"]
+                    str(path), sess_options=options, providers=providers
                 )
             except Exception as exc:  # onnxruntime raises its own exception types
                 raise ManifestError(f"{path}: onnxruntime cannot load the graph ({exc})") from None
+            self._probe(side, self._sessions[side])
         return self._sessions[side]
+
+    def _probe(self, side: str, session: Any) -> None:
+        """Check the manifest's fields against the graph itself before it serves anything.
+
+        Inputs and output must be the graph's, and one batch of the side's max length made
+        of pad tokens must run and give one finite vector of ``dimension``: an edited
+        dimension, max length, pad id or output name is refused here, naming the graph,
+        instead of failing mid-indexing (or writing a store of the wrong dimension).
+        """
+        m = self.manifest
+        spec = m.graphs[side]
+        path = m.path(side)
+        graph_inputs = {i.name for i in session.get_inputs()}
+        graph_outputs = [o.name for o in session.get_outputs()]
+        if set(spec.inputs) != graph_inputs:
+            raise ManifestError(
+                f"{path}: the graph's inputs are {sorted(graph_inputs)}, the manifest says "
+                f"{sorted(spec.inputs)}"
+            )
+        if spec.output not in graph_outputs:
+            raise ManifestError(
+                f"{path}: the graph has no output {spec.output!r} (its outputs: {graph_outputs})"
+            )
+        length = self._max_length(side)
+        ids = np.full((1, length), m.pad_token_id, dtype=np.int64)
+        ones = np.ones((1, length), dtype=np.int64)
+        feed = {"input_ids": ids, "attention_mask": ones, "token_type_ids": np.zeros_like(ids)}
+        try:
+            out = session.run([spec.output], {k: feed[k] for k in spec.inputs})[0]
+        except Exception as exc:  # onnxruntime's own error types
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ManifestError(
+                f"{path}: the graph does not run with the manifest's settings "
+                f"(max_{side}_length={length}, pad_token_id={m.pad_token_id}): {first[:300]}"
+            ) from None
+        if out.shape != (1, m.dimension):
+            raise ManifestError(
+                f"{path}: the graph gives vectors of shape {tuple(out.shape)[1:]}, the manifest "
+                f"says dimension {m.dimension}"
+            )
+        if not np.isfinite(out).all():
+            raise ManifestError(f"{path}: the graph outputs NaN or inf (corrupt weights)")
 
     # ------------------------------------------------------------------ encoding
 
@@ -115,7 +224,18 @@ class OnnxEncoder:
         if side not in SIDES:
             raise ConfigError(f"side must be 'query' or 'document', got {side!r}")
         prefix = self._prefix(side)
-        return self._tokenizers[side].encode_batch([prefix + t for t in texts])
+        try:
+            return self._tokenizers[side].encode_batch([prefix + t for t in texts])
+        except TypeError:  # tokenizers refuses non-str items and lone surrogates alike
+            from magretrieve.data import check_text
+
+            for n, t in enumerate(texts):
+                if not isinstance(t, str):
+                    raise ConfigError(
+                        f"{side} text #{n} is a {type(t).__name__}, not a string"
+                    ) from None
+                check_text(t, f"{side} text #{n}")
+            raise
 
     def _feed(self, encodings: Sequence[Any], inputs: Sequence[str]) -> dict[str, np.ndarray]:
         """Pad a batch to its longest text (right padding, as the torch encoder does)."""
@@ -133,52 +253,93 @@ class OnnxEncoder:
         return {name: arrays[name] for name in inputs}
 
     def _encode(
-        self, texts: Sequence[str], side: str, batch_size: int, progress: bool | str = False
+        self,
+        texts: Sequence[str],
+        side: str,
+        batch_size: int,
+        progress: bool | str = False,
+        max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS,
     ) -> np.ndarray:
         if isinstance(texts, str):
             raise ConfigError("pass a list of texts, not a single string")
         if batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
+        if max_batch_tokens is not None and max_batch_tokens < 1:
+            raise ConfigError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
         texts = list(texts)
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return self.encode_tokenized(
+            self.tokenize(texts, side), side, batch_size, progress, max_batch_tokens
+        )
+
+    def encode_tokenized(
+        self,
+        encodings: Sequence[Any],
+        side: str,
+        batch_size: int = DEFAULT_DOCUMENT_BATCH,
+        progress: bool | str = False,
+        max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS,
+    ) -> np.ndarray:
+        """Vectors of texts already tokenized by :meth:`tokenize` (in their order).
+
+        Tokenizing and running the graph are separate steps so that an indexing pipeline
+        can tokenize the next batch while this one runs (:mod:`magretrieve.indexing`).
+        """
+        out = np.zeros((len(encodings), self.dim), dtype=np.float32)
+        if not len(encodings):
             return out
         spec = self.manifest.graphs[side]
         session = self.session(side)
-        encodings = self.tokenize(texts, side)
         # a truncated encoding keeps the cut-off tokens in ``overflowing``
         truncated = sum(1 for e in encodings if e.overflowing)
         with self._count_lock:
             self.last_truncated = truncated
             self.truncated_counts[side] += truncated
-        # Longest first, so each batch pads to a similar length and little compute is wasted.
-        order = np.argsort([-len(e.ids) for e in encodings], kind="stable")
+        # Longest first, batches closed at the token budget: each batch pads to a similar
+        # length, so little compute goes to padding, and short texts share bigger batches.
+        batches = token_budget_batches(
+            [len(e.ids) for e in encodings], max_tokens=max_batch_tokens, max_rows=batch_size
+        )
         desc = progress if isinstance(progress, str) else f"encoding {side}s (onnx)"
         with tqdm(
-            total=len(texts), desc=desc, unit="text", disable=not progress, leave=False
+            total=len(encodings), desc=desc, unit="text", disable=not progress, leave=False
         ) as bar:
-            for start in range(0, len(texts), batch_size):
-                idx = order[start : start + batch_size]
+            for idx in batches:
                 feed = self._feed([encodings[i] for i in idx], spec.inputs)
                 out[idx] = session.run([spec.output], feed)[0]
                 bar.update(len(idx))
         return out
 
     def encode_queries(
-        self, texts: Sequence[str], batch_size: int = 32, progress: bool | str = False
+        self,
+        texts: Sequence[str],
+        batch_size: int = 32,
+        progress: bool | str = False,
+        max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS,
     ) -> np.ndarray:
         """float32 (n, dim) query vectors ``q / ‖q‖^γq``, ready to search a store by inner product."""
-        return self._encode(texts, "query", batch_size, progress)
+        return self._encode(texts, "query", batch_size, progress, max_batch_tokens)
 
     def encode_documents(
-        self, texts: Sequence[str], batch_size: int = 32, progress: bool | str = False
+        self,
+        texts: Sequence[str],
+        batch_size: int = DEFAULT_DOCUMENT_BATCH,
+        progress: bool | str = False,
+        max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS,
     ) -> np.ndarray:
-        """float32 (n, dim) document vectors ``d / ‖d‖^γd``: exactly what a store keeps."""
-        return self._encode(texts, "document", batch_size, progress)
+        """float32 (n, dim) document vectors ``d / ‖d‖^γd``: exactly what a store keeps.
+
+        Texts are sorted by token count and batched so that ``rows × longest`` stays within
+        ``max_batch_tokens`` (``None``: fixed ``batch_size`` batches), at most ``batch_size``
+        texts each; the vectors come back in input order.
+        """
+        return self._encode(texts, "document", batch_size, progress, max_batch_tokens)
 
     def __repr__(self) -> str:
         m = self.manifest
         return (
             f"OnnxEncoder({m.folder}, mode={m.mode}, γq={m.gamma_q:g}, γd={m.gamma_d:g}, "
-            f"dim={m.dimension}, quantization={m.quantization})"
+            f"dim={m.dimension}, quantization={m.quantization}, threads={self.threads}, "
+            f"device={self.device})"
         )

@@ -86,7 +86,7 @@ def test_eval_table_and_json_agree_with_python(trained, tiny_beir_dir: Path) -> 
     assert lines[0].split()[:3] == ["data", "mode", "NDCG@10"]
     assert set(lines[1]) <= {"-", " "}
     row = lines[2].split()
-    assert row[0].endswith(":test") and row[1] == "qnorm" and row[-2:] == ["6", "12"]
+    assert row[0].endswith(":test") and row[1] == "qnorm" and row[-3:] == ["6", "0", "12"]
 
     as_json = cli("eval", "--model", out, "--data", f"{tiny_beir_dir}:test", "--json")
     assert as_json.exit_code == 0, as_json.output

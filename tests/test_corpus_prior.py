@@ -14,6 +14,7 @@ from magretrieve.corpus_prior import (
     unit,
 )
 from magretrieve.errors import ConfigError, DataError
+from magretrieve.priors import prior_from_dict
 
 
 def test_hub_scores_by_hand() -> None:
@@ -106,8 +107,10 @@ def test_fit_prior_cli_writes_what_rescale_reads(tiny_model_dir, tiny_beir_dir, 
             f"{tiny_beir_dir}:train",
             "--eval",
             f"{tiny_beir_dir}:test",
+            "--method",
+            "hub",
             "--betas",
-            "0,0.1,0.5",
+            "0.1,0.5",
             "--k",
             "3",
             "--out",
@@ -117,14 +120,16 @@ def test_fit_prior_cli_writes_what_rescale_reads(tiny_model_dir, tiny_beir_dir, 
     )
     assert res.exit_code == 0, res.output
     report = json.loads(res.output[res.output.index("{") :])
-    prior = CorpusPrior.from_dict(json.loads(out.read_text()), source=str(out))
-    assert prior.k == 3 and prior.chosen_on.endswith(":train")
-    assert set(prior.grid) == {"0", "0.1", "0.5"}
-    assert prior.grid[f"{prior.beta:g}"] == max(prior.grid.values())
+    written = json.loads(out.read_text())
+    prior = prior_from_dict(written, source=str(out))
+    assert written["chosen_on"].endswith(":train")
+    grid = written["grid"]
+    assert set(grid) == {"none (cosine)", "hub(beta=0.1,k=3)", "hub(beta=0.5,k=3)"}
+    assert grid[prior.label()] == max(grid.values()) == written["training_ndcg"]
     encoder = Encoder.load(tiny_model_dir, "cosine")
     train = evaluate_retrieval(encoder, load_beir(f"{tiny_beir_dir}:train"), progress=False)
     test = evaluate_retrieval(encoder, load_beir(f"{tiny_beir_dir}:test"), progress=False)
-    assert prior.grid["0"] == pytest.approx(train.ndcg_at_10, abs=1e-6)
+    assert grid["none (cosine)"] == pytest.approx(train.ndcg_at_10, abs=1e-6)
     (evaluation,) = report["evaluations"]
     assert evaluation["cosine"] == pytest.approx(test.ndcg_at_10, abs=1e-6)
 

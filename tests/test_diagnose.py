@@ -144,15 +144,26 @@ def test_recommend_rules(figures, mode) -> None:
         assert any("no side predictor" in w for w in rec.warnings)
 
 
-def test_recommend_names_normalize_stage_and_minilm_losses() -> None:
+def test_recommend_names_normalize_stage_and_quotes_committed_figures() -> None:
+    from magretrieve.diagnose.evidence import load_evidence
+
+    evidence = load_evidence()
+    assert evidence, "the package ships the benchmarks' evidence.json"
     rec = recommend({"removed_normalize": True, "cohens_d": 0.1})
     assert rec.mode == "cosine"
-    assert "Normalize" in rec.reasons[0] and "0.16 on cranfield" in rec.reasons[0]
-    # the magnitude that is not worse than fine-tuned cosine, with the commands to apply it
-    assert rec.magnitude == "corpus_prior" and "corpus prior" in rec.reasons[1]
+    assert "behaves like one pretrained through a Normalize stage" in rec.reasons[0]
+    # the qnorm loss quoted is the committed one, not a constant in the code
+    ood = evidence["out_of_domain"]
+    loss = evidence["cosine"][ood] - evidence["qnorm"][ood]
+    assert f"{loss:.2f} on {ood.split(':')[0]}" in rec.reasons[0]
+    best = evidence["best_prior"]
+    assert rec.magnitude == "document_prior"
+    assert f"{best['ndcg'][ood]:.3f}" in rec.reasons[1]
     assert [c.split()[1] for c in rec.next_steps] == ["train", "fit-prior", "rescale"]
+    if best["method"] not in ("auto", "none"):
+        assert f"--method {best['method']}" in rec.next_steps[1]
     text = verdict_text({"recommendation": rec.to_dict()})
-    assert text.startswith("recommended: cosine + corpus prior\n")
+    assert text.startswith("recommended: cosine + document prior\n")
     assert "  $ magretrieve fit-prior" in text
     # an encoder not pretrained through Normalize gets a side and no prior
     plain = recommend({"delta_cv": 1.3})

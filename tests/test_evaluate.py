@@ -313,3 +313,20 @@ def test_sts_on_the_tiny_encoder(tiny_model_dir: Path) -> None:
         asym[mode] = evaluate_sts(enc, pairs, progress=False).max_asymmetry
     assert asym["cosine"] < 1e-5 and asym["dot"] < 1e-4
     assert asym["qnorm"] > 1e-2 and asym["dnorm"] > 1e-2
+
+
+def test_eval_reports_truncated_queries(tiny_model_dir, tiny_beir_dir) -> None:
+    """Queries cut at max_query_length are counted (issue 17), not silently truncated."""
+    from magretrieve.data import load_beir
+    from magretrieve.encoder import Encoder
+    from magretrieve.evaluate import evaluate_retrieval
+
+    data = load_beir(f"{tiny_beir_dir}:test")
+    full = Encoder.load(tiny_model_dir, "cosine", device="cpu")
+    assert full.config.max_query_length >= 16  # the default: the model's own limit
+    assert evaluate_retrieval(full, data, progress=False).truncated_queries == 0
+    short = Encoder.load(tiny_model_dir, "cosine", max_query_length=3, device="cpu")
+    lengths = short.tokenizer([f"{q}" for q in data.queries.values()])["input_ids"]
+    expected = sum(len(ids) > 3 for ids in lengths)
+    assert expected > 0
+    assert evaluate_retrieval(short, data, progress=False).truncated_queries == expected

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from magretrieve.errors import ConfigError, MagRetrieveError
+from magretrieve.manifest import model_fingerprint
 
 TEXTS = [
     "statins heart mortality",
@@ -63,7 +64,8 @@ def test_parity_and_contract_every_mode(
     assert manifest.gamma_d == pytest.approx(gamma_d, abs=1e-6)
     assert manifest.parity["max_abs_diff"] <= 1e-4
     assert manifest.parity["max_rel_norm_err"] <= 1e-5
-    assert manifest.model_fingerprint == manifest.files["document.onnx"]
+    data = json.loads((out / "magretrieve.json").read_text())
+    assert manifest.model_fingerprint == model_fingerprint(data)  # graphs, tokenizer, settings
     assert manifest.graphs["document"].head is None
     assert _listing(out) == sorted(
         [
@@ -95,16 +97,28 @@ def test_parity_and_contract_every_mode(
 
 
 def test_cli_default_exporter_and_overwrite(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """The default (auto → dynamo) path through the CLI; an existing target needs --overwrite."""
+    """The default (auto → TorchScript, fused) path through the CLI; an existing target needs
+    --overwrite."""
     from magretrieve.manifest import Manifest
 
     dest = tmp_path / "exported" / "qnorm"  # parent does not exist yet
     result = _cli(str(tiny_model_dir), str(dest), "--mode", "qnorm")
     assert result.exit_code == 0, result.output
     manifest = Manifest.load(dest)
-    assert manifest.exporter["name"] == "torch.onnx (dynamo)" and manifest.exporter["opset"] == 18
-    assert "onnxscript" in manifest.versions
+    assert manifest.exporter["name"] == "torch.onnx (torchscript)"
+    assert manifest.exporter["opset"] == 17
+    optimizer = manifest.exporter["optimizer"]
+    assert optimizer["applied"] and optimizer["attention_fused"]
+    # the tiny BERT has 2 layers: one Attention, two SkipLayerNorm per layer, one embedding
+    assert optimizer["fused_operators"] == {
+        "EmbedLayerNormalization": 1,
+        "Attention": 2,
+        "BiasGelu": 2,
+        "SkipLayerNormalization": 4,
+    }
+    assert manifest.parity["max_abs_diff"] <= 1e-4  # the fused graphs are what parity checked
     assert "fp32 parity vs PyTorch" in result.output
+    assert "fused: 2 Attention" in result.output
     before = (dest / "magretrieve.json").read_text()
 
     again = _cli(str(tiny_model_dir), str(dest), "--mode", "dot")
@@ -113,10 +127,16 @@ def test_cli_default_exporter_and_overwrite(tiny_model_dir: Path, tmp_path: Path
     assert (dest / "magretrieve.json").read_text() == before
 
     replaced = _cli(
-        str(tiny_model_dir), str(dest), "--mode", "dot", "--overwrite", "--exporter", "torchscript"
+        str(tiny_model_dir), str(dest), "--mode", "dot", "--overwrite", "--exporter", "dynamo"
     )
     assert replaced.exit_code == 0, replaced.output
-    assert Manifest.load(dest).mode == "dot"
+    manifest = Manifest.load(dest)
+    assert manifest.mode == "dot"
+    assert manifest.exporter["name"] == "torch.onnx (dynamo)" and manifest.exporter["opset"] == 18
+    assert "onnxscript" in manifest.versions
+    # dynamo's graph fuses layer norm and GELU but not attention; it still exports
+    assert manifest.exporter["optimizer"]["applied"]
+    assert not manifest.exporter["optimizer"]["attention_fused"]
     assert _listing(dest.parent) == ["qnorm"]  # no staging folders left behind
 
 
@@ -161,7 +181,7 @@ def test_parity_failure_writes_nothing_and_keeps_old_export(
     assert Manifest.load(target).model_fingerprint == fingerprint  # old export intact
 
 
-def test_auto_falls_back_when_dynamo_fails(
+def test_auto_falls_back_when_torchscript_fails(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from magretrieve.encoder import Encoder
@@ -170,16 +190,16 @@ def test_auto_falls_back_when_dynamo_fails(
 
     original = graphs.export_side
 
-    def dynamo_breaks(encoder, side, path, exporter="dynamo"):
-        if exporter == "dynamo":
-            raise RuntimeError("simulated dynamo failure")
+    def torchscript_breaks(encoder, side, path, exporter="dynamo"):
+        if exporter == "torchscript":
+            raise RuntimeError("simulated torchscript failure")
         return original(encoder, side, path, exporter=exporter)
 
-    monkeypatch.setattr(graphs, "export_side", dynamo_breaks)
+    monkeypatch.setattr(graphs, "export_side", torchscript_breaks)
     encoder = Encoder.load(tiny_model_dir, mode="dnorm", device="cpu")
     manifest = Manifest.load(export_model(encoder, tmp_path / "auto", exporter="auto"))
-    assert manifest.exporter["name"] == "torch.onnx (torchscript)"
-    assert "simulated dynamo failure" in manifest.exporter["failed_attempts"][0]["error"]
+    assert manifest.exporter["name"] == "torch.onnx (dynamo)"
+    assert "simulated torchscript failure" in manifest.exporter["failed_attempts"][0]["error"]
 
     monkeypatch.setattr(parity, "MAX_ABS_DIFF", 0.0)
     with pytest.raises(MagRetrieveError, match="no exporter produced a graph that passes parity"):
@@ -267,12 +287,18 @@ def test_minilm_qnorm_export_parity(tmp_path: Path) -> None:
     from magretrieve.manifest import Manifest
     from magretrieve.runtime import OnnxEncoder
 
-    out = export_model(
-        "all-MiniLM-L6-v2", tmp_path / "minilm", mode="qnorm", exporter="torchscript"
-    )
+    out = export_model("all-MiniLM-L6-v2", tmp_path / "minilm", mode="qnorm")
     manifest = Manifest.load(out)
     assert manifest.dimension == 384 and manifest.max_document_length == 256
+    # parity is checked on the fused graphs: 6 layers → 6 Attention, 12 SkipLayerNorm, 6 GELU
     assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["max_rel_norm_err"] <= 1e-5
+    assert manifest.exporter["name"] == "torch.onnx (torchscript)"
+    assert manifest.exporter["optimizer"]["fused_operators"] == {
+        "EmbedLayerNormalization": 1,
+        "Attention": 6,
+        "BiasGelu": 6,
+        "SkipLayerNormalization": 12,
+    }
     q = OnnxEncoder.load(out).encode_queries(["does aspirin reduce heart attack risk?"])
     assert q.shape == (1, 384)
     np.testing.assert_allclose(np.linalg.norm(q), 1.0, atol=1e-5)

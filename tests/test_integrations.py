@@ -109,9 +109,9 @@ def test_llama_index_retrieve_returns_nodes_with_scores(retriever):
 
 
 def test_bad_arguments_are_refused():
-    with pytest.raises(ValueError, match="positive integer"):
+    with pytest.raises(ConfigError, match="k must be a positive integer, got 0"):
         LangChainRetriever(retriever=object.__new__(Retriever), k=0)
-    with pytest.raises(ValueError, match="magretrieve Retriever"):
+    with pytest.raises(ConfigError, match="magretrieve Retriever"):
         LangChainRetriever(retriever="faiss:idx", k=3)
     with pytest.raises(ConfigError, match="similarity_top_k must be a positive integer"):
         LlamaRetriever(retriever=object.__new__(Retriever), similarity_top_k=-1)

@@ -7,9 +7,17 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import set_manifest_field
 
 from magretrieve.errors import ManifestError
-from magretrieve.manifest import MANIFEST_NAME, Manifest, hash_folder, sha256_file
+from magretrieve.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    hash_folder,
+    model_fingerprint,
+    seal,
+    sha256_file,
+)
 
 FILES = {"query.onnx": b"query graph bytes", "document.onnx": b"doc graph", "tokenizer.json": b"{}"}
 
@@ -25,23 +33,20 @@ def _graph(file: str, gamma: float, contract: str) -> dict:
     }
 
 
-def _write(folder: Path, **overrides) -> dict:
+def _write(folder: Path, sealed: bool = True, **overrides) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     for name, data in FILES.items():
         (folder / name).write_bytes(data)
     hashes = {name: hashlib.sha256(data).hexdigest() for name, data in FILES.items()}
+    from magretrieve.config import EncoderConfig
+
+    encoder = EncoderConfig(
+        mode="qnorm", gamma_q=1.0, gamma_d=0.0, max_query_length=64, query_prefix="query: "
+    ).to_dict()
     data = {
         "format": "magretrieve-export",
-        "format_version": 1,
-        "mode": "qnorm",
-        "gamma_q": 1.0,
-        "gamma_d": 0.0,
-        "pooling": "mean",
-        "max_query_length": 64,
-        "max_document_length": 256,
-        "query_prefix": "query: ",
-        "document_prefix": "",
-        "norm_scale": 1.0,
+        "format_version": 2,
+        "encoder": encoder,
         "dimension": 384,
         "index_metric": "inner_product",
         "graphs": {
@@ -56,7 +61,10 @@ def _write(folder: Path, **overrides) -> dict:
         "versions": {},
         "parity": {"max_abs_diff": 1e-7, "max_rel_norm_err": 1e-8},
     }
-    data.update(overrides)
+    for key, value in overrides.items():
+        set_manifest_field(data, key, value)
+    if sealed:
+        seal(data)  # model_fingerprint and manifest_sha256, as Manifest.save writes them
     (folder / MANIFEST_NAME).write_text(json.dumps(data))
     return data
 
@@ -67,7 +75,9 @@ def test_valid_manifest_loads_with_contract_attributes(tmp_path: Path) -> None:
     assert (m.mode, m.gamma_q, m.gamma_d) == ("qnorm", 1.0, 0.0)
     assert m.query_contract == "unit_norm" and m.document_contract == "magnitude_keeping"
     assert m.index_metric == "inner_product" and m.dimension == 384
-    assert m.model_fingerprint == hashlib.sha256(b"doc graph").hexdigest()
+    assert m.model_fingerprint == model_fingerprint(
+        json.loads((tmp_path / MANIFEST_NAME).read_text())
+    )
     assert m.similarity.mode == "qnorm" and not m.similarity.is_symmetric
     assert m.query_prefix == "query: " and m.folder == tmp_path
     assert m.path("document") == tmp_path / "document.onnx"
@@ -98,7 +108,7 @@ def test_learnable_gammas_set_contracts(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"format_version": 2}, "unknown format_version 2"),
+        ({"format_version": 3}, "unknown format_version 3"),
         ({"format": "something-else"}, "not a magretrieve export manifest"),
         ({"mode": "euclid"}, "unknown mode"),
         ({"mode": "learnable", "gamma_q": 1.5}, "gamma_q must lie in [0, 1]"),
@@ -126,7 +136,7 @@ def test_invalid_manifest_refused(tmp_path: Path, overrides: dict, message: str)
 def test_missing_field_named(tmp_path: Path) -> None:
     data = _write(tmp_path)
     del data["dimension"]
-    (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(seal(data)))
     with pytest.raises(ManifestError, match="missing field 'dimension'"):
         Manifest.load(tmp_path)
 
@@ -150,7 +160,7 @@ def test_missing_file_refused(tmp_path: Path) -> None:
 def test_graph_without_hash_refused(tmp_path: Path) -> None:
     data = _write(tmp_path)
     del data["files"]["query.onnx"]
-    (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(seal(data)))
     with pytest.raises(ManifestError, match="no sha256 recorded for query.onnx"):
         Manifest.load(tmp_path)
 
@@ -169,3 +179,55 @@ def test_hash_helpers(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     assert sha256_file(tmp_path / "a.bin") == hashlib.sha256(b"abc").hexdigest()
     assert hash_folder(tmp_path) == {"a.bin": hashlib.sha256(b"abc").hexdigest()}
+
+
+# ----------------------------------------------------------------------------- the seal
+
+
+def test_a_hand_edited_field_is_refused_by_the_checksum(tmp_path: Path) -> None:
+    data = _write(tmp_path)
+    data["dimension"] = 16  # edited, manifest_sha256 left as it was
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match="does not match its manifest_sha256"):
+        Manifest.load(tmp_path)
+
+
+def test_a_manifest_without_checksum_is_refused(tmp_path: Path) -> None:
+    _write(tmp_path, sealed=False)
+    with pytest.raises(ManifestError, match="no manifest_sha256"):
+        Manifest.load(tmp_path)
+
+
+def test_fingerprint_must_match_content(tmp_path: Path) -> None:
+    data = _write(tmp_path)
+    data["model_fingerprint"] = "0" * 64
+    from magretrieve.manifest import CHECKSUM_KEY, content_checksum
+
+    data[CHECKSUM_KEY] = content_checksum(data)  # checksum updated, fingerprint not
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match="model_fingerprint does not match"):
+        Manifest.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "changes"),
+    [
+        (("files", "tokenizer.json"), "1" * 64, True),  # a swapped tokenizer
+        (("query_prefix",), "search_query: ", True),  # another prompt
+        (("document_prefix",), "passage: ", True),
+        (("max_document_length",), 128, True),
+        (("pad_token_id",), 1, True),
+        (("files", "document.onnx"), "2" * 64, True),
+        (("parity", "max_abs_diff"), 3e-7, False),  # how it was checked, not what it is
+        (("versions", "torch"), "9.9", False),
+        (("exporter", "opset"), 17, False),
+    ],
+)
+def test_fingerprint_covers_everything_that_changes_a_vector(path, value, changes) -> None:
+    data = _write(Path(__import__("tempfile").mkdtemp()))
+    before = model_fingerprint(data)
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    assert (model_fingerprint(data) != before) is changes

@@ -8,6 +8,7 @@ two spec forms. The shared add/search/delete/reload sequence runs in
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -78,9 +79,8 @@ def test_metadata_and_points_survive_a_new_process(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code, spec], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == (
-        '[30, {"model_fingerprint": "abc", "mode": "qnorm"}, 16]'
-    )
+    last = out.stdout.strip().splitlines()[-1]
+    assert json.loads(last) == [30, {"model_fingerprint": "abc", "mode": "qnorm"}, 16]
 
 
 def test_long_id_and_dimension_mismatch_refused(tmp_path):
@@ -99,8 +99,8 @@ def test_spec_forms():
         "url": "http://localhost:19530",
         "collection": "scifact",
     }
-    assert parse_milvus("http://localhost:19530") is None
-    assert parse_milvus("data/m.db") is None
-    assert parse_milvus("folder/scifact") is None  # Milvus Lite needs a PATH.db
+    for bad in ("http://localhost:19530", "data/m.db", "folder/scifact"):  # Lite needs PATH.db
+        with pytest.raises(StoreError, match="milvus:PATH.db/COLLECTION"):
+            parse_milvus(bad)
     with pytest.raises(StoreError, match="milvus:PATH.db/COLLECTION"):
         open_store("milvus:nowhere", dimension=4)

@@ -8,6 +8,7 @@ sequence runs in ``tests/test_backend_congruence.py``.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import uuid
@@ -171,7 +172,7 @@ def test_metadata_and_rows_survive_a_new_process(pg_uri):
         [sys.executable, "-c", code, spec(pg_uri, name)], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == '[40, {"model_fingerprint": "abc", "mode": "qnorm"}]'
+    assert json.loads(out.stdout) == [40, {"model_fingerprint": "abc", "mode": "qnorm"}]
 
 
 def test_password_is_redacted_and_bad_server_is_one_line():

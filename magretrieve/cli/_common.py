@@ -43,3 +43,14 @@ def print_json(obj: Any) -> None:
     """One strict JSON document on stdout (undefined numbers as null)."""
     text = json.dumps(obj, default=float)  # numpy scalars → float first
     click.echo(json.dumps(_strict(json.loads(text)), indent=2, allow_nan=False))
+
+
+def device_option(help_text: str):  # type: ignore[no-untyped-def]
+    """``--device cpu|cuda`` (default cpu): the accelerator a command runs on, when present."""
+    return click.option(
+        "--device",
+        type=click.Choice(["cpu", "cuda"]),
+        default="cpu",
+        show_default=True,
+        help=help_text,
+    )

@@ -10,10 +10,21 @@ from magretrieve import __version__
 from magretrieve.errors import MagRetrieveError
 
 
+def describe_os_error(exc: OSError) -> str:
+    """``path: cause`` for an error the operating system raised (disk full, read-only, ...)."""
+    cause = exc.strerror or str(exc) or type(exc).__name__
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    where = " -> ".join(paths)
+    return f"{where}: {cause}" if where else cause
+
+
 class CliGroup(click.Group):
     """Turns user errors (:class:`MagRetrieveError`) into one line on stderr and exit code 1.
 
-    Other exceptions are bugs and keep their traceback.
+    So do errors of the operating system (:class:`OSError`: disk full, read-only folder,
+    permission denied): they name the path and the cause, and every write path leaves what it
+    was writing in its old state (temp files, staging folders, atomic renames). Other
+    exceptions are bugs and keep their traceback.
     """
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
@@ -21,6 +32,8 @@ class CliGroup(click.Group):
             return super().invoke(ctx)
         except MagRetrieveError as exc:
             raise click.ClickException(str(exc)) from None
+        except OSError as exc:
+            raise click.ClickException(describe_os_error(exc)) from None
 
 
 @click.group(cls=CliGroup, context_settings={"help_option_names": ["-h", "--help"]})

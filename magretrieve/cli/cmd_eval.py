@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
 from magretrieve.similarity import MODES
 
@@ -28,8 +29,9 @@ from magretrieve.similarity import MODES
     help="Score with this mode (default: the model's own).",
 )
 @click.option("--batch-size", type=int, default=64, show_default=True)
+@device_option("Encode on a CUDA GPU (torch, or onnxruntime's CUDA provider for an export).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def eval_command(model, data_specs, mode, batch_size, as_json):
+def eval_command(model, data_specs, mode, batch_size, device, as_json):
     """Evaluate MODEL with exact search under its (or --mode's) similarity."""
     from pathlib import Path
 
@@ -37,7 +39,7 @@ def eval_command(model, data_specs, mode, batch_size, as_json):
     from magretrieve.data import is_sentence_pair_file, load_beir, load_sentence_pairs
     from magretrieve.evaluate import evaluate_retrieval, evaluate_sts
 
-    encoder = _load_any(model, mode)
+    encoder = _load_any(model, mode, device)
     results = []
     for spec in data_specs:
         if is_sentence_pair_file(spec):
@@ -73,6 +75,7 @@ def eval_command(model, data_specs, mode, batch_size, as_json):
                 "Cohen's d ‖d‖",
                 "CV ‖d‖",
                 "queries",
+                "truncated queries",
                 "docs",
             ],
             [
@@ -85,6 +88,7 @@ def eval_command(model, data_specs, mode, batch_size, as_json):
                     r["cohens_d"],
                     r["norm_cv"],
                     r["n_queries"],
+                    r["truncated_queries"] if r["truncated_queries"] >= 0 else "?",
                     r["n_documents"],
                 )
                 for r in retrieval
@@ -107,7 +111,7 @@ def eval_command(model, data_specs, mode, batch_size, as_json):
         )
 
 
-def _load_any(model: str, mode: str | None):
+def _load_any(model: str, mode: str | None, device: str = "cpu"):
     """An ONNX export folder loads with the runtime; anything else with the torch encoder."""
     from pathlib import Path
 
@@ -115,7 +119,7 @@ def _load_any(model: str, mode: str | None):
         from magretrieve.errors import ConfigError
         from magretrieve.runtime import OnnxEncoder
 
-        encoder = OnnxEncoder.load(model)
+        encoder = OnnxEncoder.load(model, device=device)
         if mode is not None and mode != encoder.manifest.mode:
             raise ConfigError(
                 f"{model}: an export is fixed to mode {encoder.manifest.mode!r}; re-export for {mode!r}"
@@ -123,4 +127,4 @@ def _load_any(model: str, mode: str | None):
         return encoder
     from magretrieve.encoder import Encoder
 
-    return Encoder.load(model, mode)
+    return Encoder.load(model, mode, device=device)

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
 from magretrieve.similarity import MODES
 
@@ -20,6 +21,12 @@ def _print_report(dest: str) -> None:
         f"dim {manifest.dimension}, exporter {manifest.exporter.get('name')} "
         f"opset {manifest.exporter.get('opset')}"
     )
+    opt = manifest.exporter.get("optimizer") or {}
+    if opt.get("applied"):
+        ops = ", ".join(f"{n} {k}" for k, n in sorted(opt.get("fused_operators", {}).items()))
+        click.echo(f"fused: {ops}")
+    elif opt:
+        click.echo(f"not fused: {opt.get('reason', 'unknown reason')}")
     click.echo(
         f"fp32 parity vs PyTorch: max abs diff {parity.get('max_abs_diff', float('nan')):.2e}, "
         f"max relative norm error {parity.get('max_rel_norm_err', float('nan')):.2e}"
@@ -66,16 +73,18 @@ def _print_report(dest: str) -> None:
     help="Dynamic int8 quantization (onnxruntime) after the fp32 graphs pass parity.",
 )
 @click.option(
-    "--optimize",
-    is_flag=True,
-    help="Fuse BERT-like graphs with onnxruntime's transformer optimizer (checked for parity).",
+    "--optimize/--no-optimize",
+    default=True,
+    show_default=True,
+    help="Fuse BERT-like graphs (attention, layer norm, GELU) with onnxruntime's transformer "
+    "optimizer; the fused graphs are parity-checked. Other models export unfused.",
 )
 @click.option(
     "--exporter",
     type=click.Choice(["auto", "dynamo", "torchscript"]),
     default="auto",
     show_default=True,
-    help="torch.onnx exporter; auto tries dynamo, then TorchScript.",
+    help="torch.onnx exporter; auto tries TorchScript (fuses fully), then dynamo.",
 )
 @click.option(
     "--eval-data",
@@ -83,6 +92,7 @@ def _print_report(dest: str) -> None:
     metavar="DIR[:split]",
     help="BEIR folder (and split) on which to report NDCG@10 of fp32 vs int8.",
 )
+@device_option("Also check the graphs' parity on onnxruntime's CUDA provider (cuda).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing export folder at DEST.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON at the end.")
 def export_cmd(
@@ -95,6 +105,7 @@ def export_cmd(
     optimize: bool,
     exporter: str,
     eval_data: str | None,
+    device: str,
     overwrite: bool,
     as_json: bool,
 ) -> None:
@@ -118,6 +129,7 @@ def export_cmd(
         exporter=exporter,
         eval_data=eval_data,
         echo=lambda msg: click.echo(msg, err=True),
+        device=device,
     )
     _print_report(dest)
     if as_json:

@@ -1,4 +1,4 @@
-"""`magretrieve fit-prior`: choose the corpus prior's β on training queries, for `rescale`."""
+"""`magretrieve fit-prior`: choose a document prior on training queries, for `rescale`."""
 
 from __future__ import annotations
 
@@ -23,6 +23,13 @@ from magretrieve.cli._group import main
     help="JSON to write (read by `magretrieve rescale --prior-file`).",
 )
 @click.option(
+    "--method",
+    default="auto",
+    show_default=True,
+    help="auto (every method and the best combinations), none, hub, csls, csls-queries, "
+    "csls-corpus, inverted-softmax, center, or a combination such as hub+inverted-softmax.",
+)
+@click.option(
     "--eval",
     "eval_specs",
     multiple=True,
@@ -31,62 +38,82 @@ from magretrieve.cli._group import main
 @click.option(
     "--betas",
     default=None,
-    help="Comma-separated β candidates (default: 0 to 0.3; 0 = cosine is always tried).",
+    help="Comma-separated β candidates of the hub prior (default: 0.01 to 0.3).",
 )
 @click.option(
     "--k", "k", type=int, default=10, show_default=True, help="Neighbours of the hub score."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def fit_prior_command(model, train_spec, out, eval_specs, betas, k, as_json):
-    """Pick β of the hub prior exp(−β·z) by NDCG@10 of TRAINING queries and write it to OUT.
+def fit_prior_command(model, train_spec, out, method, eval_specs, betas, k, as_json):
+    """Choose a document prior and its parameters by NDCG@10 of TRAINING queries; write it to OUT.
 
-    β = 0 (plain cosine) is always a candidate, so the prior is only switched on when it helps
-    the training queries. Never pass a test split as --data.
+    Plain cosine ("none") is always a candidate, so a prior is only switched on when it helps
+    the training queries. Priors with a bank of training queries are cross-fitted (no query is
+    normalized against itself). Never pass a test split as --data.
     """
     import json
     from pathlib import Path
 
     from magretrieve.cli._common import print_json, print_table
     from magretrieve.cli.cmd_eval import _load_any
-    from magretrieve.corpus_prior import DEFAULT_BETAS, fit_prior, score_with_prior
     from magretrieve.data import load_beir
     from magretrieve.errors import ConfigError
+    from magretrieve.priors import HubPrior
+    from magretrieve.priors.base import compact
+    from magretrieve.priors.fit import fit_prior, score_with_prior
+    from magretrieve.priors.select import grid
 
-    candidates = DEFAULT_BETAS
+    for part in method.split("+") if method != "auto" else ():
+        grid(part)  # an unknown method fails before anything is encoded
+    grids = {}
     if betas:
         try:
-            candidates = tuple(float(b) for b in betas.split(",") if b.strip())
+            grids["hub"] = [HubPrior(float(b), k) for b in betas.split(",") if b.strip()]
         except ValueError:
             raise ConfigError(
                 f"--betas: not a comma-separated list of numbers: {betas!r}"
             ) from None
+    elif k != 10:
+        grids["hub"] = [HubPrior(b.beta, k) for b in grid("hub")]
+    train = load_beir(train_spec, default_split="train")
+    evals = [load_beir(spec) for spec in eval_specs]  # bad specs fail before encoding
     encoder = _load_any(model, None)
-    prior = fit_prior(
-        encoder,
-        load_beir(train_spec, default_split="train"),
-        betas=candidates,
-        k=k,
-        progress=not as_json,
-    )
-    evaluations = []
-    for spec in eval_specs:
-        data = load_beir(spec)
-        cosine, with_prior = score_with_prior(encoder, data, prior, progress=not as_json)
-        evaluations.append(
-            {"data": f"{data.name}:{data.split}", "cosine": cosine, "prior": with_prior}
-        )
+    selection = fit_prior(encoder, train, method=method, grids=grids, progress=not as_json)
+    written = selection.to_dict()
+    from magretrieve.adapters.base import atomic_write_bytes
+
     target = Path(out)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(prior.to_dict(), indent=1) + "\n")
-    tmp.replace(target)  # atomic: a crash never leaves half a prior file
+    # temp file + fsync + rename: a crash leaves the old file or the new one, never half
+    atomic_write_bytes(target, (json.dumps(written, indent=1) + "\n").encode())
+    evaluations = [
+        score_with_prior(encoder, data, selection.prior, progress=not as_json) for data in evals
+    ]
     if as_json:
-        print_json({"prior": prior.to_dict(), "evaluations": evaluations, "out": str(target)})
+        shown = compact(written)  # the query bank and mean vector stay in the file
+        print_json({"prior": shown, "evaluations": evaluations, "out": str(target)})
         return
-    click.echo(f"β = {prior.beta:g} (k {prior.k}), chosen on {prior.chosen_on}; wrote {target}")
-    print_table(["β", "training NDCG@10"], [(b, s) for b, s in prior.grid.items()])
+    click.echo(
+        f"prior: {written['label']}, chosen on {selection.chosen_on} "
+        f"(training NDCG@10 {selection.training_ndcg:.4f}); wrote {target}"
+    )
+    if selection.truncated_queries:
+        click.echo(
+            f"note: {selection.truncated_queries} training query(ies) longer than the model's "
+            "query length were truncated"
+        )
+    top = sorted(selection.grid.items(), key=lambda kv: -kv[1])[:10]
+    print_table(["candidate (best 10)", "training NDCG@10"], top)
     if evaluations:
         print_table(
-            ["data", "cosine NDCG@10", "with prior", "Δ"],
-            [(e["data"], e["cosine"], e["prior"], e["prior"] - e["cosine"]) for e in evaluations],
+            ["data", "cosine NDCG@10", "with prior", "Δ", "truncated queries"],
+            [
+                (
+                    e["data"],
+                    e["cosine"],
+                    e["prior"],
+                    e["prior"] - e["cosine"],
+                    e["truncated_queries"],
+                )
+                for e in evaluations
+            ],
         )

@@ -2,41 +2,39 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
+from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
 
 
+def _click_option(opt: Any) -> Any:
+    kind: Any = click.Choice(list(opt.choices)) if opt.choices else opt.type
+    return click.option(opt.cli, opt.name, type=kind, default=None, help=opt.help)
+
+
 def store_options(fn):  # type: ignore[no-untyped-def]
-    """Options that shape a store when it is created (ignored for build-time knobs on reopen)."""
-    decorators = [
-        click.option(
-            "--faiss-index",
-            "index_type",
-            default=None,
-            help="FAISS index: flat (exact, default), hnsw, ivf, or a faiss.index_factory "
-            "string (inner product is always used).",
-        ),
-        click.option("--hnsw-m", type=int, default=None, help="HNSW M (FAISS default 32)."),
-        click.option(
-            "--ef-construction", type=int, default=None, help="HNSW efConstruction (FAISS 200)."
-        ),
-        click.option("--ef-search", type=int, default=None, help="HNSW efSearch (FAISS 128)."),
-        click.option("--nlist", type=int, default=None, help="FAISS IVF lists (default ~4·√n)."),
-        click.option("--nprobe", type=int, default=None, help="FAISS IVF lists probed (16)."),
-        click.option(
-            "--quantization",
-            type=click.Choice(["int8"]),
-            default=None,
-            help="Qdrant / Edge scalar quantization (searched with rescoring).",
-        ),
-        click.option("--shard-number", type=int, default=None, help="Qdrant server: shards."),
-        click.option(
-            "--replication-factor", type=int, default=None, help="Qdrant server: replicas."
-        ),
-    ]
-    for deco in reversed(decorators):
-        fn = deco(fn)
+    """The store options of every registered backend (adapters/registry.py), as click options.
+
+    Build-time knobs shape a store when it is created; on reopen they must match what the
+    store was built with (or the store refuses them). Each backend refuses options it does
+    not take, naming them.
+    """
+    from magretrieve.adapters.registry import cli_options
+
+    for opt in reversed(cli_options()):
+        fn = _click_option(opt)(fn)
+    return fn
+
+
+def search_store_options(fn):  # type: ignore[no-untyped-def]
+    """The search-time store knobs (``--ef-search``, ``--nprobe``, ...) for ``search``."""
+    from magretrieve.adapters.registry import cli_options
+
+    for opt in reversed(cli_options(search_only=True)):
+        fn = _click_option(opt)(fn)
     return fn
 
 
@@ -50,7 +48,14 @@ def collect_store_options(**kw: object) -> dict[str, object]:
 @click.option(
     "--store", "store_spec", required=True, help="Store spec, e.g. faiss:indexes/scifact."
 )
-@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option(
+    "--batch-size",
+    type=int,
+    default=256,
+    show_default=True,
+    help="Documents read, length-sorted, encoded and written together (the graph runs them "
+    "in padded-token-budget batches, docs/export.md).",
+)
 @click.option(
     "--checkpoint-every",
     type=int,
@@ -58,8 +63,20 @@ def collect_store_options(**kw: object) -> dict[str, object]:
     show_default=True,
     help="Persist the store after this many new documents (a resumed run skips them).",
 )
-@click.option("--threads", type=int, default=None, help="onnxruntime threads.")
+@click.option(
+    "--threads",
+    type=int,
+    default=None,
+    help="onnxruntime intra-op threads (default: the cores this process may use, or "
+    "$MAGRETRIEVE_ONNX_THREADS).",
+)
+@device_option("Run the document graph on onnxruntime's CUDA provider (cuda) or the CPU.")
 @click.option("--force", is_flag=True, help="Write into a store built by another model.")
+@click.option(
+    "--skip-empty",
+    is_flag=True,
+    help="Skip (and count) documents with empty title and text instead of refusing the corpus.",
+)
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @store_options
 def index_cmd(
@@ -69,7 +86,9 @@ def index_cmd(
     batch_size: int,
     checkpoint_every: int,
     threads: int | None,
+    device: str,
     force: bool,
+    skip_empty: bool,
     no_progress: bool,
     **store_kw: object,
 ) -> None:
@@ -77,14 +96,21 @@ def index_cmd(
 
     Re-running skips ids the store already holds, so an interrupted run resumes.
     """
-    from magretrieve.indexing import index_corpus
+    from magretrieve.adapters.registry import check_spec_before_encoding
+    from magretrieve.indexing import check_corpus_file, index_corpus
     from magretrieve.retriever import Retriever
 
+    # a spec naming a regular file, or a store that keeps nothing, fails before any encoding
+    check_spec_before_encoding(store_spec, must_persist=True)
+    # the whole file is validated first: a bad corpus never creates or half-fills a store
+    documents = check_corpus_file(corpus, skip_empty=skip_empty)
     with Retriever.load(
         export_dir,
         store=store_spec,
         force=force,
         threads=threads,
+        device=device,
+        for_writing=True,
         **collect_store_options(**store_kw),
     ) as retriever:
         report = index_corpus(
@@ -93,14 +119,28 @@ def index_cmd(
             batch_size=batch_size,
             checkpoint_every=checkpoint_every,
             progress=not no_progress,
+            skip_empty=skip_empty,
+            total=documents,
         )
         click.echo(
             f"{retriever.store.location}: {report.added} added, {report.skipped} already stored, "
             f"{report.count} in store ({report.docs_per_second:.1f} docs/s)"
         )
+        recall = retriever.store.describe()["parameters"].get("recall")
+        if recall:
+            from magretrieve.adapters._ann_recall import warning_line
+
+            click.echo(warning_line(recall))
         if report.truncated:
             limit = getattr(retriever.manifest, "max_document_length", "?")
             click.echo(
                 f"note: {report.truncated} document(s) longer than max_document_length={limit} "
                 "tokens were truncated (only their first tokens are indexed)"
+            )
+        if report.empty_skipped:
+            shown = ", ".join(repr(i) for i in report.empty_ids or [])
+            more = ", ..." if report.empty_skipped > len(report.empty_ids or []) else ""
+            click.echo(
+                f"note: {report.empty_skipped} document(s) with empty title and text were "
+                f"skipped (--skip-empty): {shown}{more}"
             )

@@ -29,7 +29,8 @@ from magretrieve.cli.cmd_index import collect_store_options, store_options
     "--prior-file",
     type=click.Path(dir_okay=False, exists=True),
     default=None,
-    help="JSON written by corpus_prior.choose_beta (β and k) instead of --corpus-prior.",
+    help="JSON written by `magretrieve fit-prior` (any document prior: hub, csls, "
+    "inverted-softmax, center, combinations) instead of --corpus-prior.",
 )
 @click.option(
     "--k", "k", type=int, default=10, show_default=True, help="Neighbours of the hub score."
@@ -62,15 +63,17 @@ def rescale_cmd(
 ) -> None:
     """Write SOURCE's vectors times a magnitude into TARGET, keeping ids and payloads.
 
-    The magnitude is a frozen-encoder norm head (--head) or the corpus prior (--corpus-prior).
-    Query with the same cosine export as before: scores become cos(q, d)·m(d).
+    The magnitude is a frozen-encoder norm head (--head), the hub prior (--corpus-prior β) or
+    any document prior fitted by `fit-prior` (--prior-file). Query with the same cosine export
+    as before: scores become m(d)·cos(q, d) + b(d); a prior with an offset b(d) stores one extra
+    coordinate, which the Retriever handles.
     """
     import json
     from pathlib import Path
 
     from magretrieve.cli._common import print_json, print_table
-    from magretrieve.corpus_prior import CorpusPrior
     from magretrieve.errors import ConfigError
+    from magretrieve.priors import HubPrior, prior_from_dict
     from magretrieve.rescale import rescale_store
 
     prior = None
@@ -78,13 +81,14 @@ def rescale_cmd(
         if beta is not None:
             raise ConfigError("give --corpus-prior or --prior-file, not both")
         try:
-            prior = CorpusPrior.from_dict(
-                json.loads(Path(prior_file).read_text()), source=prior_file
-            )
-        except json.JSONDecodeError as exc:
+            data = json.loads(Path(prior_file).read_text())
+        except (ValueError, RecursionError) as exc:  # JSON and UTF-8 errors
             raise ConfigError(f"{prior_file}: not valid JSON ({exc})") from None
+        except OSError as exc:
+            raise ConfigError(f"{prior_file}: cannot read ({exc.strerror or exc})") from None
+        prior = prior_from_dict(data, source=prior_file)
     elif beta is not None:
-        prior = CorpusPrior(beta=beta, k=k)
+        prior = HubPrior(beta, k)
     report = rescale_store(
         source,
         target,

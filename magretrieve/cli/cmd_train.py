@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
 from magretrieve.similarity import MODES
 
@@ -108,6 +109,7 @@ from magretrieve.similarity import MODES
     help="Forward-pass precision. bf16 (autocast; weights and optimizer stay fp32) is about 2x "
     "faster on CPUs with AMX/avx512_bf16; fp32 is exactly reproducible.",
 )
+@device_option("Train on a CUDA GPU with torch (cuda) or on the CPU.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 def train_command(
     model,
@@ -140,6 +142,7 @@ def train_command(
     freeze_encoder,
     calibrate_scale,
     precision,
+    device,
     as_json,
 ):
     """Fine-tune MODEL with InfoNCE under --mode and save it to --out."""
@@ -194,6 +197,7 @@ def train_command(
         norm_head=norm_head,
         norm_head_hidden=norm_head_hidden,
         norm_head_bound=norm_head_bound,
+        device=device,
         **gamma,
     )
     trainable = None

@@ -62,7 +62,9 @@ class MagRetrieveRetriever(BaseRetriever):
         return out
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        return self._to_nodes(self.retriever.search(query_bundle.query_str, k=self.similarity_top_k))
+        return self._to_nodes(
+            self.retriever.search(query_bundle.query_str, k=self.similarity_top_k)
+        )
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         hits = await asyncio.to_thread(

@@ -1,0 +1,96 @@
+"""Fit a prior with an encoder on a BEIR training split, and score it on held-out splits.
+
+This is what ``magretrieve fit-prior`` runs: encode the training corpus and its judged
+queries once, choose the prior on them (:func:`~magretrieve.priors.select.choose_prior`), and
+for each ``--eval`` set report NDCG@10 of cosine and of the prior (corpus statistics refitted on
+that set's corpus, as ``rescale`` refits them on a store). Queries cut at the model's query
+length are counted and reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from magretrieve.errors import ConfigError, DataError
+from magretrieve.priors.base import DocumentPrior, unit
+from magretrieve.priors.select import Selection, choose_prior, ndcg_at_10, served_scores
+
+
+def check_cosine_model(encoder: Any, source: str = "prior") -> None:
+    """Priors go on top of unit vectors: refuse models that keep a magnitude."""
+    sim = getattr(encoder, "similarity", None)
+    if sim is None:
+        manifest = getattr(encoder, "manifest", None)
+        gammas = (getattr(manifest, "gamma_q", 1.0), getattr(manifest, "gamma_d", 1.0))
+        mode = getattr(manifest, "mode", "?")
+    else:
+        gammas, mode = (sim.gamma_q, sim.gamma_d), sim.mode
+    if tuple(gammas) != (1.0, 1.0):
+        raise ConfigError(
+            f"{source}: document priors go on top of a cosine model (γq = γd = 1); this model "
+            f"scores with mode {mode!r} (γq {gammas[0]:g}, γd {gammas[1]:g}), whose document "
+            "magnitude would be overwritten"
+        )
+
+
+def encode_split(
+    encoder: Any, dataset: Any, progress: bool
+) -> tuple[np.ndarray, np.ndarray, list[str], list[str], int]:
+    """Unit query and document vectors, query ids, document ids, and truncated queries."""
+    doc_ids = list(dataset.corpus)
+    docs = encoder.encode_documents(
+        [dataset.corpus[i].full_text for i in doc_ids],
+        progress=f"{dataset.name}: corpus" if progress else False,
+    )
+    qids = [q for q in dataset.queries if q in dataset.qrels]
+    queries = encoder.encode_queries(
+        [dataset.queries[q] for q in qids],
+        progress=f"{dataset.name}: queries" if progress else False,
+    )
+    truncated = int(getattr(encoder, "last_truncated", 0) or 0)
+    return unit(queries), unit(docs), qids, doc_ids, truncated
+
+
+def fit_prior(
+    encoder: Any,
+    dataset: Any,
+    *,
+    method: str = "auto",
+    grids: Mapping[str, Sequence[DocumentPrior]] | None = None,
+    progress: bool = True,
+) -> Selection:
+    """Choose a prior on the judged queries of a *training* split (never pass a test split)."""
+    check_cosine_model(encoder, "fit-prior")
+    if not dataset.qrels:
+        raise DataError(f"{dataset.name}:{dataset.split}: no judged queries to choose a prior on")
+    q, d, qids, doc_ids, truncated = encode_split(encoder, dataset, progress)
+    selection = choose_prior(
+        q,
+        d,
+        qids,
+        doc_ids,
+        dataset.qrels,
+        method=method,
+        chosen_on=f"{dataset.name}:{dataset.split}",
+        progress=progress,
+        grids=grids,
+    )
+    selection.truncated_queries = truncated
+    return selection
+
+
+def score_with_prior(
+    encoder: Any, dataset: Any, prior: DocumentPrior, *, progress: bool = True
+) -> dict[str, Any]:
+    """NDCG@10 on ``dataset`` of cosine and of the prior, and the queries cut short."""
+    check_cosine_model(encoder, "fit-prior")
+    q, d, qids, doc_ids, truncated = encode_split(encoder, dataset, progress)
+    return {
+        "data": f"{dataset.name}:{dataset.split}",
+        "cosine": ndcg_at_10(q @ d.T, qids, doc_ids, dataset.qrels),
+        "prior": ndcg_at_10(served_scores(prior, q, d), qids, doc_ids, dataset.qrels),
+        "truncated_queries": truncated,
+    }

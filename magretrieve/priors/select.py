@@ -1,0 +1,180 @@
+"""Choose a prior and its parameters on *training* queries only ("no prior" always competes).
+
+Each candidate is scored by NDCG@10 of the training queries over the training corpus, served
+exactly as a store would serve it (stored ``[m·v ; b]``, query ``[q̂ ; 1]``). Priors that carry
+a bank of training queries are **cross-fitted**: the queries are split into folds and each
+fold is scored with a bank built from the other folds, so no query is normalized against
+itself. The chosen prior then carries the bank of all training queries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from magretrieve.errors import ConfigError, DataError
+from magretrieve.priors.base import DocumentPrior, query_vectors, stored_vectors, unit
+from magretrieve.priors.combined import CombinedPrior
+from magretrieve.priors.none import NoPrior
+
+#: Folds of the cross-fitting of query-bank priors.
+FOLDS = 5
+
+
+def grid(method: str) -> list[DocumentPrior]:
+    """Candidates of one method (a :data:`REGISTRY` name or a :data:`VARIANTS` name)."""
+    from magretrieve.priors import REGISTRY, VARIANTS
+
+    if method in VARIANTS:
+        name, options = VARIANTS[method]
+        return REGISTRY[name].grid(**options)
+    if method in REGISTRY:
+        return REGISTRY[method].grid()
+    known = ", ".join(["auto", *REGISTRY, *VARIANTS])
+    raise ConfigError(
+        f"unknown prior method {method!r}; choose one of {known}, or a combination a+b"
+    )
+
+
+#: What ``--method auto`` tries, besides the combinations of the best of each: every
+#: registered method.
+def auto_methods() -> list[str]:
+    from magretrieve.priors import REGISTRY
+
+    return [m for m in REGISTRY if m != "none"]
+
+
+def ndcg_at_10(
+    scores: np.ndarray,
+    qids: Sequence[str],
+    doc_ids: Sequence[str],
+    qrels: Mapping[str, Mapping[str, int]],
+) -> float:
+    """NDCG@10 (trec_eval) of a score matrix (queries × documents)."""
+    from magretrieve import metrics
+
+    depth = min(10, scores.shape[1])
+    top = np.argpartition(-scores, depth - 1, axis=1)[:, :depth]
+    run = {q: {doc_ids[j]: float(scores[r, j]) for j in top[r]} for r, q in enumerate(qids)}
+    return metrics.retrieval_metrics({q: dict(qrels[q]) for q in qids}, run)["ndcg@10"]
+
+
+def served_scores(prior: DocumentPrior, queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """Scores as an inner-product index serves them after ``prior`` (corpus stats on ``docs``)."""
+    prior.fit_corpus(docs)
+    stored = stored_vectors(prior.terms(docs), prior.has_offset)
+    return query_vectors(queries, prior.has_offset) @ stored.T
+
+
+def training_score(
+    prior: DocumentPrior,
+    queries: np.ndarray,
+    docs: np.ndarray,
+    qids: Sequence[str],
+    doc_ids: Sequence[str],
+    qrels: Mapping[str, Mapping[str, int]],
+    folds: int = FOLDS,
+) -> float:
+    """NDCG@10 of the training queries with ``prior`` (cross-fitted when it has a query bank)."""
+    if not prior.uses_query_bank:
+        return ndcg_at_10(served_scores(prior, queries, docs), qids, doc_ids, qrels)
+    n = len(queries)
+    if n < 2:
+        raise DataError("a query-bank prior needs at least 2 training queries to cross-fit")
+    fold_of = np.random.default_rng(0).permutation(n) % min(folds, n)
+    scores = np.zeros((n, len(docs)), dtype=np.float32)
+    for f in range(min(folds, n)):
+        held = fold_of == f
+        scores[held] = served_scores(prior.with_bank(queries[~held]), queries[held], docs)
+    return ndcg_at_10(scores, qids, doc_ids, qrels)
+
+
+@dataclass
+class Selection:
+    """The chosen prior (its bank: all training queries) and what every candidate scored."""
+
+    prior: DocumentPrior
+    training_ndcg: float
+    chosen_on: str
+    grid: dict[str, float] = field(default_factory=dict)
+    truncated_queries: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.prior.to_dict(),
+            "label": self.prior.label(),
+            "training_ndcg": self.training_ndcg,
+            "chosen_on": self.chosen_on,
+            "grid": self.grid,
+            "truncated_queries": self.truncated_queries,
+        }
+
+
+def choose_prior(
+    query_units: np.ndarray,
+    doc_units: np.ndarray,
+    qids: Sequence[str],
+    doc_ids: Sequence[str],
+    qrels: Mapping[str, Mapping[str, int]],
+    *,
+    method: str = "auto",
+    chosen_on: str = "training queries",
+    progress: bool = False,
+    grids: Mapping[str, Sequence[DocumentPrior]] | None = None,
+) -> Selection:
+    """Pick the prior with the best training NDCG@10 (ties: the earlier, simpler candidate).
+
+    ``method`` is ``auto`` (every method, then combinations of the best of each), one method
+    name, or a combination ``a+b`` (the best of each part, combined). ``grids`` replaces the
+    candidates of a method (e.g. ``{"hub": [HubPrior(0.1)]}``).
+    """
+    from tqdm.auto import tqdm
+
+    if not len(qids):
+        raise DataError("choosing a prior needs at least one judged training query")
+    q, d = unit(query_units), unit(doc_units)
+    scored: dict[str, float] = {}
+    ranked: list[tuple[float, DocumentPrior]] = []
+
+    def score(p: DocumentPrior) -> float:
+        value = training_score(p, q, d, qids, doc_ids, qrels)
+        scored[p.label()] = value
+        ranked.append((value, p))
+        return value
+
+    score(NoPrior())
+    methods = auto_methods() if method == "auto" else method.split("+")
+    singles = {m: list((grids or {}).get(m) or grid(m)) for m in methods}
+    best_of: dict[str, tuple[float, DocumentPrior]] = {}
+    total = sum(len(c) for c in singles.values())
+    bar = tqdm(total=total, desc="choosing a prior", unit="candidate", disable=not progress)
+    for m, candidates in singles.items():
+        for p in candidates:
+            value = score(p)
+            bar.update(1)
+            if m not in best_of or value > best_of[m][0] + 1e-12:
+                best_of[m] = (value, p)
+    bar.close()
+    if method == "auto":
+        # the best multiplier/direction prior with the best of each offset prior, and the two
+        # direction-or-multiplier priors together
+        mult = [best_of[m][1] for m in best_of if not best_of[m][1].has_offset]
+        mult += [best_of[m][1] for m in best_of if best_of[m][1].method == "center"]
+        offs = [best_of[m][1] for m in best_of if best_of[m][1].has_offset]
+        offs = [p for p in offs if p.method != "center"]
+        for a in mult:
+            for b in offs:
+                score(CombinedPrior([a, b]))
+        if len(mult) > 1:
+            score(CombinedPrior(sorted(mult, key=lambda p: p.method != "center")))
+    elif len(methods) > 1:
+        score(CombinedPrior([best_of[m][1] for m in methods]))
+    best = ranked[0]
+    for value, p in ranked[1:]:
+        if value > best[0] + 1e-12:
+            best = (value, p)
+    chosen = best[1].with_bank(q) if best[1].uses_query_bank else best[1]
+    return Selection(chosen, best[0], chosen_on, scored)
