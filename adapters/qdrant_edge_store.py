@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.adapters import registry
+from magretrieve.adapters import _ann_recall, registry
 from magretrieve.adapters._qdrant_common import (
     build_points,
     check_vector_params,
@@ -76,9 +76,11 @@ class QdrantEdgeStore(VectorStore):
         oversampling: float = 2.0,
         rescore: bool = True,
         query_scaling: bool = True,
+        target_recall: float | None = None,
     ) -> None:
         qe = _edge()
         self._path = Path(path)
+        self.target_recall = target_recall
         self._shard_path = self._path / SHARD_DIR
         self.ef_search = ef_search
         self.oversampling = float(oversampling)
@@ -149,6 +151,8 @@ class QdrantEdgeStore(VectorStore):
             self.shard = qe.EdgeShard.create(str(self._shard_path), config)
             self.quantization = quantization
         self._closed = False
+        if self.ef_search is None and self.recall and "target" in self.recall:
+            self.ef_search = self.recall.get("hnsw_ef")  # the value --target-recall chose
 
     @property
     def dimension(self) -> int:
@@ -268,11 +272,87 @@ class QdrantEdgeStore(VectorStore):
         except (ValueError, AttributeError) as exc:  # bad JSON, bad UTF-8, not an object
             raise StoreError(f"{f}: unreadable ({exc})") from None
 
+    def _meta_doc(self) -> dict[str, Any]:
+        f = self._path / META_FILE
+        try:
+            doc = json.loads(f.read_text()) if f.is_file() else {}
+        except (OSError, ValueError):
+            doc = {}
+        return doc if isinstance(doc, dict) else {}
+
     def write_metadata(self, meta: Mapping[str, Any]) -> None:
-        atomic_write_json(
-            self._path / META_FILE,
-            {"format": "magretrieve-qdrant-edge-store", "metadata": dict(meta)},
+        recall = self._meta_doc().get("recall")
+        self._write_meta_doc(dict(meta), recall)
+
+    def _write_meta_doc(self, meta: dict[str, Any] | None, recall: Any) -> None:
+        doc: dict[str, Any] = {"format": "magretrieve-qdrant-edge-store", "metadata": meta}
+        if recall is not None:
+            doc["recall"] = recall
+        atomic_write_json(self._path / META_FILE, doc)
+
+    @property
+    def recall(self) -> dict[str, Any] | None:
+        """The last recall@10 measurement (kept in magretrieve_store.json)."""
+        return self._meta_doc().get("recall")
+
+    def measure_recall(
+        self, queries: np.ndarray | None = None, target_recall: float | None = None
+    ) -> dict[str, Any] | None:
+        """recall@10 of the HNSW search against exact search (tuning hnsw_ef to a target).
+
+        See :mod:`magretrieve.adapters._ann_recall`; the result is kept in
+        ``magretrieve_store.json`` and reported by ``describe()``.
+        """
+        if target_recall is not None:
+            target_recall = registry.OPTIONS["target_recall"].check(target_recall, self.location)
+        if not self.count():
+            return None
+        qe = _edge()
+        ids: list[str] = []
+        vecs: list[np.ndarray] = []
+        offset = None
+        while True:
+            records, offset = self.shard.scroll(
+                qe.ScrollRequest(
+                    offset=offset,
+                    limit=2048,
+                    with_payload=qe.PayloadSelector.Include(["doc_id"]),
+                    with_vector=True,
+                )
+            )
+            for r in records:
+                ids.append(str(r.payload["doc_id"]))
+                vecs.append(np.asarray(r.vector, dtype=np.float32))
+            if offset is None:
+                break
+
+        def set_ef(value: int) -> None:
+            self.ef_search = int(value)
+
+        knob = _ann_recall.Knob(
+            "hnsw_ef",
+            _ann_recall.HNSW_EF,
+            set_ef,
+            int(self.ef_search or self._hnsw.get("ef_construct", 100)),
         )
+
+        def search(q: np.ndarray, k: int) -> list[list[str]]:
+            return [[h.id for h in row] for row in self.search(q, k, with_vectors=False)]
+
+        recall = _ann_recall.measure(
+            search,
+            ids,
+            np.stack(vecs),
+            knob=knob if (target_recall is not None or self.ef_search) else None,
+            target=target_recall,
+            queries=queries,
+            where=self.location,
+        )
+        if knob.current and (target_recall is not None or self.ef_search):
+            self.ef_search = knob.current
+        meta = self.read_metadata()
+        self._write_meta_doc(meta, recall)
+        return recall
 
     def persist(self) -> None:
         with self._write_lock:
@@ -283,6 +363,8 @@ class QdrantEdgeStore(VectorStore):
         with self._write_lock:
             self.shard.optimize()
             self.shard.flush()
+        if self.count():
+            self.measure_recall(target_recall=self.target_recall)
 
     def parameters(self) -> dict[str, Any]:
         info = self.shard.info()
@@ -295,6 +377,7 @@ class QdrantEdgeStore(VectorStore):
             "quantization": self.quantization,
             "segments": info.segments_count,
             "indexed_vectors": info.indexed_vectors_count,
+            **({"recall": self.recall} if self.recall else {}),
         }
 
     def close(self) -> None:
@@ -316,6 +399,7 @@ EDGE_OPTIONS = (
     "query_scaling",
     "full_scan_threshold",
     "indexing_threshold",
+    "target_recall",
 )
 
 registry.register(

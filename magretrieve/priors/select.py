@@ -124,12 +124,15 @@ def choose_prior(
     chosen_on: str = "training queries",
     progress: bool = False,
     grids: Mapping[str, Sequence[DocumentPrior]] | None = None,
+    include_none: bool = True,
 ) -> Selection:
     """Pick the prior with the best training NDCG@10 (ties: the earlier, simpler candidate).
 
     ``method`` is ``auto`` (every method, then combinations of the best of each), one method
     name, or a combination ``a+b`` (the best of each part, combined). ``grids`` replaces the
-    candidates of a method (e.g. ``{"hub": [HubPrior(0.1)]}``).
+    candidates of a method (e.g. ``{"hub": [HubPrior(0.1)]}``). ``include_none=False`` is for
+    measurement only (what the method's best candidate does when forced on); ``fit-prior``
+    always keeps plain cosine as a candidate.
     """
     from tqdm.auto import tqdm
 
@@ -172,6 +175,10 @@ def choose_prior(
             score(CombinedPrior(sorted(mult, key=lambda p: p.method != "center")))
     elif len(methods) > 1:
         score(CombinedPrior([best_of[m][1] for m in methods]))
+        if not include_none:  # forced: the combination itself
+            ranked = ranked[-1:]
+    if not include_none:
+        ranked = ranked[1:] if ranked[0][1].method == "none" else ranked
     best = ranked[0]
     for value, p in ranked[1:]:
         if value > best[0] + 1e-12:
