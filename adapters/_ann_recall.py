@@ -9,7 +9,8 @@ vector, and recall@k = |ANN top-k ∩ exact top-k| / k, averaged.
 
 With a target (``target_recall`` / ``--target-recall``) the search knob (FAISS ``efSearch`` or
 ``nprobe``, set through ``faiss.ParameterSpace``; Qdrant ``hnsw_ef``) is raised step by step on
-one half of the queries until the target is reached; cost grows with the knob, so the first
+one half of the queries until the target plus half the remaining gap is reached (0.995 for a
+0.99 target: a small tuning sample otherwise lands below the target on other queries); cost grows with the knob, so the first
 value that reaches it is the fastest that does. The other half then measures the recall that
 is reported, so the number is not fitted to the queries that chose it.
 """
@@ -87,11 +88,13 @@ def sample_queries(
 ) -> np.ndarray:
     """Unit directions of ``n`` random stored vectors, real queries (if any) first."""
     rng = np.random.default_rng(seed)
+    if real is not None and len(real) >= 20:  # real queries given: measure on those alone
+        return rng.permutation(np.asarray(real, dtype=np.float32))
     pick = rng.choice(len(vectors), size=min(n, len(vectors)), replace=False)
     q = vectors[pick].astype(np.float32)
     q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
     if real is not None and len(real):
-        q = np.concatenate([np.asarray(real, dtype=np.float32), q])[: max(n, len(real))]
+        q = np.concatenate([np.asarray(real, dtype=np.float32), q])
     return rng.permutation(q)
 
 
@@ -127,14 +130,17 @@ def measure(
     if knob is not None and target is not None:
         tune_truth = [list(ids_arr[row]) for row in exact_topk(tune_q, vectors, k)]
         chosen, reached = knob.values[-1], False
+        # half the remaining gap as a margin: the tuning sample is small, and a setting that
+        # only just reaches the target there lands below it on other queries about half the time
+        bar = min(1.0, target + (1.0 - target) / 2)
         for value in knob.values:
             knob.set(int(value))
-            if recall_at_k(search(tune_q, k), tune_truth) >= target:
+            if recall_at_k(search(tune_q, k), tune_truth) >= bar:
                 chosen, reached = value, True
                 break
         knob.set(int(chosen))
         knob.current = int(chosen)
-        out.update({"target": target, "target_met_on_tuning_queries": reached})
+        out.update({"target": target, "tuned_to": bar, "target_met_on_tuning_queries": reached})
     if knob is not None:
         out[knob.name] = int(knob.current)
     t0 = time.perf_counter()

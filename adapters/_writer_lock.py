@@ -33,6 +33,8 @@ def _holder(folder: Path) -> str:
         return "another process"
     for line in lines:
         parts = line.split()
+        if "->" in parts:  # a blocked waiter, not the holder
+            continue
         if "FLOCK" in parts and len(parts) >= 6 and parts[5].endswith(inode):
             pid = parts[4]
             if pid == str(os.getpid()):

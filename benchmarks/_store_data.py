@@ -9,6 +9,7 @@ can be re-run without re-encoding. Encoding runs under the shared CPU lock with 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -43,7 +44,9 @@ def queries() -> list[str]:
     return out
 
 
-def load_vectors(batch_size: int = 128) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
+def load_vectors(
+    batch_size: int = 128, lock: bool = True
+) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
     """(ids, texts, document vectors, query vectors), encoding once and caching."""
     ids, texts = passages()
     qtexts = queries()
@@ -56,7 +59,8 @@ def load_vectors(batch_size: int = 128) -> tuple[list[str], list[str], np.ndarra
 
     from magretrieve.encoder import Encoder
 
-    with cpu_lock():
+    # lock=False: the caller already holds the CPU lock (a second flock would wait on itself)
+    with cpu_lock() if lock else contextlib.nullcontext():
         torch.set_num_threads(2)
         enc = Encoder.load("all-MiniLM-L6-v2", mode="qnorm")
         docs = enc.encode_documents(texts, batch_size=batch_size, progress="encoding passages")

@@ -2,7 +2,7 @@
 
 Passages: sentences of the scifact + cranfield abstracts (≥ 4 words), ~54k; queries: both
 sets' queries (1,334). Vectors: all-MiniLM-L6-v2 in ``qnorm`` (documents keep their raw
-pooled magnitude, queries are unit-norm), computed once and cached in /tmp
+pooled magnitude, queries are unit-norm), computed once and cached in .cache/stores
 (see benchmarks/_store_data.py). Every store is fed the same vectors through the
 magretrieve adapters, so the numbers compare stores, not encoders.
 

@@ -95,6 +95,28 @@ class EncoderConfig:
         return asdict(self)
 
     @classmethod
+    def load(cls, folder: str | Path) -> EncoderConfig:
+        """Read ``folder/magretrieve_config.json`` (a run folder); errors name the file."""
+        path = Path(folder) / CONFIG_NAME
+        if not path.is_file():
+            raise ConfigError(f"{path}: missing; not a magretrieve run folder")
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a JSON object")
+        return cls.from_dict(data, source=str(path))
+
+    def save(self, folder: str | Path) -> Path:
+        """Write ``folder/magretrieve_config.json``."""
+        path = Path(folder) / CONFIG_NAME
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> EncoderConfig:
         version = data.get("version", CONFIG_VERSION)
         if version != CONFIG_VERSION:

@@ -11,7 +11,6 @@ query/document side of :mod:`magretrieve.similarity` and return what a store hol
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Sequence
@@ -139,8 +138,8 @@ class Encoder(nn.Module, similarity.SideVectors):
         own = folder / CONFIG_NAME
         has_own = folder.is_dir() and own.is_file()
         if has_own:
-            data = json.loads(own.read_text())
-            cfg = EncoderConfig.from_dict(data, source=str(own))
+            cfg = EncoderConfig.load(folder)
+            data = cfg.to_dict()  # as saved: what the norm head was trained as
             transformer_dir = folder
             if mode is not None and mode != cfg.mode:
                 cfg.mode = mode
@@ -260,7 +259,7 @@ class Encoder(nn.Module, similarity.SideVectors):
             from magretrieve.heads import save_head
 
             save_head(self.norm_head, path)
-        (path / CONFIG_NAME).write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        self.config.save(path)
         return path
 
     def sync_config(self) -> None:

@@ -71,18 +71,18 @@ class RescaleReport:
 
 def head_recipe(run_dir: str | Path) -> dict[str, Any]:
     """The magnitude recipe of a trained norm head (weights inlined as lists), torch-free."""
-    from magretrieve.config import CONFIG_NAME
+    from magretrieve.config import CONFIG_NAME, EncoderConfig
     from magretrieve.heads import load_head_weights
 
     run = Path(run_dir)
     cfg_path = run / CONFIG_NAME
     if not cfg_path.is_file():
         raise ConfigError(f"{cfg_path}: missing; --head must be a magretrieve run folder")
-    cfg = json.loads(cfg_path.read_text())
-    kind = cfg.get("norm_head", "none")
+    cfg = EncoderConfig.load(run)  # the one torch-free reader of a run's configuration
+    kind = cfg.norm_head
     if kind == "none":
         raise ConfigError(f"{cfg_path}: this run has no norm head (train with --norm-head)")
-    if not cfg.get("extra", {}).get("frozen_encoder"):
+    if not cfg.extra.get("frozen_encoder"):
         raise ConfigError(
             f"{run}: the head was trained together with the encoder, so it expects that encoder's "
             "new vectors; rescaling vectors of the original encoder would be wrong. Re-index "
@@ -92,7 +92,7 @@ def head_recipe(run_dir: str | Path) -> dict[str, Any]:
     return {
         "kind": "norm_head",
         "head": kind,
-        "bound": float(cfg.get("norm_head_bound", 0.0)),
+        "bound": float(cfg.norm_head_bound),
         "weights": {k: np.asarray(v).tolist() for k, v in weights.items()},
         "run": str(run),
     }
