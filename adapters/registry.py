@@ -55,6 +55,8 @@ BACKEND_MODULES: tuple[str, ...] = (
     "magretrieve.adapters.qdrant_store",
     "magretrieve.adapters.qdrant_edge_store",
     "magretrieve.adapters.memory_store",
+    "magretrieve.adapters.pgvector_store",
+    "magretrieve.adapters.milvus_store",
 )
 
 
