@@ -144,6 +144,7 @@ class QdrantStore(VectorStore):
                 **({} if edge else {"cosine": "normalizes vectors at upload"}),
                 advice="" if edge else ". Create a new collection",
             )
+            api.open()
             self.quantization = "int8" if cfg["quantized"] else None
             self._hnsw, self._shards = cfg["hnsw"] or {}, cfg["shards"]
             self._created = False
