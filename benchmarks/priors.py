@@ -98,6 +98,7 @@ def evaluate_cosine_model(
             cache.truncated(queries, "query", f"{ds.name}-{ds.split}"),
         )
     rows: dict[str, Any] = {}
+    memo: dict[str, float] = {}  # one training set: each candidate is scored once
     jobs = [(row, method, True) for row, method in methods]
     jobs += [(row + FORCED, method, False) for row, method in methods if method not in NOT_FORCED]
     for row, method, include_none in jobs:
@@ -110,6 +111,7 @@ def evaluate_cosine_model(
             method=method,
             chosen_on="train",
             include_none=include_none,
+            memo=memo,
         )
         record: dict[str, Any] = {
             "method": method,
@@ -420,11 +422,20 @@ def main(
             source = base if tag == "zero-shot" else model_dir(work, tag)
             encode_all(VectorCache(work, tag, source, max_doc_length), [train, *evals])
     results: dict[str, dict[str, Any]] = {}
+    done = work / "results"
+    done.mkdir(parents=True, exist_ok=True)
+    signature = json.dumps([METHODS, [f"{d.name}:{d.split}" for d in evals]])
     for tag in cosine_tags:
+        cached = done / f"{tag}.json"
+        if cached.is_file() and json.loads(cached.read_text()).get("signature") == signature:
+            results[tag] = json.loads(cached.read_text())["rows"]
+            continue
         cache = VectorCache(
             work, tag, base if tag == "zero-shot" else model_dir(work, tag), max_doc_length
         )
-        results[tag] = evaluate_cosine_model(cache, train, evals, METHODS)
+        with cpu_lock(lock):
+            results[tag] = evaluate_cosine_model(cache, train, evals, METHODS)
+        cached.write_text(json.dumps({"signature": signature, "rows": results[tag]}))
         click.echo(f"{tag}: done", err=True)
     for tag in pace_tags:
         cache = VectorCache(work, tag, model_dir(work, tag), max_doc_length)

@@ -125,6 +125,7 @@ def choose_prior(
     progress: bool = False,
     grids: Mapping[str, Sequence[DocumentPrior]] | None = None,
     include_none: bool = True,
+    memo: dict[str, float] | None = None,
 ) -> Selection:
     """Pick the prior with the best training NDCG@10 (ties: the earlier, simpler candidate).
 
@@ -132,7 +133,8 @@ def choose_prior(
     name, or a combination ``a+b`` (the best of each part, combined). ``grids`` replaces the
     candidates of a method (e.g. ``{"hub": [HubPrior(0.1)]}``). ``include_none=False`` is for
     measurement only (what the method's best candidate does when forced on); ``fit-prior``
-    always keeps plain cosine as a candidate.
+    always keeps plain cosine as a candidate. ``memo`` (label -> training NDCG@10) lets repeated
+    calls on the same training data skip candidates already scored.
     """
     from tqdm.auto import tqdm
 
@@ -143,7 +145,12 @@ def choose_prior(
     ranked: list[tuple[float, DocumentPrior]] = []
 
     def score(p: DocumentPrior) -> float:
-        value = training_score(p, q, d, qids, doc_ids, qrels)
+        label = p.label()
+        value = memo[label] if memo is not None and label in memo else None
+        if value is None:
+            value = training_score(p, q, d, qids, doc_ids, qrels)
+            if memo is not None:
+                memo[label] = value
         scored[p.label()] = value
         ranked.append((value, p))
         return value
