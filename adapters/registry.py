@@ -134,8 +134,9 @@ OPTIONS: dict[str, StoreOption] = {
         _opt(
             "index_type",
             str,
-            "FAISS index: flat (exact, default), hnsw, ivf, or a faiss.index_factory string "
-            "(inner product is always used).",
+            "FAISS index: flat (exact, default), hnsw, ivf, or any faiss.index_factory string, "
+            "e.g. 'IVF1024,PQ32' (inner product is always used; untrained indexes are trained "
+            "on the first vectors added).",
             cli="--faiss-index",
         ),
         _opt(
