@@ -35,6 +35,13 @@ from magretrieve.cli._group import main
     help="JSON written by corpus_prior.choose_beta (β and k) instead of --corpus-prior.",
 )
 @click.option(
+    "--norms-from",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="A magnitude-keeping export (qnorm/dot/partial): m(d) = its document norm of each "
+    "stored text (payload title/text or content).",
+)
+@click.option(
     "--k", "k", type=int, default=10, show_default=True, help="Neighbours of the hub score."
 )
 @click.option(
@@ -56,6 +63,7 @@ def annotate_cmd(
     head_dir: str | None,
     beta: float | None,
     prior_file: str | None,
+    norms_from: str | None,
     k: int,
     field: str,
     prefetch: int | None,
@@ -74,6 +82,7 @@ def annotate_cmd(
         store_spec,
         head=head_dir,
         prior=load_prior(beta, prior_file, k),
+        norms_from=norms_from,
         field=field,
         prefetch=prefetch,
     )
