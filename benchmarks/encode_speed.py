@@ -262,13 +262,16 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
             for key in COLUMNS
         },
         "goals": goals,
+        # not written to the results (a path of this machine): for tests and callers
+        "_export_dirs": {"fp32": str(fp32_dir), "int8": str(int8_dir)},
     }
 
 
 def write_results(result: dict[str, Any], out: Path) -> None:
     """``out``.json (everything) and ``out``.md (ratios, the machine, the goals)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    public = {k: v for k, v in result.items() if not k.startswith("_")}
+    out.with_suffix(".json").write_text(json.dumps(public, indent=2) + "\n")
     rows, ratios = result["rows"], result["ratios"]
     table = []
     for key, label in COLUMNS.items():
