@@ -1,4 +1,7 @@
-"""SIGKILL an indexing process at random points, resume, and check nothing was lost or doubled.
+"""SIGKILL every multi-step write at random points; check old, new or incomplete-and-resumable.
+
+Indexing (below) and, through :mod:`_crash_ops`, ``export --overwrite``, ``rescale`` into each
+store kind and ``fit-prior`` (see that module for what is checked after each kill).
 
 Each *run* indexes a synthetic corpus with the tiny random BERT export (ONNX, one
 onnxruntime thread) into a fresh store through :func:`magretrieve.indexing.index_corpus`,
@@ -12,11 +15,11 @@ runs to completion. A run passes when:
   differ after a resume, so padding widths differ),
 - top-10 search results for 20 queries equal the uninterrupted run's (ids; scores ≤ 1e-5).
 
-    python benchmarks/crash_safety.py                      # 24 runs × 2 kills on FAISS flat
-    python benchmarks/crash_safety.py --backends faiss,memory,qdrant-edge   # + 8 runs each
+    python benchmarks/crash_safety.py                      # everything, 20 runs each
+    python benchmarks/crash_safety.py --ops index --backends faiss,memory,qdrant-edge
 
-Writes benchmarks/results/crash_safety.md. tests/test_crash_safety.py imports this module
-and runs a few kills of the same procedure.
+Writes benchmarks/results/crash_safety.md and .json. tests/test_crash_safety.py imports this
+module and runs a few kills of the same procedures.
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _crash_ops as ops
 import numpy as np
+from _common import cache_dir, cpu_lock, machine_summary, markdown_table, recorded_command
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "crash_safety.md"
+RESULTS = Path(__file__).resolve().parent / "results" / "crash_safety.md"
 WORDS = (
     "statin statins mortality heart risk cancer cell cells protein gene brain blood drug "
     "trial patients reduce increase effect study wing flow pressure air speed boundary layer "
@@ -264,114 +268,270 @@ def crash_run(
 
 
 def tiny_export(cache: Path) -> Path:
-    """The tiny random BERT of tests/conftest.py, exported (TorchScript) once into ``cache``."""
-    out = cache / "export-qnorm"
-    if (out / "magretrieve.json").is_file():
-        return out
-    sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import build_tiny_bert
-
+    """The tiny random BERT (``magretrieve.testing``), exported (TorchScript) once into ``cache``."""
     from magretrieve.export import export_model
+    from magretrieve.manifest import Manifest
+    from magretrieve.testing import build_tiny_bert
 
-    model = build_tiny_bert(cache / "tiny-bert")
+    out = cache / "export-qnorm"
+    try:
+        Manifest.load(out)
+        return out
+    except Exception:  # noqa: BLE001 - absent, or written by an older magretrieve: rebuild
+        pass
+    model = cache / "tiny-bert"
+    if not (model / "model.safetensors").is_file():
+        build_tiny_bert(model)
     export_model(model, out, mode="qnorm", exporter="torchscript", overwrite=True)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=24, help="runs on the first backend")
-    parser.add_argument("--other-runs", type=int, default=8, help="runs on each further backend")
-    parser.add_argument("--kills", type=int, default=2, help="SIGKILLs per run (before resume)")
-    parser.add_argument("--docs", type=int, default=600)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--checkpoint-every", type=int, default=16)
-    parser.add_argument("--backends", default="faiss", help="comma list: faiss,memory,qdrant-edge")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cache", type=Path, default=Path("/work/cache/crash_safety"))
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-
-    args.cache.mkdir(parents=True, exist_ok=True)
-    export = tiny_export(args.cache)
-    rng = random.Random(args.seed)
-    work = Path(tempfile.mkdtemp(prefix="crash-safety-"))
+def run_index(args: argparse.Namespace, export: Path, work: Path, rng: random.Random) -> tuple:
     corpus = work / "corpus.jsonl"
     corpus_ids = write_corpus(corpus, args.docs)
     results: list[RunResult] = []
     refs: dict[str, Reference] = {}
-    started = time.perf_counter()
-    try:
-        for backend in args.backends.split(","):
-            ref = reference_run(
-                export, backend, work / f"ref-{backend}", corpus, args.batch_size,
-                args.checkpoint_every,
+    backends = args.backends.split(",")
+    for backend in backends:
+        ref = reference_run(
+            export, backend, work / f"ref-{backend}", corpus, args.batch_size,
+            args.checkpoint_every,
+        )  # fmt: skip
+        refs[backend] = ref
+        print(f"{backend}: uninterrupted indexing of {args.docs} docs: {ref.seconds:.2f} s")
+        n_runs = args.runs if backend == backends[0] else args.other_runs
+        for run in range(n_runs):
+            folder = work / f"{backend}-{run}"
+            res = crash_run(
+                export, backend, folder, corpus, corpus_ids, ref, rng, kills=args.kills,
+                batch=args.batch_size, every=args.checkpoint_every, run=run,
             )  # fmt: skip
-            refs[backend] = ref
-            print(f"{backend}: uninterrupted indexing of {args.docs} docs: {ref.seconds:.2f} s")
-            n_runs = args.runs if backend == args.backends.split(",")[0] else args.other_runs
-            for run in range(n_runs):
-                folder = work / f"{backend}-{run}"
-                res = crash_run(
-                    export, backend, folder, corpus, corpus_ids, ref, rng, kills=args.kills,
-                    batch=args.batch_size, every=args.checkpoint_every, run=run,
-                )  # fmt: skip
-                results.append(res)
-                shutil.rmtree(folder, ignore_errors=True)
-                print(
-                    f"{backend} run {run:2d}: kills at {res.delays} s "
-                    f"(killed mid-run: {res.killed}), stored after kills {res.count_after_kills}"
-                    f" -> {'ok' if res.ok else 'FAIL ' + '; '.join(res.problems)}"
-                )
+            results.append(res)
+            shutil.rmtree(folder, ignore_errors=True)
+            print(
+                f"index {backend} run {run:2d}: kills at {res.delays} s "
+                f"(killed mid-run: {res.killed}), stored after kills {res.count_after_kills}"
+                f" -> {'ok' if res.ok else 'FAIL ' + '; '.join(res.problems)}"
+            )
+    return results, refs
+
+
+def _say(r: ops.OpRun) -> None:
+    verdict = "ok" if r.ok else "FAIL " + "; ".join(r.problems)
+    print(
+        f"{r.operation} {r.kind} run {r.run:2d}: kill at {r.delay} s (mid-run: {r.killed}) "
+        f"-> {r.state or '?'}{' (resumed)' if r.resumed else ''}: {verdict}"
+    )
+
+
+def run_ops(
+    args: argparse.Namespace, cache: Path, work: Path, rng: random.Random
+) -> tuple[list[ops.OpRun], dict[str, float]]:
+    wanted = args.ops.split(",")
+    results: list[ops.OpRun] = []
+    seconds: dict[str, float] = {}
+    export_setup = None
+    if "export" in wanted or "fit-prior" in wanted:
+        export_setup = ops.setup_export(cache, work)
+        seconds["export --overwrite"] = export_setup.seconds
+    if "export" in wanted:
+        for run in range(args.op_runs):
+            results.append(ops.export_run(export_setup, work, rng, run))
+            _say(results[-1])
+    if "rescale" in wanted:
+        kinds = tuple(args.rescale_kinds.split(","))
+        setup = ops.setup_rescale(work, kinds, args.rescale_docs)
+        for kind in kinds:
+            seconds[f"rescale {kind}"] = setup.seconds[kind]
+            for run in range(args.op_runs):
+                results.append(ops.rescale_run(setup, kind, work, rng, run))
+                _say(results[-1])
+    if "fit-prior" in wanted:
+        assert export_setup is not None
+        prior_setup = ops.setup_fit_prior(export_setup.reference, work)
+        seconds["fit-prior"] = prior_setup.seconds
+        for run in range(args.op_runs):
+            results.append(ops.fit_prior_run(prior_setup, work, rng, run))
+            _say(results[-1])
+    return results, seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--ops", default="index,export,rescale,fit-prior", help="which operations to kill"
+    )
+    parser.add_argument("--runs", type=int, default=20, help="index runs on the first backend")
+    parser.add_argument("--other-runs", type=int, default=8, help="index runs on each further")
+    parser.add_argument("--kills", type=int, default=2, help="SIGKILLs per index run")
+    parser.add_argument("--docs", type=int, default=600)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--checkpoint-every", type=int, default=16)
+    parser.add_argument("--backends", default="faiss", help="comma list: faiss,memory,qdrant-edge")
+    parser.add_argument("--op-runs", type=int, default=20, help="kills per operation and store")
+    parser.add_argument("--rescale-kinds", default=",".join(ops.RESCALE_KINDS))
+    parser.add_argument("--rescale-docs", type=int, default=3000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache", type=Path, default=None, help="default: _common.cache_dir()")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--lock", default="default", help="CPU lock file ('' for none)")
+    args = parser.parse_args(argv)
+
+    cache = args.cache or cache_dir("crash_safety")
+    cache.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="crash-safety-"))
+    started = time.perf_counter()
+    index_results: list[RunResult] = []
+    refs: dict[str, Reference] = {}
+    op_results: list[ops.OpRun] = []
+    seconds: dict[str, float] = {}
+    try:
+        with cpu_lock(args.lock):
+            if "index" in args.ops.split(","):
+                export = tiny_export(cache)
+                index_results, refs = run_index(args, export, work, rng)
+            op_results, seconds = run_ops(args, cache, work, rng)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     elapsed = time.perf_counter() - started
-    write_report(args, results, refs, elapsed)
-    failures = sum(not r.ok for r in results)
-    kills = sum(len(r.killed) for r in results)
-    mid = sum(sum(r.killed) for r in results)
-    print(f"runs {len(results)}, SIGKILLs {kills} ({mid} mid-indexing), failures {failures}")
-    print(f"wrote {args.out}")
+    write_report(args, index_results, refs, op_results, seconds, elapsed, argv)
+    failures = sum(not r.ok for r in index_results) + sum(not r.ok for r in op_results)
+    print(f"failures {failures}; wrote {args.out} and {args.out.with_suffix('.json')}")
     return 1 if failures else 0
 
 
 def write_report(
-    args: argparse.Namespace, results: list[RunResult], refs: dict, elapsed: float
+    args: argparse.Namespace,
+    results: list[RunResult],
+    refs: dict,
+    op_results: list[ops.OpRun],
+    seconds: dict[str, float],
+    elapsed: float,
+    argv: list[str] | None = None,
 ) -> None:
-    command = "python benchmarks/crash_safety.py" + (
-        "" if sys.argv[1:] == [] else " " + " ".join(sys.argv[1:])
-    )
+    command = recorded_command(None if argv is None else ["benchmarks/crash_safety.py", *argv])
     lines = [
-        "# Crash safety: SIGKILL during indexing, then resume",
+        "# Crash safety: SIGKILL at random moments of every multi-step write",
         "",
-        f"Command: `{command}` ({elapsed:.0f} s wall clock)",
+        f"Command: `{command}` ({elapsed:.0f} s wall clock, {machine_summary()})",
         "",
-        f"- corpus: {args.docs} synthetic documents (distinct texts), tiny random BERT export "
-        "(hidden 32, qnorm, ONNX, 1 thread)",
-        f"- `index_corpus(batch_size={args.batch_size}, checkpoint_every={args.checkpoint_every})` "
-        "in a child process, SIGKILLed at a uniformly random moment of its indexing "
-        f"({args.kills} kills per run: the resumed run is killed again), then resumed to the end",
-        "- pass = the store opens after every kill; final count = corpus; every id once; "
-        "vectors/payloads and top-10 hits of 20 queries equal an uninterrupted run",
-        "",
-        "| backend | runs | SIGKILLs | killed mid-indexing | docs stored at kills (min–max) "
-        "| uninterrupted indexing s | failures |",
-        "|---|---:|---:|---:|---|---:|---:|",
     ]
-    for backend, ref in refs.items():
-        rs = [r for r in results if r.backend == backend]
-        counts = [c for r in rs for c in r.count_after_kills]
+    if refs:
+        lines += [
+            "## Indexing, then resume",
+            "",
+            f"- corpus: {args.docs} synthetic documents (distinct texts), tiny random BERT export "
+            "(hidden 32, qnorm, ONNX, 1 thread)",
+            f"- `index_corpus(batch_size={args.batch_size}, checkpoint_every="
+            f"{args.checkpoint_every})` in a child process, SIGKILLed at a uniformly random "
+            f"moment of its indexing ({args.kills} kills per run: the resumed run is killed "
+            "again), then resumed to the end",
+            "- pass = the store opens after every kill; final count = corpus; every id once; "
+            "vectors/payloads and top-10 hits of 20 queries equal an uninterrupted run",
+            "",
+        ]
+        rows = []
+        for backend, ref in refs.items():
+            rs = [r for r in results if r.backend == backend]
+            counts = [c for r in rs for c in r.count_after_kills]
+            rows.append(
+                [
+                    backend,
+                    len(rs),
+                    sum(len(r.killed) for r in rs),
+                    sum(sum(r.killed) for r in rs),
+                    f"{min(counts, default=0)}–{max(counts, default=0)}",
+                    f"{ref.seconds:.2f}",
+                    sum(not r.ok for r in rs),
+                ]
+            )
         lines.append(
-            f"| {backend} | {len(rs)} | {sum(len(r.killed) for r in rs)} | "
-            f"{sum(sum(r.killed) for r in rs)} | "
-            f"{min(counts, default=0)}–{max(counts, default=0)} | {ref.seconds:.2f} | "
-            f"{sum(not r.ok for r in rs)} |"
+            markdown_table(
+                [
+                    "backend",
+                    "runs",
+                    "SIGKILLs",
+                    "killed mid-indexing",
+                    "docs stored at kills (min–max)",
+                    "uninterrupted indexing s",
+                    "failures",
+                ],
+                rows,
+            )
         )
-    bad = [r for r in results if not r.ok]
-    lines += ["", "Failures: none." if not bad else "Failures:"]
-    lines += [f"- {r.backend} run {r.run}: {'; '.join(r.problems)}" for r in bad]
+        lines.append("")
+    if op_results:
+        lines += [
+            "## export --overwrite, rescale (each store kind), fit-prior",
+            "",
+            "- each run: the `magretrieve` command in a child process, SIGKILLed after a "
+            "uniformly random delay in [0, 1.1 × its uninterrupted duration]; then the target is "
+            "classified and the same command is run again to completion",
+            "- old = exactly the state before (export: byte-identical files; rescale: no target "
+            "or an empty one; prior: the old bytes); new = exactly an uninterrupted run's result "
+            "(export: same vectors on fixed texts; rescale: every id with the reference vector, "
+            "payload and recipe; prior: the reference bytes); incomplete = the target says so "
+            "(rescale: metadata marked `incomplete`, which every Retriever refuses) and the "
+            "re-run finished it",
+            f"- export: tiny random BERT, qnorm → cosine, TorchScript exporter; rescale: "
+            f"{args.rescale_docs} unit vectors (dim 32) from a FAISS store, hub prior β 0.1, "
+            "k 5; fit-prior: the cosine export on the tiny BEIR set",
+            "- failure = any other state (serves but is neither old nor new, torn file, does not "
+            "open), or a re-run that does not reach the new state",
+            "",
+        ]
+        rows = [
+            [
+                r["operation"],
+                r["target"],
+                r["runs"],
+                r["killed_mid_operation"],
+                r["old"],
+                r["new"],
+                f"{r['incomplete']} / {r['incomplete_resumed']}",
+                r["leftover_temp"],
+                f"{seconds.get(r['operation'] if r['operation'] != 'rescale' else 'rescale ' + r['target'], float('nan')):.1f}",
+                r["failures"],
+            ]
+            for r in ops.summarize(op_results)
+        ]
+        lines.append(
+            markdown_table(
+                [
+                    "operation",
+                    "target",
+                    "runs",
+                    "killed mid-run",
+                    "old",
+                    "new",
+                    "incomplete / resumed",
+                    "runs leaving temp files",
+                    "uninterrupted s",
+                    "failures",
+                ],
+                rows,
+            )
+        )
+        lines.append("")
+    bad = [f"- index {r.backend} run {r.run}: {'; '.join(r.problems)}" for r in results if not r.ok]
+    bad += [
+        f"- {r.operation} {r.kind} run {r.run}: {'; '.join(r.problems)}"
+        for r in op_results
+        if not r.ok
+    ]
+    lines += ["Failures: none." if not bad else "Failures:", *bad]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
+    payload = {
+        "command": command,
+        "seconds": elapsed,
+        "index": [r.__dict__ for r in results],
+        "operations": ops.summarize(op_results),
+        "runs": [r.__dict__ for r in op_results],
+        "uninterrupted_seconds": seconds,
+    }
+    args.out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import build_tiny_bert
+from conftest import build_tiny_bert, set_manifest_field
 
 from magretrieve.adapters import VectorStore, open_store
 from magretrieve.cli import main
@@ -486,7 +486,8 @@ def _remove_tokenizer(folder: Path, m: dict) -> None:
 
 def _set(**values: Any) -> Callable[[Path, dict], None]:
     def edit(folder: Path, m: dict) -> None:
-        m.update(values)
+        for key, value in values.items():
+            set_manifest_field(m, key, value)
 
     return edit
 
@@ -509,7 +510,8 @@ def _symlink_out(folder: Path, m: dict) -> None:
 
 
 def _gamma(folder: Path, m: dict) -> None:
-    m.update(mode="learnable", gamma_d=1.5)
+    set_manifest_field(m, "mode", "learnable")
+    set_manifest_field(m, "gamma_d", 1.5)
 
 
 def manifest_not_json(env: Env) -> Built:
@@ -962,7 +964,7 @@ def _edited(**values: Any) -> Callable[[Path, dict], None]:
             *parents, last = key.split(".")
             for p in parents:
                 node = node[p]
-            node[last] = value
+            set_manifest_field(node, last, value)
 
     return edit
 
@@ -1854,3 +1856,62 @@ def test_a_real_cli_process_prints_one_line_and_no_traceback(env: Env) -> None:
         f"Error: {corpus}:4: duplicate document id 'n0' (first on line 1)"
     ]
     assert snapshot(env.spec)[0] == 12
+
+
+# ----------------------------------------------------------------------------- round 2 acceptances
+
+
+@pytest.mark.slow
+def test_cranfield_indexes_with_skip_empty_and_is_refused_without(env: Env, shared_data: Path):
+    """cranfield holds two empty documents (471, 995): refused as a whole (naming the line and
+    the flag, no store created), indexed with --skip-empty (1,398 stored, the two reported)."""
+    corpus = shared_data / "cranfield" / "corpus.jsonl"
+    target = env.tmp / "cranfield-ix"
+    refused = CliRunner().invoke(main, env.index_args(corpus, f"faiss:{target}"))
+    assert refused.exit_code == 1
+    assert f"{corpus}:471: document '471' has empty title and text" in refused.output
+    assert "--skip-empty" in refused.output and not target.exists()
+    done = CliRunner().invoke(main, [*env.index_args(corpus, f"faiss:{target}"), "--skip-empty"])
+    assert done.exit_code == 0, done.output
+    assert "1398 added" in done.output and "1398 in store" in done.output
+    assert "2 document(s) with empty title and text were skipped" in done.output
+    assert "'471', '995'" in done.output
+    store = open_store(f"faiss:{target}")
+    assert store.count() == 1398 and not store.existing(["471", "995"])
+    store.close()
+
+
+def test_skip_empty_counts_like_truncation_and_indexes_the_rest(env: Env) -> None:
+    from magretrieve.indexing import index_corpus
+    from magretrieve.retriever import Retriever
+
+    corpus = env.corpus(
+        json.dumps({"_id": "e1", "text": " "}), json.dumps({"_id": "e2", "title": "", "text": ""})
+    )
+    with Retriever.load(env.export, store=f"faiss:{env.tmp / 'new'}") as r:
+        report = index_corpus(r, corpus, skip_empty=True, progress=False)
+    assert (report.added, report.empty_skipped, report.empty_ids) == (3, 2, ["e1", "e2"])
+    assert report.count == 3
+
+
+def test_integer_ids_and_integral_grades_are_still_accepted(env: Env) -> None:
+    """Refusing NaN ids and fractional grades must not refuse what BEIR files really hold."""
+    from magretrieve.data import load_beir
+
+    lines = (env.beir / "corpus.jsonl").read_text().replace('"_id": "d00"', '"_id": 7')
+    (env.beir / "corpus.jsonl").write_text(lines)
+    _qrels(env, "query-id\tcorpus-id\tscore\nt0\t7\t2.0\nt1\td11\t-1\nt2\td21\t1000\n")
+    data = load_beir(f"{env.beir}:test")
+    assert "7" in data.corpus
+    assert data.qrels == {"t0": {"7": 2}, "t1": {"d11": -1}, "t2": {"d21": 1000}}
+
+
+def test_an_export_with_a_swapped_tokenizer_gets_another_fingerprint(env: Env) -> None:
+    """The attack of issue 14: tokenizer swapped, its sha updated, manifest resealed. The export
+    loads (it is consistent) but it is another model to every store built by the original."""
+    from magretrieve.manifest import Manifest
+
+    folder = env.bad_export(_swap_tokenizer)
+    original, swapped = Manifest.load(env.export), Manifest.load(folder)
+    assert swapped.model_fingerprint != original.model_fingerprint
+    assert swapped.files["document.onnx"] == original.files["document.onnx"]  # graphs unchanged

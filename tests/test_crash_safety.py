@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import pytest
 from conftest import load_benchmark
 from test_bad_input import tiny_export_dir
 
-from magretrieve.adapters import faiss_store, open_store
+from magretrieve.adapters import _faiss_files, open_store
 from magretrieve.errors import StoreError
 
 
@@ -80,7 +81,7 @@ def test_crash_inside_each_write_of_the_first_save_still_resumes(tmp_path, monke
     ids, vecs = _data(30)
     path = tmp_path / "f"
     calls = {"n": 0}
-    real_bytes, real_json = faiss_store.atomic_write_bytes, faiss_store.atomic_write_json
+    real_bytes, real_json = _faiss_files.atomic_write_bytes, _faiss_files.atomic_write_json
 
     def counting(real):
         def write(*args, **kwargs):
@@ -91,13 +92,14 @@ def test_crash_inside_each_write_of_the_first_save_still_resumes(tmp_path, monke
 
         return write
 
-    monkeypatch.setattr(faiss_store, "atomic_write_bytes", counting(real_bytes))
-    monkeypatch.setattr(faiss_store, "atomic_write_json", counting(real_json))
+    monkeypatch.setattr(_faiss_files, "atomic_write_bytes", counting(real_bytes))
+    monkeypatch.setattr(_faiss_files, "atomic_write_json", counting(real_json))
     store = open_store(f"faiss:{path}", dimension=8)
     store.add(ids[:20], vecs[:20])
     with pytest.raises(Crash):
         store.persist()
     monkeypatch.undo()
+    store.close()  # a killed writer's lock dies with its process; here the object stands in
     # the folder reopens: empty (crash before the state switch) or complete (after it)
     reopened = open_store(f"faiss:{path}", dimension=8)
     assert reopened.count() in (0, 20)
@@ -190,3 +192,192 @@ def test_half_written_memory_store_is_detected_on_load(tmp_path):
     _truncate(tmp_path / "m" / state["vectors"])
     with pytest.raises(StoreError, match="does not match its checksum"):
         open_store(f"memory:{tmp_path / 'm'}")
+
+
+# ----------------------------------------------------------------------------- round 2 (issue 14)
+# Crash windows of the other multi-step writes: export --overwrite, rescale, fit-prior.
+
+
+def _dead_pid() -> int:
+    """The id of a process that has exited (what a SIGKILLed export leaves in its owner file)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_export_overwrite_swaps_atomically(export, tmp_path):
+    """With renameat2 the target is the old or the new export at every instant."""
+    from magretrieve.export.publish import exchange, make_staging, publish
+
+    target = tmp_path / "exp"
+    shutil.copytree(export, target)
+    staging = make_staging(target)
+    new = staging / "fp32"
+    new.mkdir()
+    (new / "marker").write_text("new")
+    publish(new, target, staging)
+    assert (target / "marker").read_text() == "new"
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        folder.mkdir()
+        (folder / "x").write_text(folder.name)
+    if exchange(a, b):  # Linux: one atomic swap; the old export went where the new one was
+        assert (a / "x").read_text() == "b" and (b / "x").read_text() == "a"
+        assert (new / "magretrieve.json").is_file()
+    else:  # elsewhere: two renames, the old export set aside first (see the next test)
+        assert (staging / "previous" / "magretrieve.json").is_file()
+
+
+def test_export_overwrite_killed_between_renames_is_reported_and_restored(
+    export, tmp_path, monkeypatch
+):
+    """Where folders cannot be swapped, a kill between the two renames leaves no target: the
+    old export sits in the staging folder, Manifest.load says so, the next export restores it."""
+    import magretrieve.export.publish as publish_mod
+    from magretrieve.errors import ManifestError
+    from magretrieve.manifest import Manifest
+
+    target = tmp_path / "exp"
+    shutil.copytree(export, target)
+    old = _folder_bytes(target)
+    staging = publish_mod.make_staging(target)
+    new = staging / "fp32"
+    new.mkdir()
+    (new / "marker").write_text("new")
+    monkeypatch.setattr(publish_mod, "exchange", lambda a, b: False)
+    real_rename = Path.rename
+
+    def rename(self, dest):
+        if Path(self) == new:
+            raise Crash  # SIGKILL right after the old export was set aside
+        return real_rename(self, dest)
+
+    monkeypatch.setattr(Path, "rename", rename)
+    with pytest.raises(Crash):
+        publish_mod.publish(new, target, staging)
+    monkeypatch.undo()
+    assert not target.exists()
+    (staging / publish_mod.OWNER_FILE).write_text(str(_dead_pid()))  # the process died
+    with pytest.raises(ManifestError, match=r"interrupted `magretrieve export --overwrite`"):
+        Manifest.load(target)
+    said: list[str] = []
+    publish_mod.recover(target, said.append)
+    assert _folder_bytes(target) == old  # the old state, byte-identical
+    assert not list(tmp_path.glob(".exp.tmp-*")) and "restored" in said[0]
+    Manifest.load(target)
+
+
+def test_recover_leaves_a_running_exports_staging_alone(tmp_path):
+    from magretrieve.export.publish import make_staging, recover
+
+    target = tmp_path / "exp"
+    mine = make_staging(target)  # owned by this (live) process
+    dead = make_staging(target)
+    (dead / "owner.pid").write_text(str(_dead_pid()))
+    recover(target, lambda msg: None)
+    assert mine.is_dir() and not dead.exists()
+
+
+def _cosine_source(folder: Path, n: int = 40) -> str:
+    rng = np.random.default_rng(3)
+    vecs = rng.normal(size=(n, 8)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    spec = f"faiss:{folder}"
+    store = open_store(spec, dimension=8)
+    store.add([f"d{i}" for i in range(n)], vecs, [{"text": f"t{i}"} for i in range(n)])
+    store.write_metadata(
+        {"mode": "cosine", "gamma_q": 1.0, "gamma_d": 1.0, "document_contract": "unit_norm"}
+    )
+    store.persist()
+    store.close()
+    return spec
+
+
+@pytest.mark.parametrize("kind", ["faiss", "memory", "qdrant-edge", "qdrant-local"])
+def test_rescale_killed_part_way_is_reported_incomplete_and_resumes(tmp_path, monkeypatch, kind):
+    """A crash after some batches: the target says 'incomplete' (every Retriever refuses it),
+    and re-running the same rescale finishes it equal to an uninterrupted run."""
+    from magretrieve.priors import HubPrior
+    from magretrieve.rescale import INCOMPLETE_KEY, read_all, rescale_store
+    from magretrieve.retriever import check_compatible
+
+    source = _cosine_source(tmp_path / "src")
+    specs = {
+        "faiss": lambda f: f"faiss:{f}",
+        "memory": lambda f: f"memory:{f}",
+        "qdrant-edge": lambda f: f"qdrant-edge:{f}",
+        "qdrant-local": lambda f: f"qdrant-local:{f}/c",
+    }
+    ref_spec, spec = specs[kind](tmp_path / "ref"), specs[kind](tmp_path / "t")
+    rescale_store(source, ref_spec, prior=HubPrior(0.2, 3), batch_size=8, progress=False)
+
+    calls = {"n": 0}
+    import magretrieve.adapters as adapters
+
+    real_open = adapters.open_store
+
+    def crashing_open(*args, **kwargs):
+        store = real_open(*args, **kwargs)
+        real_add = store.add
+
+        def add(*a, **k):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                store.persist()  # what was written so far is durable, as after a real kill
+                raise Crash
+            return real_add(*a, **k)
+
+        store.add = add
+        return store
+
+    monkeypatch.setattr(adapters, "open_store", crashing_open)
+    with pytest.raises(Crash):
+        rescale_store(source, spec, prior=HubPrior(0.2, 3), batch_size=8, progress=False)
+    monkeypatch.undo()
+    target = open_store(spec, dimension=8)
+    meta = target.read_metadata()
+    assert meta[INCOMPLETE_KEY]["operation"] == "rescale" and 0 < target.count() < 40
+    model = type(
+        "M",
+        (),
+        {
+            "dimension": 8,
+            "index_metric": "inner_product",
+            "document_contract": "magnitude_keeping",
+            "mode": "cosine",
+            "gamma_q": 1.0,
+            "gamma_d": 1.0,
+            "model_fingerprint": "x",
+        },
+    )()
+    with pytest.raises(StoreError, match="incomplete"):
+        check_compatible(model, target)
+    target.close()
+    rescale_store(source, spec, prior=HubPrior(0.2, 3), batch_size=8, progress=False)
+    ref, got = open_store(ref_spec), open_store(spec)
+    try:
+        (ids_a, vec_a, pay_a), (ids_b, vec_b, pay_b) = read_all(ref), read_all(got)
+        assert ids_a == ids_b and pay_a == pay_b
+        np.testing.assert_allclose(vec_a, vec_b, atol=1e-6)
+        assert got.read_metadata() == ref.read_metadata()  # the marker is gone
+    finally:
+        ref.close()
+        got.close()
+
+
+def test_rescale_sigkill_at_random_points(tmp_path):
+    """The benchmark's rescale procedure, a few kills into a FAISS target."""
+    ops = load_benchmark("_crash_ops")
+    setup = ops.setup_rescale(tmp_path, ("faiss",), 2000)
+    rng = random.Random(7)
+    results = [ops.rescale_run(setup, "faiss", tmp_path, rng, i) for i in range(3)]
+    for r in results:
+        assert r.ok, r.problems
+        assert r.state in ("old", "new", "incomplete")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -319,11 +320,12 @@ MANIFEST_PATHS = st.sampled_from(
     [
         (k,)
         for k in (
-            "format", "format_version", "mode", "gamma_q", "gamma_d", "pooling",
-            "max_query_length", "dimension", "index_metric", "graphs", "tokenizer",
-            "model_fingerprint", "files", "pad_token_id", "exporter", "norm_scale",
+            "format", "format_version", "encoder", "dimension", "index_metric", "graphs",
+            "tokenizer", "model_fingerprint", "files", "pad_token_id", "exporter",
         )
     ]
+    + [("encoder", k) for k in (
+        "mode", "gamma_q", "gamma_d", "pooling", "max_query_length", "norm_scale")]
     + [("graphs", side, k) for side in ("query", "document")
        for k in ("file", "inputs", "output", "gamma", "contract", "head")]
     + [("graphs", "query"), ("files", "query.onnx"), ("files", "tokenizer.json")]
@@ -425,3 +427,42 @@ def test_store_state_loaders_only_raise_magretrieve_errors(kind, raw, path, valu
                 reopened.close()
             except MagRetrieveError as exc:
                 assert str(exc)
+
+
+# ----------------------------------------------------------------------------- round 2 (issue 14)
+
+
+@settings(max_examples=150, deadline=None)
+@given(grade=st.one_of(st.integers(-3000, 3000), st.floats(-3000, 3000, allow_nan=False)))
+def test_qrels_grades_are_integers_in_range_or_refused_with_the_line(grade) -> None:
+    """No grade is silently changed: an integral one in [-1000, 1000] is kept exactly, anything
+    else is refused naming file:line."""
+    from magretrieve.errors import DataError
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "test.tsv"
+        path.write_text(f"query-id\tcorpus-id\tscore\nq1\td1\t{grade!r}\n")
+        value = float(grade)
+        if value == int(value) and abs(value) <= data.MAX_GRADE:
+            assert data.load_qrels(path) == {"q1": {"d1": int(value)}}
+        else:
+            with pytest.raises(DataError, match=f"{path}:2"):
+                data.load_qrels(path)
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(alphabet=st.characters(blacklist_categories=("Cc",)), max_size=30))
+def test_any_text_loads_exactly_unless_it_holds_a_lone_surrogate(text) -> None:
+    """Whatever a JSON file can hold in 'text' either loads unchanged or, for lone surrogates
+    (valid JSON escapes, not Unicode), is refused naming file:line and the field."""
+    from magretrieve.errors import DataError
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "corpus.jsonl"
+        line = json.dumps({"_id": "a", "text": "x" + text})  # ensure_ascii: \\udxxx escapes
+        path.write_text(line + "\n")
+        if data.lone_surrogate(text) is None:
+            assert data.load_corpus(path)["a"].text == "x" + text
+        else:
+            with pytest.raises(DataError, match=rf"{path}:1: field 'text' holds a lone surrogate"):
+                data.load_corpus(path)
