@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 import uuid
@@ -139,6 +140,11 @@ class VectorStore(ABC):
     def write_metadata(self, meta: Mapping[str, Any]) -> None:
         """Record which model built the store (see :data:`META_KEYS`)."""
 
+    def foreign_points(self) -> int:
+        """Points that magretrieve did not write (an existing collection without its model
+        metadata); writing next to them needs ``force``. 0 for stores only magretrieve fills."""
+        return 0
+
     def persist(self) -> None:  # noqa: B027 - optional hook
         """Make everything added so far durable (atomic where the backend allows)."""
 
@@ -261,10 +267,60 @@ def check_batch(
     if payloads is None:
         plist: list[dict[str, Any]] = [{} for _ in ids]
     else:
-        plist = [dict(p or {}) for p in payloads]
-        if len(plist) != len(ids):
-            raise StoreError(f"{where}: {len(ids)} ids but {len(plist)} payloads")
+        payloads = list(payloads)
+        if len(payloads) != len(ids):
+            raise StoreError(f"{where}: {len(ids)} ids but {len(payloads)} payloads")
+        plist = [check_payload(p, i, where) for i, p in zip(ids, payloads, strict=True)]
     return ids, np.ascontiguousarray(arr), plist
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
+    """A strict-JSON copy of one payload, or a StoreError naming the document and the field.
+
+    Strict JSON: objects with string keys, lists, strings, finite numbers, booleans and null.
+    NaN/Infinity (which ``json.dumps`` writes as invalid tokens), dates, sets, bytes, numpy
+    values and other objects are refused *before* anything of the batch is written, so one
+    bad payload can never leave a store that fails at every later save.
+    """
+    if payload is None:
+        return {}
+    if not isinstance(payload, Mapping):
+        raise StoreError(
+            f"{where}: payload of document {doc_id!r} must be a JSON object (dict), "
+            f"got {type(payload).__name__}; nothing of this batch was written"
+        )
+
+    def walk(value: Any, path: str) -> Any:
+        if isinstance(value, bool) or value is None or isinstance(value, str):
+            return value
+        if isinstance(value, int) and type(value) is int:
+            return value
+        if isinstance(value, float) and type(value) is float:
+            if not math.isfinite(value):
+                raise _bad(path, f"the number {value!r} (JSON has no NaN/Infinity)")
+            return value
+        if isinstance(value, Mapping):
+            out = {}
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise _bad(path, f"a non-string key {key!r}")
+                out[key] = walk(item, f"{path}.{key}" if path else key)
+            return out
+        if isinstance(value, (list, tuple)):
+            return [walk(item, f"{path}[{n}]") for n, item in enumerate(value)]
+        raise _bad(path, f"a {type(value).__name__} ({value!r:.40}), which is not JSON")
+
+    def _bad(path: str, what: str) -> StoreError:
+        field_name = f"field {path!r}" if path else "payload"
+        return StoreError(
+            f"{where}: document {doc_id!r}: payload {field_name} holds {what}; "
+            "nothing of this batch was written"
+        )
+
+    return walk(payload, "")  # type: ignore[no-any-return]
 
 
 def check_finite(arr: np.ndarray, ids: Sequence[str], where: str) -> None:

@@ -1,24 +1,26 @@
-"""FAISS by inner product: exact (``IndexFlatIP``), HNSW and IVF, with string ids and payloads.
+"""FAISS by inner product around factory strings, with string ids, payloads and norms.
 
-Layout of a store folder::
+``index_type`` is ``flat`` (exact ``IndexFlatIP``, default), ``hnsw``, ``ivf`` (aliases of the
+factory strings ``Flat``, ``HNSW{M},Flat``, ``IVF{nlist},Flat``) or any
+``faiss.index_factory`` string, e.g. ``IVF1024,PQ32`` or ``OPQ16,IVF256,PQ16``; the metric is
+always ``METRIC_INNER_PRODUCT``. An index that needs training (IVF, PQ, OPQ) buffers the
+first vectors added and is trained on them once enough are there (or at ``optimize``/search),
+the FAISS idiom. A FAISS index object can be passed instead (``open_store(index)``).
 
-    DIR/faiss_store.json      state, written LAST: generation, parameters, checksums, metadata
-    DIR/index-<gen>.faiss     the FAISS index (int64 ids = positions in the record table)
-    DIR/records-<gen>.json    [[doc_id, payload, doc_norm] or null per int64 id], tombstones
+Split by job: :mod:`._faiss_index` builds/adopts index objects (owning references, training,
+search knobs), :mod:`._faiss_records` is the id map, :mod:`._faiss_files` the generations on
+disk, :mod:`._ann_recall` measures and tunes recall, :mod:`._writer_lock` keeps a second
+writer out. This module is the store that ties them together.
 
-Saving writes a new generation (temp file + fsync + ``os.replace``) and switches
-``faiss_store.json`` to it last, so a crash at any point leaves the previous consistent state
-loadable; a state file whose checksums do not match its files is reported as half-written.
-
-Rules kept here: the metric is ``METRIC_INNER_PRODUCT`` (an L2 index is refused), the index
-stores vectors as given (a normalizing pre-transform is reported by ``normalizes_vectors``
-so the Retriever refuses it for magnitude-keeping models), and single-query search runs with
-one OpenMP thread (measured faster than two on this machine; see benchmarks/stores.py).
+Rules kept here: an L2 index is refused, the index stores vectors as given (a normalizing
+pre-transform is reported by ``normalizes_vectors`` so the Retriever refuses it for
+magnitude-keeping models), every option is validated before any native call, and
+single-query search runs with one OpenMP thread (measured faster than two on this machine;
+see benchmarks/stores.py).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -27,89 +29,40 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.adapters import registry
+from magretrieve.adapters import _ann_recall, _faiss_files, registry
+from magretrieve.adapters import _faiss_index as fx
+from magretrieve.adapters._faiss_records import RecordTable
+from magretrieve.adapters._writer_lock import WriterLock
 from magretrieve.adapters.base import (
     IdMapMixin,
     StoreHit,
     StoreRecord,
     VectorStore,
-    atomic_write_bytes,
     atomic_write_json,
     check_batch,
     check_k,
     check_queries,
-    plain_file,
-    read_state_file,
-    require,
-    sha256_file,
-    state_metadata,
 )
 from magretrieve.errors import StoreError
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "faiss_store.json"
-INDEX_TYPES = ("flat", "hnsw", "ivf")
-DEFAULTS: dict[str, Any] = {
-    "hnsw_m": 32,
-    "ef_construction": 200,
-    "ef_search": 128,
-    "nlist": None,  # IVF: default ~ 4·sqrt(n) at training time
-    "nprobe": 16,
-}
+STATE_FILE = _faiss_files.STATE_FILE
+INDEX_TYPES = fx.ALIASES
+DEFAULTS = fx.DEFAULTS
+inspect_index = fx.inspect_index  # kept importable from here
+#: Options fixed when the index is built (a different value on reopen is an error).
+BUILD_OPTIONS = ("hnsw_m", "ef_construction", "nlist")
+#: Options a reopen may change (search-time knobs).
+SEARCH_OPTIONS = ("ef_search", "nprobe")
 
 
-_DEFAULT_THREADS = 0  # FAISS's OpenMP default for batch search, read on first use
-
-
-def _faiss() -> Any:
-    global _DEFAULT_THREADS
-    faiss = require("faiss", "FAISS (faiss-cpu)", "faiss")
-    if not _DEFAULT_THREADS:
-        _DEFAULT_THREADS = max(1, faiss.omp_get_max_threads())
-    return faiss
-
-
-def _metric_name(faiss: Any, metric: int) -> str:
-    names = {faiss.METRIC_INNER_PRODUCT: "inner_product", faiss.METRIC_L2: "L2"}
-    return names.get(metric, f"faiss metric {metric}")
-
-
-def inspect_index(index: Any) -> dict[str, Any]:
-    """Metric, normalization and kind of a FAISS index object (unwrapping ID maps/transforms)."""
-    faiss = _faiss()
-    index = faiss.downcast_index(index)
-    normalizes = False
-    core = index
-    while True:
-        if isinstance(core, faiss.IndexPreTransform):
-            for i in range(core.chain.size()):
-                vt = faiss.downcast_VectorTransform(core.chain.at(i))
-                if isinstance(vt, faiss.NormalizationTransform):
-                    normalizes = True
-            core = faiss.downcast_index(core.index)
-        elif isinstance(core, (faiss.IndexIDMap, faiss.IndexIDMap2)):
-            core = faiss.downcast_index(core.index)
-        else:
-            break
-    if isinstance(core, faiss.IndexHNSW):
-        kind = "hnsw"
-    elif isinstance(core, faiss.IndexIVF):
-        kind = "ivf"
-    elif isinstance(core, faiss.IndexFlat):
-        kind = "flat"
-    else:
-        kind = type(core).__name__
-    return {
-        "metric": _metric_name(faiss, index.metric_type),
-        "normalizes": normalizes,
-        "kind": kind,
-        "core": core,
-    }
+def _check(name: str, value: Any, where: str) -> Any:
+    return registry.OPTIONS[name].check(value, where) if value is not None else None
 
 
 class FaissStore(IdMapMixin, VectorStore):
-    """A FAISS index plus a record table (string id + payload per int64 FAISS id).
+    """A FAISS index plus a record table (string id + payload + norm per int64 FAISS id).
 
     Deletion and replacement use ``remove_ids`` where the index supports it (flat, IVF) and
     tombstones otherwise (HNSW: a deleted id is filtered out of results, and searches ask
@@ -117,131 +70,152 @@ class FaissStore(IdMapMixin, VectorStore):
     """
 
     kind = "faiss"
-    thread_safe_search = True  # FAISS const search is thread-safe; params are per call
+    thread_safe_search = True  # FAISS const search is thread-safe; knobs change only by tuning
 
     def __init__(
         self,
         dimension: int,
         path: str | Path | None = None,
         *,
-        index_type: str = "flat",
+        index_type: str | None = None,
         hnsw_m: int | None = None,
         ef_construction: int | None = None,
         ef_search: int | None = None,
         nlist: int | None = None,
         nprobe: int | None = None,
+        target_recall: float | None = None,
         index: Any = None,
         single_query_threads: int | None = 1,
     ) -> None:
-        faiss = _faiss()
-        self._dim = int(dimension)
         self._path = Path(path) if path is not None else None
-        self._lock = threading.RLock()
-        self._records: list[list[Any] | None] = []  # FAISS id -> [doc_id, payload] | None
-        self._row: dict[str, int] = {}
-        self._tombstones: set[int] = set()
-        self._meta: dict[str, Any] | None = None
-        self._generation = 0
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # IVF vectors before training
-        self._sequential = False  # adopted plain index: FAISS ids are positions
-        self._kind_cache: tuple[int, str] | None = None
-        self.single_query_threads = single_query_threads
-        self.params: dict[str, Any] = {
-            "hnsw_m": hnsw_m,
-            "ef_construction": ef_construction,
-            "ef_search": ef_search,
-            "nlist": nlist,
-            "nprobe": nprobe,
+        where = self.location
+        if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)):
+            raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
+        if int(dimension) < 1:
+            raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
+        given = {
+            "hnsw_m": _check("hnsw_m", hnsw_m, where),
+            "ef_construction": _check("ef_construction", ef_construction, where),
+            "ef_search": _check("ef_search", ef_search, where),
+            "nlist": _check("nlist", nlist, where),
+            "nprobe": _check("nprobe", nprobe, where),
         }
-        for key, default in DEFAULTS.items():
-            if self.params[key] is None:
-                self.params[key] = default
+        self.target_recall = _check("target_recall", target_recall, where)
+        self._init_common(int(dimension), self._path, single_query_threads)
+        self.params = {k: (v if v is not None else DEFAULTS[k]) for k, v in given.items()}
         if index is not None:
-            self._index = self._adopt(index)
+            if index_type is not None:
+                raise StoreError(f"{where}: pass either an index object or index_type, not both")
+            self._adopt(index, given)
         else:
-            self._index = self._build(index_type)
-        if self._index is not None and self._index.d != self._dim:
+            self._build(index_type or "flat", given)
+        if self._handle is not None and self._handle.index.d != self._dim:
             raise StoreError(
-                f"{self.location}: FAISS index has dimension {self._index.d}, "
+                f"{where}: FAISS index has dimension {self._handle.index.d}, "
                 f"but dimension {self._dim} was asked for"
             )
-        self._faiss = faiss
+
+    def _init_common(self, dim: int, path: Path | None, threads: int | None) -> None:
+        self._dim = dim
+        self._path = path
+        self._lock = threading.RLock()
+        self._table = RecordTable()
+        self._meta: dict[str, Any] | None = None
+        self._generation = 0
+        self._handle: fx.IndexHandle | None = None
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # before training
+        self._sequential = False  # adopted plain index: FAISS ids are positions
+        self._writer = WriterLock(path, self.location) if path is not None else None
+        self._dirty = False
+        self.single_query_threads = threads
+        self.recall: dict[str, Any] | None = None
+        self.target_recall: float | None = getattr(self, "target_recall", None)
 
     # ------------------------------------------------------------------ construction
 
-    def _build(self, index_type: str) -> Any:
-        faiss = _faiss()
-        kind = index_type.lower()
-        d, ip = self._dim, faiss.METRIC_INNER_PRODUCT
-        if kind == "flat":
-            index = faiss.IndexIDMap2(faiss.IndexFlatIP(d))
-        elif kind == "hnsw":
-            hnsw = faiss.IndexHNSWFlat(d, int(self.params["hnsw_m"]), ip)
-            hnsw.hnsw.efConstruction = int(self.params["ef_construction"])
-            hnsw.hnsw.efSearch = int(self.params["ef_search"])
-            index = faiss.IndexIDMap2(hnsw)
-        elif kind == "ivf":
-            index = None  # built at training time, when nlist can follow the data size
+    def _build(self, index_type: str, given: dict[str, Any]) -> None:
+        where = self.location
+        if not isinstance(index_type, str) or not index_type.strip():
+            raise StoreError(f"{where}: unknown FAISS index type {index_type!r}")
+        alias = index_type.strip().lower()
+        if alias in fx.ALIASES:
+            self.index_type = alias
+            kind = alias
+            factory = fx.alias_factory(alias, self.params)
         else:
-            try:
-                index = faiss.index_factory(d, index_type, ip)
-            except RuntimeError as exc:
-                raise StoreError(
-                    f"unknown FAISS index type {index_type!r}: use flat, hnsw, ivf or a "
-                    f"faiss.index_factory string ({str(exc).splitlines()[0]})"
-                ) from None
-            index = self._adopt(index)
-            kind = "factory"
-            self.params["factory"] = index_type
-        self.index_type = kind
-        return index
+            self.index_type = "factory"
+            factory = index_type.strip()
+            for key in ("hnsw_m", "nlist"):
+                if given[key] is not None:
+                    raise StoreError(
+                        f"{where}: {registry.OPTIONS[key].cli} applies to the hnsw/ivf aliases; "
+                        f"the factory string {factory!r} sets it itself"
+                    )
+            kind = None
+        self.params["factory"] = factory
+        if factory is not None:
+            handle = fx.wrap(fx.make_factory_index(self._dim, factory, where), where)
+            kind = handle.kind
+            self._handle = handle
+        self._check_applicable(kind, given)
+        if self._handle is not None:
+            # build-time settings come from the factory string; search-time knobs keep the
+            # store defaults (FAISS's own efSearch=16 / nprobe=1 lose recall silently)
+            built = fx.read_parameters(self._handle)
+            self.params.update({k: v for k, v in built.items() if k in BUILD_OPTIONS})
+            fx.set_build_parameters(self._handle, self.params)
+            fx.set_search_parameters(self._handle, self.params)
+        self._normalizes = bool(self._handle and self._handle.normalizes)
 
-    def _adopt(self, index: Any) -> Any:
-        """Accept an existing FAISS index object after checking its metric."""
-        faiss = _faiss()
-        info = inspect_index(index)
-        if info["metric"] != "inner_product":
+    def _check_applicable(self, kind: str | None, given: dict[str, Any]) -> None:
+        """Options for another index kind are an error, not silently ignored."""
+        allowed = {"hnsw": {"hnsw_m", "ef_construction", "ef_search"}, "ivf": {"nlist", "nprobe"}}
+        ok = allowed.get(kind or "", set())
+        bad = [k for k, v in given.items() if v is not None and k not in ok]
+        if bad:
+            flags = ", ".join(registry.OPTIONS[k].cli or k for k in bad)
             raise StoreError(
-                f"FAISS index uses metric {info['metric']}; magretrieve stores are searched by "
-                "inner product (METRIC_INNER_PRODUCT). An L2 index would rank by distance and "
-                "ignore the magnitude the model keeps"
+                f"{self.location}: {flags} do(es) not apply to a FAISS {kind or 'index'} index "
+                f"({self.params.get('factory') or self.index_type})"
             )
-        self._normalizes = info["normalizes"]
-        self.index_type = getattr(self, "index_type", info["kind"])
-        core = info["core"]
-        if info["kind"] == "hnsw":  # report the adopted index's own settings
-            self.params["hnsw_m"] = int(core.hnsw.nb_neighbors(1))
-            self.params["ef_construction"] = int(core.hnsw.efConstruction)
-            self.params["ef_search"] = int(core.hnsw.efSearch)
-        elif info["kind"] == "ivf":
-            self.params["nlist"], self.params["nprobe"] = int(core.nlist), int(core.nprobe)
-        index = faiss.downcast_index(index)
-        if not index.is_trained:
-            raise StoreError("the FAISS index object is not trained; train it before passing it")
-        if isinstance(index, (faiss.IndexIDMap, faiss.IndexIDMap2)):
-            if index.ntotal > 0:
-                raise StoreError(
-                    "a non-empty FAISS ID-map index cannot be adopted (its int64 ids have no "
-                    "string ids or payloads); pass an empty index or one without an ID map"
-                )
-        elif isinstance(index, faiss.IndexIVF):
-            index.set_direct_map_type(faiss.DirectMap.Hashtable)
-            if index.ntotal > 0:
-                raise StoreError("a non-empty FAISS IVF index cannot be adopted; pass it empty")
-        elif index.ntotal == 0:
-            index = faiss.IndexIDMap2(index)
-        else:
+        if self.target_recall is not None and kind not in ("hnsw", "ivf"):
+            raise StoreError(
+                f"{self.location}: --target-recall needs an approximate (hnsw/ivf) index, "
+                f"not {kind}"
+            )
+
+    def _adopt(self, index: Any, given: dict[str, Any]) -> None:
+        """Accept a FAISS index object: its metric is checked, its owner kept alive."""
+        where = self.location
+        handle = fx.wrap(index, where)
+        self._check_applicable(handle.kind, {k: v for k, v in given.items() if k != "nlist"})
+        self.index_type = handle.kind
+        self.params.update(fx.read_parameters(handle))
+        self.params.update({k: v for k, v in given.items() if v is not None})
+        self.params["factory"] = None
+        fx.set_search_parameters(handle, self.params)
+        self._normalizes = handle.normalizes
+        self._handle = handle
+        if (
+            handle.index is index
+            and handle.ntotal > 0
+            and not fx.inspect_index(index)["native_ids"]
+        ):
             # vectors without a record table: ids "0".."n-1" (FAISS's own sequential ids)
             logger.warning(
                 "adopting a FAISS index with %d unnamed vectors; their ids are '0'..'%d'",
-                index.ntotal,
-                index.ntotal - 1,
+                handle.ntotal,
+                handle.ntotal - 1,
             )
-            norms = np.linalg.norm(index.reconstruct_n(0, index.ntotal), axis=1)
-            self._records = [[str(i), {}, float(norms[i])] for i in range(index.ntotal)]
-            self._row = {str(i): i for i in range(index.ntotal)}
+            norms = np.linalg.norm(index.reconstruct_n(0, handle.ntotal), axis=1)
+            self._table = RecordTable.sequential(norms)
             self._sequential = True
-        return index
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def _row(self) -> dict[str, int]:  # type: ignore[override]
+        return self._table.row
 
     @property
     def dimension(self) -> int:
@@ -257,8 +231,11 @@ class FaissStore(IdMapMixin, VectorStore):
 
     @property
     def index(self) -> Any:
-        """The underlying FAISS index object."""
-        return self._index
+        """The underlying FAISS index object (None while an untrained index waits for data)."""
+        return self._handle.index if self._handle is not None else None
+
+    def _is_trained(self) -> bool:
+        return self._handle is not None and self._handle.is_trained
 
     # ------------------------------------------------------------------ load / save
 
@@ -266,26 +243,19 @@ class FaissStore(IdMapMixin, VectorStore):
     def open(cls, path: str | Path, dimension: int | None = None, **options: Any) -> FaissStore:
         """Open the store in ``path`` or create an empty one there (needs ``dimension``)."""
         path = Path(path)
-        state_file = path / STATE_FILE
-        if not state_file.is_file():
-            if any(path.glob("index-*.faiss")) or any(path.glob("records-*.json")):
-                raise StoreError(
-                    f"{path}: index files without {STATE_FILE}: a save was interrupted before "
-                    "its first commit; delete the folder and re-index"
-                )
+        if path.exists() and not path.is_dir():
+            raise StoreError(f"faiss:{path}: {path} is a file, not a folder")
+        if not _faiss_files.has_state(path):
+            _faiss_files.check_no_orphans(path)
             if dimension is None:
                 raise StoreError(f"{path}: no FAISS store here; pass a dimension to create one")
             return cls(int(dimension), path, **options)
-        return cls._load(path, dimension, **options)
-
-    @classmethod
-    def _load(cls, path: Path, dimension: int | None, **options: Any) -> FaissStore:
-        state = read_state_file(path / STATE_FILE, "magretrieve-faiss-store", "FAISS")
         try:
-            if state.get("index_file") is None:
-                return cls._load_empty(path, state, dimension, **options)
-            return cls._load_state(path, state, dimension, **options)
-        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+            saved = _faiss_files.read(path)
+            return cls._from_saved(path, saved, dimension, options)
+        except StoreError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError, IndexError) as exc:
             # a state or record file with the right checksums but wrong content, or a file
             # FAISS cannot parse: never a traceback, always the file at fault
             raise StoreError(
@@ -293,205 +263,255 @@ class FaissStore(IdMapMixin, VectorStore):
             ) from None
 
     @classmethod
-    def _load_state(
-        cls, path: Path, state: dict[str, Any], dimension: int | None, **options: Any
+    def _from_saved(
+        cls, path: Path, saved: _faiss_files.Saved, dimension: int | None, options: dict
     ) -> FaissStore:
-        faiss = _faiss()
-        files = {
-            "index": plain_file(path, state["index_file"], STATE_FILE),
-            "records": plain_file(path, state["records_file"], STATE_FILE),
-        }
-        for key, f in files.items():
-            if not f.is_file():
-                raise StoreError(f"{f}: missing (the store in {path} is incomplete)")
-            if sha256_file(f) != state[f"{key}_sha256"]:
-                raise StoreError(
-                    f"{f}: does not match the checksum in {STATE_FILE} (half-written or modified)"
-                )
+        state = saved.state
+        where = f"faiss:{path}"
         if dimension is not None and int(dimension) != int(state["dimension"]):
             raise StoreError(
                 f"{path}: store has dimension {state['dimension']}, "
                 f"but the model produces dimension {dimension}"
             )
         params = dict(state["parameters"])
-        # search-time knobs may be overridden when opening; build-time ones come from disk
-        for key in ("ef_search", "nprobe"):
-            if options.get(key) is not None:
-                params[key] = options[key]
+        stored_type = state["index_type"]
+        cls._check_reopen(where, stored_type, params, options)
         store = cls.__new__(cls)
-        store._dim = int(state["dimension"])
-        store._path = path
-        store._lock = threading.RLock()
-        store._faiss = faiss
-        store._pending = []
-        store._kind_cache = None
-        store.single_query_threads = options.get("single_query_threads", 1)
-        store.params = params
-        store.index_type = state["index_type"]
+        store.target_recall = _check("target_recall", options.get("target_recall"), where)
+        store._init_common(int(state["dimension"]), path, options.get("single_query_threads", 1))
+        store.params = {**{k: DEFAULTS[k] for k in DEFAULTS}, **params}
+        for key in SEARCH_OPTIONS:
+            if options.get(key) is not None:
+                store.params[key] = _check(key, options[key], where)
+        store.index_type = stored_type
         store._generation = int(state["generation"])
-        store._meta = state_metadata(state, str(path / STATE_FILE))
-        store._index = faiss.read_index(str(files["index"]))
+        store._meta = _faiss_files.metadata(state, path)
+        store.recall = state.get("recall")
         store._sequential = bool(state.get("sequential", False))
-        info = inspect_index(store._index)
-        store._normalizes = info["normalizes"]
-        if info["metric"] != "inner_product":
-            raise StoreError(f"{files['index']}: metric {info['metric']} is not inner product")
-        if isinstance(info["core"], faiss.IndexIVF):
-            info["core"].set_direct_map_type(faiss.DirectMap.Hashtable)
-        records = json.loads(files["records"].read_text())
-        store._records = records["records"]
-        store._tombstones = set(records["tombstones"])
-        store._row = {r[0]: n for n, r in enumerate(store._records) if r is not None}
-        cls._check_consistent(store, files)
-        for key, opt in (("hnsw_m", "hnsw_m"), ("ef_construction", "ef_construction")):
-            if options.get(opt) is not None and options[opt] != params.get(key):
-                logger.warning(
-                    "%s: %s=%s ignored; the existing index was built with %s",
-                    path,
-                    opt,
-                    options[opt],
-                    params.get(key),
-                )
+        if saved.index_file is None:  # generation 0: created, first save never completed
+            if stored_type != "factory" and params.get("factory") is None:
+                store.params["factory"] = fx.alias_factory(stored_type, store.params)
+            factory = store.params.get("factory")
+            if factory is not None:
+                store._handle = fx.wrap(fx.make_factory_index(store._dim, factory, where), where)
+                fx.set_build_parameters(store._handle, store.params)
+            store._normalizes = bool(store._handle and store._handle.normalizes)
+        else:
+            store._handle = fx.read(str(saved.index_file), str(saved.index_file))
+            store._normalizes = store._handle.normalizes
+            records_file = path / state["records_file"]
+            _check_records(saved.records, records_file)
+            store._table = RecordTable.from_json(saved.records or {})
+            pending = saved.pending
+            pfids = (saved.records or {}).get("pending", [])
+            if pending is not None and len(pfids):
+                store._pending = [(np.asarray(pfids, dtype=np.int64), pending)]
+            _check_consistent(store, saved.index_file, records_file)
+        if store._handle is not None:
+            fx.set_search_parameters(store._handle, store.params)
+            store._check_applicable(
+                store._handle.kind,
+                {k: options.get(k) for k in SEARCH_OPTIONS},
+            )
         return store
 
     @staticmethod
-    def _check_consistent(store: FaissStore, files: dict[str, Path]) -> None:
-        """Index and record table must describe the same points (checksums only prove that
-        each file is what the state file says, not that the two agree with each other)."""
-        index, records = store._index, store._records
-        if int(index.d) != store._dim:
-            raise StoreError(
-                f"{files['index']}: index has dimension {index.d}, {STATE_FILE} says {store._dim}"
+    def _check_reopen(where: str, stored_type: str, params: dict, options: dict) -> None:
+        """Build-time options on reopen must match what the index was built with."""
+        asked = options.get("index_type")
+        if asked is not None:
+            stored_factory = params.get("factory")
+            same = asked.strip().lower() == stored_type or (
+                stored_factory is not None and asked.strip() == stored_factory
             )
-        if not isinstance(records, list) or any(
-            r is not None and not (isinstance(r, list) and len(r) >= 2 and isinstance(r[0], str))
-            for r in records
-        ):
-            raise StoreError(
-                f"{files['records']}: records must be [id, payload, ...] lists or null"
-            )
-        if any(not isinstance(t, int) or not 0 <= t < len(records) for t in store._tombstones):
-            raise StoreError(f"{files['records']}: tombstones outside the record table")
-        live = len(store._row)
-        if len(store._row) != sum(r is not None for r in records):
-            raise StoreError(f"{files['records']}: a document id appears twice")
-        expected = live + len(store._tombstones)
-        if int(index.ntotal) != expected:
-            raise StoreError(
-                f"{files['index']}: index holds {index.ntotal} vectors but "
-                f"{files['records'].name} describes {expected} ({live} live, "
-                f"{len(store._tombstones)} tombstoned); the two files disagree"
-            )
+            if not same:
+                shown = stored_factory or stored_type
+                raise StoreError(
+                    f"{where}: the store was built as a {shown} index; --faiss-index {asked} "
+                    "cannot change it. Index into a new folder (or delete this one) to rebuild"
+                )
+        for key in BUILD_OPTIONS:
+            if options.get(key) is not None and options[key] != params.get(key):
+                raise StoreError(
+                    f"{where}: {registry.OPTIONS[key].cli} {options[key]} differs from the "
+                    f"{params.get(key)} the index was built with; it cannot change on reopen. "
+                    "Index into a new folder to rebuild"
+                )
 
-    @classmethod
-    def _load_empty(
-        cls, path: Path, state: dict[str, Any], dimension: int | None, **options: Any
-    ) -> FaissStore:
-        """Generation 0: the store was created but its first save never completed."""
-        if dimension is not None and int(dimension) != int(state["dimension"]):
-            raise StoreError(
-                f"{path}: store has dimension {state['dimension']}, "
-                f"but the model produces dimension {dimension}"
-            )
-        params = {k: v for k, v in dict(state["parameters"]).items() if k in DEFAULTS}
-        params.update({k: options[k] for k in ("ef_search", "nprobe") if options.get(k)})
-        kind = state["index_type"]
-        index_type = state["parameters"].get("factory", kind) if kind == "factory" else kind
-        store = cls(int(state["dimension"]), path, index_type=index_type, **params)
-        store._meta = state_metadata(state, str(path / STATE_FILE))
-        return store
-
-    def _state(self, index_name: str | None, records_name: str | None, gen: int) -> dict[str, Any]:
-        assert self._path is not None
+    def _state(self, files: dict[str, Any]) -> dict[str, Any]:
         return {
-            "format": "magretrieve-faiss-store",
-            "format_version": 1,
-            "generation": gen,
+            "format": _faiss_files.FORMAT,
+            "format_version": _faiss_files.FORMAT_VERSION,
+            "generation": self._generation + 1 if files else 0,
             "dimension": self._dim,
             "metric": "inner_product",
             "index_type": self.index_type,
             "sequential": self._sequential,
             "parameters": self.params,
-            "count": self.count() if index_name else 0,
-            "index_file": index_name,
-            "records_file": records_name,
-            "index_sha256": sha256_file(self._path / index_name) if index_name else None,
-            "records_sha256": sha256_file(self._path / records_name) if records_name else None,
+            "recall": self.recall,
+            "count": self.count() if files else 0,
+            "index_file": files.get("index_file"),
+            "records_file": files.get("records_file"),
+            "pending_file": files.get("pending_file"),
+            "index_sha256": files.get("index_sha256"),
+            "records_sha256": files.get("records_sha256"),
+            "pending_sha256": files.get("pending_sha256"),
             "metadata": self._meta,
         }
 
+    def _begin_write(self) -> None:
+        """First write of this object: take the folder's writer lock, catch up with disk."""
+        if self._writer is None or self._writer.held:
+            return
+        self._writer.acquire()
+        on_disk = _faiss_files.disk_generation(self._path)  # type: ignore[arg-type]
+        if on_disk is not None and on_disk != self._generation and not self._dirty:
+            # another writer committed since this object was opened: start from its state
+            fresh = FaissStore.open(self._path)  # type: ignore[arg-type]
+            writer, threads = self._writer, self.single_query_threads
+            target = self.target_recall
+            self.__dict__.update(fresh.__dict__)
+            self._writer, self.single_query_threads, self.target_recall = writer, threads, target
+
     def persist(self) -> None:
-        """Save a new generation atomically; the state file is switched last."""
+        """Save a new generation atomically (the state file is switched last).
+
+        An untrained index is saved untrained with its buffered vectors, so a checkpoint does
+        not force training on too few vectors; only the ``ivf`` alias, whose list count
+        follows the data, trains at its first save. Nothing changed: nothing written.
+        """
         if self._path is None:
             return
-        faiss = self._faiss
         with self._lock:
-            self._flush_pending(final=True)
-            self._path.mkdir(parents=True, exist_ok=True)
-            if not (self._path / STATE_FILE).is_file():
-                # commit an empty generation 0 first: a crash during the first real save then
-                # leaves a store that reopens (empty) and resumes, instead of orphan files
-                atomic_write_json(self._path / STATE_FILE, self._state(None, None, 0))
-            gen = self._generation + 1
-            index_name, records_name = f"index-{gen}.faiss", f"records-{gen}.json"
-            atomic_write_bytes(
-                self._path / index_name, faiss.serialize_index(self._index).tobytes()
+            if not self._dirty and _faiss_files.has_state(self._path):
+                return
+            self._begin_write()
+            if self._handle is None and self._pending:
+                self._flush_pending(final=True)
+            if self._handle is None:  # nothing added yet: record the empty store's settings
+                if not _faiss_files.has_state(self._path):
+                    self._path.mkdir(parents=True, exist_ok=True)
+                    atomic_write_json(self._path / STATE_FILE, self._state({}))
+                self._dirty = False
+                return
+            records = self._table.to_json()
+            pending = None
+            if self._pending:
+                pending = np.concatenate([v for _, v in self._pending])
+                records["pending"] = np.concatenate([f for f, _ in self._pending]).tolist()
+            _faiss_files.write(
+                self._path,
+                self._generation + 1,
+                fx.serialize(self._handle),
+                records,
+                pending,
+                self._state,
             )
-            atomic_write_bytes(
-                self._path / records_name,
-                json.dumps(
-                    {"records": self._records, "tombstones": sorted(self._tombstones)}
-                ).encode(),
-            )
-            atomic_write_json(self._path / STATE_FILE, self._state(index_name, records_name, gen))
-            self._generation = gen
-            # older generations, and temp files of saves a crash interrupted
-            for stale in [
-                *self._path.glob("index-*.faiss"),
-                *self._path.glob("records-*.json"),
-                *self._path.glob(".index-*.tmp"),
-                *self._path.glob(".records-*.tmp"),
-                *self._path.glob(f".{STATE_FILE}.*.tmp"),
-            ]:
-                if stale.name not in (index_name, records_name):
-                    stale.unlink(missing_ok=True)
+            self._generation += 1
+            self._dirty = False
 
-    # ------------------------------------------------------------------ IVF training
-
-    def _build_ivf(self, train: np.ndarray) -> Any:
-        faiss = self._faiss
-        n = train.shape[0]
-        nlist = self.params["nlist"] or max(1, min(int(4 * np.sqrt(n)), n // 39 or 1))
-        if n < nlist:
-            raise StoreError(
-                f"{self.location}: IVF with nlist={nlist} needs at least {nlist} vectors to "
-                f"train, got {n}; add more documents or lower --nlist"
-            )
-        self.params["nlist"] = int(nlist)
-        quantizer = faiss.IndexFlatIP(self._dim)
-        ivf = faiss.IndexIVFFlat(quantizer, self._dim, int(nlist), faiss.METRIC_INNER_PRODUCT)
-        ivf.train(train)
-        ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
-        ivf.nprobe = int(self.params["nprobe"])
-        return ivf
+    # ------------------------------------------------------------------ training
 
     def _flush_pending(self, final: bool) -> None:
-        """IVF: train once enough vectors are buffered (or at save/search) and add them."""
-        if self._index is not None or not self._pending:
+        """Untrained index: train once enough vectors are buffered (or ``final``), then add."""
+        if not self._pending:
             return
         n = sum(len(v) for _, v in self._pending)
-        target = 39 * (self.params["nlist"] or 256)
-        if not final and n < target:
-            return
+        where = self.location
+        if self._handle is None:  # the ivf alias: nlist follows the data size
+            if not final and n < fx.POINTS_PER_CENTROID * 256:
+                return
+            factory = fx.alias_factory("ivf", self.params, n)
+            self._handle = fx.wrap(fx.make_factory_index(self._dim, factory, where), where)
+            self.params["factory"] = factory
+            self.params.update(fx.read_parameters(self._handle))
+            self.params["nprobe"] = self.params.get("nprobe") or DEFAULTS["nprobe"]
+        if not self._handle.is_trained:
+            if not final and n < fx.train_target(self._handle.index):
+                return
+            vecs = np.concatenate([v for _, v in self._pending])
+            fx.train(self._handle, vecs[: fx.MAX_TRAIN], where)
+            fx.set_search_parameters(self._handle, self.params)
         vecs = np.concatenate([v for _, v in self._pending])
         fids = np.concatenate([f for f, _ in self._pending])
-        self._index = self._build_ivf(vecs)
-        self._index.add_with_ids(vecs, fids)
+        self._handle.index.add_with_ids(vecs, fids)
         self._pending = []
 
     def optimize(self) -> None:
+        """Train/add what is buffered; for an ANN index, measure recall (and tune to target)."""
         with self._lock:
-            self._flush_pending(final=True)
+            if self._pending:
+                self._begin_write()
+                self._flush_pending(final=True)
+                self._dirty = True
+            if self._handle is not None and self._handle.kind in ("hnsw", "ivf") and self.count():
+                self.measure_recall(target_recall=self.target_recall)
+
+    def measure_recall(
+        self, queries: np.ndarray | None = None, target_recall: float | None = None
+    ) -> dict[str, Any] | None:
+        """Measure recall@10 against exact search (tuning efSearch/nprobe to a target first).
+
+        Queries are directions of sampled stored vectors, plus ``queries`` (real query
+        vectors) when given. The result is kept in ``describe()["parameters"]["recall"]`` and
+        the state file; see :mod:`magretrieve.adapters._ann_recall`.
+        """
+        where = self.location
+        target_recall = _check("target_recall", target_recall, where)
+        self._ready_for_search()
+        if (
+            self._handle is None
+            or self._pending
+            or self._handle.kind not in ("hnsw", "ivf")
+            or not self.count()
+        ):
+            return None
+        with self._lock:
+            fids = np.fromiter(self._table.row.values(), dtype=np.int64)
+            ids = [self._table.records[f][0] for f in fids]  # type: ignore[index]
+            vectors = np.concatenate(
+                [
+                    self._handle.index.reconstruct_batch(fids[i : i + 65536])
+                    for i in range(0, len(fids), 65536)
+                ]
+            )
+            name = "ef_search" if self._handle.kind == "hnsw" else "nprobe"
+            if name == "ef_search":
+                values: list[int] = list(_ann_recall.HNSW_EF)
+            else:
+                values = _ann_recall.nprobe_values(int(self.params["nlist"]))
+
+            def set_knob(v: int) -> None:
+                self.params[name] = int(v)
+                fx.set_search_parameters(self._handle, self.params)  # type: ignore[arg-type]
+
+            knob = _ann_recall.Knob(name, values, set_knob, int(self.params[name]))
+            table = self._table
+
+            def search(q: np.ndarray, k: int) -> list[list[str]]:
+                _, found = self.raw_search(q, min(k + len(table.tombstones), self._handle.ntotal))  # type: ignore[union-attr]
+                out = []
+                for row in found:
+                    live = [r[0] for f in row if (r := table.live(int(f))) is not None]
+                    out.append(live[:k])
+                return out
+
+            self.recall = _ann_recall.measure(
+                search,
+                ids,
+                vectors,
+                knob=knob,
+                target=target_recall,
+                queries=queries,
+                ground_truth=(
+                    "exact inner product over the decoded (compressed) vectors"
+                    if self._handle.lossy
+                    else "exact inner product over the stored vectors"
+                ),
+                where=where,
+            )
+            self._dirty = True
+            return self.recall
 
     # ------------------------------------------------------------------ protocol
 
@@ -505,136 +525,238 @@ class FaissStore(IdMapMixin, VectorStore):
         if not ids:
             return 0
         with self._lock:
-            replaced = [self._row[i] for i in ids if i in self._row]
+            self._begin_write()
+            if self._sequential:
+                new = [i for i in ids if i not in self._table.row]
+                if len(new) != len(ids):
+                    raise StoreError(
+                        f"{self.location}: an adopted FAISS index with unnamed vectors cannot "
+                        "replace them; pass an empty index to get updates"
+                    )
+            replaced = self._table.fids_of(ids)
             if replaced:
                 self._remove_fids(replaced)
-            start = len(self._records)
-            fids = np.arange(start, start + len(ids), dtype=np.int64)
-            if self._index is None:
+            fids = self._table.append(ids, plist, np.linalg.norm(arr, axis=1))
+            if not self._is_trained():
                 self._pending.append((fids, arr))
+                self._flush_pending(final=False)
             elif self._sequential:
-                self._index.add(arr)  # plain index: FAISS ids are positions, as ours are
+                self._handle.index.add(arr)  # type: ignore[union-attr]
             else:
-                self._index.add_with_ids(arr, fids)
-            norms = np.linalg.norm(arr, axis=1)
-            for doc_id, payload, fid, norm in zip(ids, plist, fids, norms, strict=True):
-                self._records.append([doc_id, payload, float(norm)])
-                self._row[doc_id] = int(fid)
-            self._flush_pending(final=False)
+                self._handle.index.add_with_ids(arr, fids)  # type: ignore[union-attr]
+            self._dirty = True
         return len(ids)
 
     def _remove_fids(self, fids: list[int]) -> None:
         sel = np.asarray(fids, dtype=np.int64)
         removed = False
-        if self._index is None:
+        if self._pending:
             for i, (f, v) in enumerate(self._pending):
                 keep = ~np.isin(f, sel)
                 self._pending[i] = (f[keep], v[keep])
-            removed = True
-        elif not self._sequential:
+        if self._handle is not None and self._handle.ntotal and not self._sequential:
             try:
-                self._index.remove_ids(sel)
+                self._handle.index.remove_ids(sel)
                 removed = True
             except RuntimeError:
                 removed = False  # HNSW: no removal; tombstone instead
-        for fid in fids:
-            rec = self._records[fid]
-            if rec is not None:
-                self._row.pop(rec[0], None)
-            self._records[fid] = None
-            if not removed:
-                self._tombstones.add(int(fid))
+        elif self._handle is None or not self._handle.ntotal:
+            removed = True
+        self._table.drop(fids, tombstone=not removed)
 
     def delete(self, ids: Sequence[str]) -> int:
         with self._lock:
-            fids = [self._row[i] for i in ids if i in self._row]
+            fids = self._table.fids_of(ids)
             if fids:
+                self._begin_write()
                 self._remove_fids(fids)
+                self._dirty = True
             return len(fids)
 
-    def count(self) -> int:
-        return len(self._row)
+    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._begin_write()
+            self._meta = dict(meta)
+            self._dirty = True
 
-    def _search_params(self) -> Any:
-        faiss = self._faiss
-        if self._kind_cache is None or self._kind_cache[0] != id(self._index):
-            self._kind_cache = (id(self._index), inspect_index(self._index)["kind"])
-        kind = self._kind_cache[1]
-        if self.index_type == "factory":
-            return None  # a factory chain keeps the search settings it was given
-        if kind == "hnsw":
-            return faiss.SearchParametersHNSW(efSearch=int(self.params["ef_search"]))
-        if kind == "ivf":
-            return faiss.SearchParametersIVF(nprobe=int(self.params["nprobe"]))
-        return None
+    def count(self) -> int:
+        return len(self._table)
+
+    def _ready_for_search(self) -> None:
+        """Train on the buffer when it can be trained; a smaller buffer is searched exactly."""
+        if self._pending:
+            with self._lock:
+                if self._pending and self._trainable():
+                    self._flush_pending(final=True)
+
+    def _trainable(self) -> bool:
+        n = sum(len(v) for _, v in self._pending)
+        if self._handle is None or self._handle.is_trained:
+            return n > 0
+        return n >= fx.min_train(self._handle.index)
+
+    def _pending_search(self, q: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+        """Exact search over vectors still waiting for training: (FAISS id, score) per query."""
+        fids = np.concatenate([f for f, _ in self._pending])
+        vecs = np.concatenate([v for _, v in self._pending])
+        scores = q @ vecs.T
+        out = []
+        for row in scores:
+            top = np.argsort(-row, kind="stable")[:k]
+            out.append([(int(fids[j]), float(row[j])) for j in top])
+        return out
+
+    def _vector(self, fid: int) -> np.ndarray:
+        for f, v in self._pending:
+            hit = np.flatnonzero(f == fid)
+            if len(hit):
+                return v[int(hit[0])].copy()
+        return self._handle.index.reconstruct(int(fid))  # type: ignore[union-attr]
 
     def search(
         self, queries: np.ndarray, k: int, *, with_vectors: bool = True
     ) -> list[list[StoreHit]]:
         q = check_queries(queries, self._dim, self.location)
         k = check_k(k)
-        if self._pending:
-            with self._lock:
-                self._flush_pending(final=True)
-        if self._index is None or self.count() == 0:
+        self._ready_for_search()
+        if self.count() == 0:
             return [[] for _ in range(len(q))]
-        faiss = self._faiss
-        kk = min(k + len(self._tombstones), self._index.ntotal)
-        params = self._search_params()
-        # One query is latency-bound: OpenMP fan-out costs more than it saves. The OpenMP
-        # thread count is per calling thread, so concurrent searches do not disturb each other.
-        if len(q) == 1 and self.single_query_threads:
-            faiss.omp_set_num_threads(int(self.single_query_threads))
-        else:
-            faiss.omp_set_num_threads(_DEFAULT_THREADS)
-        scores, fids = self._index.search(q, kk, params=params)
+        with self._lock:
+            if self._pending:  # too few vectors to train yet: exact search over the buffer
+                rows = self._pending_search(q, k)
+            else:
+                kk = min(k + len(self._table.tombstones), self._handle.ntotal)  # type: ignore[union-attr]
+                scores, fids = self.raw_search(q, kk)
+                rows = [
+                    [(int(f), float(sc)) for sc, f in zip(srow, frow, strict=True)]
+                    for srow, frow in zip(scores, fids, strict=True)
+                ]
         out = []
-        for srow, frow in zip(scores, fids, strict=True):
+        for row in rows:
             hits: list[StoreHit] = []
-            for s, f in zip(srow, frow, strict=True):
-                if f < 0 or f in self._tombstones:
-                    continue
-                rec = self._records[f]
+            for f, sc in row:
+                rec = self._table.live(f)
                 if rec is None:
                     continue
-                vec = self._index.reconstruct(int(f)) if with_vectors else None
-                hits.append(StoreHit(rec[0], float(s), dict(rec[1]), vec, self._norm(int(f))))
+                vec = self._vector(f) if with_vectors else None
+                hits.append(StoreHit(rec[0], sc, dict(rec[1]), vec, self._norm(f)))
                 if len(hits) == k:
                     break
             out.append(hits)
         return out
 
+    def raw_search(self, q: np.ndarray, kk: int) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS scores and int64 ids (tombstones included) with the store's thread policy."""
+        faiss = fx.faiss_module()
+        # One query is latency-bound: OpenMP fan-out costs more than it saves. The OpenMP
+        # thread count is per calling thread, so concurrent searches do not disturb each other.
+        if len(q) == 1 and self.single_query_threads:
+            faiss.omp_set_num_threads(int(self.single_query_threads))
+        else:
+            faiss.omp_set_num_threads(fx.default_threads())
+        return self._handle.index.search(q, max(1, kk))  # type: ignore[union-attr]
+
+    def set_search_parameters(
+        self, *, ef_search: int | None = None, nprobe: int | None = None
+    ) -> None:
+        """Change the search-time knobs of an open store (validated; kept by the next save)."""
+        where = self.location
+        new = {
+            "ef_search": _check("ef_search", ef_search, where),
+            "nprobe": _check("nprobe", nprobe, where),
+        }
+        self._ready_for_search()
+        if self._handle is not None:
+            self._check_applicable(self._handle.kind, new)
+        with self._lock:
+            self.params.update({k: v for k, v in new.items() if v is not None})
+            if self._handle is not None:
+                fx.set_search_parameters(self._handle, self.params)
+
     def _norm(self, fid: int) -> float:
         """The stored vector's norm, kept in the record table (records of format 1 lack it)."""
-        rec = self._records[fid]
-        if len(rec) < 3:
-            rec.append(float(np.linalg.norm(self._index.reconstruct(fid))))
-        return float(rec[2])
+        rec = self._table.records[fid]
+        if len(rec) < 3:  # type: ignore[arg-type]
+            rec.append(float(np.linalg.norm(self._vector(fid))))
+        return float(rec[2])  # type: ignore[index]
 
     def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
-        if self._pending:
-            with self._lock:
-                self._flush_pending(final=True)
+        self._ready_for_search()
         out: list[StoreRecord | None] = []
         for doc_id in ids:
-            fid = self._row.get(doc_id)
+            fid = self._table.row.get(doc_id)
             if fid is None:
                 out.append(None)
                 continue
-            rec = self._records[fid]
-            out.append(StoreRecord(doc_id, self._index.reconstruct(int(fid)), dict(rec[1])))
+            rec = self._table.records[fid]
+            out.append(StoreRecord(doc_id, self._vector(int(fid)), dict(rec[1])))  # type: ignore[index]
         return out
 
     def parameters(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"index": self.index_type}
-        if self.index_type == "hnsw":
+        kind = self._handle.kind if self._handle is not None else self.index_type
+        out: dict[str, Any] = {"index": self.index_type, "factory": self.params.get("factory")}
+        if kind == "hnsw":
             out.update({k: self.params[k] for k in ("hnsw_m", "ef_construction", "ef_search")})
-        elif self.index_type == "ivf":
+        elif kind == "ivf":
             out.update({k: self.params[k] for k in ("nlist", "nprobe")})
-        elif self.index_type == "factory":
-            out["factory"] = self.params.get("factory")
-        out["tombstones"] = len(self._tombstones)
+        if self._handle is not None and self._handle.lossy:
+            out["lossy_codes"] = True
+        out["tombstones"] = len(self._table.tombstones)
+        out["trained"] = self._is_trained()
+        if self._pending:
+            out["pending_training"] = int(sum(len(v) for _, v in self._pending))
+        if self.recall is not None:
+            out["recall"] = self.recall
         return out
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.release()
+
+
+# ----------------------------------------------------------------------------- consistency
+
+
+def _check_records(records: Any, records_file: Path) -> None:
+    """The record file's shape: ``[id, payload, ...]`` lists or null, tombstones in range."""
+    rows = records.get("records") if isinstance(records, dict) else None
+    if not isinstance(rows, list) or any(
+        r is not None and not (isinstance(r, list) and len(r) >= 2 and isinstance(r[0], str))
+        for r in rows
+    ):
+        raise StoreError(f"{records_file}: records must be [id, payload, ...] lists or null")
+    tombs = records.get("tombstones", [])
+    if not isinstance(tombs, list) or any(
+        not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < len(rows) for t in tombs
+    ):
+        raise StoreError(f"{records_file}: tombstones outside the record table")
+    pending = records.get("pending", [])
+    if not isinstance(pending, list) or any(
+        not isinstance(t, int) or not 0 <= t < len(rows) for t in pending
+    ):
+        raise StoreError(f"{records_file}: pending ids outside the record table")
+
+
+def _check_consistent(store: FaissStore, index_file: Path, records_file: Path) -> None:
+    """Index and record table must describe the same points (checksums only prove that each
+    file is what the state file says, not that the two agree with each other)."""
+    index, table = store._handle.index, store._table  # type: ignore[union-attr]
+    if int(index.d) != store._dim:
+        raise StoreError(
+            f"{index_file}: index has dimension {index.d}, {STATE_FILE} says {store._dim}"
+        )
+    live = len(table.row)
+    if live != sum(r is not None for r in table.records):
+        raise StoreError(f"{records_file}: a document id appears twice")
+    pending = sum(len(f) for f, _ in store._pending)
+    expected = live + len(table.tombstones) - pending
+    if int(index.ntotal) != expected:
+        raise StoreError(
+            f"{index_file}: index holds {index.ntotal} vectors but {records_file.name} "
+            f"describes {expected} ({live} live, {len(table.tombstones)} tombstoned"
+            + (f", {pending} waiting for training" if pending else "")
+            + "); the two files disagree"
+        )
 
 
 # ----------------------------------------------------------------------------- registry entry
@@ -646,6 +768,7 @@ FAISS_OPTIONS = (
     "ef_search",
     "nlist",
     "nprobe",
+    "target_recall",
 )
 
 
@@ -691,6 +814,19 @@ registry.register(
                 f"faiss:{tmp / 'faiss-ivf'}",
                 {"index_type": "ivf", "nlist": 4},
                 exact=False,
+            ),
+            registry.Example(
+                "faiss-factory-hnsw",
+                f"faiss:{tmp / 'faiss-fh'}",
+                {"index_type": "HNSW16,Flat"},
+                exact=False,
+            ),
+            registry.Example(
+                "faiss-ivfpq",
+                f"faiss:{tmp / 'faiss-ivfpq'}",
+                {"index_type": "IVF4,PQ4x4"},
+                exact=False,
+                lossy=True,
             ),
         ],
     )

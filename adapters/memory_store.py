@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.adapters import registry
+from magretrieve.adapters._writer_lock import WriterLock
 from magretrieve.adapters.base import (
     IdMapMixin,
     StoreHit,
@@ -51,7 +52,10 @@ class MemoryStore(IdMapMixin, VectorStore):
         self._payloads: list[dict[str, Any]] = []
         self._row: dict[str, int] = {}
         self._meta: dict[str, Any] | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._generation = 0
+        self._dirty = False
+        self._writer = WriterLock(self._path, self.location) if self._path else None
 
     @classmethod
     def open(cls, path: str | Path, dimension: int | None = None) -> MemoryStore:
@@ -95,7 +99,32 @@ class MemoryStore(IdMapMixin, VectorStore):
         store._payloads = [dict(r[1]) for r in records]
         store._row = {i: n for n, i in enumerate(store._ids)}
         store._meta = state_metadata(state, str(path / STATE_FILE))
+        store._generation = int(state.get("generation", 0))
         return store
+
+    def _begin_write(self) -> None:
+        """First write of this object: take the folder's writer lock, catch up with disk."""
+        if self._writer is None or self._writer.held:
+            return
+        self._writer.acquire()
+        state_file = self._path / STATE_FILE  # type: ignore[operator]
+        if state_file.is_file() and not self._dirty:
+            on_disk = int(json.loads(state_file.read_text()).get("generation", 0))
+            if on_disk != self._generation:  # another writer committed since we opened
+                fresh = MemoryStore.open(self._path)  # type: ignore[arg-type]
+                writer = self._writer
+                self.__dict__.update(fresh.__dict__)
+                self._writer = writer
+
+    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._begin_write()
+            self._meta = dict(meta)
+            self._dirty = True
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.release()
 
     @property
     def dimension(self) -> int:
@@ -113,6 +142,8 @@ class MemoryStore(IdMapMixin, VectorStore):
     ) -> int:
         ids, arr, plist = check_batch(ids, vectors, payloads, self._dim, self.location)
         with self._lock:
+            self._begin_write()
+            self._dirty = True
             new_rows = []
             for doc_id, vec, payload in zip(ids, arr, plist, strict=True):
                 row = self._row.get(doc_id)
@@ -164,6 +195,8 @@ class MemoryStore(IdMapMixin, VectorStore):
             rows = sorted({self._row[i] for i in ids if i in self._row})
             if not rows:
                 return 0
+            self._begin_write()
+            self._dirty = True
             keep = np.setdiff1d(np.arange(len(self._ids)), rows)
             self._vectors = self._vectors[keep]
             self._ids = [self._ids[j] for j in keep]
@@ -195,6 +228,9 @@ class MemoryStore(IdMapMixin, VectorStore):
         import io
 
         with self._lock:
+            if not self._dirty and (self._path / STATE_FILE).is_file():
+                return  # nothing changed (and a reader never takes the writer lock)
+            self._begin_write()
             self._path.mkdir(parents=True, exist_ok=True)
             old = (
                 json.loads((self._path / STATE_FILE).read_text())
@@ -228,6 +264,8 @@ class MemoryStore(IdMapMixin, VectorStore):
             for key in ("vectors", "records"):
                 if key in old and old[key] not in (vec_name, rec_name):
                     (self._path / old[key]).unlink(missing_ok=True)
+            self._generation = gen
+            self._dirty = False
 
 
 # ----------------------------------------------------------------------------- registry entry

@@ -55,6 +55,8 @@ BACKEND_MODULES: tuple[str, ...] = (
     "magretrieve.adapters.qdrant_store",
     "magretrieve.adapters.qdrant_edge_store",
     "magretrieve.adapters.memory_store",
+    "magretrieve.adapters.pgvector_store",
+    "magretrieve.adapters.milvus_store",
 )
 
 
@@ -132,8 +134,9 @@ OPTIONS: dict[str, StoreOption] = {
         _opt(
             "index_type",
             str,
-            "FAISS index: flat (exact, default), hnsw, ivf, or a faiss.index_factory string "
-            "(inner product is always used).",
+            "FAISS index: flat (exact, default), hnsw, ivf, or any faiss.index_factory string, "
+            "e.g. 'IVF1024,PQ32' (inner product is always used; untrained indexes are trained "
+            "on the first vectors added).",
             cli="--faiss-index",
         ),
         _opt(
@@ -214,6 +217,16 @@ OPTIONS: dict[str, StoreOption] = {
             "Qdrant server request timeout in seconds.",
             minimum=1,
         ),
+        _opt(
+            "prefetch",
+            int,
+            "Annotated Cosine collection/table (magretrieve annotate): cosine candidates "
+            "re-ranked by cos·m(d) (default 100, or the value recorded by annotate).",
+            cli="--prefetch",
+            minimum=1,
+            maximum=100_000,
+            search=True,
+        ),
         _opt("full_scan_threshold", int, "Qdrant Edge: exact below this size (KB).", minimum=0),
         _opt("indexing_threshold", int, "Qdrant Edge: index segments above this size.", minimum=0),
     )
@@ -233,12 +246,16 @@ def add_option(option: StoreOption) -> None:
 
 @dataclass(frozen=True)
 class Example:
-    """A spec the shared store tests run against (``exact``: searched exactly)."""
+    """A spec the shared store tests run against.
+
+    ``exact``: searched exactly; ``lossy``: vectors come back approximately (PQ/SQ codes).
+    """
 
     name: str
     spec: str
     options: dict[str, Any] = field(default_factory=dict)
     exact: bool = True
+    lossy: bool = False
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,11 @@
 Writes <cache>/<name>-<part>.npz with ids and raw float32 vectors; skips sets already cached.
 ``benchmarks/norm_options.py`` reads these caches. Run it under the CPU lock:
 
-    flock /work/notes/cpu.lock nice -n 5 python benchmarks/_normhead_cache.py \
-        /work/cache/normhead128 --max-doc-length 128
+    flock .cache/cpu.lock nice -n 5 python benchmarks/_normhead_cache.py \
+        .cache/normhead128 --max-doc-length 128
     # a fine-tuned cosine run of benchmarks/quality.py, for "fine-tuned cosine + corpus prior":
-    flock /work/notes/cpu.lock nice -n 5 python benchmarks/_normhead_cache.py \
-        /work/cache/normhead128/cosine-s42 --model /work/cache/quality/runs/cosine-s42
+    flock .cache/cpu.lock nice -n 5 python benchmarks/_normhead_cache.py \
+        .cache/normhead128/cosine-s42 --model .cache/quality/runs/cosine-s42
 """
 
 from __future__ import annotations

@@ -3,21 +3,22 @@
 Passages are the sentences (≥ 4 words) of the scifact and cranfield abstracts in
 ../shared/data; queries are both sets' queries. Vectors come from all-MiniLM-L6-v2 in
 ``qnorm`` (documents keep their raw pooled magnitude, queries are unit-norm) and are cached
-in /tmp so the store comparison can be re-run without re-encoding.
+under ``_common.cache_dir("store_data")`` so the store benchmarks (stores.py, ann_recall.py)
+can be re-run without re-encoding. Encoding runs under the shared CPU lock with 2 threads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
-from pathlib import Path
 
 import numpy as np
+from _common import cache_dir, cpu_lock, data_dir
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = data_dir()
 SETS = ("scifact", "cranfield")
-CACHE = Path("/tmp/magretrieve_bench_stores")
 _SPLIT = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -43,21 +44,27 @@ def queries() -> list[str]:
     return out
 
 
-def load_vectors(batch_size: int = 128) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
-    """(ids, texts, document vectors, query vectors), encoding once and caching in /tmp."""
+def load_vectors(
+    batch_size: int = 128, lock: bool = True
+) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
+    """(ids, texts, document vectors, query vectors), encoding once and caching."""
     ids, texts = passages()
     qtexts = queries()
     key = hashlib.sha256("\n".join(texts + ["\0"] + qtexts).encode()).hexdigest()[:16]
-    CACHE.mkdir(parents=True, exist_ok=True)
-    path = CACHE / f"minilm-qnorm-{key}.npz"
+    path = cache_dir("store_data") / f"minilm-qnorm-{key}.npz"
     if path.is_file():
         data = np.load(path)
         return ids, texts, data["docs"], data["queries"]
+    import torch
+
     from magretrieve.encoder import Encoder
 
-    enc = Encoder.load("all-MiniLM-L6-v2", mode="qnorm")
-    docs = enc.encode_documents(texts, batch_size=batch_size, progress="encoding passages")
-    qv = enc.encode_queries(qtexts, batch_size=batch_size, progress="encoding queries")
+    # lock=False: the caller already holds the CPU lock (a second flock would wait on itself)
+    with cpu_lock() if lock else contextlib.nullcontext():
+        torch.set_num_threads(2)
+        enc = Encoder.load("all-MiniLM-L6-v2", mode="qnorm")
+        docs = enc.encode_documents(texts, batch_size=batch_size, progress="encoding passages")
+        qv = enc.encode_queries(qtexts, batch_size=batch_size, progress="encoding queries")
     tmp = path.with_suffix(".tmp.npz")
     np.savez(tmp, docs=docs, queries=qv)
     tmp.replace(path)

@@ -20,8 +20,7 @@ step count match. Heavy runs take the CPU lock (--lock).
     python benchmarks/data_size.py --model all-MiniLM-L6-v2 --train ../shared/data/scifact:train \
         --eval ../shared/data/scifact:test --eval ../shared/data/cranfield:test \
         --sizes 0,2000,6000 --modes cosine,qnorm --seeds 42 --max-doc-length 128 \
-        --reuse /work/cache/quality/results --lock /work/notes/cpu.lock \
-        --work /work/cache/data_size --out benchmarks/results --threads 2
+        --reuse .cache/quality/results --out benchmarks/results --threads 2
 """
 
 from __future__ import annotations
@@ -29,16 +28,14 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quality import MODES, BenchConfig, cpu_lock, run_ours, train_settings  # noqa: E402
+from _common import cpu_lock, lock_option, recorded_command
+from quality import MODES, BenchConfig, run_ours, train_settings
 
 from magretrieve.data import (  # noqa: E402
     Document,
@@ -364,13 +361,18 @@ def _ints(text: str, what: str) -> list[int]:
     "--reuse",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Quality-benchmark results folder: N = 0 runs take <mode>-s<seed>.json from it when its "
-    "settings and step count match.",
+    help="Quality-benchmark results folder (e.g. .cache/quality/results): N = 0 runs take "
+    "<mode>-s<seed>.json from it when its settings and step count match.",
 )
-@click.option("--work", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option(
+    "--work",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".cache/data_size"),
+    show_default=True,
+)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS)
 @click.option("--name", default="data_size", show_default=True)
-@click.option("--lock", default=None, help="flock this file around each heavy run.")
+@lock_option
 @click.option("--threads", type=int, default=None, help="torch threads.")
 @click.option("--plan", is_flag=True, help="Print pairs and steps per size, then stop.")
 def main(
@@ -570,7 +572,7 @@ def main(
     ]
 
     rows = summarize(records, size_list, mode_list, sets)
-    command = "python " + " ".join(sys.argv)
+    command = recorded_command()
     shown = {**settings, "max_doc_length": max_doc_length, "seeds": ",".join(map(str, seed_list))}
     table = markdown(rows, mode_list, command, shown, weak_info, reused)
     out.mkdir(parents=True, exist_ok=True)

@@ -14,11 +14,11 @@ queries. Test sets (scifact test, cranfield) are only scored. The fine-tuned run
 ``benchmarks/quality.py`` (its per-run JSON, ``--quality``) are read and shown next to them,
 so every row shares one document length and one training budget. The committed table:
 
-    C=/work/cache/normhead128 Q=/work/cache/quality/runs
-    flock /work/notes/cpu.lock python benchmarks/_normhead_cache.py $C --max-doc-length 128
-    for s in 42 43; do flock /work/notes/cpu.lock python benchmarks/_normhead_cache.py \
+    C=.cache/normhead128 Q=.cache/quality/runs
+    flock .cache/cpu.lock python benchmarks/_normhead_cache.py $C --max-doc-length 128
+    for s in 42 43; do flock .cache/cpu.lock python benchmarks/_normhead_cache.py \
         $C/cosine-s$s --model $Q/cosine-s$s; done
-    flock /work/notes/cpu.lock python benchmarks/norm_options.py --cache $C \
+    flock .cache/cpu.lock python benchmarks/norm_options.py --cache $C \
         --tuned $C/cosine-s42 --tuned $C/cosine-s43 --out benchmarks/results/norm_options.md
 """
 
@@ -27,13 +27,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import click
 import numpy as np
+from _common import recorded_command
 
 from magretrieve import metrics
 from magretrieve.corpus_prior import apply_magnitudes, choose_beta, hub_scores, unit
@@ -249,10 +249,18 @@ def fmt_cell(values: list[float]) -> str:
 
 
 @click.command()
-@click.option("--cache", type=click.Path(path_type=Path), default=Path("/work/cache/normhead"))
+@click.option(
+    "--cache",
+    type=click.Path(path_type=Path),
+    default=Path(".cache/normhead128"),
+    show_default=True,
+)
 @click.option("--data", type=click.Path(path_type=Path), default=DATA)
 @click.option(
-    "--quality", type=click.Path(path_type=Path), default=Path("/work/cache/quality/results")
+    "--quality",
+    type=click.Path(path_type=Path),
+    default=Path(".cache/quality/results"),
+    show_default=True,
 )
 @click.option(
     "--tuned",
@@ -367,7 +375,7 @@ def main(
     add_external(results, add, quality, tests)
 
     results["seconds"] = time.perf_counter() - started
-    results["command"] = "python " + " ".join(sys.argv)
+    results["command"] = recorded_command()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=float) + "\n")
     out.write_text(render(results, tests))

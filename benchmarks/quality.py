@@ -11,26 +11,23 @@ Real-model runs take the CPU lock (--lock) so that heavy jobs on a shared machin
     python benchmarks/quality.py --model all-MiniLM-L6-v2 --train ../shared/data/scifact:train \
         --eval ../shared/data/scifact:test --eval ../shared/data/cranfield:test \
         --configs zero-shot-cosine,zero-shot-qnorm,peer-mnrl,cosine,dot,qnorm,dnorm,learnable \
-        --seeds 42,43 --work /work/cache/quality --out benchmarks/results
+        --seeds 42,43 --out benchmarks/results
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import math
 import shutil
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 import numpy as np
+from _common import cpu_lock, lock_option, recorded_command
 
 from magretrieve.data import load_beir, load_training_data
 
@@ -104,20 +101,6 @@ def default_configs() -> dict[str, BenchConfig]:
             mode, mode, describe="paper recipe" if mode != "cosine" else "baseline"
         )
     return configs
-
-
-@contextlib.contextmanager
-def cpu_lock(path: str | None) -> Iterator[None]:
-    """Hold an exclusive flock on ``path`` (if given) so heavy jobs on the machine serialize."""
-    if not path:
-        yield
-        return
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def evaluate_all(encoder: Any, evals: list[Any]) -> dict[str, Any]:
@@ -437,14 +420,15 @@ def bar_chart(sets: list[str], summary: dict[str, Any], path: Path, title: str) 
 @click.option(
     "--work",
     type=click.Path(file_okay=False),
-    required=True,
-    help="Cache of runs and per-run JSON.",
+    default=".cache/quality",
+    show_default=True,
+    help="Cache of runs and per-run JSON (relative paths: to the repository root).",
 )
 @click.option(
     "--out", type=click.Path(file_okay=False), required=True, help="Where the table and chart go."
 )
 @click.option("--name", default="quality", help="Basename of the table and chart.")
-@click.option("--lock", default=None, help="flock this file around each heavy run.")
+@lock_option
 @click.option("--threads", type=int, default=None, help="torch threads.")
 def main(
     max_doc_length,
@@ -521,7 +505,7 @@ def main(
         if r["seed"] is None:
             r["seed"] = 0
     sets, summary = aggregate(records, chosen)
-    command = "python " + " ".join(sys.argv)
+    command = recorded_command()
     table = markdown(
         sets, summary, command, {**settings, "max_doc_length": max_doc_length or "model default"}
     )

@@ -12,11 +12,11 @@ scores on STS-B test in both argument orders, s(a,b) and s(b,a), and their mean 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import click
+from _common import recorded_command
 
 from magretrieve.data import TrainingPair, load_sentence_pairs
 
@@ -78,7 +78,7 @@ def main(model, data, modes, epochs, batch_size, lr, seed, min_score, out, threa
         click.echo(f"{mode}: Spearman {res.spearman_ab:.4f} / {res.spearman_ba:.4f}", err=True)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    command = "python " + " ".join(sys.argv)
+    command = recorded_command()
     lines = [
         "# Symmetric task check: STS-B Spearman by mode, both argument orders",
         "",

@@ -17,7 +17,7 @@ each batch really holds vs how many the padded batch computes (our length-bucket
 vs ST's random ones).
 
     python benchmarks/train_speed.py --model all-MiniLM-L6-v2 \
-        --train ../shared/data/scifact:train --lock /work/notes/cpu.lock
+        --train ../shared/data/scifact:train
 """
 
 from __future__ import annotations
@@ -25,16 +25,13 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import click
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quality import cpu_lock  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
+from _common import cpu_lock, lock_option, recorded_command
 
 from magretrieve.data import load_training_data  # noqa: E402
 
@@ -290,7 +287,7 @@ def _error_text(exc: BaseException) -> str:
     "--out", type=click.Path(file_okay=False), default="benchmarks/results", show_default=True
 )
 @click.option("--name", default="train_speed", show_default=True)
-@click.option("--lock", default=None, help="flock this file around the whole run.")
+@lock_option
 @click.option("--threads", type=int, default=None, help="torch threads.")
 def main(
     model,
@@ -365,7 +362,7 @@ def main(
                     click.echo(f"  {record['steps_per_second']:.3f} steps/s", err=True)
                 records.append(record)
     meta = {
-        "command": "python " + " ".join(sys.argv),
+        "command": recorded_command(),
         "settings": settings,
         "cpu": cpu_info(),
         "threads": torch.get_num_threads(),

@@ -5,9 +5,10 @@
 3. fine-tune briefly on scifact train in the recommended mode
 4. export the query and document graphs (ONNX, int8 by default for a 2-core machine)
 5. index the scifact corpus into an embedded vector store (no server)
-6. add the corpus prior diagnose recommends for this encoder: β chosen on the *training*
-   queries against the stored vectors, then a rescaled copy of the store (no re-encoding)
-7. search, showing how each score splits into ‖q‖ · ‖d‖ · cos θ
+6. add the document prior diagnose recommends for this encoder: method and parameters chosen
+   on the *training* queries against the stored vectors ("no prior" is always a candidate),
+   then a rescaled copy of the store (no re-encoding)
+7. search, showing how each score splits into ‖q‖ · ‖d‖ · cos θ + the prior's offset
 8. NDCG@10 *through the stores* (fine-tuned, fine-tuned + prior) vs the zero-shot baseline
 
     python examples/quickstart.py --data ../shared/data --work quickstart-out
@@ -53,16 +54,21 @@ def main() -> None:
 
     import torch
 
-    from magretrieve import Retriever, load_beir, load_training_data
-    from magretrieve.corpus_prior import choose_beta
-    from magretrieve.diagnose.report import recommend
-    from magretrieve.encoder import Encoder
-    from magretrieve.evaluate import evaluate_retrieval
-    from magretrieve.export import export_model
-    from magretrieve.metrics import retrieval_metrics
-    from magretrieve.rescale import rescale_store
-    from magretrieve.runtime import OnnxEncoder
-    from magretrieve.trainer import TrainConfig, train
+    from magretrieve import (
+        Encoder,
+        OnnxEncoder,
+        Retriever,
+        TrainConfig,
+        choose_prior,
+        evaluate_retrieval,
+        export_model,
+        load_beir,
+        load_training_data,
+        recommend,
+        rescale_store,
+        retrieval_metrics,
+        train,
+    )
 
     torch.set_num_threads(2)
     started = time.perf_counter()
@@ -125,12 +131,14 @@ def main() -> None:
     print(f"{retriever.store.count()} documents stored  ({time.perf_counter() - t:.0f}s)")
 
     prior_spec = None
-    if advice.magnitude == "corpus_prior" and mode == "cosine":
-        t = step(6, "corpus prior: β on scifact *train* queries, stored vectors, no re-encoding")
+    if advice.magnitude == "document_prior" and mode == "cosine":
+        t = step(
+            6, "document prior: chosen on scifact *train* queries, stored vectors, no re-encoding"
+        )
         train_set = load_beir(f"{data}:train")
         doc_ids = [str(i) for i in retriever.store.iter_ids()]
         qids_train = [q for q in train_set.queries if q in train_set.qrels]
-        prior = choose_beta(
+        selection = choose_prior(
             retriever.encoder.encode_queries([train_set.queries[q] for q in qids_train]),
             retriever.store.get_vectors(doc_ids),
             qids_train,
@@ -138,24 +146,28 @@ def main() -> None:
             train_set.qrels,
             chosen_on="scifact:train",
         )
-        grid = ", ".join(f"{b}: {v:.4f}" for b, v in prior.grid.items())
-        print(f"β = {prior.beta:g} (training-query NDCG@10 by β: {grid})")
+        prior = selection.prior
+        print(
+            f"chosen: {prior.label()} (training-query NDCG@10 {selection.training_ndcg:.4f}, "
+            f"{len(selection.grid)} candidates incl. no prior)"
+        )
         retriever.close()
         prior_spec = store_spec("index-prior")
         rescale_store(spec, prior_spec, prior=prior, progress=True)
         retriever = Retriever.load(export_dir, store=spec, threads=2)
         print(f"rescaled copy: {prior_spec}  ({time.perf_counter() - t:.0f}s)")
     else:
-        step(6, f"corpus prior: skipped ({mode} is not the recommended cosine + prior)")
+        step(6, f"document prior: skipped ({mode} is not the recommended cosine + prior)")
 
-    step(7, "search, with each score split into ‖q‖ · ‖d‖ · cos θ")
+    step(7, "search, with each score split into ‖q‖ · ‖d‖ · cos θ + the prior's offset")
     searcher = Retriever.load(export_dir, store=prior_spec, threads=2) if prior_spec else retriever
     for query in ["statins reduce mortality", "vitamin D deficiency and bone fractures"]:
         print(f"\nquery: {query}")
-        print(f"  {'score':>7} {'‖q‖':>6} {'‖d‖':>6} {'cos':>6}  title")
+        print(f"  {'score':>7} {'‖q‖':>6} {'‖d‖':>6} {'cos':>6} {'offset':>7}  title")
         for hit in searcher.search(query, k=3):
             print(
-                f"  {hit.score:7.3f} {hit.query_norm:6.3f} {hit.doc_norm:6.3f} {hit.cosine:6.3f}  {hit.title[:60]}"
+                f"  {hit.score:7.3f} {hit.query_norm:6.3f} {hit.doc_norm:6.3f} {hit.cosine:6.3f} "
+                f"{hit.offset:7.3f}  {hit.title[:60]}"
             )
 
     step(8, "NDCG@10 on scifact test, searched through the stores, vs zero-shot")
@@ -170,7 +182,7 @@ def main() -> None:
     rows = [("zero-shot cosine", zero_shot.ndcg_at_10)]
     rows.append((f"fine-tuned {mode}, {result.log['total_steps']} steps", ndcg(retriever)))
     if prior_spec:
-        rows.append((f"  + corpus prior (β {prior.beta:g})", ndcg(searcher)))
+        rows.append((f"  + {prior.label()}", ndcg(searcher)))
         searcher.close()
     retriever.close()
     print(f"\n  {'model':<34} NDCG@10")

@@ -167,6 +167,7 @@ def _write_manifest(
         parity=parity,
         quantization_report=quantization_report,
         base_model=cfg.base_model,
+        encoder=cfg.to_dict(),
         folder=folder,
     )
     manifest.save(folder)

@@ -35,26 +35,18 @@ def unit(vectors: np.ndarray) -> np.ndarray:
     return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
 
 
-def hub_scores(unit_docs: np.ndarray, k: int = DEFAULT_K, chunk: int = 1024) -> np.ndarray:
-    """Mean cosine of each document to its ``k`` nearest other documents (exact, chunked).
+def hub_scores(
+    unit_docs: np.ndarray, k: int = DEFAULT_K, chunk: int = 1024, method: str = "auto"
+) -> np.ndarray:
+    """Mean cosine of each document to its ``k`` nearest other documents.
 
-    O(n²·dim) time, O(chunk·n) memory: fine for corpora up to a few hundred thousand vectors.
+    Exact (O(n²·dim) time, O(chunk·n) memory) below ``magretrieve.neighbors.EXACT_MAX``
+    documents, approximate k-NN (FAISS IVF) above it; ``method`` forces one path
+    (see :func:`magretrieve.neighbors.mean_knn_similarity`).
     """
-    d = np.asarray(unit_docs, dtype=np.float32)
-    n = d.shape[0]
-    if n < 2:
-        raise DataError(f"a hub score needs at least 2 documents, got {n}")
-    k = min(int(k), n - 1)
-    if k < 1:
-        raise ConfigError(f"k must be at least 1, got {k}")
-    out = np.zeros(n, dtype=np.float64)
-    for start in range(0, n, chunk):
-        sims = d[start : start + chunk] @ d.T
-        rows = np.arange(sims.shape[0])
-        sims[rows, start + rows] = -np.inf  # not its own neighbour
-        top = np.partition(sims, n - k, axis=1)[:, n - k :]
-        out[start : start + chunk] = top.mean(axis=1)
-    return out
+    from magretrieve.neighbors import mean_knn_similarity
+
+    return mean_knn_similarity(unit_docs, k, method=method, chunk=chunk)
 
 
 @dataclass

@@ -220,29 +220,47 @@ def iter_corpus(
     """
     path = Path(path)
     for lineno, obj in read_jsonl(path):
-        doc_id = _required_str(obj, "_id", path, lineno)
-        text = _required_str(obj, "text", path, lineno, allow_empty=True)
-        title = obj.get("title")
-        if title is None:
-            title = ""
-        if not isinstance(title, str):
+        yield (
+            lineno,
+            corpus_document(obj, path, lineno, allow_empty=allow_empty, skip_empty=skip_empty),
+        )
+
+
+def corpus_document(
+    obj: dict[str, Any],
+    path: Path,
+    lineno: int,
+    *,
+    allow_empty: bool = False,
+    skip_empty: bool = False,
+) -> Document:
+    """One corpus line's object as a :class:`Document` (errors name ``path:lineno``).
+
+    Shared by :func:`iter_corpus` and the distributed indexing engines, which parse lines on
+    their workers: both read a line exactly the same way. An empty document is refused, kept
+    with a warning (``allow_empty``) or returned without payload for the caller to skip
+    (``skip_empty``; :func:`is_empty` tells which).
+    """
+    doc_id = _required_str(obj, "_id", path, lineno)
+    text = _required_str(obj, "text", path, lineno, allow_empty=True)
+    title = obj.get("title")
+    if title is None:
+        title = ""
+    if not isinstance(title, str):
+        raise DataError(
+            f"{path}:{lineno}: field 'title' must be a string, got {type(title).__name__}"
+        )
+    if not text.strip() and not title.strip():
+        if skip_empty:
+            return Document(doc_id, text, title, {})
+        if not allow_empty:
             raise DataError(
-                f"{path}:{lineno}: field 'title' must be a string, got {type(title).__name__}"
+                f"{path}:{lineno}: document {doc_id!r} has empty title and text "
+                "(`magretrieve index --skip-empty` skips and counts such documents)"
             )
-        if not text.strip() and not title.strip():
-            if skip_empty:
-                yield lineno, Document(doc_id, text, title, {})
-                continue
-            if not allow_empty:
-                raise DataError(
-                    f"{path}:{lineno}: document {doc_id!r} has empty title and text "
-                    "(`magretrieve index --skip-empty` skips and counts such documents)"
-                )
-            logger.warning(
-                "%s:%s: document %r has empty title and text (kept)", path, lineno, doc_id
-            )
-        payload = {k: v for k, v in obj.items() if k not in ("_id", "text", "title")}
-        yield lineno, Document(doc_id, text, title, payload)
+        logger.warning("%s:%s: document %r has empty title and text (kept)", path, lineno, doc_id)
+    payload = {k: v for k, v in obj.items() if k not in ("_id", "text", "title")}
+    return Document(doc_id, text, title, payload)
 
 
 def is_empty(doc: Document) -> bool:

@@ -11,11 +11,9 @@ query/document side of :mod:`magretrieve.similarity` and return what a store hol
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,139 +23,23 @@ from torch import nn
 
 from magretrieve import similarity
 from magretrieve.batching import DEFAULT_BATCH_TOKENS, token_budget_batches
+from magretrieve.config import (  # noqa: F401  (re-exported: the encoder's config lives there)
+    CONFIG_NAME,
+    CONFIG_VERSION,
+    POOLINGS,
+    SIDES,
+    EncoderConfig,
+    read_sentence_transformers,
+)
 from magretrieve.errors import ConfigError
 from magretrieve.models import resolve_model_path
 
 logger = logging.getLogger(__name__)
 
-CONFIG_NAME = "magretrieve_config.json"
-CONFIG_VERSION = 1
-POOLINGS = ("mean", "cls", "last")
-SIDES = ("query", "document")
-
-
-@dataclass
-class EncoderConfig:
-    """Everything besides the transformer weights that defines the encoder's outputs."""
-
-    mode: str = "cosine"
-    gamma_q: float = 1.0
-    gamma_d: float = 1.0
-    pooling: str = "mean"
-    #: 0 (the default) means the model's own limit, resolved when the encoder is built: a
-    #: shorter default silently truncated long queries (issue 17) and cost quality.
-    max_query_length: int = 0
-    max_document_length: int = 256
-    query_prefix: str = ""
-    document_prefix: str = ""
-    #: Raw pooled vectors are divided by this before partial normalization (norm calibration).
-    norm_scale: float = 1.0
-    #: Document norm head (magretrieve.heads): "none", "linear" or "mlp"; the document vector
-    #: becomes d̂·exp(g(d̂)) with g zero at init (the model starts as cosine).
-    norm_head: str = "none"
-    #: Hidden width of the MLP head.
-    norm_head_hidden: int = 64
-    #: Bound g to ±bound via bound·tanh(g/bound); 0 leaves g unbounded.
-    norm_head_bound: float = 0.0
-    #: Where the weights came from (a folder or hub name), for provenance only.
-    base_model: str = ""
-    version: int = CONFIG_VERSION
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def validate(self) -> None:
-        sim = similarity.resolve(
-            self.mode,
-            self.gamma_q if self.mode == "learnable" else None,
-            self.gamma_d if self.mode == "learnable" else None,
-        )
-        self.gamma_q, self.gamma_d = sim.gamma_q, sim.gamma_d
-        if self.pooling not in POOLINGS:
-            raise ConfigError(
-                f"unknown pooling {self.pooling!r}; choose one of {', '.join(POOLINGS)}"
-            )
-        for name in ("max_query_length", "max_document_length"):
-            value = int(getattr(self, name))
-            if value < 2 and not (name == "max_query_length" and value == 0):
-                raise ConfigError(f"{name} must be at least 2, got {getattr(self, name)}")
-        if not (self.norm_scale > 0 and math.isfinite(self.norm_scale)):
-            raise ConfigError(f"norm_scale must be a positive number, got {self.norm_scale}")
-        from magretrieve.heads import check_head_config
-
-        check_head_config(self.norm_head, self.norm_head_hidden, self.norm_head_bound)
-        if self.norm_head != "none" and self.gamma_d >= 1.0:
-            raise ConfigError(
-                f"a norm head needs a mode that keeps document magnitude (qnorm, dot or learnable); "
-                f"mode {self.mode!r} normalizes documents and would erase what the head learns"
-            )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> EncoderConfig:
-        version = data.get("version", CONFIG_VERSION)
-        if version != CONFIG_VERSION:
-            raise ConfigError(
-                f"{source}: unknown config version {version} (this magretrieve reads {CONFIG_VERSION})"
-            )
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = set(data) - known
-        if unknown:
-            raise ConfigError(f"{source}: unknown config fields {sorted(unknown)}")
-        cfg = cls(**data)
-        cfg.validate()
-        return cfg
-
 
 def _gamma_logit(gamma: float) -> float:
     g = min(max(gamma, 1e-4), 1 - 1e-4)
     return math.log(g / (1 - g))
-
-
-def _read_sentence_transformers(folder: Path) -> tuple[Path, dict[str, Any]]:
-    """Return the transformer folder and settings (pooling, max length, normalize) of an ST folder."""
-    modules = json.loads((folder / "modules.json").read_text())
-    settings: dict[str, Any] = {"normalize": False}
-    transformer_dir = folder
-    for module in modules:
-        kind = module.get("type", "")
-        path = folder / module.get("path", "")
-        if kind.endswith("Transformer"):
-            transformer_dir = path if (path / "config.json").is_file() else folder
-            st_cfg = folder / "sentence_bert_config.json"
-            if st_cfg.is_file():
-                max_len = json.loads(st_cfg.read_text()).get("max_seq_length")
-                if max_len:
-                    settings["max_seq_length"] = int(max_len)
-        elif kind.endswith("Pooling"):
-            pool_cfg = json.loads((path / "config.json").read_text())
-            named = {
-                "mean": "mean",
-                "mean_tokens": "mean",
-                "cls": "cls",
-                "cls_token": "cls",
-                "lasttoken": "last",
-                "last_token": "last",
-            }
-            if isinstance(pool_cfg.get("pooling_mode"), str):  # sentence-transformers >= 6
-                if pool_cfg["pooling_mode"] not in named:
-                    raise ConfigError(
-                        f"{path}: unsupported sentence-transformers pooling {pool_cfg}"
-                    )
-                settings["pooling"] = named[pool_cfg["pooling_mode"]]
-            elif pool_cfg.get("pooling_mode_cls_token"):
-                settings["pooling"] = "cls"
-            elif pool_cfg.get("pooling_mode_lasttoken"):
-                settings["pooling"] = "last"
-            elif pool_cfg.get("pooling_mode_mean_tokens"):
-                settings["pooling"] = "mean"
-            else:
-                raise ConfigError(f"{path}: unsupported sentence-transformers pooling {pool_cfg}")
-        elif kind.endswith("Normalize"):
-            settings["normalize"] = True
-        else:
-            raise ConfigError(f"{folder}: unsupported sentence-transformers module {kind!r}")
-    return transformer_dir, settings
 
 
 def _is_corrupt_file_error(exc: BaseException) -> bool:
@@ -256,8 +138,8 @@ class Encoder(nn.Module, similarity.SideVectors):
         own = folder / CONFIG_NAME
         has_own = folder.is_dir() and own.is_file()
         if has_own:
-            data = json.loads(own.read_text())
-            cfg = EncoderConfig.from_dict(data, source=str(own))
+            cfg = EncoderConfig.load(folder)
+            data = cfg.to_dict()  # as saved: what the norm head was trained as
             transformer_dir = folder
             if mode is not None and mode != cfg.mode:
                 cfg.mode = mode
@@ -266,8 +148,10 @@ class Encoder(nn.Module, similarity.SideVectors):
             cfg = EncoderConfig(mode=mode or "cosine", base_model=str(model))
             transformer_dir = folder
             if folder.is_dir() and (folder / "modules.json").is_file():
-                transformer_dir, st = _read_sentence_transformers(folder)
+                transformer_dir, st = read_sentence_transformers(folder)
                 cfg.pooling = st.get("pooling", cfg.pooling)
+                cfg.query_prefix = st.get("query_prefix", cfg.query_prefix)
+                cfg.document_prefix = st.get("document_prefix", cfg.document_prefix)
                 if "max_seq_length" in st:
                     cfg.max_document_length = st["max_seq_length"]
                     cfg.max_query_length = (
@@ -375,7 +259,7 @@ class Encoder(nn.Module, similarity.SideVectors):
             from magretrieve.heads import save_head
 
             save_head(self.norm_head, path)
-        (path / CONFIG_NAME).write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        self.config.save(path)
         return path
 
     def sync_config(self) -> None:

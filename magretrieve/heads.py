@@ -195,6 +195,8 @@ def train_head_on_vectors(
     """
     import torch
 
+    from magretrieve.losses import InfoNCE
+
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     head = build_head(doc_units.shape[1], kind, hidden, bound)
@@ -203,6 +205,7 @@ def train_head_on_vectors(
     q_all = torch.from_numpy(np.ascontiguousarray(query_units, dtype=np.float32))
     d_all = torch.from_numpy(np.ascontiguousarray(doc_units, dtype=np.float32))
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    info_nce = InfoNCE(scale, gather=False)
     pos = np.asarray(positives, dtype=np.int64)
     losses: list[float] = []
     negatives = negatives or {}
@@ -223,12 +226,9 @@ def train_head_on_vectors(
             q = q_all[torch.as_tensor(rows[:, 0])]
             d = d_all[cols_t]
             d = d * torch.exp(head(d)).unsqueeze(-1)
-            logits = scale * (q @ d.T)
-            # a column holding a query's own positive document (repeated) is not its negative
-            same = cols_t.unsqueeze(0) == torch.as_tensor(rows[:, 1]).unsqueeze(1)
-            same[torch.arange(len(rows)), torch.arange(len(rows))] = False
-            logits = logits.masked_fill(same, float("-inf"))
-            loss = torch.nn.functional.cross_entropy(logits, torch.arange(len(rows)))
+            # keys = document rows: a column holding a query's own positive document
+            # (repeated) is not its negative
+            loss = info_nce(q, d, positive_keys=torch.as_tensor(rows[:, 1]), column_keys=cols_t)
             opt.zero_grad()
             loss.backward()
             opt.step()

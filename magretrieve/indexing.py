@@ -18,10 +18,10 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from magretrieve.data import Document, is_empty, iter_corpus, read_error
-from magretrieve.errors import DataError
+from magretrieve.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # pragma: no cover
     from magretrieve.retriever import Retriever
@@ -290,14 +290,35 @@ def index_corpus(
     progress: bool = True,
     skip_empty: bool = False,
     total: int | None = None,
+    engine: str = "local",
+    **engine_options: Any,
 ) -> IndexReport:
     """Stream a corpus JSONL (``_id``, ``title``, ``text`` + payload) into the retriever's store.
 
     ``skip_empty`` leaves out (and counts) documents with empty title and text; without it
     the first one is refused with its line. The file is validated first
     (:func:`check_corpus_file`; pass its result as ``total`` when already done), so a bad
-    corpus is refused before anything is written.
+    corpus is refused before anything is written. ``engine`` picks where encoding runs
+    (:mod:`magretrieve.engines`): ``"local"`` (this process) or ``"ray"`` (a Ray cluster;
+    options ``address``, ``workers``, ``threads``); this process writes the store either way.
     """
+    if engine != "local":
+        from magretrieve.engines import get_engine
+
+        run = get_engine(engine)
+        if total is None:
+            check_corpus_file(corpus, skip_empty=skip_empty)
+        return run(
+            retriever,
+            corpus,
+            batch_size=batch_size,
+            checkpoint_every=checkpoint_every,
+            progress=progress,
+            skip_empty=skip_empty,
+            **engine_options,
+        )
+    if engine_options:
+        raise ConfigError(f"options {sorted(engine_options)} need a distributed engine")
     path = Path(corpus)
     if total is None:
         total = check_corpus_file(path, skip_empty=skip_empty)

@@ -30,7 +30,22 @@ from magretrieve.errors import ConfigError, ManifestError
 
 MANIFEST_NAME = "magretrieve.json"
 FORMAT = "magretrieve-export"
-FORMAT_VERSION = 1
+#: 2: sealed (manifest_sha256), and the encoder's configuration is embedded whole under
+#: "encoder" (magretrieve.config) instead of its fields being re-listed at the top level.
+FORMAT_VERSION = 2
+#: The fields of the embedded encoder configuration that the Manifest exposes as attributes.
+ENCODER_FIELDS = (
+    "mode",
+    "gamma_q",
+    "gamma_d",
+    "pooling",
+    "max_query_length",
+    "max_document_length",
+    "query_prefix",
+    "document_prefix",
+    "norm_scale",
+    "base_model",
+)
 SIDES = ("query", "document")
 CONTRACTS = ("unit_norm", "magnitude_keeping")
 #: Key of the manifest's hash of its own content.
@@ -60,6 +75,9 @@ def content_checksum(data: dict[str, Any]) -> str:
 
 def model_fingerprint(data: dict[str, Any]) -> str:
     """sha256 of everything in a manifest that changes a vector (file hashes, settings)."""
+    encoder = data.get("encoder")
+    if isinstance(encoder, dict):  # where the weights came from is provenance, not a setting
+        data = {**data, "encoder": {k: v for k, v in encoder.items() if k != "base_model"}}
     return hashlib.sha256(_canonical(data, NOT_FINGERPRINTED)).hexdigest()
 
 
@@ -186,6 +204,8 @@ class Manifest:
     #: int8 exports: agreement of int8 vs fp32 vectors (and NDCG@10 when measured).
     quantization_report: dict[str, Any] | None = None
     base_model: str = ""
+    #: The whole EncoderConfig of the exported model (magretrieve.config), as a dict.
+    encoder: dict[str, Any] = field(default_factory=dict)
     folder: Path | None = None
 
     # ------------------------------------------------------------------ views
@@ -211,19 +231,18 @@ class Manifest:
             raise ManifestError("manifest has no folder; load it with Manifest.load(folder)")
         return self.folder / self.graphs[side].file
 
+    def encoder_config(self) -> Any:
+        """The exported model's :class:`magretrieve.config.EncoderConfig` (torch-free)."""
+        from magretrieve.config import EncoderConfig
+
+        data = {**self.encoder, **{name: getattr(self, name) for name in ENCODER_FIELDS}}
+        return EncoderConfig.from_dict(data, source=MANIFEST_NAME)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "mode": self.mode,
-            "gamma_q": self.gamma_q,
-            "gamma_d": self.gamma_d,
-            "pooling": self.pooling,
-            "max_query_length": self.max_query_length,
-            "max_document_length": self.max_document_length,
-            "query_prefix": self.query_prefix,
-            "document_prefix": self.document_prefix,
-            "norm_scale": self.norm_scale,
+            "encoder": self.encoder_config().to_dict(),
             "dimension": self.dimension,
             "index_metric": self.index_metric,
             "graphs": {side: spec.to_dict() for side, spec in self.graphs.items()},
@@ -236,7 +255,6 @@ class Manifest:
             "exporter": dict(self.exporter),
             "versions": dict(self.versions),
             "parity": dict(self.parity),
-            "base_model": self.base_model,
         }
 
     def save(self, folder: str | Path) -> Path:
@@ -256,6 +274,12 @@ class Manifest:
     def from_dict(cls, data: dict[str, Any], source: str = MANIFEST_NAME) -> Manifest:
         """Validate a manifest dict; every problem is a ManifestError naming ``source``."""
         _check_format(data, source)
+        raw_encoder = data.get("encoder")
+        if not isinstance(raw_encoder, dict):
+            raise ManifestError(f"{source}: missing field 'encoder' (the encoder config)")
+        # the strict checks below read the fields as written (EncoderConfig would quietly
+        # normalize, e.g. γ of a fixed mode), so a hand-edited value is refused, not repaired
+        data = {**data, **{n: raw_encoder[n] for n in ENCODER_FIELDS if n in raw_encoder}}
         try:
             mode = data["mode"]
             gamma_q = float(data["gamma_q"])
@@ -317,6 +341,12 @@ class Manifest:
             pad = data.get("pad_token_id", 0)
             if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
                 raise ManifestError(f"{source}: pad_token_id must be an integer ≥ 0, got {pad!r}")
+            from magretrieve.config import EncoderConfig
+
+            try:
+                encoder = EncoderConfig.from_dict(raw_encoder, source=f"{source}: encoder")
+            except ConfigError as exc:
+                raise ManifestError(str(exc)) from None
             return cls(
                 mode=sim.mode,
                 gamma_q=sim.gamma_q,
@@ -340,6 +370,7 @@ class Manifest:
                 parity=dict(data.get("parity") or {}),
                 quantization_report=data.get("quantization_report"),
                 base_model=str(data.get("base_model", "")),
+                encoder=encoder.to_dict(),
             )
         except KeyError as exc:
             raise ManifestError(f"{source}: missing field {exc.args[0]!r}") from None

@@ -71,18 +71,18 @@ class RescaleReport:
 
 def head_recipe(run_dir: str | Path) -> dict[str, Any]:
     """The magnitude recipe of a trained norm head (weights inlined as lists), torch-free."""
-    from magretrieve.encoder import CONFIG_NAME
+    from magretrieve.config import CONFIG_NAME, EncoderConfig
     from magretrieve.heads import load_head_weights
 
     run = Path(run_dir)
     cfg_path = run / CONFIG_NAME
     if not cfg_path.is_file():
         raise ConfigError(f"{cfg_path}: missing; --head must be a magretrieve run folder")
-    cfg = json.loads(cfg_path.read_text())
-    kind = cfg.get("norm_head", "none")
+    cfg = EncoderConfig.load(run)  # the one torch-free reader of a run's configuration
+    kind = cfg.norm_head
     if kind == "none":
         raise ConfigError(f"{cfg_path}: this run has no norm head (train with --norm-head)")
-    if not cfg.get("extra", {}).get("frozen_encoder"):
+    if not cfg.extra.get("frozen_encoder"):
         raise ConfigError(
             f"{run}: the head was trained together with the encoder, so it expects that encoder's "
             "new vectors; rescaling vectors of the original encoder would be wrong. Re-index "
@@ -92,7 +92,7 @@ def head_recipe(run_dir: str | Path) -> dict[str, Any]:
     return {
         "kind": "norm_head",
         "head": kind,
-        "bound": float(cfg.get("norm_head_bound", 0.0)),
+        "bound": float(cfg.norm_head_bound),
         "weights": {k: np.asarray(v).tolist() for k, v in weights.items()},
         "run": str(run),
     }
@@ -110,6 +110,12 @@ def magnitudes_for(recipe: Mapping[str, Any], units: np.ndarray) -> np.ndarray:
 
         weights = {k: np.asarray(v, dtype=np.float64) for k, v in recipe["weights"].items()}
         return np.exp(log_magnitude_numpy(units, weights, recipe["head"], float(recipe["bound"])))
+    if kind == "export_norm":
+        raise ConfigError(
+            f"m(d) of this store comes from re-encoding each text with {recipe.get('export')}; "
+            "add documents through your own pipeline, then run `magretrieve annotate "
+            "--norms-from` again"
+        )
     raise ConfigError(f"unknown magnitude recipe {kind!r}")
 
 
@@ -266,7 +272,15 @@ def check_encoder(
     rng = np.random.default_rng(0)
     rows = sorted(rng.choice(with_text, size=min(sample, len(with_text)), replace=False).tolist())
     from magretrieve.data import Document
-    from magretrieve.encoder import Encoder
+
+    try:
+        from magretrieve.encoder import Encoder
+    except ImportError as exc:  # a serving install: no torch / transformers
+        raise ConfigError(
+            f"{run_dir}: the encoder check re-encodes {len(rows)} stored texts with the head's "
+            f"PyTorch encoder, which needs {exc.name or 'torch'} (pip install "
+            "'magretrieve[train]'); on a serving install pass --skip-encoder-check"
+        ) from None
 
     encoder = Encoder.load(run_dir, device="cpu")
     encoder.norm_head = None  # the unit direction of the frozen encoder

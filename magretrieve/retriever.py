@@ -49,6 +49,10 @@ class EncoderLike(Protocol):
     def encode_documents(self, texts: Sequence[str], batch_size: int = ...) -> np.ndarray: ...
 
 
+#: Hits returned by every search method unless ``k`` is given (one default for all).
+DEFAULT_K = 10
+
+
 @dataclass
 class Hit:
     """One search result with its score decomposition.
@@ -267,6 +271,7 @@ class Retriever:
         self.store = store
         self.store_text = store_text
         check_compatible(self.manifest, store, force=force)
+        self._force = force
         #: Searched with ``[q ; 1]``: the store holds a prior's offset coordinate.
         self.offset = offset_coordinate(store.read_metadata())
         self._lock = _RWLock()
@@ -300,19 +305,37 @@ class Retriever:
             warm("query")
             if for_writing:
                 warm("document")
-        vs = open_store(
-            store, dimension=encoder.manifest.dimension if create else None, **store_options
-        )
+        try:  # an existing store opens with its own dimension (d + 1 with a prior's offset)
+            vs = open_store(store, dimension=None, **store_options)
+        except StoreError:
+            if not create:
+                raise
+            vs = open_store(store, dimension=encoder.manifest.dimension, **store_options)
         try:
-            return cls(encoder, vs, force=force)
+            retriever = cls(encoder, vs, force=force)
+            if for_writing:
+                retriever._check_not_foreign()
+            return retriever
         except BaseException:
             vs.close()
             raise
 
     # ------------------------------------------------------------------ writing
 
+    def _check_not_foreign(self) -> None:
+        """Refuse to write into points magretrieve did not write (unless ``force``)."""
+        foreign = 0 if self._force else self.store.foreign_points()
+        if foreign:
+            raise StoreError(
+                f"{self.store.location} already holds {foreign} point(s) that magretrieve did "
+                "not write (no model metadata); writing would mix them with this model's "
+                "documents and stamp the collection. Use a new collection, or pass "
+                "force=True / --force"
+            )
+
     def _record_model(self) -> None:
         if not self.store.read_metadata():
+            self._check_not_foreign()
             self.store.write_metadata(manifest_metadata(self.manifest))
 
     def add_documents(
@@ -418,11 +441,11 @@ class Retriever:
 
     # ------------------------------------------------------------------ searching
 
-    def search(self, text: str, k: int = 5) -> list[Hit]:
+    def search(self, text: str, k: int = DEFAULT_K) -> list[Hit]:
         """Top-``k`` hits for one query text."""
         return self.search_batch([text], k=k)[0]
 
-    def search_batch(self, texts: Sequence[str], k: int = 10) -> list[list[Hit]]:
+    def search_batch(self, texts: Sequence[str], k: int = DEFAULT_K) -> list[list[Hit]]:
         """Top-``k`` hits for each query text (one encoder call, one store call)."""
         if isinstance(texts, str):
             raise StoreError("search_batch takes a list of texts; use search() for one text")
@@ -435,7 +458,7 @@ class Retriever:
         qvecs = np.asarray(self.encoder.encode_queries(texts), dtype=np.float32)
         return self.search_vectors(qvecs, k=k)
 
-    def search_vectors(self, query_vectors: np.ndarray, k: int = 10) -> list[list[Hit]]:
+    def search_vectors(self, query_vectors: np.ndarray, k: int = DEFAULT_K) -> list[list[Hit]]:
         """Search with already-encoded query vectors (``q / ‖q‖^γq``)."""
         q = check_queries(query_vectors, int(self.manifest.dimension), "search")
         if self.offset:

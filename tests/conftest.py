@@ -6,7 +6,9 @@ Nothing is downloaded: the tokenizer is a WordPiece vocabulary written by the fi
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -67,3 +69,51 @@ def load_benchmark(name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def set_manifest_field(manifest: dict, key: str, value: object) -> None:
+    """Set a manifest field where it lives: encoder settings sit under ``"encoder"`` (format 2)."""
+    from magretrieve.manifest import ENCODER_FIELDS
+
+    if key in ENCODER_FIELDS and isinstance(manifest.get("encoder"), dict):
+        manifest["encoder"][key] = value
+    else:
+        manifest[key] = value
+
+
+PG_URI_ENV = "MAGRETRIEVE_TEST_PGVECTOR_URI"  # = magretrieve.adapters.pgvector_store.TEST_URI_ENV
+_PG_SERVER: list = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start a real PostgreSQL + pgvector (``pgserver``, works as root) for this session.
+
+    Started before collection because the shared store tests take their backend list from the
+    registry's examples, and the pgvector example names this server (through the environment,
+    so subprocesses of tests see it too). Unix socket only, in a fresh tmp folder; stopped and
+    deleted at the end. Nothing is started where pgserver is not installed (the torch-free
+    serving venv); ``tests/test_backend_congruence.py`` requires it.
+    """
+    if os.environ.get(PG_URI_ENV) or importlib.util.find_spec("pgserver") is None:
+        return
+    import pgserver
+
+    folder = Path(tempfile.mkdtemp(prefix="mr-pg-"))
+    server = pgserver.get_server(folder, cleanup_mode="delete")
+    server.psql("CREATE EXTENSION IF NOT EXISTS vector;")
+    _PG_SERVER.append(server)
+    os.environ[PG_URI_ENV] = server.get_uri()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _PG_SERVER:
+        _PG_SERVER.pop().cleanup()
+        os.environ.pop(PG_URI_ENV, None)
+
+
+@pytest.fixture(scope="session")
+def pg_uri() -> str:
+    """The URI of the session's PostgreSQL server (each test uses its own table)."""
+    uri = os.environ.get(PG_URI_ENV)
+    assert uri, "pgserver is not installed: pip install 'magretrieve[dev]' (it holds pgserver)"
+    return uri

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import build_tiny_bert
+from conftest import build_tiny_bert, set_manifest_field
 
 from magretrieve.adapters import VectorStore, open_store
 from magretrieve.cli import main
@@ -486,7 +486,8 @@ def _remove_tokenizer(folder: Path, m: dict) -> None:
 
 def _set(**values: Any) -> Callable[[Path, dict], None]:
     def edit(folder: Path, m: dict) -> None:
-        m.update(values)
+        for key, value in values.items():
+            set_manifest_field(m, key, value)
 
     return edit
 
@@ -509,7 +510,8 @@ def _symlink_out(folder: Path, m: dict) -> None:
 
 
 def _gamma(folder: Path, m: dict) -> None:
-    m.update(mode="learnable", gamma_d=1.5)
+    set_manifest_field(m, "mode", "learnable")
+    set_manifest_field(m, "gamma_d", 1.5)
 
 
 def manifest_not_json(env: Env) -> Built:
@@ -962,7 +964,7 @@ def _edited(**values: Any) -> Callable[[Path, dict], None]:
             *parents, last = key.split(".")
             for p in parents:
                 node = node[p]
-            node[last] = value
+            set_manifest_field(node, last, value)
 
     return edit
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import load_benchmark
 from test_bad_input import tiny_export_dir
 
-from magretrieve.adapters import faiss_store, open_store
+from magretrieve.adapters import _faiss_files, open_store
 from magretrieve.errors import StoreError
 
 
@@ -81,7 +81,7 @@ def test_crash_inside_each_write_of_the_first_save_still_resumes(tmp_path, monke
     ids, vecs = _data(30)
     path = tmp_path / "f"
     calls = {"n": 0}
-    real_bytes, real_json = faiss_store.atomic_write_bytes, faiss_store.atomic_write_json
+    real_bytes, real_json = _faiss_files.atomic_write_bytes, _faiss_files.atomic_write_json
 
     def counting(real):
         def write(*args, **kwargs):
@@ -92,13 +92,14 @@ def test_crash_inside_each_write_of_the_first_save_still_resumes(tmp_path, monke
 
         return write
 
-    monkeypatch.setattr(faiss_store, "atomic_write_bytes", counting(real_bytes))
-    monkeypatch.setattr(faiss_store, "atomic_write_json", counting(real_json))
+    monkeypatch.setattr(_faiss_files, "atomic_write_bytes", counting(real_bytes))
+    monkeypatch.setattr(_faiss_files, "atomic_write_json", counting(real_json))
     store = open_store(f"faiss:{path}", dimension=8)
     store.add(ids[:20], vecs[:20])
     with pytest.raises(Crash):
         store.persist()
     monkeypatch.undo()
+    store.close()  # a killed writer's lock dies with its process; here the object stands in
     # the folder reopens: empty (crash before the state switch) or complete (after it)
     reopened = open_store(f"faiss:{path}", dimension=8)
     assert reopened.count() in (0, 20)

@@ -274,3 +274,31 @@ def test_train_frozen_head_from_pairs(tiny_model_dir: Path, tiny_beir_dir: Path)
     norms = np.linalg.norm(enc.encode_documents(TEXTS), axis=1)
     assert norms.std() > 1e-4
     np.testing.assert_allclose(np.linalg.norm(enc.encode_queries(TEXTS), axis=1), 1.0, atol=1e-6)
+
+
+def test_train_frozen_is_what_the_cli_runs(tiny_model_dir: Path, tiny_beir_dir: Path, tmp_path):
+    """The library's frozen-head run (trainer.train_frozen) gives the CLI's model and log."""
+    from click.testing import CliRunner
+
+    from magretrieve.cli import main
+    from magretrieve.trainer import train_frozen
+
+    data = load_beir(f"{tiny_beir_dir}:train")
+    enc = Encoder.load(tiny_model_dir, "qnorm", norm_head="linear", device="cpu")
+    cfg = TrainConfig(epochs=5, batch_size=3, head_lr=5e-2, seed=7)
+    result = train_frozen(enc, data.training_pairs(), cfg, out_dir=tmp_path / "lib", progress=False)
+    log = json.loads((tmp_path / "lib" / "train_log.json").read_text())
+    assert log["frozen_encoder"] is True and log["world_size"] == 1
+    assert log["epoch_losses"] == result.log["epoch_losses"] and len(log["epoch_losses"]) == 5
+    res = CliRunner().invoke(
+        main,
+        ["train", "--model", str(tiny_model_dir), "--train", f"{tiny_beir_dir}:train",
+         "--mode", "qnorm", "--out", str(tmp_path / "cli"), "--norm-head", "linear",
+         "--freeze-encoder", "--epochs", "5", "--batch-size", "3", "--head-lr", "5e-2",
+         "--seed", "7"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    cli_log = json.loads((tmp_path / "cli" / "train_log.json").read_text())
+    np.testing.assert_allclose(cli_log["epoch_losses"], log["epoch_losses"], rtol=1e-6)
+    with pytest.raises(ConfigError, match="needs an encoder with a norm head"):
+        train_frozen(Encoder.load(tiny_model_dir, "qnorm", device="cpu"), data.training_pairs())

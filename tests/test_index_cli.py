@@ -203,3 +203,63 @@ def test_cli_refusals_are_one_line_errors(use_fake, tmp_path):
     assert res.exit_code == 1 and "dup.jsonl:2: duplicate document id 'n1'" in res.output
     assert "first on line 1" in res.output and "Traceback" not in res.output
     assert open_store(spec).count() == 10
+
+
+def test_index_reports_measured_ann_recall_and_tunes_to_a_target(use_fake, tmp_path):
+    """An ANN index states its recall@10 against exact search; --target-recall tunes efSearch."""
+    corpus = write_corpus(tmp_path / "c.jsonl", 400)
+    spec = f"faiss:{tmp_path / 'hx'}"
+    res = run(
+        "index", "EXPORT", str(corpus), "--store", spec, "--no-progress",
+        "--faiss-index", "hnsw", "--hnsw-m", "4", "--target-recall", "0.99",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "ANN recall@10" in res.output and "ef_search=" in res.output, res.output
+    store = open_store(spec)
+    recall = store.describe()["parameters"]["recall"]
+    assert recall["target"] == 0.99 and recall["recall_at_10"] >= 0.95
+    # the state file keeps it: a reopened store reports the same measurement
+    assert json.loads((tmp_path / "hx" / "faiss_store.json").read_text())["recall"] == recall
+    # the tuned efSearch is what the store now searches with
+    assert store.parameters()["ef_search"] == recall["ef_search"]
+
+
+def test_index_into_a_non_persisting_store_or_a_file_is_refused_before_encoding(use_fake, tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl", 10)
+    use_fake["fail_after"] = 0  # any encoding would fail: the refusal must come first
+    res = run("index", "EXPORT", str(corpus), "--store", "memory:", "--no-progress")
+    assert res.exit_code == 1 and "keeps nothing after the command ends" in res.output
+    f = tmp_path / "ix.faiss"
+    f.write_text("x")
+    res = run("index", "EXPORT", str(corpus), "--store", f"faiss:{f}", "--no-progress")
+    assert res.exit_code == 1 and "is a file, not a folder" in res.output, res.output
+    assert f.read_text() == "x"
+
+
+def test_index_into_a_foreign_qdrant_collection_needs_force(use_fake, tmp_path):
+    """A non-empty collection magretrieve did not write is neither written nor stamped."""
+    from qdrant_client import QdrantClient, models
+
+    corpus = write_corpus(tmp_path / "c.jsonl", 12)
+    client = QdrantClient(path=str(tmp_path / "q"))
+    client.create_collection(
+        "theirs", vectors_config=models.VectorParams(size=24, distance=models.Distance.DOT)
+    )
+    client.upsert(
+        "theirs",
+        points=[models.PointStruct(id=1, vector=[0.1] * 24, payload={"doc_id": "x"})],
+    )
+    client.close()
+    spec = f"qdrant-local:{tmp_path / 'q'}/theirs"
+    res = run("index", "EXPORT", str(corpus), "--store", spec, "--no-progress")
+    assert res.exit_code == 1, res.output
+    assert "already holds 1 point(s) that magretrieve did not write" in res.output
+    with open_store(spec) as store:
+        assert store.count() == 1 and store.read_metadata() is None  # untouched
+    res = run("index", "EXPORT", str(corpus), "--store", spec, "--no-progress", "--force")
+    assert res.exit_code == 0, res.output
+    with open_store(spec) as store:
+        assert store.count() == 13 and store.read_metadata()["mode"] == "qnorm"
+    # once stamped, re-indexing needs no --force
+    res = run("index", "EXPORT", str(corpus), "--store", spec, "--no-progress")
+    assert res.exit_code == 0 and "12 already stored" in res.output, res.output

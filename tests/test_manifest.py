@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import set_manifest_field
 
 from magretrieve.errors import ManifestError
 from magretrieve.manifest import (
@@ -37,18 +38,15 @@ def _write(folder: Path, sealed: bool = True, **overrides) -> dict:
     for name, data in FILES.items():
         (folder / name).write_bytes(data)
     hashes = {name: hashlib.sha256(data).hexdigest() for name, data in FILES.items()}
+    from magretrieve.config import EncoderConfig
+
+    encoder = EncoderConfig(
+        mode="qnorm", gamma_q=1.0, gamma_d=0.0, max_query_length=64, query_prefix="query: "
+    ).to_dict()
     data = {
         "format": "magretrieve-export",
-        "format_version": 1,
-        "mode": "qnorm",
-        "gamma_q": 1.0,
-        "gamma_d": 0.0,
-        "pooling": "mean",
-        "max_query_length": 64,
-        "max_document_length": 256,
-        "query_prefix": "query: ",
-        "document_prefix": "",
-        "norm_scale": 1.0,
+        "format_version": 2,
+        "encoder": encoder,
         "dimension": 384,
         "index_metric": "inner_product",
         "graphs": {
@@ -63,7 +61,8 @@ def _write(folder: Path, sealed: bool = True, **overrides) -> dict:
         "versions": {},
         "parity": {"max_abs_diff": 1e-7, "max_rel_norm_err": 1e-8},
     }
-    data.update(overrides)
+    for key, value in overrides.items():
+        set_manifest_field(data, key, value)
     if sealed:
         seal(data)  # model_fingerprint and manifest_sha256, as Manifest.save writes them
     (folder / MANIFEST_NAME).write_text(json.dumps(data))
@@ -109,7 +108,7 @@ def test_learnable_gammas_set_contracts(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"format_version": 2}, "unknown format_version 2"),
+        ({"format_version": 3}, "unknown format_version 3"),
         ({"format": "something-else"}, "not a magretrieve export manifest"),
         ({"mode": "euclid"}, "unknown mode"),
         ({"mode": "learnable", "gamma_q": 1.5}, "gamma_q must lie in [0, 1]"),

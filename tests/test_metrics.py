@@ -137,3 +137,26 @@ def test_numpy_scores_and_labels_are_accepted() -> None:
     assert metrics.retrieval_metrics(qrels, run) == pytest.approx(
         metrics.retrieval_metrics(QRELS, RUN), abs=1e-6
     )
+
+
+def test_numpy_metrics_equal_trec_eval_on_random_runs_with_ties() -> None:
+    """The scipy-free fallback of a serving install computes what trec_eval computes."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    for trial in range(40):
+        docs = [f"d{i}" for i in range(rng.integers(5, 150))]
+        qrels, run = {}, {}
+        for q in range(rng.integers(1, 8)):
+            judged = rng.choice(docs, size=rng.integers(1, min(12, len(docs))), replace=False)
+            qrels[f"q{q}"] = {d: int(rng.integers(0, 4)) for d in judged}
+            if rng.random() < 0.9:  # some queries have no run at all
+                retrieved = rng.choice(docs, size=rng.integers(1, len(docs)), replace=False)
+                # coarse scores: many ties, which trec_eval breaks by document id
+                run[f"q{q}"] = {d: float(rng.integers(0, 6)) / 5 for d in retrieved}
+        qrels = {q: j for q, j in qrels.items() if any(g > 0 for g in j.values())} or {
+            "q0": {docs[0]: 1}
+        }
+        expected = metrics.retrieval_metrics(qrels, run)
+        got = metrics.numpy_retrieval_metrics(qrels, run)
+        assert got == pytest.approx(expected, abs=1e-9), trial

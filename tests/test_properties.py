@@ -320,11 +320,12 @@ MANIFEST_PATHS = st.sampled_from(
     [
         (k,)
         for k in (
-            "format", "format_version", "mode", "gamma_q", "gamma_d", "pooling",
-            "max_query_length", "dimension", "index_metric", "graphs", "tokenizer",
-            "model_fingerprint", "files", "pad_token_id", "exporter", "norm_scale",
+            "format", "format_version", "encoder", "dimension", "index_metric", "graphs",
+            "tokenizer", "model_fingerprint", "files", "pad_token_id", "exporter",
         )
     ]
+    + [("encoder", k) for k in (
+        "mode", "gamma_q", "gamma_d", "pooling", "max_query_length", "norm_scale")]
     + [("graphs", side, k) for side in ("query", "document")
        for k in ("file", "inputs", "output", "gamma", "contract", "head")]
     + [("graphs", "query"), ("files", "query.onnx"), ("files", "tokenizer.json")]

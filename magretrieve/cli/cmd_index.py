@@ -8,6 +8,7 @@ import click
 
 from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
+from magretrieve.engines import ENGINES
 
 
 def _click_option(opt: Any) -> Any:
@@ -78,6 +79,22 @@ def collect_store_options(**kw: object) -> dict[str, object]:
     help="Skip (and count) documents with empty title and text instead of refusing the corpus.",
 )
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@click.option(
+    "--engine",
+    type=click.Choice(sorted(ENGINES)),
+    default="local",
+    show_default=True,
+    help="Where documents are encoded: this process, or a Ray cluster (magretrieve[ray]); "
+    "either way this process writes the store.",
+)
+@click.option(
+    "--address",
+    default=None,
+    help="Ray cluster to join (e.g. auto, ray://head:10001); default: start a local Ray.",
+)
+@click.option(
+    "--workers", type=int, default=None, help="Ray encoding actors (default: one per CPU)."
+)
 @store_options
 def index_cmd(
     export_dir: str,
@@ -90,15 +107,30 @@ def index_cmd(
     force: bool,
     skip_empty: bool,
     no_progress: bool,
+    engine: str,
+    address: str | None,
+    workers: int | None,
     **store_kw: object,
 ) -> None:
     """Encode CORPUS.jsonl with EXPORT_DIR's document graph into the store.
 
     Re-running skips ids the store already holds, so an interrupted run resumes.
     """
+    from magretrieve.adapters.registry import check_spec_before_encoding
+    from magretrieve.errors import ConfigError
     from magretrieve.indexing import check_corpus_file, index_corpus
+
+    engine_options: dict[str, object] = {}
+    if engine == "ray":
+        engine_options = {"address": address, "workers": workers}
+        if threads is not None:
+            engine_options["threads"] = threads
+    elif address is not None or workers is not None:
+        raise ConfigError("--address and --workers need --engine ray")
     from magretrieve.retriever import Retriever
 
+    # a spec naming a regular file, or a store that keeps nothing, fails before any encoding
+    check_spec_before_encoding(store_spec, must_persist=True)
     # the whole file is validated first: a bad corpus never creates or half-fills a store
     documents = check_corpus_file(corpus, skip_empty=skip_empty)
     with Retriever.load(
@@ -118,11 +150,18 @@ def index_cmd(
             progress=not no_progress,
             skip_empty=skip_empty,
             total=documents,
+            engine=engine,
+            **engine_options,
         )
         click.echo(
             f"{retriever.store.location}: {report.added} added, {report.skipped} already stored, "
             f"{report.count} in store ({report.docs_per_second:.1f} docs/s)"
         )
+        recall = retriever.store.describe()["parameters"].get("recall")
+        if recall:
+            from magretrieve.adapters._ann_recall import warning_line
+
+            click.echo(warning_line(recall))
         if report.truncated:
             limit = getattr(retriever.manifest, "max_document_length", "?")
             click.echo(

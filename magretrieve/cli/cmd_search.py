@@ -8,6 +8,7 @@ import click
 
 from magretrieve.cli._group import main
 from magretrieve.cli.cmd_index import collect_store_options, search_store_options
+from magretrieve.retriever import DEFAULT_K
 
 
 def _snippet(hit: object, width: int = 60) -> str:
@@ -22,7 +23,7 @@ def _snippet(hit: object, width: int = 60) -> str:
 @click.option(
     "--store", "store_spec", required=True, help="Store spec, e.g. faiss:indexes/scifact."
 )
-@click.option("-k", "k", type=int, default=5, show_default=True, help="Hits per query.")
+@click.option("-k", "k", type=int, default=DEFAULT_K, show_default=True, help="Hits per query.")
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
 @click.option("--force", is_flag=True, help="Search a store built by another model.")
 @search_store_options

@@ -109,6 +109,13 @@ from magretrieve.similarity import MODES
     help="Forward-pass precision. bf16 (autocast; weights and optimizer stay fp32) is about 2x "
     "faster on CPUs with AMX/avx512_bf16; fp32 is exactly reproducible.",
 )
+@click.option(
+    "--mini-batch-size",
+    type=int,
+    default=None,
+    help="Cached contrastive loss (GradCache): embed each batch in mini-batches of this many "
+    "texts; same gradient, one mini-batch's activations in memory.",
+)
 @device_option("Train on a CUDA GPU with torch (cuda) or on the CPU.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 def train_command(
@@ -142,10 +149,16 @@ def train_command(
     freeze_encoder,
     calibrate_scale,
     precision,
+    mini_batch_size,
     device,
     as_json,
 ):
-    """Fine-tune MODEL with InfoNCE under --mode and save it to --out."""
+    """Fine-tune MODEL with InfoNCE under --mode and save it to --out.
+
+    Under ``torchrun --nproc-per-node N -m magretrieve train ...`` it trains with
+    DistributedDataParallel (gloo on CPU, NCCL on GPUs): each rank takes --batch-size pairs and
+    the loss sees all N·batch in-batch negatives; rank 0 writes --out.
+    """
     from pathlib import Path
 
     from magretrieve import trainer
@@ -159,6 +172,15 @@ def train_command(
     )
     from magretrieve.errors import ConfigError
 
+    # under torchrun (WORLD_SIZE > 1): join the process group, one device per rank
+    rank, world_size, rank_device = trainer.init_distributed()
+    if rank_device is not None:  # NCCL: this rank's GPU, whatever --device says
+        device = rank_device
+    if world_size > 1 and freeze_encoder:
+        raise ConfigError(
+            "--freeze-encoder trains the head on cached vectors in one process (seconds); "
+            "run it without torchrun"
+        )
     if not force:  # fail before loading anything (train() itself warns once when forced)
         trainer.check_task(mode, task, force)
     out_path = Path(out)
@@ -217,8 +239,9 @@ def train_command(
             if dataset is not None
             else [p.positive for p in pairs] + [n for p in pairs for n in p.negatives]
         )
-        c = calibrate(encoder, documents, progress=True)
-        click.echo(f"norm calibration: raw vectors divided by c = {c:.4f}")
+        c = calibrate(encoder, documents, progress=rank == 0)
+        if rank == 0:
+            click.echo(f"norm calibration: raw vectors divided by c = {c:.4f}")
     pairs, validation = trainer.split_validation(pairs, dataset, val_fraction, seed)
     if mine_hard_negatives:
         if dataset is None:
@@ -239,6 +262,7 @@ def train_command(
         trainable=trainable,
         head_lr=head_lr,
         precision=precision,
+        mini_batch_size=mini_batch_size,
     )
     if freeze_encoder and encoder.norm_head is not None and mode != "learnable":
         # Frozen encoder: encode every text once and train the head on the cached vectors.
@@ -248,50 +272,19 @@ def train_command(
                 "trains on cached float32 vectors)",
                 err=True,
             )
-        import json
-        import time
-
-        from magretrieve.evaluate import evaluate_retrieval
-        from magretrieve.heads import train_frozen_head
-
-        started = time.perf_counter()
-        losses = train_frozen_head(
-            encoder,
-            pairs,
-            epochs=epochs,
-            lr=head_lr,
-            batch_size=batch_size,
-            scale=scale,
-            hard_negatives=hard_negatives,
-            seed=seed,
-        )
-        evaluations = (
-            [{f"{d.name}:{d.split}": evaluate_retrieval(encoder, d).to_dict() for d in reports}]
-            if reports
-            else []
-        )
-        log = {
-            "frozen_encoder": True,
-            "epoch_losses": losses,
-            "n_pairs": len(pairs),
-            "seconds": time.perf_counter() - started,
-            "evaluations": evaluations,
-        }
-        encoder.save(out_path)
-        (out_path / trainer.LOG_NAME).write_text(json.dumps(log, indent=1) + "\n")
-        result = trainer.TrainResult(log=log, out_dir=out_path, evaluations=evaluations)
-        log.update(
-            total_steps=len(losses),
-            final_gamma_q=encoder.config.gamma_q,
-            final_gamma_d=encoder.config.gamma_d,
-            steps=[{"loss": losses[-1]}] if losses else [],
-        )
         if validation is not None:
             click.echo("note: --val-fraction is not used with a frozen encoder (fixed epochs)")
+        result = trainer.train_frozen(encoder, pairs, cfg, report=reports, out_dir=out_path)
     else:
         result = trainer.train(
             encoder, pairs, cfg, validation=validation, report=reports, out_dir=out_path
         )
+    if world_size > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    if rank != 0:  # rank 0 wrote the run folder and prints the summary
+        return
     log = result.log
     summary = {
         "out": str(out_path),

@@ -10,7 +10,7 @@
 
 Fisher κ (experimental; the paper's v2 procedure is not published, this is our definition)
     At the starting weights, for mode m ∈ {qnorm, dnorm}: per-example gradients g_i of the
-    in-batch InfoNCE loss ℓ_i (row i of :func:`magretrieve.trainer.info_nce_loss`, same
+    in-batch InfoNCE loss ℓ_i (row i of :class:`magretrieve.losses.InfoNCE`, same
     scale) over N examples from ``n_batches`` batches, restricted to the parameters of the
     last transformer layer and count-sketched to ``sketch_dim`` coordinates (a fixed random
     projection: each coordinate goes to one bucket with a random sign, same sketch for both
@@ -247,7 +247,9 @@ def per_example_gradients(
     import torch
     from tqdm.auto import tqdm
 
-    from magretrieve.trainer import duplicate_mask
+    from magretrieve.losses import InfoNCE, text_keys
+
+    info_nce = InfoNCE(scale, gather=False)
 
     sim = similarity.resolve(mode)
     names = {n for n, _ in params}
@@ -265,13 +267,8 @@ def per_example_gradients(
         d_raw = encoder(**encoder.tokenize(positives, "document"), side="document")
         q = similarity.partial_normalize_torch(q_raw, sim.gamma_q)
         d = similarity.partial_normalize_torch(d_raw, sim.gamma_d)
-        logits = scale * (q @ d.T)
-        logits = logits.masked_fill(
-            duplicate_mask(positives, positives, logits.device), float("-inf")
-        )
-        losses = torch.nn.functional.cross_entropy(
-            logits, torch.arange(len(batch), device=logits.device), reduction="none"
-        )
+        keys = text_keys(positives)
+        losses = info_nce(q, d, positive_keys=keys, column_keys=keys, reduction="none")
         for i in range(len(batch)):
             grads = torch.autograd.grad(
                 losses[i], tensors, retain_graph=i < len(batch) - 1, allow_unused=True

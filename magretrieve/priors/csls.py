@@ -74,8 +74,10 @@ class CslsPrior(DocumentPrior):
         return cls(require(data, "alpha", float, source), int(data.get("k", 10)), bank, queries)
 
     def _neighbour_mean(self, units: np.ndarray) -> np.ndarray:
-        if self.bank == "corpus":
-            return top_k_mean(units, units, self.k, exclude_self=True)
+        if self.bank == "corpus":  # the hub score: one corpus-kNN code path for both priors
+            from magretrieve.priors.hub import corpus_hub_scores
+
+            return corpus_hub_scores(units, self.k)
         if self.queries is None:
             raise ConfigError("csls: no query bank (fit the prior on training queries)")
         return top_k_mean(units, self.queries, self.k)

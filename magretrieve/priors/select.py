@@ -124,12 +124,17 @@ def choose_prior(
     chosen_on: str = "training queries",
     progress: bool = False,
     grids: Mapping[str, Sequence[DocumentPrior]] | None = None,
+    include_none: bool = True,
+    memo: dict[str, float] | None = None,
 ) -> Selection:
     """Pick the prior with the best training NDCG@10 (ties: the earlier, simpler candidate).
 
     ``method`` is ``auto`` (every method, then combinations of the best of each), one method
     name, or a combination ``a+b`` (the best of each part, combined). ``grids`` replaces the
-    candidates of a method (e.g. ``{"hub": [HubPrior(0.1)]}``).
+    candidates of a method (e.g. ``{"hub": [HubPrior(0.1)]}``). ``include_none=False`` is for
+    measurement only (what the method's best candidate does when forced on); ``fit-prior``
+    always keeps plain cosine as a candidate. ``memo`` (label -> training NDCG@10) lets repeated
+    calls on the same training data skip candidates already scored.
     """
     from tqdm.auto import tqdm
 
@@ -140,7 +145,12 @@ def choose_prior(
     ranked: list[tuple[float, DocumentPrior]] = []
 
     def score(p: DocumentPrior) -> float:
-        value = training_score(p, q, d, qids, doc_ids, qrels)
+        label = p.label()
+        value = memo[label] if memo is not None and label in memo else None
+        if value is None:
+            value = training_score(p, q, d, qids, doc_ids, qrels)
+            if memo is not None:
+                memo[label] = value
         scored[p.label()] = value
         ranked.append((value, p))
         return value
@@ -172,6 +182,10 @@ def choose_prior(
             score(CombinedPrior(sorted(mult, key=lambda p: p.method != "center")))
     elif len(methods) > 1:
         score(CombinedPrior([best_of[m][1] for m in methods]))
+        if not include_none:  # forced: the combination itself
+            ranked = ranked[-1:]
+    if not include_none:
+        ranked = ranked[1:] if ranked[0][1].method == "none" else ranked
     best = ranked[0]
     for value, p in ranked[1:]:
         if value > best[0] + 1e-12:

@@ -1,10 +1,15 @@
-"""Write a tiny exported model and its PyTorch reference vectors for the torch-free serving test.
+"""Write the fixtures of the torch-free serving tests, with a Python that has torch.
 
-Run with a Python that has the ``train`` extra (torch); the serving test then runs in a
-venv with only ``magretrieve[serve]``::
+Run with a Python that has the ``train`` extra; the serving tests then run in a venv with only
+``magretrieve[serve,faiss,qdrant-edge]`` (``scripts/check_serving.sh`` does both steps)::
 
     python tests/serving/produce_export.py OUT_DIR
-    MAGRETRIEVE_SERVING_EXPORT=OUT_DIR/export python -m pytest tests/serving
+    MAGRETRIEVE_SERVING_EXPORT=OUT_DIR/export pytest tests/serving
+
+OUT_DIR then holds: ``export`` (qnorm) and ``export-cosine`` (ONNX graphs of a tiny random BERT),
+``expected.npz`` (PyTorch reference vectors of ``texts.json``), ``beir`` (the tiny BEIR set),
+``head-run`` (a frozen-encoder linear norm head with random weights) and ``head_expected.npz``
+(PyTorch's magnitudes of that head on the cosine document vectors of the tiny corpus).
 """
 
 from __future__ import annotations
@@ -15,10 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from conftest import build_tiny_bert  # noqa: E402
-
 TEXTS = [
     "what does statin cause",
     "a",
@@ -28,10 +29,15 @@ TEXTS = [
 
 
 def main(out: Path) -> None:
+    import torch
+
+    from magretrieve.data import load_corpus
     from magretrieve.encoder import Encoder
     from magretrieve.export import export_model
+    from magretrieve.testing import build_tiny_bert, write_tiny_beir
 
-    encoder = Encoder.load(build_tiny_bert(out / "model"), mode="qnorm", device="cpu")
+    model = build_tiny_bert(out / "model")
+    encoder = Encoder.load(model, mode="qnorm", device="cpu")
     export_model(encoder, out / "export", exporter="torchscript", overwrite=True)
     np.savez(
         out / "expected.npz",
@@ -39,7 +45,24 @@ def main(out: Path) -> None:
         documents=encoder.encode_documents(TEXTS),
     )
     (out / "texts.json").write_text(json.dumps(TEXTS))
-    print(out / "export")
+
+    beir = write_tiny_beir(out / "beir")
+    cosine = Encoder.load(model, mode="cosine", device="cpu")
+    export_model(cosine, out / "export-cosine", exporter="torchscript", overwrite=True)
+
+    # A frozen-encoder norm head with random (not zero) weights, as `train --freeze-encoder` saves.
+    head = Encoder.load(model, mode="qnorm", norm_head="linear", device="cpu")
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for param in head.norm_head.parameters():
+            param.normal_(0.0, 0.5)
+    head.config.extra["frozen_encoder"] = True
+    head.save(out / "head-run")
+    docs = list(load_corpus(beir / "corpus.jsonl").values())
+    units = cosine.encode_documents([d.full_text for d in docs])
+    with torch.no_grad():
+        log_m = head.norm_head(torch.from_numpy(units)).reshape(-1).numpy()
+    np.savez(out / "head_expected.npz", ids=np.array([d.id for d in docs]), magnitude=np.exp(log_m))
 
 
 if __name__ == "__main__":

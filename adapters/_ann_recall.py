@@ -1,0 +1,186 @@
+"""ANN recall measured, not hoped: recall@k against exact search on a sample, and tuning.
+
+Approximate inner-product search over vectors that keep their magnitude is where ANN indexes
+are known to fail quietly (HNSW graphs over unnormalized inner product: milvus-io/milvus#51821,
+pgvector/pgvector#923, nmslib/hnswlib#74). So after an ANN index is built or optimized the
+store calls :func:`measure`: queries are the directions of a random sample of stored vectors
+(plus real queries when given), the truth is exact inner-product search over every stored
+vector, and recall@k = |ANN top-k ∩ exact top-k| / k, averaged.
+
+With a target (``target_recall`` / ``--target-recall``) the search knob (FAISS ``efSearch`` or
+``nprobe``, set through ``faiss.ParameterSpace``; Qdrant ``hnsw_ef``) is raised step by step on
+one half of the queries until the target plus half the remaining gap is reached (0.995 for a
+0.99 target: a small tuning sample otherwise lands below the target on other queries); cost grows with the knob, so the first
+value that reaches it is the fastest that does. The other half then measures the recall that
+is reported, so the number is not fitted to the queries that chose it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+#: Below this recall@k the store warns (and ``magretrieve index`` prints the warning).
+WARN_BELOW = 0.95
+K = 10
+#: Queries per half (tuning / reporting).
+QUERIES = 200
+
+HNSW_EF = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+
+
+def nprobe_values(nlist: int) -> list[int]:
+    """1, 2, 3, 4, 6, 8, 12, ... up to ``nlist`` (exhaustive)."""
+    out, v = [], 1
+    while v < nlist:
+        out.append(v)
+        if v >= 2 and int(v * 1.5) < nlist:
+            out.append(int(v * 1.5))
+        v *= 2
+    return sorted(set(out + [int(nlist)]))
+
+
+@dataclass
+class Knob:
+    """One search-time knob: its name, candidate values (ascending) and how to set it."""
+
+    name: str
+    values: Sequence[int]
+    set: Callable[[int], None]
+    current: int
+
+
+def exact_topk(queries: np.ndarray, vectors: np.ndarray, k: int, chunk: int = 65536) -> np.ndarray:
+    """Row indices of the exact top-``k`` inner products (chunked, so memory stays bounded)."""
+    n = vectors.shape[0]
+    k = min(k, n)
+    best_s = np.full((len(queries), 0), -np.inf, dtype=np.float32)
+    best_i = np.zeros((len(queries), 0), dtype=np.int64)
+    for start in range(0, n, chunk):
+        s = queries @ vectors[start : start + chunk].T
+        idx = np.arange(start, start + s.shape[1], dtype=np.int64)
+        cand_s = np.concatenate([best_s, s], axis=1)
+        cand_i = np.concatenate([best_i, np.broadcast_to(idx, s.shape)], axis=1)
+        top = np.argpartition(-cand_s, k - 1, axis=1)[:, :k] if cand_s.shape[1] > k else None
+        if top is not None:
+            best_s = np.take_along_axis(cand_s, top, axis=1)
+            best_i = np.take_along_axis(cand_i, top, axis=1)
+        else:
+            best_s, best_i = cand_s, cand_i
+    order = np.argsort(-best_s, axis=1, kind="stable")
+    return np.take_along_axis(best_i, order, axis=1)
+
+
+def recall_at_k(found: Sequence[Sequence[str]], truth: Sequence[Sequence[str]]) -> float:
+    per = [len(set(f) & set(t)) / max(1, len(t)) for f, t in zip(found, truth, strict=True)]
+    return float(np.mean(per)) if per else 1.0
+
+
+def sample_queries(
+    vectors: np.ndarray, n: int, seed: int, real: np.ndarray | None = None
+) -> np.ndarray:
+    """Unit directions of ``n`` random stored vectors, real queries (if any) first."""
+    rng = np.random.default_rng(seed)
+    if real is not None and len(real) >= 20:  # real queries given: measure on those alone
+        return rng.permutation(np.asarray(real, dtype=np.float32))
+    pick = rng.choice(len(vectors), size=min(n, len(vectors)), replace=False)
+    q = vectors[pick].astype(np.float32)
+    q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+    if real is not None and len(real):
+        q = np.concatenate([np.asarray(real, dtype=np.float32), q])
+    return rng.permutation(q)
+
+
+def measure(
+    search: Callable[[np.ndarray, int], list[list[str]]],
+    ids: Sequence[str],
+    vectors: np.ndarray,
+    *,
+    knob: Knob | None = None,
+    target: float | None = None,
+    k: int = K,
+    queries: np.ndarray | None = None,
+    ground_truth: str = "exact inner product over the stored vectors",
+    where: str = "",
+    seed: int = 0,
+) -> dict[str, Any]:
+    """recall@k of ``search`` against exact search (tuning ``knob`` to ``target`` first).
+
+    ``search(q, k)`` returns document ids per query; ``ids``/``vectors`` are every live
+    stored vector. Returns what is recorded in ``describe()`` and the store's state.
+    """
+    n = len(ids)
+    k = min(k, n)
+    q = sample_queries(vectors, 2 * QUERIES, seed, queries)
+    half = max(1, len(q) // 2) if len(q) > 1 else 1
+    tune_q, eval_q = (q[:half], q[half:]) if len(q) > 1 else (q, q)
+    t0 = time.perf_counter()
+    truth_rows = exact_topk(eval_q, vectors, k)
+    exact_qps = len(eval_q) / max(time.perf_counter() - t0, 1e-9)
+    ids_arr = np.asarray(ids, dtype=object)
+    truth = [list(ids_arr[row]) for row in truth_rows]
+    out: dict[str, Any] = {"k": k, "queries": len(eval_q), "ground_truth": ground_truth}
+    if knob is not None and target is not None:
+        tune_truth = [list(ids_arr[row]) for row in exact_topk(tune_q, vectors, k)]
+        chosen, reached = knob.values[-1], False
+        # half the remaining gap as a margin: the tuning sample is small, and a setting that
+        # only just reaches the target there lands below it on other queries about half the time
+        bar = min(1.0, target + (1.0 - target) / 2)
+        for value in knob.values:
+            knob.set(int(value))
+            if recall_at_k(search(tune_q, k), tune_truth) >= bar:
+                chosen, reached = value, True
+                break
+        knob.set(int(chosen))
+        knob.current = int(chosen)
+        out.update({"target": target, "tuned_to": bar, "target_met_on_tuning_queries": reached})
+    if knob is not None:
+        out[knob.name] = int(knob.current)
+    t0 = time.perf_counter()
+    found = search(eval_q, k)
+    qps = len(eval_q) / max(time.perf_counter() - t0, 1e-9)
+    value = recall_at_k(found, truth)
+    out.update(
+        {
+            f"recall_at_{k}": round(value, 4),
+            "qps": round(qps, 1),
+            "exact_qps": round(exact_qps, 1),
+        }
+    )
+    if value < WARN_BELOW:
+        logger.warning(
+            "%s: ANN recall@%d is %.3f (< %.2f) against exact search%s",
+            where,
+            k,
+            value,
+            WARN_BELOW,
+            "; raise --target-recall or use an exact index" if target else "; try --target-recall",
+        )
+        out["warning"] = f"recall@{k} {value:.3f} below {WARN_BELOW}"
+    return out
+
+
+def warning_line(recall: dict[str, Any] | None) -> str | None:
+    """One line for ``magretrieve index`` describing the measured recall (None if none)."""
+    if not recall:
+        return None
+    k = recall.get("k", K)
+    value = recall.get(f"recall_at_{k}")
+    knob = next((f"{n}={recall[n]}" for n in ("ef_search", "nprobe", "hnsw_ef") if n in recall), "")
+    line = (
+        f"ANN recall@{k} {value:.3f} vs exact on {recall.get('queries')} sampled queries"
+        + (f" ({knob})" if knob else "")
+        + f", {recall.get('qps', 0):.0f} q/s vs exact {recall.get('exact_qps', 0):.0f} q/s"
+    )
+    if "target" in recall and not recall.get("target_met_on_tuning_queries", True):
+        line += f"; target {recall['target']} NOT reached at the largest setting"
+    if value is not None and value < WARN_BELOW:
+        line = "warning: " + line + f" (below {WARN_BELOW})"
+    return line

@@ -1,0 +1,272 @@
+"""``engine="ray"``: encode a corpus on a Ray cluster, write it through the store protocol.
+
+Layout of a run (``magretrieve index EXPORT CORPUS --store SPEC --engine ray``):
+
+1. **Check, on the driver** (no Ray yet): every line is parsed as the local engine parses it
+   (:func:`magretrieve.data.iter_corpus`) and duplicate ids are refused naming their lines, so
+   bad input fails before anything is encoded or stored. The ids the store already holds are
+   looked up (``store.existing``): a re-run skips them, exactly like the local engine.
+2. **Encode, on the cluster**: Ray Data reads the JSONL in blocks (``read_text``); an actor pool
+   of ``workers`` actors, each holding one :class:`~magretrieve.runtime.OnnxEncoder` session
+   (1 CPU, 1 onnxruntime thread by default), parses each line and encodes the documents not yet
+   stored.
+3. **Write, on the driver — one writer**: vectors stream back in corpus order and the driver
+   writes them with :meth:`Retriever.write_batch` (same payloads, same recorded magnitude as the
+   local path), persisting every ``checkpoint_every`` documents. A folder store (FAISS, Qdrant
+   Edge, embedded Qdrant) is single-writer by construction, so one writer is the only correct
+   choice for it; it also keeps the crash semantics of the local engine (a killed run keeps
+   what was persisted and resumes). For a Qdrant server the single writer costs little:
+   encoding, not upserting, dominates (see docs/scale.md).
+
+The export folder and the corpus must be readable at the same path on every Ray node (a shared
+filesystem, or the same files copied to each node).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from magretrieve.adapters.base import check_finite
+from magretrieve.data import Document, corpus_document, is_empty, iter_corpus
+from magretrieve.errors import ConfigError, DataError, StoreError
+from magretrieve.indexing import IndexReport
+
+if TYPE_CHECKING:  # pragma: no cover
+    from magretrieve.retriever import Retriever
+
+#: Ids per ``store.existing`` call when looking up what a re-run may skip.
+EXISTING_CHUNK = 4096
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("engine 'ray' needs Ray; pip install 'magretrieve[ray]'") from None
+    return ray
+
+
+def check_corpus(
+    retriever: Retriever, path: Path, skip_empty: bool
+) -> tuple[int, set[str], list[str]]:
+    """Validate every line, refuse duplicates; return (documents, ids stored, empty ids)."""
+    seen: dict[str, int] = {}
+    stored: set[str] = set()
+    empty: list[str] = []
+    pending: list[str] = []
+    for line, doc in iter_corpus(path, skip_empty=True):
+        if is_empty(doc):
+            if not skip_empty:
+                raise DataError(
+                    f"{path}:{line}: document {doc.id!r} has empty title and text "
+                    "(`magretrieve index --skip-empty` skips and counts such documents)"
+                )
+            empty.append(doc.id)
+            continue
+        if doc.id in seen:
+            raise DataError(
+                f"{path}:{line}: duplicate document id {doc.id!r} (first on line {seen[doc.id]})"
+            )
+        seen[doc.id] = line
+        pending.append(doc.id)
+        if len(pending) >= EXISTING_CHUNK:
+            stored |= retriever.store.existing(pending)
+            pending.clear()
+    if pending:
+        stored |= retriever.store.existing(pending)
+    if not seen:
+        raise DataError(f"{path}: no document to index")
+    return len(seen), stored, empty
+
+
+class EncodeActor:
+    """A Ray Data actor: one ONNX document session, encodes the lines it is given."""
+
+    def __init__(self, export_dir: str, source: str, stored: list[Any], threads: int) -> None:
+        import ray
+
+        from magretrieve.runtime import OnnxEncoder
+
+        self.encoder = OnnxEncoder.load(export_dir, threads=threads)
+        self.source = Path(source)
+        skip = stored[0]
+        self.stored = ray.get(skip) if isinstance(skip, ray.ObjectRef) else skip
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        docs: list[Document] = []
+        for line in batch["text"]:
+            if not str(line).strip():
+                continue
+            # the driver has validated every line: "?" only shows if the file changed since
+            doc = corpus_document(json.loads(line), self.source, 0, skip_empty=True)
+            if not is_empty(doc) and doc.id not in self.stored:
+                docs.append(doc)
+        dim = self.encoder.manifest.dimension
+        if not docs:
+            vectors = np.zeros((0, dim), dtype=np.float32)
+        else:
+            vectors = np.asarray(
+                self.encoder.encode_documents([d.full_text for d in docs]), dtype=np.float32
+            )
+        truncated = np.zeros(len(docs), dtype=np.int64)
+        if len(docs):
+            truncated[0] = int(getattr(self.encoder, "last_truncated", 0) or 0)
+        return {
+            "id": np.array([d.id for d in docs], dtype=object),
+            "title": np.array([d.title for d in docs], dtype=object),
+            "body": np.array([d.text for d in docs], dtype=object),
+            "payload": np.array([json.dumps(d.payload) for d in docs], dtype=object),
+            "vector": vectors,
+            "truncated": truncated,
+        }
+
+
+def index_corpus_ray(
+    retriever: Retriever,
+    corpus: str | Path,
+    *,
+    batch_size: int = 64,
+    checkpoint_every: int = 4096,
+    progress: bool = True,
+    skip_empty: bool = False,
+    address: str | None = None,
+    workers: int | None = None,
+    threads: int = 1,
+) -> IndexReport:
+    """Index ``corpus`` with ``workers`` Ray actors encoding and this process writing.
+
+    ``address``: a running cluster (``ray://host:10001`` or ``auto``); None joins the Ray
+    instance this process already started, or starts a local one. ``workers``: encoding actors
+    (default: the cluster's CPUs divided by ``threads``). ``skip_empty`` as in the local engine.
+    """
+    from tqdm.auto import tqdm
+
+    if batch_size < 1 or checkpoint_every < 1:
+        raise DataError("batch_size and checkpoint_every must be positive")
+    if workers is not None and workers < 1:
+        raise ConfigError(f"workers must be at least 1, got {workers}")
+    if threads < 1:
+        raise ConfigError(f"threads must be at least 1, got {threads}")
+    folder = getattr(retriever.manifest, "folder", None)
+    if folder is None:
+        raise ConfigError("engine 'ray' needs a retriever loaded from an export folder")
+    path = Path(corpus)
+    start = time.perf_counter()
+    total, stored, empty = check_corpus(retriever, path, skip_empty)
+    added = truncated = 0
+    todo = total - len(stored)
+    if todo:
+        ray = _ray()
+        started = False
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            started = True
+        try:
+            added, truncated = _run(
+                ray,
+                retriever,
+                path,
+                folder,
+                stored,
+                todo,
+                batch_size=batch_size,
+                checkpoint_every=checkpoint_every,
+                progress=progress,
+                workers=workers,
+                threads=threads,
+                tqdm=tqdm,
+            )
+        finally:
+            retriever.persist()  # keep what was written even when the run stops on an error
+            if started:
+                ray.shutdown()
+    retriever.store.optimize()
+    retriever.persist()
+    return IndexReport(
+        seen=total,
+        added=added,
+        skipped=len(stored),
+        seconds=time.perf_counter() - start,
+        count=retriever.store.count(),
+        truncated=truncated,
+        empty_skipped=len(empty),
+        empty_ids=empty[:5],
+    )
+
+
+def _run(
+    ray: Any,
+    retriever: Retriever,
+    path: Path,
+    folder: Path,
+    stored: set[str],
+    todo: int,
+    *,
+    batch_size: int,
+    checkpoint_every: int,
+    progress: bool,
+    workers: int | None,
+    threads: int,
+    tqdm: Any,
+) -> tuple[int, int]:
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True  # the store is written in corpus order
+    ctx.enable_progress_bars = False  # one bar, ours
+    if workers is None:
+        workers = max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)
+    # reading is light next to encoding; at 0 CPUs it never waits for the actors, which hold
+    # every CPU (with a 1-CPU read task on a 2-CPU cluster and 2 actors, nothing would run)
+    ds = ray.data.read_text(
+        str(path.resolve()),
+        encoding="utf-8",
+        drop_empty_lines=True,
+        ray_remote_args={"num_cpus": 0},
+    )
+    encoded = ds.map_batches(
+        EncodeActor,
+        fn_constructor_kwargs={
+            "export_dir": str(Path(folder).resolve()),
+            "source": str(path),
+            "stored": [ray.put(frozenset(stored))],
+            "threads": threads,
+        },
+        batch_size=batch_size,
+        batch_format="numpy",
+        concurrency=workers,
+        num_cpus=threads,
+    )
+    added = truncated = since_checkpoint = 0
+    bar = tqdm(
+        total=todo, desc=f"indexing (ray, {workers} workers)", unit="doc", disable=not progress
+    )
+    try:
+        for out in encoded.iter_batches(batch_size=None, batch_format="numpy"):
+            if not len(out["id"]):
+                continue
+            docs = [
+                Document(str(i), str(b), str(t), json.loads(p))
+                for i, t, b, p in zip(
+                    out["id"], out["title"], out["body"], out["payload"], strict=True
+                )
+            ]
+            vectors = np.stack(out["vector"]).astype(np.float32)
+            ids = [d.id for d in docs]
+            if vectors.shape != (len(docs), int(retriever.manifest.dimension)):
+                raise StoreError(f"ray engine: {vectors.shape} vectors for {len(docs)} documents")
+            check_finite(vectors, ids, f"encoding for {retriever.store.location}")
+            n = retriever.write_batch(docs, vectors)
+            added += n
+            since_checkpoint += n
+            truncated += int(out["truncated"].sum())
+            bar.update(len(docs))
+            if since_checkpoint >= checkpoint_every:
+                retriever.persist()
+                since_checkpoint = 0
+    finally:
+        bar.close()
+    return added, truncated

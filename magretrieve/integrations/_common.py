@@ -1,0 +1,54 @@
+"""What both framework retrievers share: checking the wrapped retriever, hit -> text + metadata."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from magretrieve.errors import ConfigError
+
+#: Metadata keys every framework result carries (the contract), besides the payload's fields.
+SCORE_KEYS = ("id", "score", "doc_norm", "cosine", "query_norm", "rank")
+
+
+def check_retriever(retriever: Any) -> Any:
+    """The wrapped object must search like a :class:`~magretrieve.retriever.Retriever`."""
+    if not callable(getattr(retriever, "search", None)):
+        raise ConfigError(
+            f"retriever must be a magretrieve Retriever (Retriever.load(EXPORT, store=SPEC)), "
+            f"got {type(retriever).__name__}"
+        )
+    return retriever
+
+
+def check_top_k(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def hit_text(hit: Any) -> str:
+    """The text a framework shows for a hit: the stored text, else the title."""
+    payload = hit.payload or {}
+    return str(payload.get("text") or payload.get("title") or "")
+
+
+def hit_metadata(hit: Any) -> dict[str, Any]:
+    """The payload's fields (except the text itself), the score decomposition, and the payload.
+
+    Score keys win over payload fields of the same name; the full payload stays under
+    ``"payload"``.
+    """
+    payload = dict(hit.payload or {})
+    meta = {k: v for k, v in payload.items() if k != "text"}
+    meta.update(
+        {
+            "id": hit.id,
+            "score": float(hit.score),
+            "doc_norm": float(hit.doc_norm),
+            "cosine": float(hit.cosine),
+            "query_norm": float(hit.query_norm),
+            "rank": int(hit.rank),
+            "payload": payload,
+        }
+    )
+    return meta

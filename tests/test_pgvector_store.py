@@ -1,0 +1,195 @@
+"""pgvector on a real PostgreSQL server (started by the ``pg_uri`` fixture through ``pgserver``).
+
+What only this backend has: the ``<#>`` operator and its sign, the index operator class check,
+the jsonb payload and ``doc_norm`` columns, an existing connection object, one transaction per
+batch, and the URI's password kept out of messages. The shared add/search/delete/reload
+sequence runs in ``tests/test_backend_congruence.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import psycopg
+import pytest
+
+from magretrieve.adapters import open_store
+from magretrieve.adapters.pgvector_store import PgVectorStore, redact
+from magretrieve.errors import StoreError
+
+DIM = 16
+
+
+def data(n: int = 300, nq: int = 20, dim: int = DIM, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    docs = rng.normal(size=(n, dim)).astype(np.float32)
+    docs *= rng.uniform(0.2, 5.0, size=(n, 1)).astype(np.float32)
+    queries = rng.normal(size=(nq, dim)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    return [f"doc-{i}" for i in range(n)], docs, queries
+
+
+def table() -> str:
+    return "t_" + uuid.uuid4().hex[:10]
+
+
+def spec(uri: str, name: str) -> str:
+    return f"pgvector:{uri}#{name}"
+
+
+def exact(queries, docs, ids, k):
+    order = np.argsort(-(queries @ docs.T), axis=1, kind="stable")[:, :k]
+    return [[ids[j] for j in row] for row in order]
+
+
+def recall(got, want):
+    return float(np.mean([len(set(g) & set(w)) / len(w) for g, w in zip(got, want, strict=True)]))
+
+
+def test_scores_are_inner_products_and_columns_hold_payload_and_norm(pg_uri):
+    ids, docs, queries = data()
+    name = table()
+    with open_store(spec(pg_uri, name), dimension=DIM, index_type="flat") as store:
+        store.add(ids, docs, [{"n": i, "tag": "x" * (i % 3)} for i in range(len(ids))])
+        hits = store.search(queries, 5)
+        for q, row in zip(queries, hits, strict=True):
+            rows = [int(h.id.split("-")[1]) for h in row]
+            # <#> is the *negative* inner product: the store must hand back +q·d, best first
+            np.testing.assert_allclose([h.score for h in row], docs[rows] @ q, atol=1e-4)
+            assert [h.score for h in row] == sorted((h.score for h in row), reverse=True)
+            assert row[0].payload == {"n": rows[0], "tag": "x" * (rows[0] % 3)}
+        assert store.parameters()["index"] == "exact (sequential scan)"
+    with psycopg.connect(pg_uri) as conn:
+        rec = conn.execute(
+            f"SELECT payload, doc_norm FROM {name} WHERE doc_id = 'doc-7'"
+        ).fetchone()
+    assert rec[0] == {"n": 7, "tag": "x"}
+    assert rec[1] == pytest.approx(float(np.linalg.norm(docs[7])), rel=1e-6)
+
+
+def test_hnsw_ip_index_is_used_and_recalls(pg_uri):
+    ids, docs, queries = data(n=3000, nq=40, dim=32, seed=1)
+    name = table()
+    with open_store(
+        spec(pg_uri, name), dimension=32, index_type="hnsw", hnsw_m=16, ef_construction=64
+    ) as store:
+        store.add(ids, docs)
+        store.optimize()
+        assert store.parameters()["index"] == "hnsw (vector_ip_ops)"
+        plan = store.conn.execute(
+            f"EXPLAIN SELECT doc_id FROM {name} ORDER BY embedding <#> %s LIMIT 10",
+            (queries[0],),
+        ).fetchall()
+        assert "Index Scan" in " ".join(r[0] for r in plan)
+        got = [[h.id for h in row] for row in store.search(queries, 10, with_vectors=False)]
+    assert recall(got, exact(queries, docs, ids, 10)) >= 0.95
+
+
+def test_ivfflat_is_built_after_the_load_and_exact_with_all_lists(pg_uri):
+    ids, docs, queries = data(n=1000, nq=20, seed=2)
+    with open_store(
+        spec(pg_uri, table()), dimension=DIM, index_type="ivfflat", nlist=8, nprobe=8
+    ) as store:
+        store.add(ids, docs)
+        assert store.parameters()["index"] == "exact (sequential scan)"  # not trained yet
+        store.optimize()
+        assert store.parameters()["index"] == "ivfflat (vector_ip_ops)"
+        got = [[h.id for h in row] for row in store.search(queries, 10)]
+    assert recall(got, exact(queries, docs, ids, 10)) == 1.0
+
+
+@pytest.mark.parametrize("opclass", ["vector_cosine_ops", "vector_l2_ops"])
+def test_table_indexed_by_another_metric_is_refused(pg_uri, opclass):
+    name = table()
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {name} (doc_id text PRIMARY KEY, embedding vector({DIM}) NOT NULL, "
+            "payload jsonb NOT NULL DEFAULT '{}', doc_norm real NOT NULL)"
+        )
+        conn.execute(f"CREATE INDEX {name}_idx ON {name} USING hnsw (embedding {opclass})")
+    # cosine: refused with the way out (annotate, the plug-in path); L2: refused outright
+    message = (
+        "ranked by cosine.*magretrieve annotate"
+        if opclass == "vector_cosine_ops"
+        else f"{name}_idx.*{opclass}.*inner product"
+    )
+    with pytest.raises(StoreError, match=message):
+        open_store(spec(pg_uri, name), dimension=DIM)
+
+
+def test_foreign_table_and_dimension_mismatch_refused(pg_uri):
+    name = table()
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (id bigserial PRIMARY KEY, embedding vector(3))")
+    with pytest.raises(StoreError, match="lacks column"):
+        open_store(spec(pg_uri, name), dimension=3)
+    other = table()
+    open_store(spec(pg_uri, other), dimension=DIM).close()
+    with pytest.raises(StoreError, match="vector size 16.*dimension 8"):
+        open_store(spec(pg_uri, other), dimension=8)
+    with pytest.raises(StoreError, match="does not exist; pass a dimension"):
+        open_store(spec(pg_uri, table()))
+
+
+def test_existing_connection_object(pg_uri):
+    ids, docs, queries = data(n=50)
+    name = table()
+    conn = psycopg.connect(pg_uri)  # not autocommit: every batch still commits
+    store = open_store(conn, dimension=DIM, collection=name)
+    assert isinstance(store, PgVectorStore)
+    store.add(ids, docs)
+    store.close()  # not ours: the connection stays open
+    assert not conn.closed
+    conn.close()
+    with open_store(spec(pg_uri, name)) as again:
+        assert again.count() == 50
+        assert again.search(queries[:1], 1)[0][0].id == exact(queries[:1], docs, ids, 1)[0][0]
+
+
+def test_a_failing_batch_leaves_the_table_unchanged(pg_uri):
+    ids, docs, _ = data(n=20)
+    with open_store(spec(pg_uri, table()), dimension=DIM) as store:
+        store.add(ids[:10], docs[:10])
+        # jsonb refuses the NUL character: the server fails the *last* row of the batch
+        payloads = [{"ok": i} for i in range(9)] + [{"bad": "a\x00b"}]
+        with pytest.raises(StoreError, match="insert failed"):
+            store.add(ids[10:], docs[10:], payloads)
+        assert store.count() == 10
+        assert store.existing(ids[10:]) == set()
+
+
+def test_metadata_and_rows_survive_a_new_process(pg_uri):
+    ids, docs, queries = data(n=40)
+    name = table()
+    with open_store(spec(pg_uri, name), dimension=DIM) as store:
+        store.add(ids, docs)
+        store.write_metadata({"model_fingerprint": "abc", "mode": "qnorm"})
+    code = (
+        "import sys, json\n"
+        "from magretrieve.adapters import open_store\n"
+        "s = open_store(sys.argv[1])\n"
+        "print(json.dumps([s.count(), s.read_metadata()]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, spec(pg_uri, name)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [40, {"model_fingerprint": "abc", "mode": "qnorm"}]
+
+
+def test_password_is_redacted_and_bad_server_is_one_line():
+    assert redact("postgresql://u:secret@h:5432/db") == "postgresql://u:***@h:5432/db"
+    assert redact("postgresql://u@h/db") == "postgresql://u@h/db"
+    with pytest.raises(StoreError) as err:
+        open_store("pgvector:postgresql://u:secret@127.0.0.1:1/db?connect_timeout=2#t", dimension=4)
+    assert "secret" not in str(err.value)
+    assert "cannot connect" in str(err.value)
+
+
+def test_spec_without_table_is_refused():
+    with pytest.raises(StoreError, match="#TABLE"):
+        open_store("pgvector:postgresql://u@h/db", dimension=4)

@@ -1,0 +1,145 @@
+"""engine="ray": a local Ray with 2 CPUs builds the same store as single-process indexing.
+
+Needs the ``magretrieve[ray]`` extra (the import check at the bottom does not). CPU-heavy
+(Ray start-up, two encoding actors): run under the shared CPU lock.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from magretrieve.adapters import open_store
+from magretrieve.cli import main
+from magretrieve.errors import ConfigError, DataError
+from magretrieve.indexing import index_corpus
+from magretrieve.retriever import Retriever
+
+N_DOCS = 40
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory, tiny_model_dir) -> Path:
+    from magretrieve.export import export_model
+
+    out = tmp_path_factory.mktemp("ray-export") / "qnorm"
+    export_model(tiny_model_dir, out, mode="qnorm", exporter="torchscript", overwrite=True)
+    return out
+
+
+def write_corpus(path: Path, n: int = N_DOCS, start: int = 0) -> Path:
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    rng = np.random.default_rng(7)
+    rows = []
+    for i in range(start, start + n):
+        text = " ".join(rng.choice(words, size=int(rng.integers(3, 40))))
+        row = {"_id": f"d{i}", "title": f"title {i}" if i % 3 else "", "text": text}
+        if i % 2:  # payloads of several JSON types must survive the trip through Ray
+            row.update({"year": 2000 + i, "tags": ["a", str(i)], "meta": {"score": i / 7}})
+        rows.append(row)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def records(spec: str) -> dict[str, tuple[np.ndarray, dict]]:
+    with open_store(spec) as store:
+        ids = sorted(store.iter_ids())
+        got = store.get(ids)
+        return {r.id: (np.asarray(r.vector, dtype=np.float32), dict(r.payload)) for r in got}
+
+
+def assert_same_store(a: str, b: str) -> None:
+    ra, rb = records(a), records(b)
+    assert sorted(ra) == sorted(rb)
+    for doc_id, (vec, payload) in ra.items():
+        np.testing.assert_allclose(rb[doc_id][0], vec, atol=1e-5, err_msg=doc_id)
+        assert rb[doc_id][1] == payload, doc_id
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray", reason="engine='ray' needs the magretrieve[ray] extra")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def index(export: Path, spec: str, corpus: Path, **kw) -> object:
+    with Retriever.load(export, store=spec) as r:
+        return index_corpus(r, corpus, batch_size=8, progress=False, **kw)
+
+
+def test_ray_store_equals_single_process(ray_local, export_dir, tmp_path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    local = index(export_dir, f"faiss:{tmp_path / 'local'}", corpus)
+    distributed = index(
+        export_dir, f"faiss:{tmp_path / 'ray'}", corpus, engine="ray", workers=2, threads=1
+    )
+    assert local.added == distributed.added == N_DOCS
+    assert distributed.count == N_DOCS and distributed.skipped == 0
+    assert_same_store(f"faiss:{tmp_path / 'local'}", f"faiss:{tmp_path / 'ray'}")
+
+
+def test_ray_resumes_skipping_stored_ids(ray_local, export_dir, tmp_path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    first = write_corpus(tmp_path / "first.jsonl", n=15)  # a run that stopped after 15 docs
+    index(export_dir, f"faiss:{tmp_path / 'full'}", corpus)
+    index(export_dir, f"faiss:{tmp_path / 'resumed'}", first)
+    report = index(export_dir, f"faiss:{tmp_path / 'resumed'}", corpus, engine="ray", workers=2)
+    assert (report.seen, report.skipped, report.added) == (N_DOCS, 15, N_DOCS - 15)
+    assert_same_store(f"faiss:{tmp_path / 'full'}", f"faiss:{tmp_path / 'resumed'}")
+    again = index(export_dir, f"faiss:{tmp_path / 'resumed'}", corpus, engine="ray")
+    assert (again.added, again.skipped) == (0, N_DOCS)
+
+
+def test_ray_refuses_duplicates_before_storing(ray_local, export_dir, tmp_path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.jsonl", n=5)
+    with corpus.open("a") as fh:
+        fh.write(json.dumps({"_id": "d2", "text": "again"}) + "\n")
+    spec = f"faiss:{tmp_path / 'dup'}"
+    with pytest.raises(DataError, match=r"corpus.jsonl:6: duplicate document id 'd2'.*line 3"):
+        index(export_dir, spec, corpus, engine="ray", workers=2)
+    if (tmp_path / "dup" / "faiss_store.json").exists():  # created empty, or not at all
+        with open_store(spec) as store:
+            assert store.count() == 0
+
+
+def test_cli_engine_ray(ray_local, export_dir, tmp_path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.jsonl", n=12)
+    spec = f"faiss:{tmp_path / 'cli'}"
+    args = ["index", str(export_dir), str(corpus), "--store", spec, "--no-progress"]
+    result = CliRunner().invoke(main, [*args, "--engine", "ray", "--workers", "2"])
+    assert result.exit_code == 0, result.output
+    assert "12 added, 0 already stored, 12 in store" in result.output
+    bad = CliRunner().invoke(main, [*args, "--workers", "2"])
+    assert bad.exit_code == 1 and "--address and --workers need --engine ray" in bad.output
+
+
+def test_unknown_engine_and_stray_options(export_dir, tmp_path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.jsonl", n=3)
+    with pytest.raises(ConfigError, match="unknown indexing engine 'spark'"):
+        index(export_dir, f"faiss:{tmp_path / 's'}", corpus, engine="spark")
+    with pytest.raises(ConfigError, match="need a distributed engine"):
+        index(export_dir, f"faiss:{tmp_path / 's'}", corpus, workers=2)
+
+
+def test_default_path_never_imports_ray() -> None:
+    code = (
+        "import sys\n"
+        "import magretrieve, magretrieve.indexing, magretrieve.engines\n"
+        "from magretrieve.cli import main\n"
+        "try:\n"
+        "    main(['index', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('RAY' if 'ray' in sys.modules else 'NO-RAY')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "NO-RAY"

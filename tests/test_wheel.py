@@ -1,0 +1,100 @@
+"""The shipped artifact: the wheel holds every module of the tree, and the suite tests it.
+
+``scripts/test.sh`` builds the wheel, installs it (not editable) and runs the suite from outside
+the checkout with ``MAGRETRIEVE_WHEEL`` / ``MAGRETRIEVE_TEST_INSTALLED`` set; run directly,
+the test builds a wheel of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+#: Source folder of each top-level package of the design (adapters/ and export/ install inside).
+SOURCES = {
+    "magretrieve": REPO / "magretrieve",
+    "magretrieve.adapters": REPO / "adapters",
+    "magretrieve.export": REPO / "export",
+}
+
+
+def tree_modules() -> set[str]:
+    """Every module of the source tree, as ``magretrieve/.../name.py`` inside a wheel."""
+    out = set()
+    for package, folder in SOURCES.items():
+        base = Path(*package.split("."))
+        for file in folder.rglob("*.py"):
+            if "__pycache__" in file.parts:
+                continue
+            out.add((base / file.relative_to(folder)).as_posix())
+    return out
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    built = os.environ.get("MAGRETRIEVE_WHEEL")
+    if built:
+        return Path(built)
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+        + ["-w", str(out), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
+    return next(out.glob("magretrieve-*.whl"))
+
+
+def test_wheel_holds_every_module_of_the_tree(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = tree_modules()
+    assert {"magretrieve/diagnose/__init__.py", "magretrieve/adapters/base.py"} <= expected
+    missing = sorted(expected - names)
+    assert not missing, f"{wheel.name} lacks {missing}"
+    # and nothing of the tree's tests or benchmarks leaks into the wheel
+    assert not [n for n in names if n.startswith(("tests/", "benchmarks/"))]
+
+
+def test_every_module_imports_from_the_installed_package() -> None:
+    import importlib
+
+    import magretrieve
+
+    installed = Path(magretrieve.__file__).resolve().parent
+    optional = {"torch", "transformers", "onnx", "onnxscript", "matplotlib"}
+    for path in sorted(tree_modules()):
+        name = path[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+        if name.endswith(".__main__"):  # runs the CLI when imported
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:  # only a missing *optional* dependency may stop an import
+            assert exc.name and exc.name.split(".")[0] in optional, f"{name}: {exc}"
+            continue
+        except Exception as exc:  # an integration whose extra is not installed says which
+            assert "pip install 'magretrieve[" in str(exc), f"{name}: {exc}"
+            continue
+        origin = Path(module.__file__).resolve()
+        assert origin.is_relative_to(installed) or origin.is_relative_to(REPO), origin
+
+
+@pytest.mark.skipif(
+    os.environ.get("MAGRETRIEVE_TEST_INSTALLED") != "1",
+    reason="only scripts/test.sh installs the wheel non-editable; an editable dev install is fine",
+)
+def test_suite_runs_against_the_installed_wheel_not_the_checkout() -> None:
+    import magretrieve
+    import magretrieve.adapters
+    import magretrieve.export
+
+    for module in (magretrieve, magretrieve.adapters, magretrieve.export):
+        origin = Path(module.__file__).resolve()
+        # installed (the test venv may itself sit inside the checkout), never the source folders
+        assert "site-packages" in origin.parts, origin
+        assert not any(origin.is_relative_to(folder) for folder in SOURCES.values()), origin
