@@ -57,11 +57,11 @@ def prefetch_recall(
     return out
 
 
-def prior_magnitudes(units: np.ndarray, beta: float, k: int = 10) -> np.ndarray:
-    from magretrieve.corpus_prior import CorpusPrior, hub_scores
+def prior_magnitudes(hubs: np.ndarray, beta: float, k: int = 10) -> np.ndarray:
+    """The corpus prior's m(d) = exp(−β·z) from hub scores (as fitted by annotate)."""
+    from magretrieve.corpus_prior import CorpusPrior
 
     prior = CorpusPrior(beta=beta, k=k)
-    hubs = hub_scores(units, k)
     prior.mean, prior.std = float(hubs.mean()), float(hubs.std())
     return prior.magnitudes(prior.z_scores(hubs))
 
@@ -137,7 +137,7 @@ def through_stores(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=0, help="first N passages only (0 = all)")
-    ap.add_argument("--store-queries", type=int, default=200)
+    ap.add_argument("--store-queries", type=int, default=100)
     ap.add_argument("--no-stores", action="store_true", help="numpy only")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--lock", default="default", help="CPU lock file ('' = none)")
@@ -151,9 +151,12 @@ def main() -> None:
         units = (docs / norms[:, None]).astype(np.float32)
         queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
         cos = queries @ units.T
+        from magretrieve.corpus_prior import hub_scores
+
+        hubs = hub_scores(units, 10)
         magnitudes = {
-            "corpus prior β 0.03 (recommended)": prior_magnitudes(units, 0.03),
-            "corpus prior β 0.3": prior_magnitudes(units, 0.3),
+            "corpus prior β 0.03 (recommended)": prior_magnitudes(hubs, 0.03),
+            "corpus prior β 0.3": prior_magnitudes(hubs, 0.3),
             "raw MiniLM norm (magnitude-keeping export)": norms.astype(np.float64),
         }
         table = []

@@ -12,7 +12,8 @@ from magretrieve.cli._group import main
     "--store",
     "store_spec",
     required=True,
-    help="An existing Cosine collection, e.g. qdrant:http://localhost:6333/docs.",
+    help="An existing Cosine collection or pgvector table ranked by cosine, e.g. "
+    "qdrant:http://localhost:6333/docs or pgvector:postgresql://me@host/db#items.",
 )
 @click.option(
     "--head",
@@ -69,11 +70,11 @@ def annotate_cmd(
     prefetch: int | None,
     as_json: bool,
 ) -> None:
-    """Write each point's magnitude m(d) into the payload of an existing Cosine collection.
+    """Write each document's magnitude m(d) next to its vector in an existing Cosine store.
 
-    The vectors are not touched. Afterwards `magretrieve search` (and Retriever.load) with the
-    cosine export rank this collection by cos·m(d) inside Qdrant: a cosine prefetch re-ranked
-    by the formula $score·m.
+    Qdrant: into each point's payload; pgvector: into a new column of the table. The vectors
+    are not touched. Afterwards `magretrieve search` (and Retriever.load) with the cosine
+    export rank it by cos·m(d) inside the database: a cosine prefetch re-ranked by cos·m.
     """
     from magretrieve.annotate import annotate_store, load_prior
     from magretrieve.cli._common import print_json, print_table
