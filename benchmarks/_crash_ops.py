@@ -150,14 +150,18 @@ def export_args(model: Path, target: Path) -> list[str]:
 
 def setup_export(cache: Path, work: Path) -> ExportSetup:
     """The tiny model, its qnorm export (the old state) and a cosine export (the new one)."""
+    from magretrieve.errors import MagRetrieveError
     from magretrieve.export import export_model
+    from magretrieve.manifest import Manifest
     from magretrieve.testing import build_tiny_bert
 
     model = cache / "tiny-bert"
     if not (model / "model.safetensors").is_file():
         build_tiny_bert(model)
     old = cache / "export-qnorm-old"
-    if not (old / "magretrieve.json").is_file():
+    try:
+        Manifest.load(old)
+    except MagRetrieveError:  # absent, or written by another magretrieve version: rebuild
         export_model(model, old, mode="qnorm", exporter="torchscript", overwrite=True)
     reference = work / "export-new-reference"
     seconds = run_to_end(export_args(model, reference))
