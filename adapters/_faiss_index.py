@@ -169,6 +169,15 @@ def make_factory_index(dimension: int, factory: str, where: str) -> Any:
             f"{where}: unknown FAISS index type {factory!r}: use flat, hnsw, ivf or a "
             "faiss.index_factory string such as 'HNSW32,Flat' or 'IVF256,PQ16'"
         )
+    # the numbers inside the string get the same bounds as the options (HNSW0 aborts in FAISS)
+    from magretrieve.adapters.registry import OPTIONS
+
+    for pattern, option in ((r"HNSW(\d+)", "hnsw_m"), (r"IVF(\d+)", "nlist")):
+        for value in re.findall(pattern, factory):
+            try:
+                OPTIONS[option].check(int(value), where)
+            except StoreError as exc:
+                raise StoreError(f"{exc} (in the factory string {factory!r})") from None
     try:
         return faiss.index_factory(int(dimension), factory, faiss.METRIC_INNER_PRODUCT)
     except (RuntimeError, ValueError, TypeError) as exc:

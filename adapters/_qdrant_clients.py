@@ -126,6 +126,9 @@ class ClientAPI:
             "shards": (shard_number, replication_factor),
         }
 
+    def open(self) -> None:
+        """The collection is reached through the client: nothing to load."""
+
     def upsert(self, points: list[tuple[str, list[float], dict[str, Any]]]) -> None:
         structs = [self.models.PointStruct(id=u, vector=v, payload=p) for u, v, p in points]
         self.client.upsert(self.collection, points=structs, wait=True)
@@ -239,8 +242,7 @@ class EdgeAPI:
             if set(vectors) != {""}:
                 return {"named": sorted(vectors)}
             params = vectors[""]
-            self.shard = self.models.EdgeShard.load(str(self.shard_path))
-        except Exception as exc:  # a damaged config or shard: name it, no traceback
+        except Exception as exc:  # a damaged config: name it, no traceback
             raise StoreError(
                 f"{self.shard_path}: cannot open the Qdrant Edge shard ({type(exc).__name__}: {exc})"
             ) from None
@@ -252,6 +254,15 @@ class EdgeAPI:
             "hnsw": cfg.get("hnsw_config") or {},
             "shards": None,
         }
+
+    def open(self) -> None:
+        """Load the existing shard (after its config passed the store's checks)."""
+        try:
+            self.shard = self.models.EdgeShard.load(str(self.shard_path))
+        except Exception as exc:  # a damaged shard: name it, no traceback
+            raise StoreError(
+                f"{self.shard_path}: cannot open the Qdrant Edge shard ({type(exc).__name__}: {exc})"
+            ) from None
 
     def create(
         self,

@@ -257,8 +257,7 @@ class PgVectorStore(VectorStore):
                 raise StoreError(
                     f"{self._location}: index {name!r} ({method}, {opclass}) ranks by "
                     f"{OTHER_OPCLASSES[opclass]}; magretrieve needs inner product "
-                    "(vector_ip_ops): cosine would erase document magnitude. Create a new table, "
-                    "or keep this one and rank by cos·m(d) with `magretrieve annotate`"
+                    "(vector_ip_ops): cosine would erase document magnitude. Create a new table"
                 )
 
     def _create(
@@ -503,18 +502,64 @@ class PgVectorStore(VectorStore):
 
 
 def open_pgvector(
-    uri: str, table: str, dimension: int | None = None, **options: Any
-) -> PgVectorStore:
+    uri: str, table: str, dimension: int | None = None, annotating: bool = False, **options: Any
+) -> VectorStore:
     """Connect to ``uri`` and open (or create) ``table`` (the ``pgvector:`` spec's opener)."""
     where = f"pgvector:{redact(uri)}#{table}"
     conn = connect(uri, where)
     try:
-        return PgVectorStore(
-            conn, table, dimension, owns_connection=True, location=where, **options
+        return store_for(
+            conn, table, dimension, options, owns=True, where=where, annotating=annotating
         )
     except BaseException:
         conn.close()
         raise
+
+
+def store_for(
+    conn: Any,
+    table: str,
+    dimension: int | None,
+    options: dict[str, Any],
+    *,
+    owns: bool,
+    where: str | None,
+    annotating: bool = False,
+) -> VectorStore:
+    """PgVectorStore, or the plug-in PgCosineStore for an existing table ranked by cosine."""
+    from magretrieve.adapters import pgvector_cosine_store as plugin
+
+    name = split_table(table, where or "pgvector")
+    with conn.transaction():
+        plugin_table = table_exists(conn, name) and plugin.is_plugin_table(conn, name)
+    if plugin_table or annotating:
+        with conn.transaction():
+            exists = table_exists(conn, name)
+            ip = exists and any(
+                o == "vector_ip_ops" for _, _, o in vector_indexes(conn, name, "embedding")
+            )
+        if not exists:
+            raise StoreError(f"{where or table}: no such table to annotate")
+        if ip and not plugin_table:
+            raise StoreError(
+                f"{where or table}: annotate is for an existing table ranked by cosine; this one "
+                "is searched by inner product already (a magretrieve table keeps the magnitude)"
+            )
+        extra = sorted(set(options) - {"prefetch", "ef_search"})
+        if extra:
+            raise StoreError(f"option(s) {extra} do not apply to an annotated cosine table")
+        return plugin.PgCosineStore(
+            conn,
+            name,
+            dimension,
+            owns_connection=owns,
+            location=where,
+            annotating=annotating,
+            **options,
+        )
+    if "prefetch" in options:
+        raise StoreError("option 'prefetch' applies only to an annotated cosine table")
+    return PgVectorStore(conn, table, dimension, owns_connection=owns, location=where, **options)
 
 
 # ----------------------------------------------------------------------------- registry entry
@@ -546,7 +591,8 @@ def _adopt(
         raise StoreError("a psycopg connection needs collection='table'")
     backend, _ = registry.backend_for(f"pgvector:x#{table}")
     opts = registry.check_options(backend, options, f"pgvector table {table!r}")
-    return PgVectorStore(conn, table, dimension, **opts)
+    register_vector(conn)
+    return store_for(conn, table, dimension, opts, owns=False, where=None)
 
 
 def _examples(tmp: Any) -> list[registry.Example]:
@@ -568,7 +614,15 @@ registry.register(
         form=FORM,
         parse=parse_pgvector,
         open=_open,
-        options=("index_type", "hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe"),
+        options=(
+            "index_type",
+            "hnsw_m",
+            "ef_construction",
+            "ef_search",
+            "nlist",
+            "nprobe",
+            "prefetch",
+        ),
         adopts=_adopts,
         adopt=_adopt,
         extra="pgvector",

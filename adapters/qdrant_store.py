@@ -142,8 +142,12 @@ class QdrantStore(VectorStore):
                 cfg["size"],
                 dimension,
                 **({} if edge else {"cosine": "normalizes vectors at upload"}),
-                advice="" if edge else ". Create a new collection",
+                advice=""
+                if edge
+                else ". Create a new collection, or rank this Cosine one by cos·m(d) after "
+                "`magretrieve annotate`",
             )
+            api.open()
             self.quantization = "int8" if cfg["quantized"] else None
             self._hnsw, self._shards = cfg["hnsw"] or {}, cfg["shards"]
             self._created = False
@@ -358,17 +362,66 @@ QDRANT_OPTIONS = (
     "on_disk",
     "api_key",
     "timeout",
+    "prefetch",
 )
 _CLIENT_OPTIONS = ("api_key", "timeout")
 
 
-def _open_with_client(make_client: Any, where: str, collection: str, dimension: Any, opts: dict):
+def _store_for(
+    client: Any,
+    collection: str,
+    dimension: Any,
+    opts: dict,
+    *,
+    owns: bool,
+    where: str | None,
+    annotating: bool = False,
+) -> Any:
+    """QdrantStore, or the plug-in QdrantCosineStore for an existing Cosine collection."""
+    info = client.get_collection(collection) if client.collection_exists(collection) else None
+    params = getattr(getattr(info, "config", None), "params", None)
+    distance = getattr(getattr(params, "vectors", None), "distance", None)
+    if getattr(distance, "value", distance) == "Cosine":
+        from magretrieve.adapters.qdrant_cosine_store import QdrantCosineStore
+
+        extra = sorted(set(opts) - {"prefetch", "ef_search"})
+        if extra:
+            raise StoreError(f"option(s) {extra} do not apply to an annotated Cosine collection")
+        return QdrantCosineStore(
+            client,
+            collection,
+            dimension,
+            owns_client=owns,
+            location=where,
+            annotating=annotating,
+            **opts,
+        )
+    if annotating:
+        raise StoreError(
+            f"{where or collection}: annotate is for an existing Cosine collection; this one "
+            "is not (a Dot collection written by magretrieve already keeps the magnitude)"
+        )
+    if "prefetch" in opts:
+        raise StoreError("option 'prefetch' applies only to an annotated Cosine collection")
+    return QdrantStore(client, collection, dimension, owns_client=owns, location=where, **opts)
+
+
+def _open_with_client(
+    make_client: Any,
+    where: str,
+    collection: str,
+    dimension: Any,
+    opts: dict,
+    annotating: bool = False,
+):
     client_opts = {k: opts.pop(k) for k in _CLIENT_OPTIONS if k in opts}
     client = make_client(
         require("qdrant_client", "qdrant-client", "qdrant").QdrantClient, client_opts
     )
     try:
-        return QdrantStore(client, collection, dimension, owns_client=True, location=where, **opts)
+        return _store_for(
+            client, collection, dimension, opts, owns=True, where=where, annotating=annotating
+        )
     except StoreError:
         client.close()
         raise
@@ -377,16 +430,20 @@ def _open_with_client(make_client: Any, where: str, collection: str, dimension: 
         raise StoreError(f"{where}: Qdrant request failed ({type(exc).__name__}: {exc})") from exc
 
 
-def _open_server(loc: dict[str, str], dimension: int | None, opts: dict[str, Any]) -> QdrantStore:
+def _open_server(
+    loc: dict[str, str], dimension: int | None, opts: dict[str, Any], annotating: bool = False
+) -> QdrantStore:
     def make(client_cls: Any, client_opts: dict[str, Any]) -> Any:
         client_opts.setdefault("api_key", os.environ.get("QDRANT_API_KEY"))
         return client_cls(url=loc["url"], **client_opts)
 
     where = f"qdrant:{loc['url']}/{loc['collection']}"
-    return _open_with_client(make, where, loc["collection"], dimension, dict(opts))
+    return _open_with_client(make, where, loc["collection"], dimension, dict(opts), annotating)
 
 
-def _open_local(loc: dict[str, str], dimension: int | None, opts: dict[str, Any]) -> QdrantStore:
+def _open_local(
+    loc: dict[str, str], dimension: int | None, opts: dict[str, Any], annotating: bool = False
+) -> QdrantStore:
     def make(client_cls: Any, client_opts: dict[str, Any]) -> Any:
         Path(loc["path"]).mkdir(parents=True, exist_ok=True)
         try:
@@ -395,13 +452,15 @@ def _open_local(loc: dict[str, str], dimension: int | None, opts: dict[str, Any]
             raise StoreError(f"{loc['path']}: cannot open embedded Qdrant ({exc})") from None
 
     where = f"qdrant-local:{loc['path']}/{loc['collection']}"
-    return _open_with_client(make, where, loc["collection"], dimension, dict(opts))
+    return _open_with_client(make, where, loc["collection"], dimension, dict(opts), annotating)
 
 
-def _open_memory(loc: dict[str, str], dimension: int | None, opts: dict[str, Any]) -> QdrantStore:
+def _open_memory(
+    loc: dict[str, str], dimension: int | None, opts: dict[str, Any], annotating: bool = False
+) -> QdrantStore:
     where = f"qdrant-memory:{loc['collection']}"
     return _open_with_client(
-        lambda cls, _: cls(":memory:"), where, loc["collection"], dimension, dict(opts)
+        lambda cls, _: cls(":memory:"), where, loc["collection"], dimension, dict(opts), annotating
     )
 
 
@@ -418,7 +477,11 @@ def _adopt_client(
     opts = registry.check_options(backend, options, f"Qdrant collection {collection!r}")
     for key in _CLIENT_OPTIONS:
         opts.pop(key, None)
-    return QdrantStore(client, collection, dimension, **opts)
+    return _store_for(client, collection, dimension, opts, owns=False, where=None)
+
+
+#: The openers by spec prefix (``magretrieve annotate`` opens Cosine collections through them).
+OPENERS = {"qdrant": _open_server, "qdrant-local": _open_local, "qdrant-memory": _open_memory}
 
 
 registry.register(

@@ -134,8 +134,9 @@ OPTIONS: dict[str, StoreOption] = {
         _opt(
             "index_type",
             str,
-            "FAISS index: flat (exact, default), hnsw, ivf, or a faiss.index_factory string "
-            "(inner product is always used).",
+            "FAISS index: flat (exact, default), hnsw, ivf, or any faiss.index_factory string, "
+            "e.g. 'IVF1024,PQ32' (inner product is always used; untrained indexes are trained "
+            "on the first vectors added).",
             cli="--faiss-index",
         ),
         _opt(
@@ -215,6 +216,16 @@ OPTIONS: dict[str, StoreOption] = {
             int,
             "Qdrant server request timeout in seconds.",
             minimum=1,
+        ),
+        _opt(
+            "prefetch",
+            int,
+            "Annotated Cosine collection/table (magretrieve annotate): cosine candidates "
+            "re-ranked by cos·m(d) (default 100, or the value recorded by annotate).",
+            cli="--prefetch",
+            minimum=1,
+            maximum=100_000,
+            search=True,
         ),
         _opt("full_scan_threshold", int, "Qdrant Edge: exact below this size (KB).", minimum=0),
         _opt("indexing_threshold", int, "Qdrant Edge: index segments above this size.", minimum=0),

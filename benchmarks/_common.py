@@ -114,3 +114,16 @@ def machine_summary() -> str:
                 model = line.split(":", 1)[1].strip()
                 break
     return f"{os.cpu_count()} cores{', ' + model if model else ''}"
+
+
+def lock_option(func: Any) -> Any:
+    """The ``--lock`` option every heavy benchmark takes (click), defaulting to :func:`cpu_lock`'s."""
+    import click
+
+    return click.option(
+        "--lock",
+        default="default",
+        show_default=True,
+        help="flock this file around each heavy run ('default': $MAGRETRIEVE_CPU_LOCK or "
+        ".cache/cpu.lock; '' for none).",
+    )(func)

@@ -34,7 +34,7 @@ from typing import Any
 
 import click
 import numpy as np
-from _common import cpu_lock, recorded_command
+from _common import cpu_lock, lock_option, recorded_command
 from quality import MODES, BenchConfig, run_ours, train_settings
 
 from magretrieve.data import (  # noqa: E402
@@ -372,13 +372,7 @@ def _ints(text: str, what: str) -> list[int]:
 )
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=RESULTS)
 @click.option("--name", default="data_size", show_default=True)
-@click.option(
-    "--lock",
-    default="default",
-    show_default=True,
-    help="flock this file around each heavy run ('default': $MAGRETRIEVE_CPU_LOCK or "
-    ".cache/cpu.lock; '' for none).",
-)
+@lock_option
 @click.option("--threads", type=int, default=None, help="torch threads.")
 @click.option("--plan", is_flag=True, help="Print pairs and steps per size, then stop.")
 def main(

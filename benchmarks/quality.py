@@ -27,7 +27,7 @@ from typing import Any
 
 import click
 import numpy as np
-from _common import cpu_lock, recorded_command
+from _common import cpu_lock, lock_option, recorded_command
 
 from magretrieve.data import load_beir, load_training_data
 
@@ -428,13 +428,7 @@ def bar_chart(sets: list[str], summary: dict[str, Any], path: Path, title: str) 
     "--out", type=click.Path(file_okay=False), required=True, help="Where the table and chart go."
 )
 @click.option("--name", default="quality", help="Basename of the table and chart.")
-@click.option(
-    "--lock",
-    default="default",
-    show_default=True,
-    help="flock this file around each heavy run ('default': $MAGRETRIEVE_CPU_LOCK or "
-    ".cache/cpu.lock; '' for none).",
-)
+@lock_option
 @click.option("--threads", type=int, default=None, help="torch threads.")
 def main(
     max_doc_length,

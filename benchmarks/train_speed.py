@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from _common import cpu_lock, recorded_command
+from _common import cpu_lock, lock_option, recorded_command
 
 from magretrieve.data import load_training_data  # noqa: E402
 
@@ -287,13 +287,7 @@ def _error_text(exc: BaseException) -> str:
     "--out", type=click.Path(file_okay=False), default="benchmarks/results", show_default=True
 )
 @click.option("--name", default="train_speed", show_default=True)
-@click.option(
-    "--lock",
-    default="default",
-    show_default=True,
-    help="flock this file around each heavy run ('default': $MAGRETRIEVE_CPU_LOCK or "
-    ".cache/cpu.lock; '' for none).",
-)
+@lock_option
 @click.option("--threads", type=int, default=None, help="torch threads.")
 def main(
     model,

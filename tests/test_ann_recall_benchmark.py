@@ -31,7 +31,7 @@ def test_quick_run_writes_measured_rows(tmp_path):
         "FAISS HNSW32",
         "FAISS IVF",
         "FAISS IVF-PQ",
-        "Qdrant Edge HNSW",
+        "Qdrant Edge HNSW16",
     ]
     for r in rows:
         assert 0.0 <= r["recall_heldout"] <= 1.0

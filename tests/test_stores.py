@@ -794,6 +794,10 @@ def test_faiss_reopen_build_options_must_match_search_options_apply(tmp_path):
         ({"index_type": "hnsw", "target_recall": 1.5}, r"--target-recall must be <= 1"),
         ({"index_type": "Bogus99"}, r"unknown FAISS index type 'Bogus99'"),
         ({"index_type": "HNSW32;rm"}, r"unknown FAISS index type"),
+        ({"index_type": "HNSW0,Flat"}, r"--hnsw-m must be >= 2, got 0 \(in the factory string"),
+        ({"index_type": "IVF0,Flat"}, r"--nlist must be >= 1, got 0"),
+        ({"index_type": "HNSW99999,Flat"}, r"--hnsw-m must be <= 1024"),
+        ({"index_type": "IVF16,PQ7"}, r"unknown FAISS index type 'IVF16,PQ7'"),
     ],
 )
 def test_faiss_option_that_does_not_apply_is_an_error(tmp_path, options, message):

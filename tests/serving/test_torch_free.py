@@ -177,9 +177,12 @@ def test_cli_index_search_rescale_and_fit_prior(fixtures: Path, tmp_path: Path) 
     )  # fmt: skip
     rescaled = read_vectors(prior_target)
     assert set(rescaled) == set(src)
+    dim = len(next(iter(src.values())))
     for doc_id, vector in rescaled.items():  # same directions, magnitudes m(d) > 0
-        cos = vector @ src[doc_id] / (np.linalg.norm(vector) * np.linalg.norm(src[doc_id]))
+        direction = vector[:dim]  # [m(d)·d̂ ; b(d)] when the prior has an additive offset
+        cos = direction @ src[doc_id] / (np.linalg.norm(direction) * np.linalg.norm(src[doc_id]))
         assert cos == pytest.approx(1.0, abs=1e-5)
+        assert len(vector) in (dim, dim + 1)  # one extra coordinate at most
 
 
 def test_rescale_head_encoder_check_names_the_missing_torch(fixtures: Path, tmp_path: Path) -> None:

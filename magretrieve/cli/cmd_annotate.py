@@ -1,0 +1,100 @@
+"""`magretrieve annotate`: write m(d) into an existing Cosine collection; search by cos·m(d)."""
+
+from __future__ import annotations
+
+import click
+
+from magretrieve.cli._group import main
+
+
+@main.command("annotate")
+@click.option(
+    "--store",
+    "store_spec",
+    required=True,
+    help="An existing Cosine collection or pgvector table ranked by cosine, e.g. "
+    "qdrant:http://localhost:6333/docs or pgvector:postgresql://me@host/db#items.",
+)
+@click.option(
+    "--head",
+    "head_dir",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="Run folder of a frozen-encoder norm head (train --norm-head ... --freeze-encoder).",
+)
+@click.option(
+    "--corpus-prior",
+    "beta",
+    type=float,
+    default=None,
+    help="β of the corpus-derived hub prior exp(−β·z) (choose it on training queries).",
+)
+@click.option(
+    "--prior-file",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="JSON written by corpus_prior.choose_beta (β and k) instead of --corpus-prior.",
+)
+@click.option(
+    "--norms-from",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="A magnitude-keeping export (qnorm/dot/partial): m(d) = its document norm of each "
+    "stored text (payload title/text or content).",
+)
+@click.option(
+    "--k", "k", type=int, default=10, show_default=True, help="Neighbours of the hub score."
+)
+@click.option(
+    "--field",
+    default="magretrieve_m",
+    show_default=True,
+    help="Payload field that receives m(d).",
+)
+@click.option(
+    "--prefetch",
+    type=int,
+    default=None,
+    help="Cosine candidates re-ranked by cos·m(d) at search time, recorded as the default "
+    "(100; see docs/stores.md for recall by prefetch size).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def annotate_cmd(
+    store_spec: str,
+    head_dir: str | None,
+    beta: float | None,
+    prior_file: str | None,
+    norms_from: str | None,
+    k: int,
+    field: str,
+    prefetch: int | None,
+    as_json: bool,
+) -> None:
+    """Write each document's magnitude m(d) next to its vector in an existing Cosine store.
+
+    Qdrant: into each point's payload; pgvector: into a new column of the table. The vectors
+    are not touched. Afterwards `magretrieve search` (and Retriever.load) with the cosine
+    export rank it by cos·m(d) inside the database: a cosine prefetch re-ranked by cos·m.
+    """
+    from magretrieve.annotate import annotate_store, load_prior
+    from magretrieve.cli._common import print_json, print_table
+
+    report = annotate_store(
+        store_spec,
+        head=head_dir,
+        prior=load_prior(beta, prior_file, k),
+        norms_from=norms_from,
+        field=field,
+        prefetch=prefetch,
+    )
+    if as_json:
+        print_json(report.to_dict())
+        return
+    click.echo(
+        f"annotated {report.count} points of {report.store}: payload field {report.field!r}, "
+        f"prefetch {report.prefetch}"
+    )
+    print_table(
+        ["magnitude", "min", "mean", "max"],
+        [(report.kind, report.magnitude_min, report.magnitude_mean, report.magnitude_max)],
+    )
