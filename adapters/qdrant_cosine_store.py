@@ -66,9 +66,9 @@ def annotation_of(meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return dict(ann) if isinstance(ann, Mapping) and ann.get("field") else None
 
 
-def refusal(where: str) -> StoreError:
+def refusal(where: str, collection: str) -> StoreError:
     return StoreError(
-        f"{where} uses distance Cosine; magretrieve needs Dot (Cosine normalizes vectors at "
+        f"{where}: collection {collection!r} uses distance Cosine; magretrieve needs Dot (Cosine normalizes vectors at "
         "upload and would erase document magnitude). Create a new Dot collection, or keep this "
         "one and rank by cos·m(d) after `magretrieve annotate --store SPEC ...` writes m(d) into "
         "its payload"
@@ -117,7 +117,7 @@ class QdrantCosineStore(VectorStore):
         self._dim = int(params.size)
         ann = annotation_of(self.read_metadata())
         if ann is None and not annotating:
-            raise refusal(self._location)
+            raise refusal(self._location, collection)
         ann = ann or {}
         self.field = str(ann.get("field", DEFAULT_FIELD))
         self.prefetch = int(prefetch or ann.get("prefetch") or DEFAULT_PREFETCH)

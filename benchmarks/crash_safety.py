@@ -467,7 +467,8 @@ def write_report(
             "",
             "- each run: the `magretrieve` command in a child process, SIGKILLed after a "
             "uniformly random delay in [0, 1.1 × its uninterrupted duration]; then the target is "
-            "classified and the same command is run again to completion",
+            "classified and the same command is run again to completion (export: after an "
+            "incomplete state and every fourth kill; otherwise its clean-up step, in-process)",
             "- old = exactly the state before (export: byte-identical files; rescale: no target "
             "or an empty one; prior: the old bytes); new = exactly an uninterrupted run's result "
             "(export: same vectors on fixed texts; rescale: every id with the reference vector, "

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import recorded_command  # noqa: E402
 from _store_data import load_vectors, passages  # noqa: E402
 
 from magretrieve.adapters import _faiss_index, open_store  # noqa: E402
@@ -121,6 +122,17 @@ def main() -> None:
         help="an all-MiniLM-L6-v2 qnorm export: also time `magretrieve index` end to end",
     )
     ap.add_argument("--e2e-docs", type=int, default=2000)
+    ap.add_argument(
+        "--only",
+        default="",
+        help="comma-separated store kinds to run (e.g. pgvector,milvus), next to the exact "
+        "memory store as the reference row",
+    )
+    ap.add_argument(
+        "--no-servers",
+        action="store_true",
+        help="skip pgvector (starts PostgreSQL through pgserver) and Milvus Lite",
+    )
     args = ap.parse_args()
 
     import faiss
@@ -169,11 +181,24 @@ def main() -> None:
             {"hnsw_m": 16, "ef_construction": 100, "quantization": "int8", "ef_search": 128},
             {"scaling": True},
         ),
+        (
+            "pgvector HNSW M=16 efC=64 (vector_ip_ops, PostgreSQL server)",
+            "pgvector",
+            {"index_type": "hnsw", "hnsw_m": 16, "ef_construction": 64},
+            {"pg_ef": [40, 100, 200]},
+        ),
+        ("Milvus Lite FLAT, metric IP (embedded)", "milvus", {}, {}),
     ]
+    if args.no_servers:
+        configs = [c for c in configs if c[1] not in ("pgvector", "milvus")]
+    if args.only:
+        keep = set(args.only.split(","))
+        configs = [c for c in configs if c[1] == "memory:" or c[1].split(":")[0] in keep]
     if args.quick:
         configs = [c for c in configs if "M=32" not in c[0] and "int8" not in c[0]]
     tmp = Path(tempfile.mkdtemp(prefix="mr-bench-stores-"))
     rows = []
+    pg_server = None
     try:
         for name, kind, opts, extra in configs:
             spec = kind
@@ -181,6 +206,13 @@ def main() -> None:
                 spec = f"faiss:{tmp / str(len(rows))}"
             elif kind == "qdrant-edge":
                 spec = f"qdrant-edge:{tmp / ('e' + str(len(rows)))}"
+            elif kind == "pgvector":
+                import pgserver  # a real PostgreSQL + pgvector, started here, on a unix socket
+
+                pg_server = pg_server or pgserver.get_server(tmp / "pg", cleanup_mode="delete")
+                spec = f"pgvector:{pg_server.get_uri()}#bench{len(rows)}"
+            elif kind == "milvus":
+                spec = f"milvus:{tmp / 'milvus.db'}/bench{len(rows)}"
             store = open_store(spec, dimension=dim, **opts)
             build_s = timed_add(store, ids, docs)
             print(f"{name}: built in {build_s:.1f}s", flush=True)
@@ -205,6 +237,17 @@ def main() -> None:
                         {
                             **base,
                             "setting": f"nprobe={p}",
+                            **measure(store, queries, exact_sets, args.single),
+                        }
+                    )
+                    print(rows[-1], flush=True)
+            elif "pg_ef" in extra:
+                for ef in extra["pg_ef"]:
+                    store.ef_search = ef
+                    rows.append(
+                        {
+                            **base,
+                            "setting": f"hnsw.ef_search={ef}",
                             **measure(store, queries, exact_sets, args.single),
                         }
                     )
@@ -242,6 +285,8 @@ def main() -> None:
             if kind in ("faiss", "qdrant-edge"):
                 shutil.rmtree(spec.split(":", 1)[1], ignore_errors=True)
     finally:
+        if pg_server is not None:
+            pg_server.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
 
     enc_rate = encoder_rate()
@@ -258,7 +303,8 @@ def main() -> None:
     lines = [
         "# Stores benchmark: recall@10 vs exact, queries/s, indexing docs/s",
         "",
-        f"Command: `nice -n 10 python benchmarks/stores.py` (single-query timing over {args.single} queries)",
+        f"Command: `{recorded_command(prefix='nice -n 10 python')}` (single-query timing over "
+        f"{args.single} queries)",
         "",
         f"- data: {n:,} passages (sentences ≥ 4 words of scifact + cranfield abstracts), "
         f"{len(queries):,} queries (scifact + cranfield), dim {dim}",
@@ -269,7 +315,9 @@ def main() -> None:
         "batches (1 per single query unless noted), shared "
         "with other jobs (wall-clock; compare ratios within this table)",
         f"- faiss {faiss.__version__}; qdrant-client embedded mode is brute force; Qdrant Edge "
-        "builds HNSW (optimize() after loading)",
+        "builds HNSW (optimize() after loading); pgvector: PostgreSQL 16 + pgvector started "
+        "by the benchmark (pgserver), unix socket, one query per SQL statement; Milvus Lite "
+        "(milvus-lite) runs embedded through pymilvus",
         "",
         "| store | setting | recall@10 | q/s single | × exact | q/s batch | index docs/s (store only) |",
         "|---|---|---:|---:|---:|---:|---:|",

@@ -81,11 +81,49 @@ def load_prior(beta: float | None, prior_file: str | Path | None, k: int) -> Cor
     return None
 
 
+def point_text(payload: dict[str, Any]) -> str:
+    """The text a document encoder gets for a stored point: title + text, else ``content``."""
+    title = str(payload.get("title") or "").strip()
+    text = str(payload.get("text") or payload.get("content") or "").strip()
+    return f"{title} {text}".strip() if title and text else (text or title)
+
+
+def export_norms(
+    export_dir: str | Path, payloads: list[dict[str, Any]], ids: list[str], where: str
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """m(d) = the stored norm a magnitude-keeping export gives each point's text, and its recipe."""
+    from magretrieve.runtime import OnnxEncoder
+
+    encoder = OnnxEncoder.load(export_dir)
+    manifest = encoder.manifest
+    if manifest.document_contract != "magnitude_keeping":
+        raise ConfigError(
+            f"{export_dir}: mode {manifest.mode} gives unit-norm documents, so its norms carry no "
+            "magnitude; --norms-from needs a magnitude-keeping export (qnorm, dot, partial)"
+        )
+    texts = [point_text(p) for p in payloads]
+    empty = [i for i, t in zip(ids, texts, strict=True) if not t]
+    if empty:
+        raise StoreError(
+            f"{where}: point {empty[0]} has no title/text/content in its payload to encode "
+            f"({len(empty)} such points); --norms-from re-encodes the stored texts"
+        )
+    vectors = np.asarray(encoder.encode_documents(texts), dtype=np.float64)
+    recipe = {
+        "kind": "export_norm",
+        "export": str(export_dir),
+        "model_fingerprint": manifest.model_fingerprint,
+        "mode": manifest.mode,
+    }
+    return np.linalg.norm(vectors, axis=1), recipe
+
+
 def annotate_store(
     store: str | Any,
     *,
     head: str | Path | None = None,
     prior: CorpusPrior | None = None,
+    norms_from: str | Path | None = None,
     field: str | None = None,
     prefetch: int | None = None,
     batch_size: int = 512,
@@ -93,8 +131,9 @@ def annotate_store(
 ) -> AnnotateReport:
     """Write ``m(d)`` into every point of an existing Cosine collection (see module doc).
 
-    Exactly one of ``head`` (a run folder with a frozen-encoder norm head) or ``prior`` (a
-    :class:`CorpusPrior`; its mean/std are fitted on the stored vectors) must be given.
+    Exactly one of ``head`` (a run folder with a frozen-encoder norm head), ``prior`` (a
+    :class:`CorpusPrior`; its mean/std are fitted on the stored vectors) or ``norms_from`` (a
+    magnitude-keeping export whose document norm of each stored text becomes ``m``) is given.
     """
     from tqdm.auto import tqdm
 
@@ -104,9 +143,10 @@ def annotate_store(
         DEFAULT_PREFETCH,
     )
 
-    if (head is None) == (prior is None):
+    if sum(x is not None for x in (head, prior, norms_from)) != 1:
         raise ConfigError(
-            "give exactly one of a norm head (--head RUN) or a corpus prior (--corpus-prior β)"
+            "give exactly one of a norm head (--head RUN), a corpus prior (--corpus-prior β) or "
+            "a magnitude-keeping export (--norms-from EXPORT)"
         )
     if prefetch is not None and prefetch < 1:
         raise ConfigError(f"--prefetch must be positive, got {prefetch}")
@@ -134,6 +174,9 @@ def annotate_store(
         units = unit(vectors)
         if recipe is not None:
             mags = magnitudes_for(recipe, units)
+        elif norms_from is not None:
+            payloads = [dict(p.payload or {}) for page in pages for p in page]
+            mags, recipe = export_norms(norms_from, payloads, ids, where)
         else:
             assert prior is not None
             fitted = CorpusPrior(**prior.to_dict())

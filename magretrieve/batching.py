@@ -14,10 +14,9 @@ import numpy as np
 
 from magretrieve.errors import ConfigError
 
-#: Default padded-token budget per batch: 32 texts of 256 tokens. Measured on
-#: all-MiniLM-L6-v2 with onnxruntime on 2 cores, 4k-16k tokens per batch run within a few
-#: percent of each other (benchmarks/encode_speed.py); smaller budgets lose to per-call
-#: overhead, larger ones to cache misses.
+#: Default padded-token budget per batch: 32 texts of 256 tokens, the batch the encoders
+#: used before (32 × max length) for long texts, while shorter texts get more rows. Not
+#: tuned beyond that; ``max_batch_tokens`` is the knob.
 DEFAULT_BATCH_TOKENS = 8192
 
 

@@ -110,6 +110,12 @@ def magnitudes_for(recipe: Mapping[str, Any], units: np.ndarray) -> np.ndarray:
 
         weights = {k: np.asarray(v, dtype=np.float64) for k, v in recipe["weights"].items()}
         return np.exp(log_magnitude_numpy(units, weights, recipe["head"], float(recipe["bound"])))
+    if kind == "export_norm":
+        raise ConfigError(
+            f"m(d) of this store comes from re-encoding each text with {recipe.get('export')}; "
+            "add documents through your own pipeline, then run `magretrieve annotate "
+            "--norms-from` again"
+        )
     raise ConfigError(f"unknown magnitude recipe {kind!r}")
 
 

@@ -317,8 +317,8 @@ class StepOutput:
 
 def _average_gradients(params: Sequence[torch.nn.Parameter], size: int) -> None:
     for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
+        if p.grad is None:  # unused on every rank alike (same graph), e.g. BERT's pooler
+            continue
         dist.all_reduce(p.grad)
         p.grad /= size
 

@@ -233,3 +233,58 @@ def test_pgvector_cosine_table_annotated_ranks_like_qdrant(tmp_path, pg_uri):
     open_store(own, dimension=DIM).close()
     with pytest.raises(StoreError, match="inner product already"):
         annotate_store(own, prior=prior, progress=False)
+
+
+# ----------------------------------------------------------------------------- --norms-from
+
+
+@pytest.fixture(scope="module")
+def exports(tiny_model_dir, tmp_path_factory):
+    from magretrieve.export import export_model
+
+    out = tmp_path_factory.mktemp("exports")
+    export_model(tiny_model_dir, out / "qnorm", mode="qnorm")
+    export_model(tiny_model_dir, out / "cosine", mode="cosine")
+    return out
+
+
+def test_norms_from_a_magnitude_keeping_export(tmp_path, exports):
+    from magretrieve.runtime import OnnxEncoder
+
+    texts = [f"statins trial {i} " + "word " * (i % 7) for i in range(30)]
+    cosine = OnnxEncoder.load(exports / "cosine")
+    units = np.asarray(cosine.encode_documents(texts), dtype=np.float32)
+    client = QdrantClient(path=str(tmp_path / "q"))
+    client.create_collection(
+        "docs",
+        vectors_config=models.VectorParams(size=units.shape[1], distance=models.Distance.COSINE),
+    )
+    client.upsert(
+        "docs",
+        points=[
+            models.PointStruct(id=i, vector=units[i].tolist(), payload={"text": texts[i]})
+            for i in range(30)
+        ],
+    )
+    client.close()
+    spec = f"qdrant-local:{tmp_path / 'q'}/docs"
+    out = CliRunner().invoke(
+        main, ["annotate", "--store", spec, "--norms-from", str(exports / "qnorm"), "--json"]
+    )
+    assert out.exit_code == 0, out.output
+    assert '"kind": "export_norm"' in out.output
+    want = np.linalg.norm(OnnxEncoder.load(exports / "qnorm").encode_documents(texts), axis=1)
+    with open_store(spec, prefetch=30) as store:
+        got = {
+            r.id: float(np.linalg.norm(r.vector)) for r in store.get([str(i) for i in range(30)])
+        }
+        np.testing.assert_allclose([got[str(i)] for i in range(30)], want, rtol=1e-4)
+        q = units[3:4]
+        hits = store.search(q, 5)[0]
+        scores = (units @ q[0]) * want
+        assert [h.id for h in hits] == [str(j) for j in np.argsort(-scores, kind="stable")[:5]]
+    # a cosine export has unit norms: refused, one line
+    out = CliRunner().invoke(
+        main, ["annotate", "--store", spec, "--norms-from", str(exports / "cosine")]
+    )
+    assert out.exit_code == 1 and "magnitude-keeping export" in out.output

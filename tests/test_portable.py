@@ -26,6 +26,16 @@ MACHINE_PATH = re.compile(
 THIS_FILE = Path(__file__).resolve().relative_to(REPO).as_posix()
 
 
+def _cli_commands() -> frozenset[str]:
+    from magretrieve.cli import main
+
+    return frozenset(main.commands)
+
+
+#: ``magretrieve WORD`` in prose ("magretrieve model metadata") is not a command.
+CLI_COMMANDS = _cli_commands()
+
+
 def tracked_files() -> list[Path]:
     try:
         out = subprocess.run(
@@ -67,7 +77,10 @@ def printed_commands() -> list[tuple[str, str]]:
                 line = re.sub(r"^(flock \S+ )?(nice -n \d+ )?", "", line)
                 if "…" in line or "..." in line:  # an elided command, not one to run
                     continue
-                if re.match(r"magretrieve [a-z][a-z-]*( |$)|python benchmarks/\w+\.py( |$)", line):
+                words = line.split()
+                if (len(words) > 1 and words[0] == "magretrieve" and words[1] in CLI_COMMANDS) or (
+                    re.match(r"python benchmarks/\w+\.py( |$)", line)
+                ):
                     found.append((source.relative_to(REPO).as_posix(), line))
     return found
 

@@ -170,7 +170,7 @@ def _fusions(folder: Path) -> dict[str, int]:
     return ops
 
 
-def test_default_export_is_fused_and_says_so(fused_export) -> None:
+def test_default_export_is_fused_and_says_so(fused_export, tiny_model_dir: Path) -> None:
     from magretrieve.manifest import Manifest
 
     folder, encoder = fused_export
@@ -184,7 +184,14 @@ def test_default_export_is_fused_and_says_so(fused_export) -> None:
     assert "Softmax" not in ops  # attention really is one operator now
     assert manifest.parity["max_abs_diff"] <= 1e-4
     # exporting traced eager attention; the user's encoder keeps its own setting
-    assert encoder.transformer.config._attn_implementation == "sdpa"
+    from magretrieve.encoder import Encoder
+
+    fresh = Encoder.load(tiny_model_dir, mode="qnorm", device="cpu")
+    assert fresh.transformer.config._attn_implementation != "eager"  # transformers 5: sdpa
+    assert (
+        encoder.transformer.config._attn_implementation
+        == fresh.transformer.config._attn_implementation
+    )
 
 
 def test_no_optimize_exports_plain_graphs(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ from magretrieve.cli._group import main
     "--store",
     "store_spec",
     required=True,
-    help="An existing Cosine collection, e.g. qdrant:http://localhost:6333/docs.",
+    help="An existing Cosine collection or pgvector table ranked by cosine, e.g. "
+    "qdrant:http://localhost:6333/docs or pgvector:postgresql://me@host/db#items.",
 )
 @click.option(
     "--head",
@@ -33,6 +34,13 @@ from magretrieve.cli._group import main
     type=click.Path(dir_okay=False, exists=True),
     default=None,
     help="JSON written by corpus_prior.choose_beta (β and k) instead of --corpus-prior.",
+)
+@click.option(
+    "--norms-from",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="A magnitude-keeping export (qnorm/dot/partial): m(d) = its document norm of each "
+    "stored text (payload title/text or content).",
 )
 @click.option(
     "--k", "k", type=int, default=10, show_default=True, help="Neighbours of the hub score."
@@ -56,16 +64,17 @@ def annotate_cmd(
     head_dir: str | None,
     beta: float | None,
     prior_file: str | None,
+    norms_from: str | None,
     k: int,
     field: str,
     prefetch: int | None,
     as_json: bool,
 ) -> None:
-    """Write each point's magnitude m(d) into the payload of an existing Cosine collection.
+    """Write each document's magnitude m(d) next to its vector in an existing Cosine store.
 
-    The vectors are not touched. Afterwards `magretrieve search` (and Retriever.load) with the
-    cosine export rank this collection by cos·m(d) inside Qdrant: a cosine prefetch re-ranked
-    by the formula $score·m.
+    Qdrant: into each point's payload; pgvector: into a new column of the table. The vectors
+    are not touched. Afterwards `magretrieve search` (and Retriever.load) with the cosine
+    export rank it by cos·m(d) inside the database: a cosine prefetch re-ranked by cos·m.
     """
     from magretrieve.annotate import annotate_store, load_prior
     from magretrieve.cli._common import print_json, print_table
@@ -74,6 +83,7 @@ def annotate_cmd(
         store_spec,
         head=head_dir,
         prior=load_prior(beta, prior_file, k),
+        norms_from=norms_from,
         field=field,
         prefetch=prefetch,
     )
