@@ -47,7 +47,9 @@ def passages(data: Path) -> list[str]:
 
     texts: list[str] = []
     for name in ("scifact", "cranfield"):
-        for _, doc in iter_corpus(data / name / "corpus.jsonl"):
+        for _, doc in iter_corpus(data / name / "corpus.jsonl", skip_empty=True):
+            if not doc.full_text.strip():  # cranfield has empty documents: nothing to encode
+                continue
             texts.append(doc.full_text)
             texts.extend(s for s in re.split(r"(?<=[.!?])\s+", doc.text) if len(s) > 20)
     for split in ("train", "dev", "test"):
