@@ -353,6 +353,9 @@ def bar_chart(summary: list[dict[str, Any]], sets: list[str], path: Path) -> Non
     show_default=True,
     help="PACE models MODE-sSEED (cosine checkpoint of that seed, lr/10); '' for none.",
 )
+@click.option(
+    "--zero-shot/--no-zero-shot", default=True, show_default=True, help="Include zero-shot cosine."
+)
 @click.option("--epochs", type=int, default=1, show_default=True)
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--lr", type=float, default=2e-5, show_default=True)
@@ -379,6 +382,7 @@ def main(
     eval_specs,
     seeds,
     pace,
+    zero_shot,
     epochs,
     batch_size,
     lr,
@@ -401,7 +405,7 @@ def main(
     train = load_beir(train_spec, default_split="train")
     evals = [load_beir(s) for s in eval_specs]
     seed_list = [int(s) for s in seeds.split(",") if s.strip()]
-    cosine_tags = ["zero-shot", *[f"cosine-s{s}" for s in seed_list]]
+    cosine_tags = ["zero-shot"] * zero_shot + [f"cosine-s{s}" for s in seed_list]
     pace_tags = [f"pace-{p.strip()}" for p in pace.split(",") if p.strip()]
     for tag in [*cosine_tags, *pace_tags]:
         with cpu_lock(lock):

@@ -185,10 +185,11 @@ def main() -> None:
         rows.append((f"  + {prior.label()}", ndcg(searcher)))
         searcher.close()
     retriever.close()
-    print(f"\n  {'model':<34} NDCG@10")
+    width = max(34, *(len(label) for label, _ in rows))
+    print(f"\n  {'model':<{width}} NDCG@10")
     for label, value in rows:
         change = "" if label.startswith("zero") else f"  ({100 * (value / rows[0][1] - 1):+.1f}%)"
-        print(f"  {label:<34} {value:.4f}{change}")
+        print(f"  {label:<{width}} {value:.4f}{change}")
     print(
         f"\n(documents cut at {args.max_doc_length} tokens for both; graphs {quantize or 'fp32'}; "
         f"total {time.perf_counter() - started:.0f}s)"

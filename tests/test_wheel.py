@@ -24,12 +24,12 @@ SOURCES = {
 }
 
 
-def tree_modules() -> set[str]:
-    """Every module of the source tree, as ``magretrieve/.../name.py`` inside a wheel."""
+def tree_modules(patterns: tuple[str, ...] = ("*.py",)) -> set[str]:
+    """Every module (or file matching ``patterns``) of the source tree, as its wheel path."""
     out = set()
     for package, folder in SOURCES.items():
         base = Path(*package.split("."))
-        for file in folder.rglob("*.py"):
+        for file in (f for pattern in patterns for f in folder.rglob(pattern)):
             if "__pycache__" in file.parts:
                 continue
             out.add((base / file.relative_to(folder)).as_posix())
@@ -53,8 +53,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_wheel_holds_every_module_of_the_tree(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    expected = tree_modules()
-    assert {"magretrieve/diagnose/__init__.py", "magretrieve/adapters/base.py"} <= expected
+    expected = tree_modules(("*.py", "*.json"))  # modules and the data files they read
+    assert {"magretrieve/diagnose/evidence.json", "magretrieve/adapters/base.py"} <= expected
     missing = sorted(expected - names)
     assert not missing, f"{wheel.name} lacks {missing}"
     # and nothing of the tree's tests or benchmarks leaks into the wheel
