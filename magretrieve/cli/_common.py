@@ -54,3 +54,38 @@ def device_option(help_text: str):  # type: ignore[no-untyped-def]
         show_default=True,
         help=help_text,
     )
+
+
+def magnitude_options(func: Any) -> Any:
+    """``--head`` / ``--corpus-prior`` / ``--prior-file`` / ``--k``: where a document's magnitude
+    m(d) comes from, for the commands that apply one to stored vectors (rescale, annotate)."""
+    options = [
+        click.option(
+            "--head",
+            "head_dir",
+            type=click.Path(file_okay=False, exists=True),
+            default=None,
+            help="Run folder of a frozen-encoder norm head (train --norm-head ... "
+            "--freeze-encoder).",
+        ),
+        click.option(
+            "--corpus-prior",
+            "beta",
+            type=float,
+            default=None,
+            help="β of the corpus-derived hub prior exp(−β·z) (choose it on training queries).",
+        ),
+        click.option(
+            "--prior-file",
+            type=click.Path(dir_okay=False, exists=True),
+            default=None,
+            help="JSON written by `magretrieve fit-prior` (any document prior: hub, csls, "
+            "inverted-softmax, center, combinations) instead of --corpus-prior.",
+        ),
+        click.option(
+            "--k", "k", type=int, default=10, show_default=True, help="Neighbours of the hub score."
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from magretrieve.cli._common import magnitude_options
 from magretrieve.cli._group import main
 
 
@@ -15,35 +16,13 @@ from magretrieve.cli._group import main
     help="An existing Cosine collection or pgvector table ranked by cosine, e.g. "
     "qdrant:http://localhost:6333/docs or pgvector:postgresql://me@host/db#items.",
 )
-@click.option(
-    "--head",
-    "head_dir",
-    type=click.Path(file_okay=False, exists=True),
-    default=None,
-    help="Run folder of a frozen-encoder norm head (train --norm-head ... --freeze-encoder).",
-)
-@click.option(
-    "--corpus-prior",
-    "beta",
-    type=float,
-    default=None,
-    help="β of the corpus-derived hub prior exp(−β·z) (choose it on training queries).",
-)
-@click.option(
-    "--prior-file",
-    type=click.Path(dir_okay=False, exists=True),
-    default=None,
-    help="JSON written by corpus_prior.choose_beta (β and k) instead of --corpus-prior.",
-)
+@magnitude_options
 @click.option(
     "--norms-from",
     type=click.Path(file_okay=False, exists=True),
     default=None,
     help="A magnitude-keeping export (qnorm/dot/partial): m(d) = its document norm of each "
     "stored text (payload title/text or content).",
-)
-@click.option(
-    "--k", "k", type=int, default=10, show_default=True, help="Neighbours of the hub score."
 )
 @click.option(
     "--field",

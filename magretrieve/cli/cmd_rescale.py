@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from magretrieve.cli._common import magnitude_options
 from magretrieve.cli._group import main
 from magretrieve.cli.cmd_index import collect_store_options, store_options
 
@@ -11,30 +12,7 @@ from magretrieve.cli.cmd_index import collect_store_options, store_options
 @main.command("rescale")
 @click.option("--source", required=True, help="Store built with a cosine export (read only).")
 @click.option("--target", required=True, help="New store to write (Qdrant: a new Dot collection).")
-@click.option(
-    "--head",
-    "head_dir",
-    type=click.Path(file_okay=False, exists=True),
-    default=None,
-    help="Run folder of a frozen-encoder norm head (train --norm-head ... --freeze-encoder).",
-)
-@click.option(
-    "--corpus-prior",
-    "beta",
-    type=float,
-    default=None,
-    help="β of the corpus-derived hub prior exp(−β·z) (choose it on training queries).",
-)
-@click.option(
-    "--prior-file",
-    type=click.Path(dir_okay=False, exists=True),
-    default=None,
-    help="JSON written by `magretrieve fit-prior` (any document prior: hub, csls, "
-    "inverted-softmax, center, combinations) instead of --corpus-prior.",
-)
-@click.option(
-    "--k", "k", type=int, default=10, show_default=True, help="Neighbours of the hub score."
-)
+@magnitude_options
 @click.option(
     "--check-sample",
     type=int,
