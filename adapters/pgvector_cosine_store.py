@@ -42,6 +42,7 @@ from magretrieve.adapters.pgvector_store import (
     psycopg,
     read_comment,
     register_vector,
+    run_in_transaction,
     vector_indexes,
 )
 from magretrieve.adapters.qdrant_cosine_store import ANNOTATION_KEY, DEFAULT_PREFETCH
@@ -160,14 +161,7 @@ class PgCosineStore(VectorStore):
         return self._location
 
     def _run(self, what: str, fn: Any) -> Any:
-        pg = psycopg()
-        try:
-            with self.conn.transaction():
-                return fn()
-        except pg.Error as exc:
-            raise StoreError(
-                f"{self._location}: {what} failed ({type(exc).__name__}: {exc})"
-            ) from None
+        return run_in_transaction(self.conn, self._location, what, fn)
 
     def _cols(self) -> dict[str, Any]:
         sql = _sql()

@@ -174,6 +174,21 @@ def _quote(part: str) -> str:
     return '"' + part.replace('"', '""') + '"'
 
 
+def run_in_transaction(conn: Any, location: str, what: str, fn: Any) -> Any:
+    """Run ``fn()`` in one transaction, turning database errors into one-line StoreErrors.
+
+    On a connection that is not in autocommit mode and has no transaction open it begins and
+    commits; inside the caller's open transaction it is a savepoint, committed with the
+    caller's work.
+    """
+    pg = psycopg()
+    try:
+        with conn.transaction():
+            return fn()
+    except pg.Error as exc:
+        raise StoreError(f"{location}: {what} failed ({type(exc).__name__}: {exc})") from None
+
+
 class PgVectorStore(VectorStore):
     """A pgvector table searched by inner product (``<#>``), one row per document."""
 
@@ -312,18 +327,7 @@ class PgVectorStore(VectorStore):
         return self._location
 
     def _run(self, what: str, fn: Any) -> Any:
-        """Run ``fn()``, turning database errors into one-line StoreErrors."""
-        pg = psycopg()
-        try:
-            # one transaction per call: on a connection that is not in autocommit mode and has
-            # no transaction open it begins and commits; inside the caller's open transaction
-            # it is a savepoint, committed with the caller's work
-            with self.conn.transaction():
-                return fn()
-        except pg.Error as exc:
-            raise StoreError(
-                f"{self._location}: {what} failed ({type(exc).__name__}: {exc})"
-            ) from None
+        return run_in_transaction(self.conn, self._location, what, fn)
 
     # ------------------------------------------------------------------ protocol
 
