@@ -1,9 +1,9 @@
 """Mean cosine to the ``k`` nearest other documents, exact or by approximate k-NN (FAISS IVF/HNSW).
 
 This is the hub score of the corpus prior (:mod:`magretrieve.corpus_prior`). Exactly it costs
-O(n²·dim): every document against every other, about 5 minutes at 200,000 MiniLM vectors on two
+O(n²·dim): every document against every other, about 7 minutes at 200,000 MiniLM vectors on two
 cores and growing fourfold with each doubling. The approximate path builds an inverted-file index
-(FAISS ``IVF√n,Flat``, inner product) and asks it for each document's ``k + 1`` neighbours,
+(FAISS ``IVF(4√n),Flat``, inner product) and asks it for each document's ``k + 1`` neighbours,
 dropping the document itself; it costs about O(n^1.5·dim) and its memory is the index (the
 vectors once, or a quarter of that with ``SQ8`` codes) plus one chunk of results — never the
 n×n similarity matrix nor an n×chunk slab of it.
@@ -13,7 +13,8 @@ iterator of row blocks (e.g. read from a store), read twice — once to train an
 once to search it — so a corpus larger than memory needs only the index resident.
 
 Which path runs: ``method="auto"`` takes the exact one below :data:`EXACT_MAX` documents (where
-it is fast and there is nothing to approximate) and FAISS above it; without faiss installed it
+it is fast and there is nothing to approximate) and FAISS ``IndexIVFFlat`` above it; without
+faiss installed it
 warns and stays exact. ``benchmarks/corpus_prior_scale.py`` measures the agreement (Spearman of
 the z-scores, NDCG@10 of the prior) and the speed-up.
 """
@@ -68,22 +69,33 @@ def exact_mean_knn(
     return out
 
 
-#: Lists probed per query (benchmarks/corpus_prior_scale.py: Spearman of z vs exact ≥ 0.99).
-NPROBE = 16
+#: Lists probed per document by the ``ivf`` path, with :data:`LISTS_PER_SQRT_N` ·√n lists.
+#: Chosen by measurement at 200,000 MiniLM vectors (benchmarks/results/corpus_prior_scale.md):
+#: 4√n lists and 12 probes gave Spearman of z 0.994 vs exact at 13.7× its speed; 2√n / 16
+#: gave 0.996 at 8×, 4√n / 16 0.996 at 11×, 2√n / 8 0.991 at 13×.
+NPROBE = 12
+#: Inverted lists of the ``ivf`` path per √n: more, smaller lists make each probe cheaper.
+LISTS_PER_SQRT_N = 4
 #: Lists compared per list by the blocked path: its candidates are chosen per list, not per
 #: document, so it probes more lists than a per-document search (a product costs little).
+#: Measured at 200,000 vectors it stays under Spearman 0.99 (0.981 at 32 probes, 0.988 at 64),
+#: which is why ``auto`` takes the ``ivf`` path; it is kept as the fastest option.
 BLOCKED_NPROBE = 32
 #: k-means iterations of the coarse quantizer (FAISS default 25; 10 is as good for this use).
 KMEANS_ITERATIONS = 10
 
 
-def default_nlist(n: int) -> int:
-    """Inverted lists for ``n`` vectors: about 2·√n.
+def default_nlist(n: int, per_sqrt_n: float = LISTS_PER_SQRT_N) -> int:
+    """Inverted lists for ``n`` vectors: about ``per_sqrt_n``·√n (4√n for ``ivf``, 2√n blocked).
 
     A query scans the ``nlist`` centroids plus ``NPROBE`` lists of ~n/nlist vectors, so with
     ``nlist ∝ √n`` the whole corpus costs O(n^1.5·dim) instead of exact O(n²·dim).
     """
-    return int(min(65536, max(1, round(2 * math.sqrt(n)))))
+    return int(min(65536, max(1, round(per_sqrt_n * math.sqrt(n)))))
+
+
+#: Lists of the blocked path per √n (its cost is one product per list, so fewer, larger lists).
+BLOCKED_LISTS_PER_SQRT_N = 2
 
 
 def _faiss():  # type: ignore[no-untyped-def]
@@ -203,7 +215,7 @@ def blocked_mean_knn(
         raise ConfigError("approximate k-NN needs faiss; pip install 'magretrieve[faiss]'")
     x = _as_unit_f32(unit_docs)
     n, dim = x.shape
-    nlist = default_nlist(n)
+    nlist = default_nlist(n, BLOCKED_LISTS_PER_SQRT_N)
     km = faiss.Kmeans(
         dim,
         nlist,
@@ -248,7 +260,7 @@ def mean_knn_similarity(
 ) -> np.ndarray:
     """Mean cosine of each row to its ``k`` nearest other rows: exact or approximate (see module).
 
-    ``method``: ``auto`` (exact below :data:`EXACT_MAX` rows, else ``blocked``), ``exact``,
+    ``method``: ``auto`` (exact below :data:`EXACT_MAX` rows, else ``ivf``), ``exact``,
     ``blocked`` (:func:`blocked_mean_knn`), ``ivf`` or ``hnsw`` (a FAISS index searched per
     document; these two also take a streamed source, see :func:`approximate_mean_knn`).
     """
@@ -262,7 +274,7 @@ def mean_knn_similarity(
     if k < 1:
         raise ConfigError(f"k must be at least 1, got {k}")
     if method == "auto":
-        method = "exact" if n < EXACT_MAX else "blocked"
+        method = "exact" if n < EXACT_MAX else "ivf"
         if method != "exact" and _faiss() is None:
             logger.warning(
                 "hub score of %d documents computed exactly (O(n²)); install faiss-cpu "

@@ -44,19 +44,19 @@ def test_approximate_paths_agree_with_exact(method: str) -> None:
 def test_auto_switches_to_the_approximate_path_above_the_threshold(monkeypatch) -> None:
     x = clustered(1200)
     calls: list[str] = []
-    real = neighbors.blocked_mean_knn
+    real = neighbors.approximate_mean_knn
 
     def spy(*a, **kw):
-        calls.append("blocked")
+        calls.append(kw["method"])
         return real(*a, **kw)
 
-    monkeypatch.setattr(neighbors, "blocked_mean_knn", spy)
+    monkeypatch.setattr(neighbors, "approximate_mean_knn", spy)
     monkeypatch.setattr(neighbors, "EXACT_MAX", 1000)
     hub_scores(x, 5)  # the corpus prior's call site goes through the dispatch
-    assert calls == ["blocked"]
+    assert calls == ["ivf"]  # FAISS IndexIVFFlat: the path that met Spearman ≥ 0.99 at 200k
     monkeypatch.setattr(neighbors, "EXACT_MAX", 5000)
     hub_scores(x, 5)
-    assert calls == ["blocked"]  # exact below the threshold
+    assert calls == ["ivf"]  # exact below the threshold
 
 
 def test_streamed_source_equals_the_array() -> None:
