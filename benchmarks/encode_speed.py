@@ -311,9 +311,8 @@ def write_results(result: dict[str, Any], out: Path) -> None:
         result["command"],
         "```",
         "",
-        f"Machine: {result['machine']}, shared with other jobs (the run held the CPU lock, but "
-        "absolute times are noisy: the ratios within this run are the result; absolute numbers "
-        "are in encode_speed.json). Every column uses "
+        f"Machine: {result['machine']} (the run held the CPU lock; the ratios within this run "
+        "are the result, absolute numbers are in encode_speed.json). Every column uses "
         f"{result['threads']} threads. The corpus and the queries are cut into "
         f"{result['rounds']} slices; round r runs slice r through every column in a rotated "
         "order (columns interleaved in time, every text encoded once per column); documents/s "
@@ -325,7 +324,8 @@ def write_results(result: dict[str, Any], out: Path) -> None:
         "of them. Export: "
         f"{result['exporter'].get('name')} opset {result['exporter'].get('opset')}, "
         + (f"fused ({fused})" if opt.get("applied") else f"unfused ({opt.get('reason')})")
-        + "; int8 = dynamic per-channel quantization of the fused fp32 graphs. End-to-end: "
+        + "; int8 = dynamic per-channel quantization of the fused fp32 graphs (MatMul and "
+        "embedding; attention kept fp32). End-to-end: "
         "`index_corpus` (what `magretrieve index` runs) of the fp32 export into a new FAISS "
         "flat store, corpus file to persisted store.",
         "",
