@@ -73,7 +73,9 @@ def optimize_bert(
     return {"model_type": kind, "fused_operators": stats}
 
 
-def quantize_int8(src: str | Path, dst: str | Path) -> dict[str, Any]:
+def quantize_int8(
+    src: str | Path, dst: str | Path, operators: tuple[str, ...] | None = INT8_OPERATORS
+) -> dict[str, Any]:
     """Dynamic int8 quantization: int8 weights per output channel, uint8 activations at run time.
 
     Per-channel weights matter: on all-MiniLM-L6-v2 per-tensor int8 left a mean query cosine
@@ -81,7 +83,8 @@ def quantize_int8(src: str | Path, dst: str | Path) -> dict[str, Any]:
     (docs/export.md). Only :data:`INT8_OPERATORS` are quantized: the fused attention stays
     fp32 (its quantized form cost most of int8's NDCG loss), the word-embedding table shrinks.
     ``DefaultTensorType`` lets the quantizer through fused com.microsoft operators that ONNX
-    shape inference cannot type.
+    shape inference cannot type. ``operators=None`` quantizes every type the quantizer knows
+    (QAttention included), as ``benchmarks/int8_operators.py`` compares.
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -99,7 +102,7 @@ def quantize_int8(src: str | Path, dst: str | Path) -> dict[str, Any]:
                 model_output=str(dst),
                 weight_type=QuantType.QInt8,
                 per_channel=True,
-                op_types_to_quantize=list(INT8_OPERATORS),
+                op_types_to_quantize=None if operators is None else list(operators),
                 extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
             )
     finally:
@@ -108,5 +111,5 @@ def quantize_int8(src: str | Path, dst: str | Path) -> dict[str, Any]:
         "method": "onnxruntime.quantization.quantize_dynamic",
         "weight_type": "QInt8",
         "per_channel": True,
-        "operators": list(INT8_OPERATORS),
+        "operators": "all" if operators is None else list(operators),
     }
