@@ -65,17 +65,9 @@ def assert_same_store(a: str, b: str) -> None:
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray", reason="engine='ray' needs the magretrieve[ray] extra")
-    # A local node's raylet sometimes fails to register within Ray's fixed 30 s (seen once in
-    # CI on this 2-core machine, with nothing else running); a second start with fresh ports
-    # and a fresh session is what a user would do. Two failures fail the tests.
-    for attempt in (1, 2):
-        try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-            break
-        except Exception:
-            ray.shutdown()
-            if attempt == 2:
-                raise
+    from magretrieve.engines.ray_engine import start_ray
+
+    assert start_ray(num_cpus=2)  # the engine's own start (a second try if the raylet is late)
     yield ray
     ray.shutdown()
 
@@ -153,3 +145,58 @@ def test_default_path_never_imports_ray() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "NO-RAY"
+
+
+class _FlakyRay:
+    """Stands in for the ``ray`` module: ``init`` fails ``failures`` times, then starts."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.inits, self.shutdowns, self.up = failures, [], 0, False
+
+    def is_initialized(self) -> bool:
+        return self.up
+
+    def init(self, **kw) -> None:
+        self.inits.append(kw)
+        if len(self.inits) <= self.failures:
+            raise Exception("The current node timed out during startup.\nmore detail")
+        self.up = True
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+        self.up = False
+
+
+def test_start_ray_retries_a_late_local_node_once(monkeypatch) -> None:
+    from magretrieve.engines import ray_engine
+
+    fake = _FlakyRay(failures=1)
+    monkeypatch.setattr(ray_engine, "_ray", lambda: fake)
+    assert ray_engine.start_ray(num_cpus=2) is True
+    assert len(fake.inits) == 2 and fake.shutdowns == 1  # the half-started node was cleaned up
+    assert fake.inits[-1] == {
+        "address": None,
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "num_cpus": 2,
+    }
+    assert ray_engine.start_ray() is False  # already running: not started (nor shut) by us
+
+    fake = _FlakyRay(failures=2)
+    monkeypatch.setattr(ray_engine, "_ray", lambda: fake)
+    with pytest.raises(
+        ConfigError,
+        match=r"^Ray \(a local node\) did not start: The current node timed out during startup\.$",
+    ):
+        ray_engine.start_ray()
+    assert len(fake.inits) == 2 and fake.shutdowns == 2
+
+
+def test_start_ray_tries_a_cluster_address_once(monkeypatch) -> None:
+    from magretrieve.engines import ray_engine
+
+    fake = _FlakyRay(failures=1)
+    monkeypatch.setattr(ray_engine, "_ray", lambda: fake)
+    with pytest.raises(ConfigError, match=r"^Ray at ray://head:10001 did not start: "):
+        ray_engine.start_ray("ray://head:10001")
+    assert len(fake.inits) == 1

@@ -51,6 +51,35 @@ def _ray() -> Any:
     return ray
 
 
+def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
+    """Connect to the Ray cluster at ``address``, or start a local node; True if this call did.
+
+    A local node's raylet sometimes misses Ray's fixed 30 s registration window on a small,
+    busy machine (seen once in this project's CI with nothing else running); a second start,
+    with fresh ports and a fresh session, is what a user would do, so a local start gets two
+    tries. A cluster address gets one: an unreachable cluster will not come up by retrying.
+    Failing that, one line naming where Ray was asked to run.
+    """
+    ray = _ray()
+    if ray.is_initialized():
+        return False
+    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+    if num_cpus is not None:
+        options["num_cpus"] = num_cpus
+    tries = 1 if address else 2
+    for attempt in range(1, tries + 1):
+        try:
+            ray.init(address=address, **options)
+            return True
+        except Exception as exc:  # ray raises plain Exception / ConnectionError on start-up
+            ray.shutdown()
+            if attempt == tries:
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                where = f"at {address}" if address else "(a local node)"
+                raise ConfigError(f"Ray {where} did not start: {first[:300]}") from None
+    return False  # pragma: no cover - the loop returns or raises
+
+
 def check_corpus(
     retriever: Retriever, path: Path, skip_empty: bool
 ) -> tuple[int, set[str], list[str]]:
@@ -162,10 +191,7 @@ def index_corpus_ray(
     todo = total - len(stored)
     if todo:
         ray = _ray()
-        started = False
-        if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
-            started = True
+        started = start_ray(address)
         try:
             added, truncated = _run(
                 ray,
