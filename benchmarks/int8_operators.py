@@ -51,18 +51,14 @@ the lowest row in every run.
 
 def build_variant(fp32_dir: Path, folder: Path, operators: tuple[str, ...] | None) -> Path:
     """An int8 export folder: the fp32 export with its graphs quantized over ``operators``."""
-    from magretrieve.export.quantize import quantize_int8
-    from magretrieve.manifest import MANIFEST_NAME, Manifest, hash_folder
+    from magretrieve.export.build import quantize_folder
+    from magretrieve.manifest import Manifest, hash_folder
 
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     manifest = Manifest.load(fp32_dir)
-    for item in fp32_dir.iterdir():
-        if item.suffix == ".onnx":
-            facts = quantize_int8(item, folder / item.name, operators=operators)
-        elif item.name != MANIFEST_NAME:
-            shutil.copy2(item, folder / item.name)
+    facts = quantize_folder(fp32_dir, folder, operators)
     manifest.files = hash_folder(folder)
     manifest.quantization = "int8"
     manifest.exporter = dict(manifest.exporter) | {"quantizer": facts}

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from magretrieve.adapters.base import fsync_dir
 from magretrieve.errors import ConfigError, MagRetrieveError
 from magretrieve.export.publish import make_staging, publish, recover
+from magretrieve.export.quantize import INT8_OPERATORS
 from magretrieve.manifest import MANIFEST_NAME, GraphSpec, Manifest, hash_folder
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -455,6 +456,29 @@ def _device_parity(
     manifest.save(folder)
 
 
+def quantize_folder(
+    fp32_dir: Path,
+    int8_dir: Path,
+    operators: tuple[str, ...] | None = INT8_OPERATORS,
+    say: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Quantize an export's graphs into ``int8_dir`` and copy its other files (not the manifest).
+
+    ``operators`` as in :func:`~magretrieve.export.quantize.quantize_int8` (None: every type the
+    quantizer knows). Returns the quantizer's facts.
+    """
+    from magretrieve.export.quantize import quantize_int8
+
+    facts: dict[str, Any] = {}
+    for name in GRAPH_FILES.values():
+        say(f"quantizing {name} to int8 (dynamic)")
+        facts = quantize_int8(fp32_dir / name, int8_dir / name, operators)
+    for item in fp32_dir.iterdir():
+        if item.is_file() and item.suffix != ".onnx" and item.name != MANIFEST_NAME:
+            shutil.copy2(item, int8_dir / item.name)
+    return facts
+
+
 def _build_int8(
     encoder: Encoder,
     fp32_dir: Path,
@@ -466,16 +490,10 @@ def _build_int8(
 ) -> Path:
     """Quantize the parity-checked fp32 graphs; report agreement (and NDCG@10) vs fp32."""
     from magretrieve.export.evaluate import evaluate_export
-    from magretrieve.export.quantize import quantize_int8
     from magretrieve.runtime import OnnxEncoder
 
     int8_dir.mkdir()
-    for name in GRAPH_FILES.values():
-        say(f"quantizing {name} to int8 (dynamic)")
-        facts = quantize_int8(fp32_dir / name, int8_dir / name)
-    for item in fp32_dir.iterdir():
-        if item.is_file() and item.suffix != ".onnx" and item.name != MANIFEST_NAME:
-            shutil.copy2(item, int8_dir / item.name)
+    facts = quantize_folder(fp32_dir, int8_dir, say=say)
     exporter = dict(fp32_manifest.exporter) | {"quantizer": facts}
     manifest = _write_manifest(
         int8_dir,
