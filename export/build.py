@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from magretrieve.adapters.base import fsync_dir
 from magretrieve.errors import ConfigError, MagRetrieveError
 from magretrieve.export.publish import make_staging, publish, recover
-from magretrieve.export.quantize import INT8_OPERATORS
+from magretrieve.export.quantize import INT8_OPERATORS, quantize_int8
 from magretrieve.manifest import MANIFEST_NAME, GraphSpec, Manifest, hash_folder
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -467,8 +467,6 @@ def quantize_folder(
     ``operators`` as in :func:`~magretrieve.export.quantize.quantize_int8` (None: every type the
     quantizer knows). Returns the quantizer's facts.
     """
-    from magretrieve.export.quantize import quantize_int8
-
     facts: dict[str, Any] = {}
     for name in GRAPH_FILES.values():
         say(f"quantizing {name} to int8 (dynamic)")

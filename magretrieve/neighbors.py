@@ -14,8 +14,7 @@ once to search it — so a corpus larger than memory needs only the index reside
 
 Which path runs: ``method="auto"`` takes the exact one below :data:`EXACT_MAX` documents (where
 it is fast and there is nothing to approximate) and FAISS ``IndexIVFFlat`` above it; without
-faiss installed it
-warns and stays exact. ``benchmarks/corpus_prior_scale.py`` measures the agreement (Spearman of
+faiss installed it warns and stays exact. ``benchmarks/corpus_prior_scale.py`` measures the agreement (Spearman of
 the z-scores, NDCG@10 of the prior) and the speed-up.
 """
 
@@ -79,8 +78,10 @@ LISTS_PER_SQRT_N = 4
 #: Lists compared per list by the blocked path: its candidates are chosen per list, not per
 #: document, so it probes more lists than a per-document search (a product costs little).
 #: Measured at 200,000 vectors it stays under Spearman 0.99 (0.981 at 32 probes, 0.988 at 64),
-#: which is why ``auto`` takes the ``ivf`` path; it is kept as the fastest option.
+#: which is why ``auto`` takes the ``ivf`` path; it is kept as an option.
 BLOCKED_NPROBE = 32
+#: Lists of the blocked path per √n (its cost is one product per list, so fewer, larger lists).
+BLOCKED_LISTS_PER_SQRT_N = 2
 #: k-means iterations of the coarse quantizer (FAISS default 25; 10 is as good for this use).
 KMEANS_ITERATIONS = 10
 
@@ -92,10 +93,6 @@ def default_nlist(n: int, per_sqrt_n: float = LISTS_PER_SQRT_N) -> int:
     ``nlist ∝ √n`` the whole corpus costs O(n^1.5·dim) instead of exact O(n²·dim).
     """
     return int(min(65536, max(1, round(per_sqrt_n * math.sqrt(n)))))
-
-
-#: Lists of the blocked path per √n (its cost is one product per list, so fewer, larger lists).
-BLOCKED_LISTS_PER_SQRT_N = 2
 
 
 def _faiss():  # type: ignore[no-untyped-def]
