@@ -238,12 +238,15 @@ def _as_document(doc: Document | Mapping[str, Any], position: int) -> Document:
 
 
 def load_encoder(
-    export_dir: str | Path, threads: int | None = None, device: str = "cpu"
+    export_dir: str | Path,
+    threads: int | None = None,
+    device: str = "cpu",
+    runtime: str = "onnxruntime",
 ) -> EncoderLike:
     """The ONNX encoder of an export folder (one seam, so tests can substitute a fake)."""
     from magretrieve.runtime import OnnxEncoder
 
-    return OnnxEncoder.load(export_dir, threads=threads, device=device)
+    return OnnxEncoder.load(export_dir, threads=threads, device=device, runtime=runtime)
 
 
 def check_documents(docs: Sequence[Document]) -> None:
@@ -289,6 +292,7 @@ class Retriever:
         force: bool = False,
         threads: int | None = None,
         device: str = "cpu",
+        runtime: str = "onnxruntime",
         create: bool = True,
         for_writing: bool = False,
         **store_options: Any,
@@ -298,7 +302,7 @@ class Retriever:
         The query graph (and with ``for_writing`` the document graph) is checked against the
         manifest before the store is touched, so a broken export never creates a store.
         """
-        encoder = load_encoder(export_dir, threads=threads, device=device)
+        encoder = load_encoder(export_dir, threads=threads, device=device, runtime=runtime)
         # check the graphs against the manifest before a store is opened (or created)
         warm = getattr(encoder, "session", None)
         if callable(warm):

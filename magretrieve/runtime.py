@@ -28,6 +28,14 @@ DEFAULT_DOCUMENT_BATCH = 128
 THREADS_ENV = "MAGRETRIEVE_ONNX_THREADS"
 #: Devices an OnnxEncoder runs on, and the onnxruntime provider each one needs.
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+#: Runtimes that run the export's graphs: name → (engine, inference precision). ``openvino``
+#: reads the same ONNX files (:mod:`magretrieve.openvino_session`, extra ``openvino``); its
+#: ``-bf16`` form computes in bfloat16 on CPUs that have it natively (docs/export.md, "Runtimes").
+RUNTIMES = {
+    "onnxruntime": ("onnxruntime", "fp32"),
+    "openvino": ("openvino", "fp32"),
+    "openvino-bf16": ("openvino", "bf16"),
+}
 
 
 def available_cores() -> int:
@@ -56,6 +64,15 @@ def default_threads() -> int:
     return available_cores()
 
 
+def check_runtime(runtime: str, device: str) -> str:
+    """Refuse an unknown runtime, or OpenVINO asked to use CUDA (it runs on the CPU here)."""
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    if RUNTIMES[runtime][0] == "openvino" and device != "cpu":
+        raise ConfigError(f"runtime {runtime!r} runs on the CPU; use --device cpu with it")
+    return runtime
+
+
 def check_device(device: str) -> str:
     """Refuse an unknown device, or ``cuda`` when onnxruntime has no CUDA provider here."""
     if device not in PROVIDERS:
@@ -79,11 +96,17 @@ class OnnxEncoder:
 
     Knobs (docs/export.md, "Speed"): ``threads`` (intra-op threads; default every core the
     process may use, or ``$MAGRETRIEVE_ONNX_THREADS``), ``device`` (``cpu`` or ``cuda``),
-    and per call ``batch_size`` (most texts per batch) and ``max_batch_tokens`` (padded
+    ``runtime`` (:data:`RUNTIMES`: onnxruntime, or OpenVINO in fp32 or bf16), and per call ``batch_size`` (most texts per batch) and ``max_batch_tokens`` (padded
     tokens per batch over length-sorted texts).
     """
 
-    def __init__(self, manifest: Manifest, threads: int | None = None, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        threads: int | None = None,
+        device: str = "cpu",
+        runtime: str = "onnxruntime",
+    ) -> None:
         from tokenizers import Tokenizer
 
         if manifest.folder is None:
@@ -92,6 +115,15 @@ class OnnxEncoder:
             raise ConfigError(f"threads must be at least 1, got {threads}")
         self.manifest = manifest
         self.threads = threads if threads is not None else default_threads()
+        self.runtime = check_runtime(runtime, device)
+        if RUNTIMES[runtime][0] == "openvino" and manifest.quantization is not None:
+            # onnxruntime's dynamic int8 operators ran 1.9x slower on OpenVINO than on
+            # onnxruntime here (12.8 s vs 6.9 s per 256 abstracts), slower than its fp32
+            raise ConfigError(
+                f"runtime {runtime!r} runs fp32 exports; {manifest.folder} is "
+                f"{manifest.quantization} (onnxruntime's int8 operators): use runtime "
+                "'onnxruntime' with it, or an fp32 export with OpenVINO"
+            )
         self.device = check_device(device)
         tokenizer_path = manifest.folder / manifest.tokenizer
         # One tokenizer per side, configured once and never mutated afterwards: switching one
@@ -118,14 +150,21 @@ class OnnxEncoder:
 
     @classmethod
     def load(
-        cls, folder: str | Path, threads: int | None = None, device: str = "cpu"
+        cls,
+        folder: str | Path,
+        threads: int | None = None,
+        device: str = "cpu",
+        runtime: str = "onnxruntime",
     ) -> OnnxEncoder:
         """Open an export folder, verifying every file's sha256 against the manifest.
 
-        ``threads`` sets onnxruntime's intra-op thread count (None: :func:`default_threads`);
-        ``device="cuda"`` runs the graphs with onnxruntime's CUDA provider.
+        ``threads`` sets the runtime's intra-op thread count (None: :func:`default_threads`);
+        ``device="cuda"`` runs the graphs with onnxruntime's CUDA provider; ``runtime`` picks
+        the engine that runs the graphs (:data:`RUNTIMES`).
         """
-        return cls(Manifest.load(folder, verify=True), threads=threads, device=device)
+        return cls(
+            Manifest.load(folder, verify=True), threads=threads, device=device, runtime=runtime
+        )
 
     # ------------------------------------------------------------------ properties
 
@@ -140,9 +179,17 @@ class OnnxEncoder:
     # ------------------------------------------------------------------ sessions
 
     def session(self, side: str) -> Any:
-        """The onnxruntime session of a side, created on first use."""
+        """The runtime session of a side, created on first use."""
         if side not in SIDES:
             raise ConfigError(f"side must be 'query' or 'document', got {side!r}")
+        engine, precision = RUNTIMES[self.runtime]
+        if side not in self._sessions and engine == "openvino":
+            from magretrieve.openvino_session import OpenVinoSession
+
+            self._sessions[side] = OpenVinoSession(
+                self.manifest.path(side), threads=self.threads, precision=precision
+            )
+            self._probe(side, self._sessions[side])
         if side not in self._sessions:
             import onnxruntime as ort
 
@@ -341,5 +388,5 @@ class OnnxEncoder:
         return (
             f"OnnxEncoder({m.folder}, mode={m.mode}, γq={m.gamma_q:g}, γd={m.gamma_d:g}, "
             f"dim={m.dimension}, quantization={m.quantization}, threads={self.threads}, "
-            f"device={self.device})"
+            f"device={self.device}, runtime={self.runtime})"
         )

@@ -9,6 +9,7 @@ import click
 from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
 from magretrieve.engines import ENGINES
+from magretrieve.runtime import RUNTIMES
 
 
 def _click_option(opt: Any) -> Any:
@@ -72,6 +73,14 @@ def collect_store_options(**kw: object) -> dict[str, object]:
     "$MAGRETRIEVE_ONNX_THREADS).",
 )
 @device_option("Run the document graph on onnxruntime's CUDA provider (cuda) or the CPU.")
+@click.option(
+    "--runtime",
+    type=click.Choice(list(RUNTIMES)),
+    default="onnxruntime",
+    show_default=True,
+    help="What runs the graphs: onnxruntime, or OpenVINO (magretrieve[openvino]) in fp32 or, "
+    "on CPUs with native bf16, bfloat16 (docs/export.md, 'Runtimes').",
+)
 @click.option("--force", is_flag=True, help="Write into a store built by another model.")
 @click.option(
     "--skip-empty",
@@ -104,6 +113,7 @@ def index_cmd(
     checkpoint_every: int,
     threads: int | None,
     device: str,
+    runtime: str,
     force: bool,
     skip_empty: bool,
     no_progress: bool,
@@ -125,6 +135,8 @@ def index_cmd(
         engine_options = {"address": address, "workers": workers}
         if threads is not None:
             engine_options["threads"] = threads
+        if runtime != "onnxruntime":
+            raise ConfigError("--runtime applies to --engine local (Ray workers use onnxruntime)")
     elif address is not None or workers is not None:
         raise ConfigError("--address and --workers need --engine ray")
     from magretrieve.retriever import Retriever
@@ -139,6 +151,7 @@ def index_cmd(
         force=force,
         threads=threads,
         device=device,
+        runtime=runtime,
         for_writing=True,
         **collect_store_options(**store_kw),
     ) as retriever:
