@@ -17,7 +17,7 @@ import fcntl
 import os
 import shlex
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,23 @@ def machine_summary() -> str:
                 model = line.split(":", 1)[1].strip()
                 break
     return f"{os.cpu_count()} cores{', ' + model if model else ''}"
+
+
+def run_and_write(
+    args: Any,
+    name: str,
+    run: Callable[[Any, Path], dict[str, Any]],
+    write_results: Callable[[dict[str, Any], Path], None],
+) -> dict[str, Any]:
+    """The tail of an argparse benchmark's ``main``: resolve ``--data`` (default
+    ``data_dir()/scifact``) and ``--out`` (default ``results/NAME``), run under the CPU lock
+    (``--lock``), write the results and return them."""
+    data = Path(args.data) if args.data else data_dir() / "scifact"
+    out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / name
+    with cpu_lock(args.lock or None):
+        result = run(args, data)
+    write_results(result, out)
+    return result
 
 
 def lock_option(func: Any) -> Any:

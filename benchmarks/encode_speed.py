@@ -5,7 +5,8 @@ Documents: every scifact abstract (5,183), each column encoding the whole corpus
 sentence-transformers ``encode`` (its own length-sorted batches of 32, fp32) as the peer,
 magretrieve's PyTorch encoder, the ONNX fp32 and int8 exports (token-budget batches), and
 ``index_corpus`` of the fp32 export into a fresh FAISS flat store (read, tokenize, encode,
-write, checkpoint). Queries: the 300 scifact test claims one at a time (batch 1), p50/p95.
+write, checkpoint); then the fp32 export on OpenVINO, in fp32 and (on CPUs with native bf16)
+in bf16, through the same ``OnnxEncoder``. Queries: the 300 scifact test claims one at a time (batch 1), p50/p95.
 Every column uses the same thread count. The corpus and the queries are cut into one slice
 per round; round r runs slice r through every column, in a rotated order, so each column
 encodes every text exactly once while noise from other jobs hits all columns alike (the
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import cache_dir, cpu_lock, data_dir, machine_summary, markdown_table, recorded_command
+from _common import cache_dir, machine_summary, markdown_table, recorded_command, run_and_write
 
 #: Column key → label, in the order of the first round.
 COLUMNS = {
@@ -37,8 +38,17 @@ COLUMNS = {
     "fp32": "ONNX fp32",
     "int8": "ONNX int8",
     "index": "end-to-end `index` → FAISS flat (ONNX fp32)",
+    "ov_fp32": "ONNX fp32 on OpenVINO (runtime `openvino`)",
+    "ov_bf16": "ONNX graph in bf16 on OpenVINO (runtime `openvino-bf16`; no goal names bf16)",
 }
-QUERY_COLUMNS = ("st", "eager", "fp32", "int8")
+QUERY_COLUMNS = ("st", "eager", "fp32", "int8", "ov_fp32", "ov_bf16")
+#: Columns run by an OnnxEncoder, and its runtime.
+ONNX_RUNTIMES = {
+    "fp32": "onnxruntime",
+    "int8": "onnxruntime",
+    "ov_fp32": "openvino",
+    "ov_bf16": "openvino-bf16",
+}
 #: Goals of issue 15: (what, column, baseline, metric, at least).
 GOALS = (
     ("documents: ONNX fp32 vs sentence-transformers", "fp32", "st", "docs_s", 1.5),
@@ -46,7 +56,16 @@ GOALS = (
     ("query p50: ONNX fp32 vs PyTorch eager", "fp32", "eager", "p50", 2.5),
     ("query p50: ONNX int8 vs PyTorch eager", "int8", "eager", "p50", 4.0),
     ("end-to-end index vs ONNX fp32 encoding", "index", "fp32", "docs_s", 0.9),
+    ("documents: ONNX fp32 on OpenVINO vs sentence-transformers", "ov_fp32", "st", "docs_s", 1.5),
+    ("query p50: ONNX fp32 on OpenVINO vs PyTorch eager", "ov_fp32", "eager", "p50", 2.5),
 )
+
+
+def available_columns(bf16_native: bool) -> dict[str, str]:
+    """:data:`COLUMNS`, without the bf16 one on a CPU that has no native bf16."""
+    return {k: v for k, v in COLUMNS.items() if bf16_native or k != "ov_bf16"}
+
+
 MAX_NDCG_LOSS = 0.5  # points
 
 
@@ -103,15 +122,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default=None, help="results stem (default results/encode_speed)")
     parser.add_argument("--lock", default="default", help="CPU lock file ('' for none)")
     args = parser.parse_args(argv)
-
-    data = Path(args.data) if args.data else data_dir() / "scifact"
-    out = (
-        Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / "encode_speed"
-    )
-    with cpu_lock(args.lock or None):
-        result = run(args, data)
-    write_results(result, out)
-    return result
+    return run_and_write(args, "encode_speed", run, write_results)
 
 
 def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
@@ -154,29 +165,37 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
 
     st = SentenceTransformer(str(resolve_model_path(args.model)), device="cpu")
     eager = Encoder.load(args.model, mode=args.mode, device="cpu")
+    import openvino
+
+    columns = available_columns(
+        "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    )
+    query_columns = [k for k in QUERY_COLUMNS if k in columns]
     onnx = {
-        "fp32": OnnxEncoder.load(fp32_dir, threads=args.threads),
-        "int8": OnnxEncoder.load(int8_dir, threads=args.threads),
+        key: OnnxEncoder.load(
+            int8_dir if key == "int8" else fp32_dir, threads=args.threads, runtime=runtime
+        )
+        for key, runtime in ONNX_RUNTIMES.items()
+        if key in columns
     }
     doc_encode: dict[str, Callable[[list[str]], Any]] = {
         "st": lambda t: st.encode(t, batch_size=32, convert_to_numpy=True),
         "eager": lambda t: eager.encode_documents(t),
-        "fp32": lambda t: onnx["fp32"].encode_documents(t),
-        "int8": lambda t: onnx["int8"].encode_documents(t),
     }
     query_encode: dict[str, Callable[[list[str]], Any]] = {
         "st": lambda t: st.encode(t, batch_size=1, convert_to_numpy=True),
         "eager": lambda t: eager.encode_queries(t, batch_size=1),
-        "fp32": lambda t: onnx["fp32"].encode_queries(t, batch_size=1),
-        "int8": lambda t: onnx["int8"].encode_queries(t, batch_size=1),
     }
-    for key in QUERY_COLUMNS:  # warm-up: sessions, allocators, first-call paths
+    for key, enc in onnx.items():
+        doc_encode[key] = enc.encode_documents
+        query_encode[key] = lambda t, enc=enc: enc.encode_queries(t, batch_size=1)
+    for key in query_columns:  # warm-up: sessions, allocators, first-call paths
         doc_encode[key](docs[:8])
         query_encode[key](queries[:5])
 
-    seconds: dict[str, list[float]] = {k: [] for k in COLUMNS}
-    docs_s: dict[str, list[float]] = {k: [] for k in COLUMNS}
-    lat: dict[str, list[float]] = {k: [] for k in QUERY_COLUMNS}
+    seconds: dict[str, list[float]] = {k: [] for k in columns}
+    docs_s: dict[str, list[float]] = {k: [] for k in columns}
+    lat: dict[str, list[float]] = {k: [] for k in query_columns}
     vectors: dict[str, np.ndarray] = {
         k: np.zeros((len(docs), manifest.dimension), dtype=np.float32) for k in onnx
     }
@@ -184,8 +203,8 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     for r in range(args.rounds):
         part = doc_slices[r]
         texts = [docs[i] for i in part]
-        for key in rotated(list(COLUMNS), r):
-            print(f"round {r + 1}/{args.rounds}: {COLUMNS[key]}", flush=True)
+        for key in rotated(list(columns), r):
+            print(f"round {r + 1}/{args.rounds}: {columns[key]}", flush=True)
             start = time.perf_counter()
             if key == "index":  # each round adds its slice to the same store (as a resume)
                 with Retriever.load(
@@ -208,7 +227,7 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
         qvectors[key] = onnx[key].encode_queries(queries, batch_size=1)
 
     rows: dict[str, dict[str, float]] = {}
-    for key in COLUMNS:
+    for key in columns:
         rows[key] = {"docs_s": len(docs) / sum(seconds[key])}
         if key in lat:
             rows[key]["p50"] = float(np.percentile(lat[key], 50))
@@ -247,8 +266,10 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
         "versions": {
             "torch": torch.__version__,
             "onnxruntime": onnxruntime.__version__,
+            "openvino": openvino.__version__,
             "sentence-transformers": sentence_transformers.__version__,
         },
+        "columns": columns,
         "timings": timings,
         "per_round_docs_s": docs_s,
         "rows": rows,
@@ -259,7 +280,7 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
                     {"p50_vs_eager": ratio(rows, key, "eager", "p50")} if "p50" in rows[key] else {}
                 ),
             }
-            for key in COLUMNS
+            for key in columns
         },
         "goals": goals,
         # not written to the results (a path of this machine): for tests and callers
@@ -274,7 +295,7 @@ def write_results(result: dict[str, Any], out: Path) -> None:
     out.with_suffix(".json").write_text(json.dumps(public, indent=2) + "\n")
     rows, ratios = result["rows"], result["ratios"]
     table = []
-    for key, label in COLUMNS.items():
+    for key, label in result["columns"].items():
         r = rows[key]
         table.append(
             [
@@ -327,7 +348,9 @@ def write_results(result: dict[str, Any], out: Path) -> None:
         + "; int8 = dynamic per-channel quantization of the fused fp32 graphs (MatMul and "
         "embedding; attention kept fp32). End-to-end: "
         "`index_corpus` (what `magretrieve index` runs) of the fp32 export into a new FAISS "
-        "flat store, corpus file to persisted store.",
+        "flat store, corpus file to persisted store. The OpenVINO columns run the same fp32 "
+        "export's files through `OnnxEncoder(runtime=...)`: fp32 forced, or bf16 "
+        f"({result['versions'].get('openvino', '?')}).",
         "",
         markdown_table(
             [

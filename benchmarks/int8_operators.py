@@ -23,11 +23,10 @@ from typing import Any
 import numpy as np
 from _common import (
     cache_dir,
-    cpu_lock,
-    data_dir,
     machine_summary,
     markdown_table,
     recorded_command,
+    run_and_write,
 )
 
 #: Variant → operator types quantized (None: every type the quantizer knows).
@@ -86,17 +85,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default=None, help="results stem (default results/int8_operators)")
     parser.add_argument("--lock", default="default", help="CPU lock file ('' for none)")
     args = parser.parse_args(argv)
-
-    data = Path(args.data) if args.data else data_dir() / "scifact"
-    out = (
-        Path(args.out)
-        if args.out
-        else Path(__file__).resolve().parent / "results" / "int8_operators"
-    )
-    with cpu_lock(args.lock or None):
-        result = run(args, data)
-    write_results(result, out)
-    return result
+    return run_and_write(args, "int8_operators", run, write_results)
 
 
 def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:

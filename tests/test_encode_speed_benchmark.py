@@ -58,17 +58,25 @@ def test_corpus_slices_keep_lines_and_split_by_id(bench, tmp_path: Path) -> None
     assert paths[1].read_text() == lines[1] + "\n" + lines[4] + "\n"  # file order kept
 
 
-def test_every_column_runs_and_outputs_agree(smoke, tiny_beir_dir: Path) -> None:
+def rows_ndcg(data: dict, key: str) -> float:
+    return data["rows"][key]["ndcg@10"]
+
+
+def test_every_column_runs_and_outputs_agree(bench, smoke, tiny_beir_dir: Path) -> None:
     result, out = smoke
     data = json.loads(out.with_suffix(".json").read_text())
     assert data["rows"] == json.loads(json.dumps(result["rows"]))
     n_docs = sum(1 for line in (tiny_beir_dir / "corpus.jsonl").open() if line.strip())
     assert data["documents"] == n_docs and data["rounds"] == 2
-    for key in ("st", "eager", "fp32", "int8", "index"):
+    assert set(data["columns"]) <= set(bench.COLUMNS)
+    assert {"st", "eager", "fp32", "int8", "index", "ov_fp32"} <= set(data["columns"])
+    for key in data["columns"]:
         assert data["rows"][key]["docs_s"] > 0
         assert len(data["per_round_docs_s"][key]) == 2
-    for key in ("st", "eager", "fp32", "int8"):
+    for key in set(bench.QUERY_COLUMNS) & set(data["columns"]):
         assert 0 < data["rows"][key]["p50"] <= data["rows"][key]["p95"]
+    # OpenVINO runs the same fp32 files: same ranking quality (the tiny corpus's NDCG)
+    assert rows_ndcg(data, "ov_fp32") == pytest.approx(rows_ndcg(data, "fp32"), abs=1e-9)
     rows = data["rows"]
     assert data["ratios"]["fp32"]["docs_vs_st"] == pytest.approx(
         rows["fp32"]["docs_s"] / rows["st"]["docs_s"]
