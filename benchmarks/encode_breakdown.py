@@ -1,0 +1,476 @@
+"""Where document-encoding time goes, and the most any runtime on this machine can give (issue 15).
+
+encode_speed.py measures the ratios the issue asks for; this benchmark explains them. On one
+sample of scifact abstracts, cut into length-sorted batches of 32 (the ONNX columns run the very
+same batches; sentence-transformers sorts and batches the same texts itself):
+
+* **Timed columns**, interleaved over rounds in rotated order: sentence-transformers ``encode``
+  (the peer), the fp32 export on onnxruntime, the int8 export on onnxruntime, and the *same*
+  fp32 graph on OpenVINO (a second ONNX runtime, fp32 precision forced; it reads onnxruntime's
+  fused operators). Result: each column's speed as a multiple of sentence-transformers.
+* **Operator breakdown** (one profiled pass per column, outside the timing): onnxruntime's
+  profiler by operator type, torch's profiler by aten operator for sentence-transformers.
+* **Matrix-product roof**: GFLOP/s of fp32 GEMM on the encoder's own linear shapes in MLAS
+  (onnxruntime), torch and numpy, and the rate onnxruntime's MatMul nodes reached in the graph.
+* **Bounds**: the speed-up over sentence-transformers a column could reach if every operator
+  other than its matrix products took no time at all. Where a bound falls short of a goal, no
+  tuning of the rest can meet that goal with those matrix products.
+
+    python benchmarks/encode_breakdown.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import cache_dir, machine_summary, markdown_table, recorded_command, run_and_write
+
+COLUMNS = {
+    "st": "sentence-transformers encode (peer, fp32, torch)",
+    "ort_fp32": "ONNX fp32, onnxruntime",
+    "ort_int8": "ONNX int8, onnxruntime (shipped: attention fp32)",
+    "ov_fp32": "ONNX fp32, OpenVINO (same fused graph, f32 forced)",
+    "ov_bf16": "ONNX graph in bf16, OpenVINO (not a goal column: other precision)",
+}
+#: Document goals of issue 15 (speed-up over sentence-transformers).
+GOALS = {"fp32": 1.5, "int8": 2.5}
+BATCH = 32
+
+
+# --------------------------------------------------------------------------- arithmetic
+
+
+def linear_flops_per_token(hidden: int, intermediate: int, layers: int) -> dict[str, int]:
+    """FLOPs (2 per multiply-add) of one token through the encoder's weight matrices.
+
+    ``qkv`` is the fused query/key/value projection (inside onnxruntime's ``Attention`` node);
+    ``other`` is the attention output projection and the two feed-forward matrices (the plain
+    ``MatMul`` nodes of the fused graph).
+    """
+    qkv = 2 * hidden * 3 * hidden
+    other = 2 * (hidden * hidden + hidden * intermediate + intermediate * hidden)
+    return {"qkv": qkv * layers, "other": other * layers}
+
+
+def attention_flops(batch_shapes: Sequence[tuple[int, int]], hidden: int, layers: int) -> int:
+    """FLOPs of the attention products (QKᵀ and attention·V) over padded batches (rows, length)."""
+    return sum(2 * 2 * rows * length * length * hidden for rows, length in batch_shapes) * layers
+
+
+def aggregate_ort_profile(events: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per operator type from an onnxruntime profile (its ``*_kernel_time`` events)."""
+    total: Counter[str] = Counter()
+    for event in events:
+        if event.get("cat") == "Node" and str(event.get("name", "")).endswith("_kernel_time"):
+            total[event["args"]["op_name"]] += event["dur"] / 1e6  # microseconds
+    return dict(total.most_common())
+
+
+def torch_groups(self_seconds: dict[str, float]) -> dict[str, float]:
+    """Group torch's per-aten self times as the ONNX graph groups them."""
+    groups: Counter[str] = Counter()
+    for name, seconds in self_seconds.items():
+        if name in {"aten::addmm", "aten::mm", "aten::bmm", "aten::matmul", "aten::linear"}:
+            groups["matrix products (linear layers)"] += seconds
+        elif "scaled_dot_product" in name or "attention" in name:
+            groups["attention (SDPA)"] += seconds
+        else:
+            groups["everything else"] += seconds
+    return dict(groups)
+
+
+def speedup_bound(peer_seconds: float, floor_seconds: float) -> float:
+    """The most a column can beat the peer by when only ``floor_seconds`` of work remains."""
+    return peer_seconds / floor_seconds
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def rotated(keys: list[str], round_no: int) -> list[str]:
+    """``keys`` started at position ``round_no`` (columns interleaved across rounds)."""
+    k = round_no % len(keys)
+    return keys[k:] + keys[:k]
+
+
+def gemm_rates(shapes: Sequence[tuple[int, int, int]], threads: int, repeats: int = 10) -> dict:
+    """fp32 GEMM GFLOP/s of MLAS (a one-node onnxruntime graph), torch and numpy on ``shapes``.
+
+    Each library multiplies the same (M, K) × (K, N) operands ``repeats`` times per shape after
+    two warm-up products; the rate is all FLOPs over all time (numpy's BLAS threads follow the
+    environment's OMP/OPENBLAS settings).
+    """
+    import onnxruntime as ort
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    seconds: Counter[str] = Counter()
+    flops = 0
+    for m, k, n in shapes:
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        b = rng.standard_normal((k, n), dtype=np.float32)
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["y"])],
+            "gemm",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+            [numpy_helper.from_array(b, "w")],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        session = ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        calls: dict[str, Callable[[], Any]] = {
+            "onnxruntime (MLAS)": lambda s=session, x=a: s.run(None, {"x": x}),
+            "torch": lambda x=ta, w=tb: x @ w,
+            "numpy": lambda x=a, w=b: x @ w,
+        }
+        for name, call in calls.items():
+            for _ in range(2):
+                call()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                call()
+            seconds[name] += time.perf_counter() - start
+        flops += 2 * m * k * n * repeats
+    return {name: flops / s / 1e9 for name, s in seconds.items()}
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of two equally shaped matrices."""
+    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def length_sorted_batches(lengths: Sequence[int], size: int = BATCH) -> list[list[int]]:
+    """Indices sorted by length (longest first, as sentence-transformers sorts), cut into batches."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="all-MiniLM-L6-v2", help="ST folder or alias")
+    parser.add_argument("--data", default=None, help="BEIR folder (default: data_dir()/scifact)")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--docs", type=int, default=512, help="documents, spread over the corpus")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2, help="threads of every column")
+    parser.add_argument("--mode", default="qnorm")
+    parser.add_argument(
+        "--out", default=None, help="results stem (default results/encode_breakdown)"
+    )
+    parser.add_argument("--lock", default="default", help="CPU lock file ('' for none)")
+    args = parser.parse_args(argv)
+    return run_and_write(args, "encode_breakdown", run, write_results)
+
+
+def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
+    import onnxruntime as ort
+    import openvino
+    import sentence_transformers
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoConfig
+
+    from magretrieve.data import load_beir
+    from magretrieve.export import export_model
+    from magretrieve.models import resolve_model_path
+    from magretrieve.runtime import OnnxEncoder
+
+    torch.set_num_threads(args.threads)
+    dataset = load_beir(f"{data}:{args.split}")
+    all_ids = list(dataset.corpus)
+    picks = np.unique(np.linspace(0, len(all_ids) - 1, min(args.docs, len(all_ids))).astype(int))
+    docs = [dataset.corpus[all_ids[i]].full_text for i in picks]
+    work = Path(tempfile.mkdtemp(prefix="encode_breakdown-", dir=cache_dir("encode_breakdown")))
+    fp32_dir = export_model(args.model, work / "fp32", mode=args.mode)
+    int8_dir = export_model(args.model, work / "int8", mode=args.mode, quantize="int8")
+    model_path = resolve_model_path(args.model)
+    config = AutoConfig.from_pretrained(str(model_path))
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    intermediate = config.intermediate_size
+
+    encoder = OnnxEncoder.load(fp32_dir, threads=args.threads)
+    inputs = encoder.manifest.graphs["document"].inputs
+    encodings = encoder.tokenize(docs, "document")
+    batches = length_sorted_batches([len(e.ids) for e in encodings])
+    feeds = [encoder._feed([encodings[i] for i in b], inputs) for b in batches]
+    shapes = [tuple(f["input_ids"].shape) for f in feeds]
+    tokens = sum(rows * length for rows, length in shapes)
+    texts_sorted = [docs[i] for b in batches for i in b]
+
+    def ort_session(folder: Path, profiling: bool = False) -> Any:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = args.threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.enable_profiling = profiling
+        if profiling:
+            options.profile_file_prefix = str(work / f"profile-{folder.name}")
+        return ort.InferenceSession(
+            str(folder / "document.onnx"), options, providers=["CPUExecutionProvider"]
+        )
+
+    sessions = {"ort_fp32": ort_session(fp32_dir), "ort_int8": ort_session(int8_dir)}
+    core = openvino.Core()
+    ov_requests = {
+        precision: core.compile_model(
+            str(fp32_dir / "document.onnx"),
+            "CPU",
+            {
+                "INFERENCE_PRECISION_HINT": precision,
+                "INFERENCE_NUM_THREADS": args.threads,
+                "NUM_STREAMS": 1,
+                "PERFORMANCE_HINT": "LATENCY",
+            },
+        ).create_infer_request()
+        for precision in ("f32", "bf16")
+    }
+    bf16_native = "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    st = SentenceTransformer(str(model_path), device="cpu")
+    passes: dict[str, Callable[[], list[np.ndarray]]] = {
+        "st": lambda: [st.encode(texts_sorted, batch_size=BATCH, convert_to_numpy=True)],
+        "ort_fp32": lambda: [sessions["ort_fp32"].run(None, f)[0] for f in feeds],
+        "ort_int8": lambda: [sessions["ort_int8"].run(None, f)[0] for f in feeds],
+        "ov_fp32": lambda: [ov_requests["f32"].infer(f)[0].copy() for f in feeds],
+        "ov_bf16": lambda: [ov_requests["bf16"].infer(f)[0].copy() for f in feeds],
+    }
+    # warm-up (sessions, allocators, first-call paths) on the shortest and the longest batch
+    st.encode(texts_sorted[:BATCH] + texts_sorted[-BATCH:], batch_size=BATCH)
+    for f in (feeds[0], feeds[-1]):
+        for key in ("ort_fp32", "ort_int8"):
+            sessions[key].run(None, f)
+        for request in ov_requests.values():
+            request.infer(f)
+    seconds: dict[str, list[float]] = {k: [] for k in COLUMNS}
+    outputs: dict[str, np.ndarray] = {}
+    for r in range(args.rounds):
+        for key in rotated(list(COLUMNS), r):
+            print(f"round {r + 1}/{args.rounds}: {COLUMNS[key]}", flush=True)
+            start = time.perf_counter()
+            got = passes[key]()
+            seconds[key].append(time.perf_counter() - start)
+            outputs[key] = np.concatenate(got)
+    mean = {k: float(np.mean(v)) for k, v in seconds.items()}
+    # Same graph, two runtimes: OpenVINO must compute what onnxruntime computes.
+    ov_gap = float(np.abs(outputs["ov_fp32"] - outputs["ort_fp32"]).max())
+    bf16_cosine = float(np.mean(cosines(outputs["ov_bf16"], outputs["ort_fp32"])))
+
+    print("profiling one pass per column", flush=True)
+    ops: dict[str, dict[str, float]] = {}
+    for key, folder in (("ort_fp32", fp32_dir), ("ort_int8", int8_dir)):
+        session = ort_session(folder, profiling=True)
+        for f in feeds:
+            session.run(None, f)
+        profile_file = Path(session.end_profiling())
+        ops[key] = aggregate_ort_profile(json.loads(profile_file.read_text()))
+        profile_file.unlink()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        passes["st"]()
+    aten = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
+    ops["st"] = torch_groups(aten)
+
+    print("GEMM rates", flush=True)
+    rows = BATCH * max(length for _, length in shapes)
+    gemm_shapes = [
+        (rows, hidden, 3 * hidden),
+        (rows, hidden, hidden),
+        (rows, hidden, intermediate),
+        (rows, intermediate, hidden),
+    ]
+    rates = gemm_rates(gemm_shapes, args.threads)
+    per_token = linear_flops_per_token(hidden, intermediate, layers)
+    flops = {
+        "qkv": per_token["qkv"] * tokens,
+        "other_linear": per_token["other"] * tokens,
+        "attention_products": attention_flops(shapes, hidden, layers),
+    }
+    all_products = sum(flops.values())
+    ort_matmul_rate = flops["other_linear"] / ops["ort_fp32"]["MatMul"] / 1e9
+    best_rate = max(rates.values())
+    st_seconds = mean["st"]
+    bounds = {
+        "fp32_at_best_gemm": speedup_bound(st_seconds, all_products / best_rate / 1e9),
+        "fp32_at_onnxruntime_graph_rate": speedup_bound(
+            st_seconds, all_products / ort_matmul_rate / 1e9
+        ),
+        "int8_attention_fp32": speedup_bound(
+            st_seconds,
+            ops["ort_int8"].get("Attention", 0.0)
+            + ops["ort_int8"].get("DynamicQuantizeMatMul", 0.0)
+            + ops["ort_int8"].get("MatMulIntegerToFloat", 0.0),
+        ),
+    }
+    return {
+        "command": recorded_command(),
+        "machine": machine_summary(),
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "model": args.model,
+        "mode": args.mode,
+        "data": f"{data.name}:{args.split}",
+        "documents": len(docs),
+        "batches": len(shapes),
+        "tokens_padded": tokens,
+        "versions": {
+            "torch": torch.__version__,
+            "onnxruntime": ort.__version__,
+            "openvino": openvino.__version__,
+            "sentence-transformers": sentence_transformers.__version__,
+        },
+        "seconds_per_pass": mean,
+        "per_round_seconds": seconds,
+        "vs_st": {k: st_seconds / v for k, v in mean.items()},
+        "openvino_vs_onnxruntime_max_abs_diff": ov_gap,
+        "openvino_bf16_native": bf16_native,
+        "bf16_mean_cosine_to_fp32": bf16_cosine,
+        "operators_seconds": ops,
+        "flops": flops,
+        "gemm_shapes": gemm_shapes,
+        "gemm_gflops": rates,
+        "onnxruntime_graph_matmul_gflops": ort_matmul_rate,
+        "bounds_vs_st": bounds,
+        "goals": GOALS,
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _share_rows(ops: dict[str, float], limit: int = 6) -> list[list[str]]:
+    total = sum(ops.values())
+    top = list(ops.items())[:limit]
+    rest = total - sum(s for _, s in top)
+    rows = [[name, f"{s:.2f}", f"{100 * s / total:.0f} %"] for name, s in top]
+    if rest > 0.005 * total:
+        rows.append(["(other operators)", f"{rest:.2f}", f"{100 * rest / total:.0f} %"])
+    return rows
+
+
+def write_results(result: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    vs = result["vs_st"]
+    ops = result["operators_seconds"]
+    b = result["bounds_vs_st"]
+    rates = result["gemm_gflops"]
+    lines = [
+        "# Encode breakdown: where document time goes, and what any runtime here can give",
+        "",
+        "Command (from the repository root):",
+        "",
+        "```",
+        result["command"],
+        "```",
+        "",
+        f"Machine: {result['machine']}; every column and GEMM uses {result['threads']} threads. "
+        f"{result['documents']} {result['data']} abstracts spread over the corpus, in "
+        f"{result['batches']} length-sorted batches of {BATCH} ({result['tokens_padded']:,} padded "
+        f"tokens) run by every ONNX column (sentence-transformers batches the same texts itself); "
+        f"{result['rounds']} rounds, columns rotated. "
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()) + ".",
+        "",
+        "## Speed, side by side",
+        "",
+        markdown_table(
+            ["column", "× sentence-transformers", "seconds per pass"],
+            [
+                [COLUMNS[k], f"{vs[k]:.2f}×", f"{result['seconds_per_pass'][k]:.2f}"]
+                for k in COLUMNS
+            ],
+        ),
+        "",
+        "OpenVINO ran the fp32 export's own fused graph; its vectors differ from onnxruntime's "
+        f"by at most {result['openvino_vs_onnxruntime_max_abs_diff']:.1e}. The bf16 column runs "
+        "the same graph with OpenVINO's bf16 inference precision "
+        f"({'native on this CPU' if result['openvino_bf16_native'] else 'NOT native on this CPU'}"
+        f"); its vectors keep a mean cosine of {result['bf16_mean_cosine_to_fp32']:.5f} to fp32. "
+        "It answers no goal (the goals name fp32 and int8) and is shown for what it shows.",
+        "",
+        "## Where the time goes (one profiled pass each)",
+        "",
+    ]
+    for key, label in (
+        ("st", COLUMNS["st"]),
+        ("ort_fp32", COLUMNS["ort_fp32"]),
+        ("ort_int8", COLUMNS["ort_int8"]),
+    ):
+        lines += [
+            f"**{label}**",
+            "",
+            markdown_table(["operator", "s", "share"], _share_rows(ops[key])),
+            "",
+        ]
+    lines += [
+        "In the fused graphs `Attention` holds the query/key/value projection (a third of the "
+        "layer's weight FLOPs besides the feed-forward) as well as softmax(QKᵀ)V; `MatMul` / "
+        "`DynamicQuantizeMatMul` are the output projection and the feed-forward layers.",
+        "",
+        "## Matrix-product roof",
+        "",
+        markdown_table(
+            ["fp32 GEMM on the encoder's shapes", "GFLOP/s"],
+            [[k, f"{v:.0f}"] for k, v in rates.items()]
+            + [
+                [
+                    "onnxruntime's MatMul nodes inside the fp32 graph",
+                    f"{result['onnxruntime_graph_matmul_gflops']:.0f}",
+                ]
+            ],
+        ),
+        "",
+        "## Bounds against the goals",
+        "",
+        markdown_table(
+            ["if only these took time", "most × sentence-transformers", "goal", "reachable"],
+            [
+                [
+                    "fp32: every matrix product (weights, QKᵀ, attention·V) at the best GEMM rate "
+                    "above; softmax, LayerNorm, GELU, embedding free",
+                    f"{b['fp32_at_best_gemm']:.2f}×",
+                    f"{GOALS['fp32']}×",
+                    _yes(b["fp32_at_best_gemm"] >= GOALS["fp32"]),
+                ],
+                [
+                    "fp32: the same at the rate onnxruntime's MatMul nodes reach in the graph",
+                    f"{b['fp32_at_onnxruntime_graph_rate']:.2f}×",
+                    f"{GOALS['fp32']}×",
+                    _yes(b["fp32_at_onnxruntime_graph_rate"] >= GOALS["fp32"]),
+                ],
+                [
+                    "int8 (shipped): the fp32 Attention nodes and the int8 matrix products as "
+                    "measured; LayerNorm, GELU, embedding free",
+                    f"{b['int8_attention_fp32']:.2f}×",
+                    f"{GOALS['int8']}×",
+                    _yes(b["int8_attention_fp32"] >= GOALS["int8"]),
+                ],
+            ],
+        ),
+        "",
+        "A bound is a ceiling, not a forecast: it charges nothing for the operators it names "
+        "free. Where it sits near a goal, meeting the goal would need those operators to cost "
+        "almost nothing.",
+        "",
+    ]
+    out.with_suffix(".md").write_text("\n".join(lines))
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+if __name__ == "__main__":
+    main()
