@@ -301,6 +301,7 @@ class Retriever:
 
         The query graph (and with ``for_writing`` the document graph) is checked against the
         manifest before the store is touched, so a broken export never creates a store.
+        ``threads``, ``device`` and ``runtime`` go to :class:`~magretrieve.runtime.OnnxEncoder`.
         """
         encoder = load_encoder(export_dir, threads=threads, device=device, runtime=runtime)
         # check the graphs against the manifest before a store is opened (or created)

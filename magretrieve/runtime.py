@@ -96,8 +96,9 @@ class OnnxEncoder:
 
     Knobs (docs/export.md, "Speed"): ``threads`` (intra-op threads; default every core the
     process may use, or ``$MAGRETRIEVE_ONNX_THREADS``), ``device`` (``cpu`` or ``cuda``),
-    ``runtime`` (:data:`RUNTIMES`: onnxruntime, or OpenVINO in fp32 or bf16), and per call ``batch_size`` (most texts per batch) and ``max_batch_tokens`` (padded
-    tokens per batch over length-sorted texts).
+    ``runtime`` (:data:`RUNTIMES`: onnxruntime, or OpenVINO in fp32 or bf16), and per call
+    ``batch_size`` (most texts per batch) and ``max_batch_tokens`` (padded tokens per batch
+    over length-sorted texts).
     """
 
     def __init__(
