@@ -46,6 +46,11 @@ def import_openvino() -> Any:
     return openvino
 
 
+def bf16_native() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), as OpenVINO reports it."""
+    return "BF16" in import_openvino().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
 class OpenVinoSession:
     """One compiled graph; thread-safe (each calling thread gets its own infer request)."""
 
@@ -55,14 +60,11 @@ class OpenVinoSession:
                 f"unknown precision {precision!r} for OpenVINO; choose one of "
                 f"{', '.join(PRECISIONS)}"
             )
-        openvino = import_openvino()
-        core = openvino.Core()
-        if precision == "bf16" and "BF16" not in core.get_property(
-            "CPU", "OPTIMIZATION_CAPABILITIES"
-        ):
+        if precision == "bf16" and not bf16_native():
             raise ConfigError(
                 "precision bf16: this CPU has no native bf16 (AVX512-BF16 or AMX); use fp32"
             )
+        core = import_openvino().Core()
         try:
             self._compiled = core.compile_model(
                 str(path),

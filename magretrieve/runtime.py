@@ -64,12 +64,23 @@ def default_threads() -> int:
     return available_cores()
 
 
-def check_runtime(runtime: str, device: str) -> str:
-    """Refuse an unknown runtime, or OpenVINO asked to use CUDA (it runs on the CPU here)."""
+def check_runtime(runtime: str, device: str, manifest: Manifest) -> str:
+    """Refuse an unknown runtime, or OpenVINO asked to use CUDA or an int8 export.
+
+    OpenVINO runs on the CPU here. onnxruntime's dynamic int8 operators ran 1.9× slower on
+    OpenVINO than on onnxruntime (12.8 s vs 6.9 s per 256 abstracts), slower than its fp32.
+    """
     if runtime not in RUNTIMES:
         raise ConfigError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
-    if RUNTIMES[runtime][0] == "openvino" and device != "cpu":
-        raise ConfigError(f"runtime {runtime!r} runs on the CPU; use --device cpu with it")
+    if RUNTIMES[runtime][0] == "openvino":
+        if device != "cpu":
+            raise ConfigError(f"runtime {runtime!r} runs on the CPU; use --device cpu with it")
+        if manifest.quantization is not None:
+            raise ConfigError(
+                f"runtime {runtime!r} runs fp32 exports; {manifest.folder} is "
+                f"{manifest.quantization} (onnxruntime's int8 operators): use runtime "
+                "'onnxruntime' with it, or an fp32 export with OpenVINO"
+            )
     return runtime
 
 
@@ -116,15 +127,7 @@ class OnnxEncoder:
             raise ConfigError(f"threads must be at least 1, got {threads}")
         self.manifest = manifest
         self.threads = threads if threads is not None else default_threads()
-        self.runtime = check_runtime(runtime, device)
-        if RUNTIMES[runtime][0] == "openvino" and manifest.quantization is not None:
-            # onnxruntime's dynamic int8 operators ran 1.9x slower on OpenVINO than on
-            # onnxruntime here (12.8 s vs 6.9 s per 256 abstracts), slower than its fp32
-            raise ConfigError(
-                f"runtime {runtime!r} runs fp32 exports; {manifest.folder} is "
-                f"{manifest.quantization} (onnxruntime's int8 operators): use runtime "
-                "'onnxruntime' with it, or an fp32 export with OpenVINO"
-            )
+        self.runtime = check_runtime(runtime, device, manifest)
         self.device = check_device(device)
         tokenizer_path = manifest.folder / manifest.tokenizer
         # One tokenizer per side, configured once and never mutated afterwards: switching one
@@ -180,41 +183,45 @@ class OnnxEncoder:
     # ------------------------------------------------------------------ sessions
 
     def session(self, side: str) -> Any:
-        """The runtime session of a side, created on first use."""
+        """The runtime session of a side, created and probed on first use.
+
+        Only a session that passed :meth:`_probe` is kept, so a graph that disagrees with the
+        manifest is refused on every call, not only the first.
+        """
         if side not in SIDES:
             raise ConfigError(f"side must be 'query' or 'document', got {side!r}")
+        if side not in self._sessions:
+            session = self._open_session(side)
+            self._probe(side, session)
+            self._sessions[side] = session
+        return self._sessions[side]
+
+    def _open_session(self, side: str) -> Any:
+        """A new session of the side's graph on :attr:`runtime` (see :data:`RUNTIMES`)."""
         engine, precision = RUNTIMES[self.runtime]
-        if side not in self._sessions and engine == "openvino":
+        path = self.manifest.path(side)
+        if engine == "openvino":
             from magretrieve.openvino_session import OpenVinoSession
 
-            self._sessions[side] = OpenVinoSession(
-                self.manifest.path(side), threads=self.threads, precision=precision
-            )
-            self._probe(side, self._sessions[side])
-        if side not in self._sessions:
-            import onnxruntime as ort
+            return OpenVinoSession(path, threads=self.threads, precision=precision)
+        import onnxruntime as ort
 
-            options = ort.SessionOptions()
-            # One graph runs at a time per call: parallelism inside operators (intra-op), none
-            # between them (the encoder graphs are a chain; inter-op threads only contend).
-            options.intra_op_num_threads = self.threads
-            options.inter_op_num_threads = 1
-            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            providers: list[Any] = [PROVIDERS["cpu"]]
-            if self.device == "cuda":
-                # TF32 matmuls (onnxruntime's CUDA default on Ampere+) round to ~1e-3, which
-                # would break fp32 parity; the CPU provider runs the few operators CUDA lacks.
-                providers.insert(0, (PROVIDERS["cuda"], {"use_tf32": 0}))
-            path = self.manifest.path(side)
-            try:
-                self._sessions[side] = ort.InferenceSession(
-                    str(path), sess_options=options, providers=providers
-                )
-            except Exception as exc:  # onnxruntime raises its own exception types
-                raise ManifestError(f"{path}: onnxruntime cannot load the graph ({exc})") from None
-            self._probe(side, self._sessions[side])
-        return self._sessions[side]
+        options = ort.SessionOptions()
+        # One graph runs at a time per call: parallelism inside operators (intra-op), none
+        # between them (the encoder graphs are a chain; inter-op threads only contend).
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        providers: list[Any] = [PROVIDERS["cpu"]]
+        if self.device == "cuda":
+            # TF32 matmuls (onnxruntime's CUDA default on Ampere+) round to ~1e-3, which
+            # would break fp32 parity; the CPU provider runs the few operators CUDA lacks.
+            providers.insert(0, (PROVIDERS["cuda"], {"use_tf32": 0}))
+        try:
+            return ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise ManifestError(f"{path}: onnxruntime cannot load the graph ({exc})") from None
 
     def _probe(self, side: str, session: Any) -> None:
         """Check the manifest's fields against the graph itself before it serves anything.

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from magretrieve.cli import main
 from magretrieve.errors import ConfigError
+from magretrieve.openvino_session import bf16_native
 
 TEXTS = [
     "magnitude as a relevance prior",
@@ -38,12 +39,6 @@ def exports(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> d
         "fp32": export_model(tiny_model_dir, root / "fp32", mode="qnorm"),
         "int8": export_model(tiny_model_dir, root / "int8", mode="qnorm", quantize="int8"),
     }
-
-
-def _bf16_native() -> bool:
-    import openvino
-
-    return "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
 def test_fp32_vectors_equal_onnxruntime(exports) -> None:
@@ -71,12 +66,26 @@ def test_concurrent_calls_match_serial(exports) -> None:
         np.testing.assert_array_equal(a, b)
 
 
+def test_probe_runs_on_openvino_sessions_too(exports) -> None:
+    from dataclasses import replace
+
+    from magretrieve.errors import ManifestError
+    from magretrieve.manifest import Manifest
+    from magretrieve.runtime import OnnxEncoder
+
+    manifest = replace(Manifest.load(exports["fp32"]), dimension=31)
+    enc = OnnxEncoder(manifest, threads=1, runtime="openvino")
+    for _ in range(2):
+        with pytest.raises(ManifestError, match=r"document\.onnx: the graph gives vectors"):
+            enc.encode_documents(TEXTS)
+
+
 def test_bf16_close_to_fp32_or_refused(exports) -> None:
     from magretrieve.runtime import OnnxEncoder
 
     ref = OnnxEncoder.load(exports["fp32"], threads=1).encode_documents(TEXTS)
     enc = OnnxEncoder.load(exports["fp32"], threads=1, runtime="openvino-bf16")
-    if not _bf16_native():
+    if not bf16_native():
         with pytest.raises(ConfigError, match="no native bf16"):
             enc.encode_documents(TEXTS)
         return

@@ -110,6 +110,21 @@ def test_threads_and_lazy_sessions(exported) -> None:
     assert onnx.session("query").get_session_options().intra_op_num_threads == 1
 
 
+def test_a_graph_that_fails_its_probe_is_refused_on_every_call(exported) -> None:
+    """A session is kept only after its probe passed: the second call must not get it."""
+    from dataclasses import replace
+
+    from magretrieve.manifest import Manifest
+    from magretrieve.runtime import OnnxEncoder
+
+    manifest = replace(Manifest.load(exported[0]), dimension=31)  # the graph gives 32
+    onnx = OnnxEncoder(manifest, threads=1)
+    for _ in range(2):
+        with pytest.raises(ManifestError, match=r"query\.onnx: the graph gives vectors of shape"):
+            onnx.session("query")
+    assert onnx._sessions == {}
+
+
 def test_tampered_graph_refused(exported, tmp_path: Path) -> None:
     from magretrieve.runtime import OnnxEncoder
 
