@@ -167,9 +167,9 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     eager = Encoder.load(args.model, mode=args.mode, device="cpu")
     import openvino
 
-    columns = available_columns(
-        "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    )
+    from magretrieve.openvino_session import bf16_native
+
+    columns = available_columns(bf16_native())
     query_columns = [k for k in QUERY_COLUMNS if k in columns]
     onnx = {
         key: OnnxEncoder.load(
