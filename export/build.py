@@ -23,10 +23,15 @@ from magretrieve.manifest import MANIFEST_NAME, GraphSpec, Manifest, hash_folder
 
 if TYPE_CHECKING:  # pragma: no cover
     from magretrieve.encoder import Encoder
+    from magretrieve.export.static_int8 import Calibration
 
 logger = logging.getLogger(__name__)
 
 GRAPH_FILES = {"query": "query.onnx", "document": "document.onnx"}
+#: Static int8 graphs are OpenVINO IR (each ``.xml`` has its weights in a ``.bin`` beside it).
+STATIC_INT8_FILES = {"query": "query.xml", "document": "document.xml"}
+#: ``quantize=`` values: onnxruntime's dynamic int8, NNCF's static int8 for OpenVINO.
+QUANTIZATIONS = ("int8", "int8-static")
 TOKENIZER_FILE = "tokenizer.json"
 EXPORTER_CHOICES = ("auto", "dynamo", "torchscript")
 #: What ``exporter="auto"`` tries, in order. TorchScript first, by measurement
@@ -122,6 +127,8 @@ def _write_manifest(
     parity: dict[str, Any],
     quantization: str | None = None,
     quantization_report: dict[str, Any] | None = None,
+    graph_files: dict[str, str] = GRAPH_FILES,
+    runtimes: tuple[str, ...] | None = None,
 ) -> Manifest:
     """Hash every file in ``folder`` and write its manifest.
 
@@ -137,7 +144,7 @@ def _write_manifest(
     files = hash_folder(folder)
     graphs = {
         side: GraphSpec(
-            file=GRAPH_FILES[side],
+            file=graph_files[side],
             inputs=list(inputs),
             output=OUTPUT_NAME,
             gamma=gamma,
@@ -167,6 +174,7 @@ def _write_manifest(
         versions=versions,
         parity=parity,
         quantization_report=quantization_report,
+        runtimes=list(runtimes) if runtimes else None,
         base_model=cfg.base_model,
         encoder=cfg.to_dict(),
         folder=folder,
@@ -323,6 +331,8 @@ def export_model(
     eval_data: str | Path | None = None,
     echo: Callable[[str], None] | None = None,
     device: str = "cpu",
+    calibration_data: str | Path | None = None,
+    calibration_size: int | None = None,
 ) -> Path:
     """Export an encoder (an :class:`Encoder` or a model folder/alias) to ``out_dir``.
 
@@ -330,23 +340,29 @@ def export_model(
     ``exporter="auto"`` tries the TorchScript exporter (its graph fuses fully) and falls back
     to dynamo if it fails or misses parity. ``optimize`` (default on) fuses BERT-like graphs
     with onnxruntime's transformer optimizer; the fused graphs are what parity checks, and
-    the manifest's ``exporter.optimizer`` records the fusions (or why there are none). ``quantize="int8"`` keeps only int8 graphs, after the fp32 graphs
-    passed parity, and records int8-vs-fp32 agreement (and NDCG@10 on ``eval_data``,
-    ``DIR[:split]``) in the manifest. ``device="cuda"`` also checks the fp32 graphs' parity
+    the manifest's ``exporter.optimizer`` records the fusions (or why there are none).
+
+    ``quantize="int8"`` keeps only int8 graphs (onnxruntime dynamic int8), after the fp32
+    graphs passed parity, and records int8-vs-fp32 agreement (and NDCG@10 on ``eval_data``,
+    ``DIR[:split]``) in the manifest. ``quantize="int8-static"`` does the same with NNCF's
+    static int8, calibrated on ``calibration_size`` documents and queries of
+    ``calibration_data`` (a BEIR folder), written as OpenVINO IR that only the ``openvino``
+    runtimes run (:mod:`magretrieve.export.static_int8`). ``device="cuda"`` also checks the fp32 graphs' parity
     on onnxruntime's CUDA provider (export itself traces on the CPU). Returns the folder.
     """
     say = echo or (lambda msg: logger.info(msg))
     target = Path(out_dir).expanduser()
-    if quantize is not None and quantize not in ("int8",):
-        raise ConfigError(f"unknown quantization {quantize!r}; the supported one is 'int8'")
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise ConfigError(
+            f"unknown quantization {quantize!r}; choose one of {', '.join(QUANTIZATIONS)}"
+        )
+    calibration = _check_calibration(quantize, calibration_data, calibration_size)
     if exporter not in EXPORTER_CHOICES:
         raise ConfigError(
             f"unknown exporter {exporter!r}; choose one of {', '.join(EXPORTER_CHOICES)}"
         )
     if eval_data is not None and quantize is None:
-        raise ConfigError(
-            "--eval-data compares int8 with fp32; use it together with --quantize int8"
-        )
+        raise ConfigError("--eval-data compares int8 with fp32; use it together with --quantize")
     recover(target, say)  # what an earlier, killed export to this target left behind
     _check_target(target, overwrite)
     if device != "cpu":
@@ -408,9 +424,17 @@ def export_model(
         if device != "cpu":
             _device_parity(encoder, fp32_dir, manifest, reference, device, say)
         final_dir = fp32_dir
-        if quantize == "int8":
+        if quantize is not None:
             final_dir = _build_int8(
-                encoder, fp32_dir, staging / "int8", manifest, reference, dataset, say
+                encoder,
+                fp32_dir,
+                staging / "int8",
+                manifest,
+                reference,
+                dataset,
+                say,
+                scheme=quantize,
+                calibration=calibration,
             )
         for item in final_dir.iterdir():  # durable before it becomes visible
             _fsync_file(item)
@@ -477,6 +501,54 @@ def quantize_folder(
     return facts
 
 
+def _check_calibration(
+    quantize: str | None, folder: str | Path | None, size: int | None
+) -> Calibration | None:
+    """Calibration texts for ``int8-static`` (refused for the other schemes), before any work."""
+    if quantize != "int8-static":
+        if folder is not None or size is not None:
+            raise ConfigError(
+                "--calibration-data/--calibration-size calibrate static int8; use them "
+                "with --quantize int8-static"
+            )
+        return None
+    from magretrieve.export.static_int8 import (
+        DEFAULT_CALIBRATION_SIZE,
+        calibration_texts,
+        import_nncf,
+    )
+
+    if folder is None:
+        raise ConfigError(
+            "--quantize int8-static needs --calibration-data DIR: a BEIR folder whose "
+            "documents and queries look like what will be served"
+        )
+    import_nncf()  # a missing extra is refused before the slow export
+    return calibration_texts(folder, DEFAULT_CALIBRATION_SIZE if size is None else size)
+
+
+def _quantize_static_folder(
+    fp32_dir: Path,
+    int8_dir: Path,
+    calibration: Calibration,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """NNCF static int8 of both graphs into OpenVINO IR in ``int8_dir``; copy the other files."""
+    from magretrieve.export.static_int8 import quantize_side
+    from magretrieve.runtime import OnnxEncoder
+
+    fp32 = OnnxEncoder.load(fp32_dir)
+    facts: dict[str, Any] = {"calibration_data": calibration.source}
+    for side, name in STATIC_INT8_FILES.items():
+        texts = calibration.texts[side]
+        say(f"quantizing the {side} graph to static int8 (NNCF, {len(texts)} calibration texts)")
+        facts[side] = quantize_side(fp32, side, texts, int8_dir / name)
+    for item in fp32_dir.iterdir():
+        if item.is_file() and item.suffix != ".onnx" and item.name != MANIFEST_NAME:
+            shutil.copy2(item, int8_dir / item.name)
+    return facts
+
+
 def _build_int8(
     encoder: Encoder,
     fp32_dir: Path,
@@ -485,13 +557,23 @@ def _build_int8(
     reference: dict[str, Any],
     dataset: Any,
     say: Callable[[str], None],
+    scheme: str = "int8",
+    calibration: Calibration | None = None,
 ) -> Path:
     """Quantize the parity-checked fp32 graphs; report agreement (and NDCG@10) vs fp32."""
     from magretrieve.export.evaluate import evaluate_export
     from magretrieve.runtime import OnnxEncoder
 
     int8_dir.mkdir()
-    facts = quantize_folder(fp32_dir, int8_dir, say=say)
+    if scheme == "int8-static":
+        from magretrieve.export.static_int8 import STATIC_INT8_RUNTIMES
+
+        assert calibration is not None  # _check_calibration made them
+        facts = _quantize_static_folder(fp32_dir, int8_dir, calibration, say)
+        files, runtimes = STATIC_INT8_FILES, STATIC_INT8_RUNTIMES
+    else:
+        facts = quantize_folder(fp32_dir, int8_dir, say=say)
+        files, runtimes = GRAPH_FILES, ("onnxruntime",)
     exporter = dict(fp32_manifest.exporter) | {"quantizer": facts}
     manifest = _write_manifest(
         int8_dir,
@@ -500,7 +582,9 @@ def _build_int8(
         exporter=exporter,
         versions=fp32_manifest.versions,
         parity=dict(fp32_manifest.parity),
-        quantization="int8",
+        quantization=scheme,
+        graph_files=files,
+        runtimes=runtimes,
     )
     say("measuring int8 agreement with PyTorch fp32")
     agreement = _parity(encoder, int8_dir, reference, strict=False)

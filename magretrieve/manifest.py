@@ -60,7 +60,11 @@ NOT_FINGERPRINTED = (
     "parity",
     "quantization_report",
     "base_model",
+    "runtimes",
 )
+#: Runtimes of an export that predates the ``runtimes`` field, by its quantization (None: any
+#: runtime that reads ONNX). onnxruntime's dynamic int8 operators are onnxruntime's own.
+LEGACY_RUNTIMES = {"int8": ["onnxruntime"]}
 
 
 def _canonical(data: dict[str, Any], leave_out: tuple[str, ...]) -> bytes:
@@ -203,6 +207,9 @@ class Manifest:
     parity: dict[str, Any] = field(default_factory=dict)
     #: int8 exports: agreement of int8 vs fp32 vectors (and NDCG@10 when measured).
     quantization_report: dict[str, Any] | None = None
+    #: Runtimes (magretrieve.runtime.RUNTIMES names) that can run these graphs, the default
+    #: first; None: any runtime that reads ONNX (fp32 exports). Static int8 is OpenVINO IR.
+    runtimes: list[str] | None = None
     base_model: str = ""
     #: The whole EncoderConfig of the exported model (magretrieve.config), as a dict.
     encoder: dict[str, Any] = field(default_factory=dict)
@@ -239,7 +246,7 @@ class Manifest:
         return EncoderConfig.from_dict(data, source=MANIFEST_NAME)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "encoder": self.encoder_config().to_dict(),
@@ -256,6 +263,9 @@ class Manifest:
             "versions": dict(self.versions),
             "parity": dict(self.parity),
         }
+        if self.runtimes is not None:  # absent for fp32, so their manifests read as before
+            data["runtimes"] = list(self.runtimes)
+        return data
 
     def save(self, folder: str | Path) -> Path:
         """Write ``magretrieve.json`` into ``folder`` (file hashes must already be filled in).
@@ -338,6 +348,15 @@ class Manifest:
                     raise ManifestError(
                         f"{source}: {name} must be a positive integer, got {value!r}"
                     )
+            runtimes = data.get("runtimes", LEGACY_RUNTIMES.get(data.get("quantization")))
+            if runtimes is not None and (
+                not isinstance(runtimes, list)
+                or not runtimes
+                or not all(isinstance(r, str) and r for r in runtimes)
+            ):
+                raise ManifestError(
+                    f"{source}: runtimes must be a non-empty list of runtime names, got {runtimes!r}"
+                )
             pad = data.get("pad_token_id", 0)
             if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
                 raise ManifestError(f"{source}: pad_token_id must be an integer ≥ 0, got {pad!r}")
@@ -369,6 +388,7 @@ class Manifest:
                 versions=dict(data.get("versions") or {}),
                 parity=dict(data.get("parity") or {}),
                 quantization_report=data.get("quantization_report"),
+                runtimes=None if runtimes is None else list(runtimes),
                 base_model=str(data.get("base_model", "")),
                 encoder=encoder.to_dict(),
             )

@@ -241,7 +241,7 @@ def load_encoder(
     export_dir: str | Path,
     threads: int | None = None,
     device: str = "cpu",
-    runtime: str = "onnxruntime",
+    runtime: str | None = None,
 ) -> EncoderLike:
     """The ONNX encoder of an export folder (one seam, so tests can substitute a fake)."""
     from magretrieve.runtime import OnnxEncoder
@@ -292,7 +292,7 @@ class Retriever:
         force: bool = False,
         threads: int | None = None,
         device: str = "cpu",
-        runtime: str = "onnxruntime",
+        runtime: str | None = None,
         create: bool = True,
         for_writing: bool = False,
         **store_options: Any,
@@ -301,7 +301,8 @@ class Retriever:
 
         The query graph (and with ``for_writing`` the document graph) is checked against the
         manifest before the store is touched, so a broken export never creates a store.
-        ``threads``, ``device`` and ``runtime`` go to :class:`~magretrieve.runtime.OnnxEncoder`.
+        ``threads``, ``device`` and ``runtime`` go to :class:`~magretrieve.runtime.OnnxEncoder`
+        (``runtime=None``: the export's own, onnxruntime unless its manifest names another).
         """
         encoder = load_encoder(export_dir, threads=threads, device=device, runtime=runtime)
         # check the graphs against the manifest before a store is opened (or created)

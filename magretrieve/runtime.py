@@ -31,6 +31,8 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 #: Runtimes that run the export's graphs: name → (engine, inference precision). ``openvino``
 #: reads the same ONNX files (:mod:`magretrieve.openvino_session`, extra ``openvino``); its
 #: ``-bf16`` form computes in bfloat16 on CPUs that have it natively (docs/export.md, "Runtimes").
+#: An export may name the runtimes its graphs need (``Manifest.runtimes``): dynamic int8 is
+#: onnxruntime's, static int8 (OpenVINO IR) OpenVINO's.
 RUNTIMES = {
     "onnxruntime": ("onnxruntime", "fp32"),
     "openvino": ("openvino", "fp32"),
@@ -64,23 +66,27 @@ def default_threads() -> int:
     return available_cores()
 
 
-def check_runtime(runtime: str, device: str, manifest: Manifest) -> str:
-    """Refuse an unknown runtime, or OpenVINO asked to use CUDA or an int8 export.
+def check_runtime(runtime: str | None, device: str, manifest: Manifest) -> str:
+    """The runtime to use: ``runtime``, or (None) the export's own default; refuse misfits.
 
-    OpenVINO runs on the CPU here. onnxruntime's dynamic int8 operators ran 1.9× slower on
-    OpenVINO than on onnxruntime (12.8 s vs 6.9 s per 256 abstracts), slower than its fp32.
+    Refused: an unknown runtime, OpenVINO asked to use CUDA (it runs on the CPU here), and a
+    runtime the export does not list in ``Manifest.runtimes``. onnxruntime's dynamic int8
+    operators ran 1.9× slower on OpenVINO than on onnxruntime (12.8 s vs 6.9 s per 256
+    abstracts), slower than its fp32; static int8 exports are OpenVINO IR, which onnxruntime
+    cannot read.
     """
+    if runtime is None:
+        runtime = manifest.runtimes[0] if manifest.runtimes else "onnxruntime"
     if runtime not in RUNTIMES:
         raise ConfigError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
-    if RUNTIMES[runtime][0] == "openvino":
-        if device != "cpu":
-            raise ConfigError(f"runtime {runtime!r} runs on the CPU; use --device cpu with it")
-        if manifest.quantization is not None:
-            raise ConfigError(
-                f"runtime {runtime!r} runs fp32 exports; {manifest.folder} is "
-                f"{manifest.quantization} (onnxruntime's int8 operators): use runtime "
-                "'onnxruntime' with it, or an fp32 export with OpenVINO"
-            )
+    if RUNTIMES[runtime][0] == "openvino" and device != "cpu":
+        raise ConfigError(f"runtime {runtime!r} runs on the CPU; use --device cpu with it")
+    if manifest.runtimes is not None and runtime not in manifest.runtimes:
+        raise ConfigError(
+            f"runtime {runtime!r} cannot run {manifest.folder}: it is a "
+            f"{manifest.quantization or 'fp32'} export whose graphs run on "
+            f"{' or '.join(repr(r) for r in manifest.runtimes)}"
+        )
     return runtime
 
 
@@ -107,7 +113,8 @@ class OnnxEncoder:
 
     Knobs (docs/export.md, "Speed"): ``threads`` (intra-op threads; default every core the
     process may use, or ``$MAGRETRIEVE_ONNX_THREADS``), ``device`` (``cpu`` or ``cuda``),
-    ``runtime`` (:data:`RUNTIMES`: onnxruntime, or OpenVINO in fp32 or bf16), and per call
+    ``runtime`` (:data:`RUNTIMES`: onnxruntime, or OpenVINO in fp32 or bf16; None: the
+    export's own, onnxruntime unless its manifest names another), and per call
     ``batch_size`` (most texts per batch) and ``max_batch_tokens`` (padded tokens per batch
     over length-sorted texts).
     """
@@ -117,7 +124,7 @@ class OnnxEncoder:
         manifest: Manifest,
         threads: int | None = None,
         device: str = "cpu",
-        runtime: str = "onnxruntime",
+        runtime: str | None = None,
     ) -> None:
         from tokenizers import Tokenizer
 
@@ -158,13 +165,13 @@ class OnnxEncoder:
         folder: str | Path,
         threads: int | None = None,
         device: str = "cpu",
-        runtime: str = "onnxruntime",
+        runtime: str | None = None,
     ) -> OnnxEncoder:
         """Open an export folder, verifying every file's sha256 against the manifest.
 
         ``threads`` sets the runtime's intra-op thread count (None: :func:`default_threads`);
         ``device="cuda"`` runs the graphs with onnxruntime's CUDA provider; ``runtime`` picks
-        the engine that runs the graphs (:data:`RUNTIMES`).
+        the engine that runs the graphs (:data:`RUNTIMES`; None: the export's default).
         """
         return cls(
             Manifest.load(folder, verify=True), threads=threads, device=device, runtime=runtime

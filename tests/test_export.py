@@ -212,7 +212,7 @@ def test_bad_options_refused_before_work(tiny_model_dir: Path, tmp_path: Path) -
 
     with pytest.raises(ConfigError, match="unknown quantization"):
         export_model(tiny_model_dir, tmp_path / "x", quantize="int4")
-    with pytest.raises(ConfigError, match="together with --quantize int8"):
+    with pytest.raises(ConfigError, match="together with --quantize"):
         export_model(tiny_model_dir, tmp_path / "x", eval_data=tmp_path)
     with pytest.raises(ConfigError, match="unknown exporter"):
         export_model(tiny_model_dir, tmp_path / "x", exporter="optimum")

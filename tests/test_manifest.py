@@ -124,6 +124,9 @@ def test_learnable_gammas_set_contracts(tmp_path: Path) -> None:
             "graphs.document.contract='unit_norm'",
         ),
         ({"files": {}}, "'files' must map"),
+        ({"runtimes": []}, "runtimes must be a non-empty list"),
+        ({"runtimes": "openvino"}, "runtimes must be a non-empty list"),
+        ({"runtimes": ["openvino", 3]}, "runtimes must be a non-empty list"),
     ],
 )
 def test_invalid_manifest_refused(tmp_path: Path, overrides: dict, message: str) -> None:
@@ -231,3 +234,21 @@ def test_fingerprint_covers_everything_that_changes_a_vector(path, value, change
         node = node[key]
     node[path[-1]] = value
     assert (model_fingerprint(data) != before) is changes
+
+
+def test_runtimes_field_and_its_legacy_default(tmp_path: Path) -> None:
+    """Which runtimes run an export: as written, or (older manifests) by quantization."""
+    _write(tmp_path / "fp32")
+    assert Manifest.load(tmp_path / "fp32").runtimes is None  # any runtime that reads ONNX
+    _write(tmp_path / "legacy-int8", quantization="int8")  # written before the field existed
+    assert Manifest.load(tmp_path / "legacy-int8").runtimes == ["onnxruntime"]
+    _write(tmp_path / "static", quantization="int8-static", runtimes=["openvino"])
+    manifest = Manifest.load(tmp_path / "static")
+    assert manifest.runtimes == ["openvino"]
+    assert manifest.to_dict()["runtimes"] == ["openvino"]
+    assert "runtimes" not in Manifest.load(tmp_path / "fp32").to_dict()
+    # how an export may run is not what its vectors are: the fingerprint ignores it
+    data = _write(tmp_path / "x")
+    before = model_fingerprint(data)
+    data["runtimes"] = ["openvino"]
+    assert model_fingerprint(data) == before

@@ -26,7 +26,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_import_is_torch_free() -> None:
     code = (
         "import sys, magretrieve, magretrieve.similarity, magretrieve.data, magretrieve.metrics\n"
-        "heavy = sorted(m for m in ('torch', 'transformers', 'onnxruntime', 'faiss', 'qdrant_client', 'openvino') "
+        "heavy = sorted(m for m in ('torch', 'transformers', 'onnxruntime', 'faiss', 'qdrant_client', 'openvino', 'nncf') "
         "if m in sys.modules)\n"
         "print(','.join(heavy) or 'clean')\n"
     )

@@ -32,23 +32,26 @@ def _print_report(dest: str) -> None:
         f"max relative norm error {parity.get('max_rel_norm_err', float('nan')):.2e}"
     )
     report = manifest.quantization_report
+    label = manifest.quantization or "int8"
+    if manifest.runtimes:
+        click.echo(f"runs on: {', '.join(manifest.runtimes)}")
     if report:
         for side in ("query", "document"):
             r = report[side]
             click.echo(
-                f"int8 {side} vs fp32: cosine min {r['min_cosine']:.5f} mean {r['mean_cosine']:.5f}; "
+                f"{label} {side} vs fp32: cosine min {r['min_cosine']:.5f} mean {r['mean_cosine']:.5f}; "
                 f"relative norm error max {r['max_rel_norm_err']:.4f} mean {r['mean_rel_norm_err']:.4f}"
             )
         if "eval" in report:
             ev = report["eval"]
             click.echo(
                 f"NDCG@10 on {ev['data']}: fp32 {ev['fp32']['ndcg@10']:.4f}, "
-                f"int8 {ev['int8']['ndcg@10']:.4f} (Δ {ev['ndcg@10_delta'] * 100:+.2f} points)"
+                f"{label} {ev['int8']['ndcg@10']:.4f} (Δ {ev['ndcg@10_delta'] * 100:+.2f} points)"
             )
         worst = min(report["query"]["min_cosine"], report["document"]["min_cosine"])
         if worst < 0.99:
             click.secho(
-                f"warning: int8 vectors agree with fp32 only to cosine {worst:.4f}; "
+                f"warning: {label} vectors agree with fp32 only to cosine {worst:.4f}; "
                 "check retrieval quality (--eval-data) before serving them",
                 fg="yellow",
                 err=True,
@@ -68,9 +71,23 @@ def _print_report(dest: str) -> None:
 @click.option("--gamma-d", type=float, default=None, help="γd for --mode learnable.")
 @click.option(
     "--quantize",
-    type=click.Choice(["int8"]),
+    type=click.Choice(["int8", "int8-static"]),
     default=None,
-    help="Dynamic int8 quantization (onnxruntime) after the fp32 graphs pass parity.",
+    help="After the fp32 graphs pass parity: int8 = onnxruntime dynamic int8 (ONNX); "
+    "int8-static = NNCF static int8 for OpenVINO (IR, needs --calibration-data and "
+    "magretrieve[openvino-int8]; faster, docs/export.md).",
+)
+@click.option(
+    "--calibration-data",
+    default=None,
+    metavar="DIR",
+    help="BEIR folder (corpus.jsonl, queries.jsonl) whose texts calibrate --quantize int8-static.",
+)
+@click.option(
+    "--calibration-size",
+    type=int,
+    default=None,
+    help="Calibration documents and queries each for int8-static (default 320).",
 )
 @click.option(
     "--optimize/--no-optimize",
@@ -105,6 +122,8 @@ def export_cmd(
     optimize: bool,
     exporter: str,
     eval_data: str | None,
+    calibration_data: str | None,
+    calibration_size: int | None,
     device: str,
     overwrite: bool,
     as_json: bool,
@@ -130,6 +149,8 @@ def export_cmd(
         eval_data=eval_data,
         echo=lambda msg: click.echo(msg, err=True),
         device=device,
+        calibration_data=calibration_data,
+        calibration_size=calibration_size,
     )
     _print_report(dest)
     if as_json:

@@ -76,10 +76,10 @@ def collect_store_options(**kw: object) -> dict[str, object]:
 @click.option(
     "--runtime",
     type=click.Choice(list(RUNTIMES)),
-    default="onnxruntime",
-    show_default=True,
+    default=None,
     help="What runs the graphs: onnxruntime, or OpenVINO (magretrieve[openvino]) in fp32 or, "
-    "on CPUs with native bf16, bfloat16 (docs/export.md, 'Runtimes').",
+    "on CPUs with native bf16, bfloat16 (docs/export.md, 'Runtimes'). Default: the export's "
+    "own (onnxruntime; OpenVINO for --quantize int8-static exports).",
 )
 @click.option("--force", is_flag=True, help="Write into a store built by another model.")
 @click.option(
@@ -113,7 +113,7 @@ def index_cmd(
     checkpoint_every: int,
     threads: int | None,
     device: str,
-    runtime: str,
+    runtime: str | None,
     force: bool,
     skip_empty: bool,
     no_progress: bool,
@@ -135,8 +135,10 @@ def index_cmd(
         engine_options = {"address": address, "workers": workers}
         if threads is not None:
             engine_options["threads"] = threads
-        if runtime != "onnxruntime":
-            raise ConfigError("--runtime applies to --engine local (Ray workers use onnxruntime)")
+        if runtime is not None:
+            raise ConfigError(
+                "--runtime applies to --engine local (Ray workers use the export's own runtime)"
+            )
     elif address is not None or workers is not None:
         raise ConfigError("--address and --workers need --engine ray")
     from magretrieve.retriever import Retriever
