@@ -212,10 +212,9 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     intermediate = config.intermediate_size
 
     encoder = OnnxEncoder.load(fp32_dir, threads=args.threads)
-    inputs = encoder.manifest.graphs["document"].inputs
     encodings = encoder.tokenize(docs, "document")
     batches = length_sorted_batches([len(e.ids) for e in encodings])
-    feeds = [encoder._feed([encodings[i] for i in b], inputs) for b in batches]
+    feeds = [encoder.feed([encodings[i] for i in b], "document") for b in batches]
     shapes = [tuple(f["input_ids"].shape) for f in feeds]
     tokens = sum(rows * length for rows, length in shapes)
     texts_sorted = [docs[i] for b in batches for i in b]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from magretrieve.errors import ConfigError, DataError
+from magretrieve.errors import ConfigError, DataError, MagRetrieveError
 
 #: Calibration texts per side when the caller does not say (documents and queries each).
 DEFAULT_CALIBRATION_SIZE = 320
@@ -106,9 +106,8 @@ def quantize_side(fp32_encoder: Any, side: str, texts: list[str], dst_xml: Path)
     otherwise compress them to fp16).
     """
     nncf, ov = import_nncf()
-    spec = fp32_encoder.manifest.graphs[side]
-    model = ov.Core().read_model(str(fp32_encoder.manifest.path(side)))
-    items = [fp32_encoder._feed([enc], spec.inputs) for enc in fp32_encoder.tokenize(texts, side)]
+    source = fp32_encoder.manifest.path(side)
+    items = [fp32_encoder.feed([enc], side) for enc in fp32_encoder.tokenize(texts, side)]
     root = logging.getLogger()
     level = root.level
     root.setLevel(max(level, logging.ERROR))  # NNCF logs progress bars and hints at INFO
@@ -116,12 +115,19 @@ def quantize_side(fp32_encoder: Any, side: str, texts: list[str], dst_xml: Path)
         # NNCF draws its progress bars on stdout, where `export --json` prints the manifest
         with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
             warnings.simplefilter("ignore")
+            model = ov.Core().read_model(str(source))
             quantized = nncf.quantize(
                 model,
                 nncf.Dataset(items),
                 model_type=nncf.ModelType.TRANSFORMER,
                 subset_size=len(items),
             )
+    except Exception as exc:  # OpenVINO and NNCF raise their own types; one line, no trace
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise MagRetrieveError(
+            f"{source.name}: static int8 failed ({type(exc).__name__}: {first[:300]}); "
+            "export without --quantize, or with --quantize int8"
+        ) from None
     finally:
         root.setLevel(level)
     ov.save_model(quantized, str(dst_xml), compress_to_fp16=False)

@@ -299,8 +299,13 @@ class OnnxEncoder:
                 check_text(t, f"{side} text #{n}")
             raise
 
-    def _feed(self, encodings: Sequence[Any], inputs: Sequence[str]) -> dict[str, np.ndarray]:
-        """Pad a batch to its longest text (right padding, as the torch encoder does)."""
+    def feed(self, encodings: Sequence[Any], side: str) -> dict[str, np.ndarray]:
+        """The side's graph inputs for a batch of :meth:`tokenize` encodings.
+
+        Padded to the batch's longest text (right padding, as the torch encoder does); what
+        the graph is run with, so calibration and benchmarks can feed the graph exactly so.
+        """
+        inputs = self.manifest.graphs[side].inputs
         width = max(len(e.ids) for e in encodings)
         n = len(encodings)
         ids = np.full((n, width), self.manifest.pad_token_id, dtype=np.int64)
@@ -368,7 +373,7 @@ class OnnxEncoder:
             total=len(encodings), desc=desc, unit="text", disable=not progress, leave=False
         ) as bar:
             for idx in batches:
-                feed = self._feed([encodings[i] for i in idx], spec.inputs)
+                feed = self.feed([encodings[i] for i in idx], side)
                 out[idx] = session.run([spec.output], feed)[0]
                 bar.update(len(idx))
         return out

@@ -217,3 +217,25 @@ def test_cli_index_serves_it_and_refuses_onnxruntime(exports, tmp_path: Path) ->
         stored = np.asarray(store.get_vectors([f"d{i}" for i in range(len(TEXTS))]))
     expected = OnnxEncoder.load(exports["static"]).encode_documents(TEXTS)
     np.testing.assert_allclose(stored, expected, atol=1e-6)
+
+
+def test_a_quantizer_failure_is_one_line_and_writes_nothing(
+    tiny_model_dir: Path, tiny_beir_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    import nncf
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Unsupported operation: SomeOp\nlong internal trace")
+
+    monkeypatch.setattr(nncf, "quantize", broken)
+    dest = tmp_path / "x"
+    args = ["export", str(tiny_model_dir), str(dest), "--quantize", "int8-static"]
+    result = CliRunner().invoke(main, [*args, "--calibration-data", str(tiny_beir_dir)])
+    assert result.exit_code == 1
+    error = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert error == [
+        "Error: query.onnx: static int8 failed (RuntimeError: Unsupported operation: SomeOp); "
+        "export without --quantize, or with --quantize int8"
+    ]
+    assert "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == []  # no target, no staging folder left behind
