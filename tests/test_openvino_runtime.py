@@ -158,3 +158,29 @@ def test_cli_index_with_openvino_equals_onnxruntime(exports, tmp_path: Path) -> 
     assert bad.exit_code == 1
     assert "--runtime applies to --engine local" in bad.output
     assert not (tmp_path / "r").exists()  # refused before any store was created
+
+
+def test_query_session_warms_every_query_length_once(exports, monkeypatch) -> None:
+    """OpenVINO prepares kernels per shape on first sight; the query session pays that at open."""
+    from magretrieve.openvino_session import OpenVinoSession
+    from magretrieve.runtime import WARM_QUERY_TOKENS, OnnxEncoder
+
+    seen: list[tuple[int, ...]] = []
+    real = OpenVinoSession.run
+
+    def spy(self, names, feed):
+        seen.append(tuple(feed["input_ids"].shape))
+        return real(self, names, feed)
+
+    monkeypatch.setattr(OpenVinoSession, "run", spy)
+    enc = OnnxEncoder.load(exports["fp32"], threads=1, runtime="openvino")
+    enc.session("query")
+    longest = min(enc.manifest.max_query_length, WARM_QUERY_TOKENS)
+    probe = (1, enc.manifest.max_query_length)
+    assert seen == [probe, *[(1, n) for n in range(1, longest + 1)]]
+    seen.clear()
+    enc.session("document")  # documents: the probe only
+    assert seen == [(1, enc.manifest.max_document_length)]
+    seen.clear()
+    enc.encode_queries(["q"])  # opened once: no second warm-up
+    assert len(seen) == 1
