@@ -3,8 +3,10 @@
 OpenVINO reads the same ``query.onnx``/``document.onnx`` files, onnxruntime's fused operators
 included, so an fp32 export folder serves on either runtime without re-exporting. Where it
 helps: documents in fp32 a little faster than onnxruntime with the same vectors, and in bf16
-(CPUs with AVX512-BF16 or AMX) much faster with vectors within rounding of fp32; measured in
-``benchmarks/results/encode_speed.md`` and docs/export.md, "Runtimes".
+(CPUs with AVX512-BF16 or AMX) much faster with vectors within rounding of fp32; and it is
+the only runtime of static int8 exports (OpenVINO IR, ``export --quantize int8-static``),
+the fastest on documents. Measured in ``benchmarks/results/encode_speed.md`` and
+docs/export.md, "Runtimes".
 
 :class:`OpenVinoSession` offers the three calls :class:`~magretrieve.runtime.OnnxEncoder` makes
 of an onnxruntime session (``get_inputs``, ``get_outputs``, ``run``), so the encoder's
