@@ -88,6 +88,31 @@ def test_ray_store_equals_single_process(ray_local, export_dir, tmp_path) -> Non
     assert_same_store(f"faiss:{tmp_path / 'local'}", f"faiss:{tmp_path / 'ray'}")
 
 
+def test_ray_serves_a_static_int8_export_on_its_own_runtime(
+    ray_local, tiny_model_dir, tiny_beir_dir, tmp_path
+) -> None:
+    """Workers open the export with its default runtime: OpenVINO for a static int8 export.
+
+    Static int8 has fixed activation scales, so a vector does not depend on how the workers
+    batched it: the Ray store equals the single-process one as closely as fp32 does.
+    """
+    pytest.importorskip("nncf", reason="int8-static needs the magretrieve[openvino-int8] extra")
+    from magretrieve.export import export_model
+
+    export = export_model(
+        tiny_model_dir,
+        tmp_path / "static",
+        mode="qnorm",
+        quantize="int8-static",
+        calibration_data=tiny_beir_dir,
+    )
+    corpus = write_corpus(tmp_path / "corpus.jsonl", n=20)
+    index(export, f"faiss:{tmp_path / 'local'}", corpus)
+    report = index(export, f"faiss:{tmp_path / 'ray'}", corpus, engine="ray", workers=2)
+    assert report.added == 20
+    assert_same_store(f"faiss:{tmp_path / 'local'}", f"faiss:{tmp_path / 'ray'}")
+
+
 def test_ray_resumes_skipping_stored_ids(ray_local, export_dir, tmp_path) -> None:
     corpus = write_corpus(tmp_path / "corpus.jsonl")
     first = write_corpus(tmp_path / "first.jsonl", n=15)  # a run that stopped after 15 docs
