@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from magretrieve.errors import ConfigError, DataError, MagRetrieveError
+from magretrieve.errors import ConfigError, DataError, MagRetrieveError, first_line
 
 #: Calibration texts per side when the caller does not say (documents and queries each).
 DEFAULT_CALIBRATION_SIZE = 320
@@ -123,9 +123,8 @@ def quantize_side(fp32_encoder: Any, side: str, texts: list[str], dst_xml: Path)
                 subset_size=len(items),
             )
     except Exception as exc:  # OpenVINO and NNCF raise their own types; one line, no trace
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise MagRetrieveError(
-            f"{source.name}: static int8 failed ({type(exc).__name__}: {first[:300]}); "
+            f"{source.name}: static int8 failed ({type(exc).__name__}: {first_line(exc)}); "
             "export without --quantize, or with --quantize int8"
         ) from None
     finally:

@@ -30,3 +30,13 @@ class StoreError(MagRetrieveError):
 
 class SymmetryError(ConfigError):
     """A one-sided mode was asked for on a symmetric task."""
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first non-empty line of a foreign exception's message (or its type's name), cut.
+
+    onnxruntime, OpenVINO and NNCF put multi-line internal traces into their messages; a
+    user-facing error quotes only the first line.
+    """
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:limit]

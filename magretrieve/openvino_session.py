@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.errors import ConfigError, ManifestError
+from magretrieve.errors import ConfigError, ManifestError, first_line
 
 #: Inference precisions this runtime offers, and OpenVINO's name for each. fp32 is forced:
 #: OpenVINO's CPU default on bf16-capable CPUs is bf16, which would silently change vectors.
@@ -79,8 +79,9 @@ class OpenVinoSession:
                 },
             )
         except Exception as exc:  # OpenVINO raises RuntimeError subclasses of its own
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ManifestError(f"{path}: OpenVINO cannot load the graph ({first[:300]})") from None
+            raise ManifestError(
+                f"{path}: OpenVINO cannot load the graph ({first_line(exc)})"
+            ) from None
         self.precision = precision
         self._inputs = [_Port(p.get_any_name()) for p in self._compiled.inputs]
         self._outputs = [_Port(p.get_any_name()) for p in self._compiled.outputs]

@@ -18,7 +18,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from magretrieve.batching import DEFAULT_BATCH_TOKENS, token_budget_batches
-from magretrieve.errors import ConfigError, ManifestError
+from magretrieve.errors import ConfigError, ManifestError, first_line
 from magretrieve.manifest import SIDES, Manifest
 from magretrieve.similarity import Similarity
 
@@ -220,16 +220,19 @@ class OnnxEncoder:
         """
         if side != "query" or RUNTIMES[self.runtime][0] != "openvino":
             return
-        spec = self.manifest.graphs[side]
-        pad = self.manifest.pad_token_id
+        output = self.manifest.graphs[side].output
         for length in range(1, min(self._max_length(side), WARM_QUERY_TOKENS) + 1):
-            ids = np.full((1, length), pad, dtype=np.int64)
-            feed = {
-                "input_ids": ids,
-                "attention_mask": np.ones_like(ids),
-                "token_type_ids": np.zeros_like(ids),
-            }
-            session.run([spec.output], {k: feed[k] for k in spec.inputs})
+            session.run([output], self._pad_feed(side, length))
+
+    def _pad_feed(self, side: str, length: int) -> dict[str, np.ndarray]:
+        """The side's graph inputs for one text of ``length`` pad tokens, all attended to."""
+        ids = np.full((1, length), self.manifest.pad_token_id, dtype=np.int64)
+        feed = {
+            "input_ids": ids,
+            "attention_mask": np.ones_like(ids),
+            "token_type_ids": np.zeros_like(ids),
+        }
+        return {name: feed[name] for name in self.manifest.graphs[side].inputs}
 
     def _open_session(self, side: str) -> Any:
         """A new session of the side's graph on :attr:`runtime` (see :data:`RUNTIMES`)."""
@@ -281,16 +284,12 @@ class OnnxEncoder:
                 f"{path}: the graph has no output {spec.output!r} (its outputs: {graph_outputs})"
             )
         length = self._max_length(side)
-        ids = np.full((1, length), m.pad_token_id, dtype=np.int64)
-        ones = np.ones((1, length), dtype=np.int64)
-        feed = {"input_ids": ids, "attention_mask": ones, "token_type_ids": np.zeros_like(ids)}
         try:
-            out = session.run([spec.output], {k: feed[k] for k in spec.inputs})[0]
+            out = session.run([spec.output], self._pad_feed(side, length))[0]
         except Exception as exc:  # onnxruntime's own error types
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ManifestError(
                 f"{path}: the graph does not run with the manifest's settings "
-                f"(max_{side}_length={length}, pad_token_id={m.pad_token_id}): {first[:300]}"
+                f"(max_{side}_length={length}, pad_token_id={m.pad_token_id}): {first_line(exc)}"
             ) from None
         if out.shape != (1, m.dimension):
             raise ManifestError(
