@@ -480,6 +480,13 @@ def _device_parity(
     manifest.save(folder)
 
 
+def _copy_non_graph_files(fp32_dir: Path, int8_dir: Path) -> None:
+    """Copy the tokenizer files (everything but the ONNX graphs and the manifest) to ``int8_dir``."""
+    for item in fp32_dir.iterdir():
+        if item.is_file() and item.suffix != ".onnx" and item.name != MANIFEST_NAME:
+            shutil.copy2(item, int8_dir / item.name)
+
+
 def quantize_folder(
     fp32_dir: Path,
     int8_dir: Path,
@@ -495,9 +502,7 @@ def quantize_folder(
     for name in GRAPH_FILES.values():
         say(f"quantizing {name} to int8 (dynamic)")
         facts = quantize_int8(fp32_dir / name, int8_dir / name, operators)
-    for item in fp32_dir.iterdir():
-        if item.is_file() and item.suffix != ".onnx" and item.name != MANIFEST_NAME:
-            shutil.copy2(item, int8_dir / item.name)
+    _copy_non_graph_files(fp32_dir, int8_dir)
     return facts
 
 
@@ -543,9 +548,7 @@ def _quantize_static_folder(
         texts = calibration.texts[side]
         say(f"quantizing the {side} graph to static int8 (NNCF, {len(texts)} calibration texts)")
         facts[side] = quantize_side(fp32, side, texts, int8_dir / name)
-    for item in fp32_dir.iterdir():
-        if item.is_file() and item.suffix != ".onnx" and item.name != MANIFEST_NAME:
-            shutil.copy2(item, int8_dir / item.name)
+    _copy_non_graph_files(fp32_dir, int8_dir)
     return facts
 
 

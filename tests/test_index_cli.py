@@ -30,7 +30,7 @@ def use_fake(monkeypatch):
     """Make every Retriever.load use a FakeEncoder; returns a setter for its fingerprint."""
     state = {"fingerprint": "a" * 64, "mode": "qnorm", "fail_after": None, "dim": 24}
 
-    def load(export_dir, threads=None, device="cpu", runtime="onnxruntime"):
+    def load(export_dir, threads=None, device="cpu", runtime=None):
         enc = FakeEncoder(state["mode"], state["fingerprint"], state["dim"])
         enc.fail_after = state["fail_after"]
         return enc
