@@ -12,6 +12,7 @@ path edits. Nothing here holds a path of a particular machine:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import os
@@ -114,6 +115,24 @@ def machine_summary() -> str:
                 model = line.split(":", 1)[1].strip()
                 break
     return f"{os.cpu_count()} cores{', ' + model if model else ''}"
+
+
+def encoder_benchmark_parser(description: str, name: str) -> argparse.ArgumentParser:
+    """An argparse parser with the options every encoder benchmark shares.
+
+    ``--data``, ``--out`` and ``--lock`` are what :func:`run_and_write` reads; ``--model``,
+    ``--split``, ``--mode`` and ``--threads`` are what every encoder run needs. Each benchmark
+    adds its own (rounds, documents, ...).
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", default="all-MiniLM-L6-v2", help="ST folder or alias")
+    parser.add_argument("--data", default=None, help="BEIR folder (default: data_dir()/scifact)")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--mode", default="qnorm")
+    parser.add_argument("--threads", type=int, default=2, help="threads of every column")
+    parser.add_argument("--out", default=None, help=f"results stem (default results/{name})")
+    parser.add_argument("--lock", default="default", help="CPU lock file ('' for none)")
+    return parser
 
 
 def run_and_write(

@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import cache_dir, machine_summary, markdown_table, recorded_command, run_and_write
+from _common import (
+    cache_dir,
+    encoder_benchmark_parser,
+    machine_summary,
+    markdown_table,
+    recorded_command,
+    run_and_write,
+)
 
 COLUMNS = {
     "st": "sentence-transformers encode (peer, fp32, torch)",
@@ -160,25 +167,10 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def length_sorted_batches(lengths: Sequence[int], size: int = BATCH) -> list[list[int]]:
-    """Indices sorted by length (longest first, as sentence-transformers sorts), cut into batches."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[i : i + size] for i in range(0, len(order), size)]
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="all-MiniLM-L6-v2", help="ST folder or alias")
-    parser.add_argument("--data", default=None, help="BEIR folder (default: data_dir()/scifact)")
-    parser.add_argument("--split", default="test")
+    parser = encoder_benchmark_parser(__doc__.splitlines()[0], "encode_breakdown")
     parser.add_argument("--docs", type=int, default=512, help="documents, spread over the corpus")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2, help="threads of every column")
-    parser.add_argument("--mode", default="qnorm")
-    parser.add_argument(
-        "--out", default=None, help="results stem (default results/encode_breakdown)"
-    )
-    parser.add_argument("--lock", default="default", help="CPU lock file ('' for none)")
     args = parser.parse_args(argv)
     return run_and_write(args, "encode_breakdown", run, write_results)
 
@@ -193,6 +185,7 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     from transformers import AutoConfig
 
     from magretrieve import openvino_session
+    from magretrieve.batching import token_budget_batches
     from magretrieve.data import load_beir
     from magretrieve.export import export_model
     from magretrieve.models import resolve_model_path
@@ -213,7 +206,8 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
 
     encoder = OnnxEncoder.load(fp32_dir, threads=args.threads)
     encodings = encoder.tokenize(docs, "document")
-    batches = length_sorted_batches([len(e.ids) for e in encodings])
+    # longest first, fixed batches of BATCH (as sentence-transformers sorts and batches)
+    batches = token_budget_batches([len(e.ids) for e in encodings], max_tokens=None, max_rows=BATCH)
     feeds = [encoder.feed([encodings[i] for i in b], "document") for b in batches]
     shapes = [tuple(f["input_ids"].shape) for f in feeds]
     tokens = sum(rows * length for rows, length in shapes)

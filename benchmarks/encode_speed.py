@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import cache_dir, machine_summary, markdown_table, recorded_command, run_and_write
+from _common import (
+    cache_dir,
+    encoder_benchmark_parser,
+    machine_summary,
+    markdown_table,
+    recorded_command,
+    run_and_write,
+)
 
 #: Column key → label, in the order of the first round.
 COLUMNS = {
@@ -121,10 +128,7 @@ def ratio(rows: dict[str, dict[str, float]], column: str, baseline: str, metric:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="all-MiniLM-L6-v2", help="ST folder or alias")
-    parser.add_argument("--data", default=None, help="BEIR folder (default: data_dir()/scifact)")
-    parser.add_argument("--split", default="test")
+    parser = encoder_benchmark_parser(__doc__.splitlines()[0], "encode_speed")
     parser.add_argument(
         "--calibration-data",
         default=None,
@@ -134,10 +138,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--queries", type=int, default=300, help="queries timed (0: all)")
     parser.add_argument("--docs", type=int, default=0, help="documents encoded (0: all)")
-    parser.add_argument("--threads", type=int, default=2, help="threads of every column")
-    parser.add_argument("--mode", default="qnorm")
-    parser.add_argument("--out", default=None, help="results stem (default results/encode_speed)")
-    parser.add_argument("--lock", default="default", help="CPU lock file ('' for none)")
     args = parser.parse_args(argv)
     return run_and_write(args, "encode_speed", run, write_results)
 

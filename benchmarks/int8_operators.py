@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from _common import (
     cache_dir,
+    encoder_benchmark_parser,
     machine_summary,
     markdown_table,
     recorded_command,
@@ -74,16 +75,9 @@ def graph_mb(folder: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="all-MiniLM-L6-v2", help="ST folder or alias")
-    parser.add_argument("--data", default=None, help="BEIR folder (default: data_dir()/scifact)")
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--mode", default="qnorm")
+    parser = encoder_benchmark_parser(__doc__.splitlines()[0], "int8_operators")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--docs", type=int, default=0, help="documents encoded (0: all)")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default=None, help="results stem (default results/int8_operators)")
-    parser.add_argument("--lock", default="default", help="CPU lock file ('' for none)")
     args = parser.parse_args(argv)
     return run_and_write(args, "int8_operators", run, write_results)
 

@@ -45,8 +45,7 @@ def test_profile_and_torch_grouping(bench) -> None:
     }
 
 
-def test_batches_sorted_longest_first(bench) -> None:
-    assert bench.length_sorted_batches([3, 9, 1, 7, 5], size=2) == [[1, 3], [4, 0], [2]]
+def test_rounds_rotate_the_columns(bench) -> None:
     assert bench.rotated(["a", "b", "c"], 2) == ["c", "a", "b"]
 
 
