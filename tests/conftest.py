@@ -40,6 +40,16 @@ def tiny_beir_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_beir(tmp_path_factory.mktemp("tiny_beir"))
 
 
+#: Texts both runtimes encode in the OpenVINO and static-int8 tests: short, long, one word,
+#: non-ASCII.
+RUNTIME_TEXTS = [
+    "magnitude as a relevance prior",
+    "a much longer document about boundary layers, pressure gradients and the flow over a wing",
+    "short",
+    "ÜNÏCÖDÉ heart rate and vitamin dose",
+    "cosine throws the length of each vector away",
+]
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 

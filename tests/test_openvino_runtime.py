@@ -16,18 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import RUNTIME_TEXTS as TEXTS
 
 from magretrieve.cli import main
 from magretrieve.errors import ConfigError
 from magretrieve.openvino_session import bf16_native
-
-TEXTS = [
-    "magnitude as a relevance prior",
-    "a much longer document about boundary layers, pressure gradients and the flow over a wing",
-    "short",
-    "ÜNÏCÖDÉ heart rate and vitamin dose",
-    "cosine throws the length of each vector away",
-]
 
 
 @pytest.fixture(scope="module")

@@ -16,17 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import RUNTIME_TEXTS as TEXTS
 
 from magretrieve.cli import main
 from magretrieve.errors import ConfigError, DataError
-
-TEXTS = [
-    "magnitude as a relevance prior",
-    "a much longer document about boundary layers, pressure gradients and the flow over a wing",
-    "short",
-    "ÜNÏCÖDÉ heart rate and vitamin dose",
-    "cosine throws the length of each vector away",
-]
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
