@@ -117,6 +117,13 @@ def machine_summary() -> str:
     return f"{os.cpu_count()} cores{', ' + model if model else ''}"
 
 
+def rotated(keys: list[str], round_no: int) -> list[str]:
+    """``keys`` started at position ``round_no``: the column order of a round, so that columns
+    interleave in time across rounds and noise from the machine hits all of them alike."""
+    k = round_no % len(keys)
+    return keys[k:] + keys[:k]
+
+
 def encoder_benchmark_parser(description: str, name: str) -> argparse.ArgumentParser:
     """An argparse parser with the options every encoder benchmark shares.
 

@@ -37,6 +37,7 @@ from _common import (
     machine_summary,
     markdown_table,
     recorded_command,
+    rotated,
     run_and_write,
 )
 
@@ -113,12 +114,6 @@ def write_corpus_slices(corpus: Path, slices: list[list[str]], folder: Path) -> 
         for h in handles:
             h.close()
     return paths
-
-
-def rotated(keys: list[str], round_no: int) -> list[str]:
-    """The column order of a round: the first order shifted by the round number."""
-    shift = round_no % len(keys)
-    return keys[shift:] + keys[:shift]
 
 
 def ratio(rows: dict[str, dict[str, float]], column: str, baseline: str, metric: str) -> float:
