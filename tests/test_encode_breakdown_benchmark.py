@@ -45,6 +45,22 @@ def test_profile_and_torch_grouping(bench) -> None:
     }
 
 
+def test_fp32_headroom_by_hand(bench) -> None:
+    # peer 30 s; goal 1.5x -> 20 s; best bound 2.0x -> matrix products 15 s; 5 s left;
+    # onnxruntime's operators other than MatMul and Attention: 2 + 1 = 3 s
+    result = {
+        "seconds_per_pass": {"st": 30.0},
+        "bounds_vs_st": {"fp32_at_best_gemm": 1.5, "fp32_at_onnxruntime_graph_rate": 2.0},
+        "operators_seconds": {
+            "ort_fp32": {"MatMul": 9.0, "Attention": 4.0, "SkipLayerNormalization": 2.0,
+                         "BiasGelu": 1.0}
+        },
+    }  # fmt: skip
+    text = bench.fp32_headroom(result)
+    assert "may take 20.00 s" in text and "takes 15.00 s" in text
+    assert "leaves 5.00 s" in text and "alone took 3.00 s" in text
+
+
 def test_rounds_rotate_the_columns(bench) -> None:
     assert bench.rotated(["a", "b", "c"], 2) == ["c", "a", "b"]
 
@@ -65,6 +81,10 @@ def test_smoke_run_reports_its_own_numbers(
     assert set(result["columns"]) == set(result["seconds_per_pass"]) == expected
     assert all(len(v) == 2 for v in result["per_round_seconds"].values())
     assert result["vs_st"]["st"] == pytest.approx(1.0)
+    # the ONNX columns run the library's default budget, as encode_documents does
+    from magretrieve.batching import DEFAULT_BATCH_TOKENS
+
+    assert result["max_batch_tokens"] == DEFAULT_BATCH_TOKENS
     # the same fused graph on two runtimes computes the same vectors
     assert result["openvino_vs_onnxruntime_max_abs_diff"] < 1e-4
     fp32_ops, int8_ops = (
