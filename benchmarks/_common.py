@@ -142,6 +142,36 @@ def encoder_benchmark_parser(description: str, name: str) -> argparse.ArgumentPa
     return parser
 
 
+def encoder_run_header(args: Any, data: Path) -> dict[str, Any]:
+    """The keys every encoder benchmark's result starts with: how to re-run it, where it ran,
+    and the options that shape every column (``args`` from :func:`encoder_benchmark_parser`,
+    plus ``rounds``)."""
+    return {
+        "command": recorded_command(),
+        "machine": machine_summary(),
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "model": args.model,
+        "mode": args.mode,
+        "data": f"{data.name}:{args.split}",
+    }
+
+
+def encoder_versions() -> dict[str, str]:
+    """Versions of the libraries the encoder benchmarks time against each other."""
+    import onnxruntime
+    import openvino
+    import sentence_transformers
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "openvino": openvino.__version__,
+        "sentence-transformers": sentence_transformers.__version__,
+    }
+
+
 def run_and_write(
     args: Any,
     name: str,

@@ -31,9 +31,9 @@ import numpy as np
 from _common import (
     cache_dir,
     encoder_benchmark_parser,
-    machine_summary,
+    encoder_run_header,
+    encoder_versions,
     markdown_table,
-    recorded_command,
     rotated,
     run_and_write,
 )
@@ -136,18 +136,8 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
         runtime: {str(b): docs_s[f"{runtime}@{b}"] / docs_s["st"] for b in budgets}
         for runtime in runtimes
     }
-    import onnxruntime
-    import openvino
-    import sentence_transformers
-
     return {
-        "command": recorded_command(),
-        "machine": machine_summary(),
-        "threads": args.threads,
-        "rounds": args.rounds,
-        "model": args.model,
-        "mode": args.mode,
-        "data": f"{data.name}:{args.split}",
+        **encoder_run_header(args, data),
         "documents": len(docs),
         "budgets": budgets,
         "default_budget": DEFAULT_BATCH_TOKENS,
@@ -155,12 +145,7 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
         "docs_s": docs_s,
         "vs_st": vs_st,
         "best_budget": {rt: int(max(row, key=row.get)) for rt, row in vs_st.items()},
-        "versions": {
-            "torch": torch.__version__,
-            "onnxruntime": onnxruntime.__version__,
-            "openvino": openvino.get_version(),
-            "sentence-transformers": sentence_transformers.__version__,
-        },
+        "versions": encoder_versions(),
     }
 
 

@@ -35,9 +35,9 @@ import numpy as np
 from _common import (
     cache_dir,
     encoder_benchmark_parser,
-    machine_summary,
+    encoder_run_header,
+    encoder_versions,
     markdown_table,
-    recorded_command,
     rotated,
     run_and_write,
 )
@@ -182,8 +182,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     import onnxruntime as ort
-    import openvino
-    import sentence_transformers
     import torch
     from sentence_transformers import SentenceTransformer
     from torch.profiler import ProfilerActivity, profile
@@ -320,23 +318,12 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
         ),
     }
     return {
-        "command": recorded_command(),
-        "machine": machine_summary(),
-        "threads": args.threads,
-        "rounds": args.rounds,
-        "model": args.model,
-        "mode": args.mode,
-        "data": f"{data.name}:{args.split}",
+        **encoder_run_header(args, data),
         "documents": len(docs),
         "batches": len(shapes),
         "tokens_padded": tokens,
         "max_batch_tokens": budget,
-        "versions": {
-            "torch": torch.__version__,
-            "onnxruntime": ort.__version__,
-            "openvino": openvino.__version__,
-            "sentence-transformers": sentence_transformers.__version__,
-        },
+        "versions": encoder_versions(),
         "seconds_per_pass": mean,
         "per_round_seconds": seconds,
         "vs_st": {k: st_seconds / v for k, v in mean.items()},

@@ -34,9 +34,9 @@ import numpy as np
 from _common import (
     cache_dir,
     encoder_benchmark_parser,
-    machine_summary,
+    encoder_run_header,
+    encoder_versions,
     markdown_table,
-    recorded_command,
     rotated,
     run_and_write,
 )
@@ -187,7 +187,6 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
 
     st = SentenceTransformer(str(resolve_model_path(args.model)), device="cpu")
     eager = Encoder.load(args.model, mode=args.mode, device="cpu")
-    import openvino
 
     from magretrieve.openvino_session import bf16_native
 
@@ -271,27 +270,13 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
                 "met": loss <= MAX_NDCG_LOSS,
             }
         )
-    import onnxruntime
-    import sentence_transformers
-
     return {
-        "command": recorded_command(),
-        "machine": machine_summary(),
-        "threads": args.threads,
-        "rounds": args.rounds,
-        "model": args.model,
-        "mode": args.mode,
-        "data": f"{data.name}:{args.split}",
+        **encoder_run_header(args, data),
         "calibration_data": calibration.resolve().name,
         "documents": len(docs),
         "queries": len(queries),
         "exporter": manifest.exporter,
-        "versions": {
-            "torch": torch.__version__,
-            "onnxruntime": onnxruntime.__version__,
-            "openvino": openvino.__version__,
-            "sentence-transformers": sentence_transformers.__version__,
-        },
+        "versions": encoder_versions(),
         "columns": columns,
         "timings": timings,
         "per_round_docs_s": docs_s,
