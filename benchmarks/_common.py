@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -140,6 +142,14 @@ def encoder_benchmark_parser(description: str, name: str) -> argparse.ArgumentPa
     parser.add_argument("--out", default=None, help=f"results stem (default results/{name})")
     parser.add_argument("--lock", default="default", help="CPU lock file ('' for none)")
     return parser
+
+
+def spread_sample(corpus: dict[str, Any], n: int) -> list[str]:
+    """The full text of ``n`` documents spread evenly over ``corpus`` in its order (all of
+    them if it holds fewer): a sample that sees the corpus's range, not its first part."""
+    ids = list(corpus)
+    picks = np.unique(np.linspace(0, len(ids) - 1, min(n, len(ids))).astype(int))
+    return [corpus[ids[i]].full_text for i in picks]
 
 
 def encoder_run_header(args: Any, data: Path) -> dict[str, Any]:

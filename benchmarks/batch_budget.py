@@ -36,6 +36,7 @@ from _common import (
     markdown_table,
     rotated,
     run_and_write,
+    spread_sample,
 )
 
 #: The runtimes measured, and how each is labelled.
@@ -81,9 +82,7 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     budgets = [int(b) for b in args.budgets.split(",")]
     torch.set_num_threads(args.threads)
     dataset = load_beir(f"{data}:{args.split}")
-    all_ids = list(dataset.corpus)
-    picks = np.unique(np.linspace(0, len(all_ids) - 1, min(args.docs, len(all_ids))).astype(int))
-    docs = [dataset.corpus[all_ids[i]].full_text for i in picks]
+    docs = spread_sample(dataset.corpus, args.docs)
     work = Path(tempfile.mkdtemp(prefix="batch_budget-", dir=cache_dir("batch_budget")))
     fp32_dir = export_model(args.model, work / "fp32", mode=args.mode)
     int8_dir = export_model(args.model, work / "int8", mode=args.mode, quantize="int8")
