@@ -116,13 +116,13 @@ def kill_after(args: list[str], delay: float) -> bool:
 
 
 def _hashes(folder: Path) -> dict[str, str]:
-    from magretrieve.manifest import hash_folder
+    from magretrieve.core.manifest import hash_folder
 
     return hash_folder(folder, exclude=())
 
 
 def _vectors(export: Path) -> np.ndarray:
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     enc = OnnxEncoder.load(export, threads=1)
     return np.concatenate([enc.encode_queries(TEXTS), enc.encode_documents(TEXTS)])
@@ -150,10 +150,10 @@ def export_args(model: Path, target: Path) -> list[str]:
 
 def setup_export(cache: Path, work: Path) -> ExportSetup:
     """The tiny model, its qnorm export (the old state) and a cosine export (the new one)."""
-    from magretrieve.errors import MagRetrieveError
+    from magretrieve.core.errors import MagRetrieveError
+    from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model
-    from magretrieve.manifest import Manifest
-    from magretrieve.testing import build_tiny_bert
+    from magretrieve.train.testing import build_tiny_bert
 
     model = cache / "tiny-bert"
     if not (model / "model.safetensors").is_file():
@@ -169,9 +169,9 @@ def setup_export(cache: Path, work: Path) -> ExportSetup:
 
 
 def classify_export(target: Path, setup: ExportSetup) -> tuple[str, list[str]]:
-    from magretrieve.errors import MagRetrieveError
+    from magretrieve.core.errors import MagRetrieveError
+    from magretrieve.core.manifest import Manifest
     from magretrieve.export.publish import interrupted_previous
-    from magretrieve.manifest import Manifest
 
     if not target.exists():
         if interrupted_previous(target) is not None:
@@ -245,7 +245,7 @@ def rescale_args(source: str, target: str) -> list[str]:
 
 def make_source(folder: Path, n: int, dim: int = 32, seed: int = 0) -> str:
     """A FAISS store of ``n`` unit vectors with the metadata a cosine export records."""
-    from magretrieve.adapters import open_store
+    from magretrieve.stores import open_store
 
     rng = np.random.default_rng(seed)
     vecs = rng.normal(size=(n, dim)).astype(np.float32)
@@ -272,14 +272,14 @@ def make_source(folder: Path, n: int, dim: int = 32, seed: int = 0) -> str:
 
 def read_target(spec: str, dimension: int) -> tuple[int, dict[str, Any] | None, Any]:
     """(count, metadata, store) of a rescale target; the store is left open."""
-    from magretrieve.adapters import open_store
+    from magretrieve.stores import open_store
 
     store = open_store(spec, dimension=dimension)
     return store.count(), store.read_metadata(), store
 
 
 def snapshot_target(spec: str, dimension: int) -> tuple[Any, ...]:
-    from magretrieve.rescale import read_all
+    from magretrieve.priors.rescale import read_all
 
     count, meta, store = read_target(spec, dimension)
     try:
@@ -301,9 +301,9 @@ def setup_rescale(work: Path, kinds: tuple[str, ...], n: int) -> RescaleSetup:
 
 
 def classify_rescale(spec: str, kind: str, setup: RescaleSetup) -> tuple[str, list[str]]:
-    from magretrieve.errors import StoreError
-    from magretrieve.rescale import INCOMPLETE_KEY, read_all
-    from magretrieve.retriever import check_compatible
+    from magretrieve.core.errors import StoreError
+    from magretrieve.priors.rescale import INCOMPLETE_KEY, read_all
+    from magretrieve.serving.retriever import check_compatible
 
     try:
         count, meta, store = read_target(spec, setup.dimension)
@@ -372,7 +372,7 @@ OLD_PRIOR = b'{"kind": "document_prior", "method": "none", "note": "the old file
 
 
 def setup_fit_prior(export: Path, work: Path) -> PriorSetup:
-    from magretrieve.testing import write_tiny_beir
+    from magretrieve.train.testing import write_tiny_beir
 
     beir = write_tiny_beir(work / "tiny-beir")
 

@@ -29,8 +29,8 @@ def cache_embeddings(
 ) -> None:
     import torch
 
-    from magretrieve.data import load_corpus, load_queries
-    from magretrieve.encoder import Encoder
+    from magretrieve.data.readers import load_corpus, load_queries
+    from magretrieve.train.encoder import Encoder
 
     torch.set_num_threads(2)
     cache.mkdir(parents=True, exist_ok=True)

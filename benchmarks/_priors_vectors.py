@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.data import RetrievalDataset
+from magretrieve.data.readers import RetrievalDataset
 
 
 def model_dir(work: Path, tag: str) -> Path:
@@ -41,8 +41,8 @@ def train_model(
     """Train ``tag`` (cosine-sN or pace-MODE-sN) unless its run folder is complete."""
     import torch
 
-    from magretrieve.encoder import Encoder
-    from magretrieve.trainer import TrainConfig, train
+    from magretrieve.train.encoder import Encoder
+    from magretrieve.train.trainer import TrainConfig, train
 
     torch.set_num_threads(threads)
     out = model_dir(work, tag)
@@ -76,7 +76,7 @@ class VectorCache:
 
     def encoder(self) -> Any:
         if self._encoder is None:
-            from magretrieve.encoder import Encoder
+            from magretrieve.train.encoder import Encoder
 
             mode = "cosine" if self.tag == "zero-shot" else None
             # queries as long as the model allows (0); documents at the training length

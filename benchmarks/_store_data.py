@@ -57,7 +57,7 @@ def load_vectors(
         return ids, texts, data["docs"], data["queries"]
     import torch
 
-    from magretrieve.encoder import Encoder
+    from magretrieve.train.encoder import Encoder
 
     # lock=False: the caller already holds the CPU lock (a second flock would wait on itself)
     with cpu_lock() if lock else contextlib.nullcontext():

@@ -121,7 +121,7 @@ def knob(store) -> str:
 
 
 def run_dataset(name, ids, docs, queries, target, tmp, single, only=None) -> list[dict]:
-    from magretrieve.adapters import open_store
+    from magretrieve.stores import open_store
 
     rng = np.random.default_rng(1)
     order = rng.permutation(len(queries))

@@ -7,7 +7,7 @@ feed-forward activation of a batch is ``budget × intermediate × 4`` bytes (all
 runs documents fastest for each way magretrieve encodes them (PyTorch eager, onnxruntime fp32
 and dynamic int8, OpenVINO fp32, bf16 where the CPU has it, and static int8), against
 sentence-transformers ``encode`` (its own batches of 32) as the peer, and is where the default
-``magretrieve.batching.DEFAULT_BATCH_TOKENS`` comes from.
+``magretrieve.core.batching.DEFAULT_BATCH_TOKENS`` comes from.
 
 One sample of abstracts spread over the corpus is cut into one slice per round; round r runs
 slice r through every (runtime, budget) column in a rotated order, so each column encodes every
@@ -71,13 +71,13 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from magretrieve.batching import DEFAULT_BATCH_TOKENS
-    from magretrieve.data import load_beir
-    from magretrieve.encoder import Encoder
+    from magretrieve.core.batching import DEFAULT_BATCH_TOKENS
+    from magretrieve.core.models import resolve_model_path
+    from magretrieve.data.readers import load_beir
     from magretrieve.export import export_model
-    from magretrieve.models import resolve_model_path
-    from magretrieve.openvino_session import bf16_native
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.openvino_session import bf16_native
+    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.train.encoder import Encoder
 
     budgets = [int(b) for b in args.budgets.split(",")]
     torch.set_num_threads(args.threads)

@@ -43,7 +43,7 @@ SIZES = (25_000, 50_000, 100_000, 200_000)
 
 def passages(data: Path) -> list[str]:
     """Real texts of the shared sets: documents, their sentences, STS-B sentences (deduplicated)."""
-    from magretrieve.data import iter_corpus, read_jsonl
+    from magretrieve.data.readers import iter_corpus, read_jsonl
 
     texts: list[str] = []
     for name in ("scifact", "cranfield"):
@@ -60,12 +60,12 @@ def passages(data: Path) -> list[str]:
 
 def real_vectors(model: str, data: Path, max_length: int) -> np.ndarray:
     """Unit MiniLM vectors of :func:`passages`, cached (encoding takes minutes on 2 cores)."""
-    from magretrieve.corpus_prior import unit
+    from magretrieve.priors.corpus_prior import unit
 
     path = cache_dir("corpus_prior_scale") / f"real-{max_length}.npy"
     if path.is_file():
         return np.load(path)
-    from magretrieve.encoder import Encoder
+    from magretrieve.train.encoder import Encoder
 
     enc = Encoder.load(model, "cosine", max_document_length=max_length)
     vecs = unit(enc.encode_documents(passages(data), batch_size=128, progress="real passages"))
@@ -75,7 +75,7 @@ def real_vectors(model: str, data: Path, max_length: int) -> np.ndarray:
 
 def topped_up(real: np.ndarray, n: int, seed: int = 0, noise: float = 0.05) -> np.ndarray:
     """``real`` plus synthetic vectors up to ``n`` rows, shuffled (fixed seed)."""
-    from magretrieve.corpus_prior import unit
+    from magretrieve.priors.corpus_prior import unit
 
     rng = np.random.default_rng(seed)
     extra = max(0, n - len(real))
@@ -99,9 +99,15 @@ def z_of(h: np.ndarray) -> np.ndarray:
 
 def scifact_ndcg(model: str, data: Path, max_length: int) -> dict[str, Any]:
     """NDCG@10 on scifact test of cosine, prior with exact z, prior with approximate z."""
-    from magretrieve.corpus_prior import CorpusPrior, _ndcg, apply_magnitudes, choose_beta, unit
-    from magretrieve.data import load_beir
-    from magretrieve.neighbors import mean_knn_similarity
+    from magretrieve.data.readers import load_beir
+    from magretrieve.priors.corpus_prior import (
+        CorpusPrior,
+        _ndcg,
+        apply_magnitudes,
+        choose_beta,
+        unit,
+    )
+    from magretrieve.priors.neighbors import mean_knn_similarity
 
     cache = cache_dir("corpus_prior_scale") / f"scifact-{max_length}.npz"
     train, test = load_beir(data / "scifact", "train"), load_beir(data / "scifact", "test")
@@ -112,7 +118,7 @@ def scifact_ndcg(model: str, data: Path, max_length: int) -> dict[str, Any]:
         z = np.load(cache)
         d, qtr, qte = z["d"], z["qtr"], z["qte"]
     else:
-        from magretrieve.encoder import Encoder
+        from magretrieve.train.encoder import Encoder
 
         enc = Encoder.load(model, "cosine", max_document_length=max_length)
         d = unit(enc.encode_documents([test.corpus[i].full_text for i in doc_ids], progress=True))
@@ -196,7 +202,7 @@ def main(
     import faiss
     import torch
 
-    from magretrieve.neighbors import (
+    from magretrieve.priors.neighbors import (
         BLOCKED_LISTS_PER_SQRT_N,
         BLOCKED_NPROBE,
         EXACT_MAX,

@@ -4,7 +4,7 @@ Indexing (below) and, through :mod:`_crash_ops`, ``export --overwrite``, ``resca
 store kind and ``fit-prior`` (see that module for what is checked after each kill).
 
 Each *run* indexes a synthetic corpus with the tiny random BERT export (ONNX, one
-onnxruntime thread) into a fresh store through :func:`magretrieve.indexing.index_corpus`,
+onnxruntime thread) into a fresh store through :func:`magretrieve.serving.indexing.index_corpus`,
 in a child process. The child is killed with SIGKILL at a uniformly random moment of its
 indexing (``--kills`` times per run, each resumed run killed again), then a final resume
 runs to completion. A run passes when:
@@ -51,8 +51,8 @@ WORDS = (
 #: The child: open the store, say "ready", index, report. Killed somewhere in between.
 CHILD = """
 import json, sys, time
-from magretrieve.indexing import index_corpus
-from magretrieve.retriever import Retriever
+from magretrieve.serving.indexing import index_corpus
+from magretrieve.serving.retriever import Retriever
 export, spec, corpus, batch, every = sys.argv[1:6]
 r = Retriever.load(export, store=spec, threads=1)
 print("ready", flush=True)
@@ -143,7 +143,7 @@ def store_contents(
 
     ``dimension`` lets a store that was killed before its first checkpoint open as empty.
     """
-    from magretrieve.adapters import open_store
+    from magretrieve.stores import open_store
 
     store = open_store(spec, dimension=dimension)
     try:
@@ -156,7 +156,7 @@ def store_contents(
 
 
 def search_results(export: Path, spec: str, texts: list[str]) -> list[list[tuple[str, float]]]:
-    from magretrieve.retriever import Retriever
+    from magretrieve.serving.retriever import Retriever
 
     with Retriever.load(export, store=spec, create=False, threads=1) as r:
         return [[(h.id, h.score) for h in hits] for hits in r.search_batch(texts, k=10)]
@@ -268,10 +268,10 @@ def crash_run(
 
 
 def tiny_export(cache: Path) -> Path:
-    """The tiny random BERT (``magretrieve.testing``), exported (TorchScript) once into ``cache``."""
+    """The tiny random BERT (``magretrieve.train.testing``), exported (TorchScript) once into ``cache``."""
+    from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model
-    from magretrieve.manifest import Manifest
-    from magretrieve.testing import build_tiny_bert
+    from magretrieve.train.testing import build_tiny_bert
 
     out = cache / "export-qnorm"
     try:

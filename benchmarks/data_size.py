@@ -2,7 +2,7 @@
 
 The paper's condition for magnitude to help is "sufficient data". With scifact's 919 supervised
 pairs, raw qnorm on all-MiniLM-L6-v2 stays far below cosine (benchmarks/results/quality.md). This
-study adds N weak-supervision pairs (magretrieve.weak_pairs: title → abstract, a sentence → the
+study adds N weak-supervision pairs (magretrieve.data.weak_pairs: title → abstract, a sentence → the
 rest of its abstract) mined from the training corpus *texts* and trains every mode identically on
 the combined pairs (one epoch over them, so more pairs means more steps), then scores each model
 with its own similarity on every --eval set (NDCG@10, Cohen's d of raw document norms).
@@ -37,15 +37,15 @@ import numpy as np
 from _common import cpu_lock, lock_option, recorded_command
 from quality import MODES, BenchConfig, run_ours, train_settings
 
-from magretrieve.data import (  # noqa: E402
+from magretrieve.core.errors import ConfigError  # noqa: E402
+from magretrieve.data.readers import (  # noqa: E402
     Document,
     RetrievalDataset,
     TrainingPair,
     load_beir,
     parse_data_spec,
 )
-from magretrieve.errors import ConfigError  # noqa: E402
-from magretrieve.weak_pairs import KINDS, mine_weak_pairs  # noqa: E402
+from magretrieve.data.weak_pairs import KINDS, mine_weak_pairs  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -123,7 +123,7 @@ def planned_steps(
     """The trainer's step count for pairs whose positives have these token lengths."""
     import random
 
-    from magretrieve.trainer import length_bucketed_batches
+    from magretrieve.train.trainer import length_bucketed_batches
 
     steps = epochs * len(length_bucketed_batches(lengths, batch_size, random.Random(0)))
     return min(steps, max_steps) if max_steps else steps
@@ -401,8 +401,8 @@ def main(
     import torch
     from tqdm.auto import tqdm
 
-    from magretrieve.encoder import Encoder
-    from magretrieve.errors import MagRetrieveError
+    from magretrieve.core.errors import MagRetrieveError
+    from magretrieve.train.encoder import Encoder
 
     if threads:
         torch.set_num_threads(threads)

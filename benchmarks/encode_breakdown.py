@@ -50,7 +50,7 @@ COLUMNS = {
     "ov_fp32": "ONNX fp32, OpenVINO (same fused graph, f32 forced)",
     "ov_bf16": "ONNX graph in bf16, OpenVINO (not a goal column: other precision)",
 }
-#: The ONNX columns: the runtime each runs on (:data:`magretrieve.runtime.RUNTIMES`).
+#: The ONNX columns: the runtime each runs on (:data:`magretrieve.serving.runtime.RUNTIMES`).
 ONNX_RUNTIMES = {
     "ort_fp32": "onnxruntime",
     "ort_int8": "onnxruntime",
@@ -188,12 +188,12 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoConfig
 
-    from magretrieve import openvino_session
-    from magretrieve.batching import DEFAULT_BATCH_TOKENS, token_budget_batches
-    from magretrieve.data import load_beir
+    from magretrieve.core.batching import DEFAULT_BATCH_TOKENS, token_budget_batches
+    from magretrieve.core.models import resolve_model_path
+    from magretrieve.data.readers import load_beir
     from magretrieve.export import export_model
-    from magretrieve.models import resolve_model_path
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving import openvino_session
+    from magretrieve.serving.runtime import OnnxEncoder
 
     torch.set_num_threads(args.threads)
     dataset = load_beir(f"{data}:{args.split}")

@@ -141,16 +141,16 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from magretrieve.data import load_beir
-    from magretrieve.encoder import Encoder
+    from magretrieve.core.manifest import Manifest
+    from magretrieve.core.metrics import retrieval_metrics
+    from magretrieve.core.models import resolve_model_path
+    from magretrieve.data.readers import load_beir
     from magretrieve.export import export_model
     from magretrieve.export.evaluate import exact_run
-    from magretrieve.indexing import index_corpus
-    from magretrieve.manifest import Manifest
-    from magretrieve.metrics import retrieval_metrics
-    from magretrieve.models import resolve_model_path
-    from magretrieve.retriever import Retriever
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.indexing import index_corpus
+    from magretrieve.serving.retriever import Retriever
+    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.train.encoder import Encoder
 
     torch.set_num_threads(args.threads)
     dataset = load_beir(f"{data}:{args.split}")
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     st = SentenceTransformer(str(resolve_model_path(args.model)), device="cpu")
     eager = Encoder.load(args.model, mode=args.mode, device="cpu")
 
-    from magretrieve.openvino_session import bf16_native
+    from magretrieve.serving.openvino_session import bf16_native
 
     columns = available_columns(bf16_native())
     query_columns = [k for k in QUERY_COLUMNS if k in columns]

@@ -51,8 +51,8 @@ the lowest row in every run.
 
 def build_variant(fp32_dir: Path, folder: Path, operators: tuple[str, ...] | None) -> Path:
     """An int8 export folder: the fp32 export with its graphs quantized over ``operators``."""
+    from magretrieve.core.manifest import Manifest, hash_folder
     from magretrieve.export.build import quantize_folder
-    from magretrieve.manifest import Manifest, hash_folder
 
     if folder.exists():
         shutil.rmtree(folder)
@@ -83,11 +83,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
-    from magretrieve.data import load_beir
+    from magretrieve.core.metrics import retrieval_metrics
+    from magretrieve.data.readers import load_beir
     from magretrieve.export import export_model
     from magretrieve.export.evaluate import exact_run
-    from magretrieve.metrics import retrieval_metrics
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     dataset = load_beir(f"{data}:{args.split}")
     qids = list(dataset.queries)

@@ -35,10 +35,10 @@ import click
 import numpy as np
 from _common import recorded_command
 
-from magretrieve import metrics
-from magretrieve.corpus_prior import apply_magnitudes, choose_beta, hub_scores, unit
-from magretrieve.data import load_beir
-from magretrieve.evaluate import exact_search, magnitude_statistics
+from magretrieve.core import metrics
+from magretrieve.data.readers import load_beir
+from magretrieve.evaluation.retrieval import exact_search, magnitude_statistics
+from magretrieve.priors.corpus_prior import apply_magnitudes, choose_beta, hub_scores, unit
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 HEADS = {
@@ -133,7 +133,7 @@ def head_stored(head, d_unit: np.ndarray) -> np.ndarray:
 
 def train_head(split: Split, spec: dict, lr: float, epochs: int, seed: int, on_epoch=None):
     """Train a head for ``epochs`` on ``split``; ``on_epoch(epoch, head)`` is called after each."""
-    from magretrieve.heads import train_head_on_vectors
+    from magretrieve.train.heads import train_head_on_vectors
 
     positives, negatives = training_rows(split)
     head, _ = train_head_on_vectors(

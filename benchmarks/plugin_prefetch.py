@@ -59,7 +59,7 @@ def prefetch_recall(
 
 def prior_magnitudes(hubs: np.ndarray, beta: float, k: int = 10) -> np.ndarray:
     """The corpus prior's m(d) = exp(−β·z) from hub scores (as fitted by annotate)."""
-    from magretrieve.corpus_prior import CorpusPrior
+    from magretrieve.priors.corpus_prior import CorpusPrior
 
     prior = CorpusPrior(beta=beta, k=k)
     prior.mean, prior.std = float(hubs.mean()), float(hubs.std())
@@ -75,9 +75,9 @@ def through_stores(
     from pgvector.psycopg import register_vector
     from qdrant_client import QdrantClient, models
 
-    from magretrieve.adapters import open_store
-    from magretrieve.annotate import annotate_store
-    from magretrieve.corpus_prior import CorpusPrior
+    from magretrieve.priors.annotate import annotate_store
+    from magretrieve.priors.corpus_prior import CorpusPrior
+    from magretrieve.stores import open_store
 
     n = len(units)
     exact = topk((queries @ units.T) * m_prior[None, :], K)
@@ -151,7 +151,7 @@ def main() -> None:
         units = (docs / norms[:, None]).astype(np.float32)
         queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
         cos = queries @ units.T
-        from magretrieve.corpus_prior import hub_scores
+        from magretrieve.priors.corpus_prior import hub_scores
 
         hubs = hub_scores(units, 10)
         magnitudes = {

@@ -32,7 +32,7 @@ from _common import REPO, cache_dir, cpu_lock, markdown_table, portable_path, re
 from _priors_vectors import VectorCache, encode_all, model_dir, split_texts, train_model
 from quality import train_settings
 
-from magretrieve.data import load_beir, load_training_data
+from magretrieve.data.readers import load_beir, load_training_data
 from magretrieve.priors import InvertedSoftmaxPrior, unit
 from magretrieve.priors.select import choose_prior, ndcg_at_10, served_scores
 
@@ -151,7 +151,7 @@ def evaluate_cosine_model(
 
 def evaluate_own_similarity(cache: VectorCache, evals: list[Any]) -> dict[str, Any]:
     """A magnitude-keeping model (PACE) scored with its own similarity."""
-    from magretrieve import similarity
+    from magretrieve.core import similarity
 
     info = cache.similarity()
     sim = similarity.resolve(info["mode"])
@@ -396,7 +396,7 @@ def main(
 ):
     """Choose every prior on training queries; score it in and out of domain; write the table."""
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    from magretrieve.models import resolve_model_path
+    from magretrieve.core.models import resolve_model_path
 
     base = str(resolve_model_path(model))
     work = cache_dir("priors")

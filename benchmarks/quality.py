@@ -29,7 +29,7 @@ import click
 import numpy as np
 from _common import cpu_lock, lock_option, recorded_command
 
-from magretrieve.data import load_beir, load_training_data
+from magretrieve.data.readers import load_beir, load_training_data
 
 MODES = ("cosine", "dot", "qnorm", "dnorm", "learnable")
 
@@ -104,7 +104,7 @@ def default_configs() -> dict[str, BenchConfig]:
 
 
 def evaluate_all(encoder: Any, evals: list[Any]) -> dict[str, Any]:
-    from magretrieve.evaluate import evaluate_retrieval
+    from magretrieve.evaluation.retrieval import evaluate_retrieval
 
     return {f"{d.name}:{d.split}": evaluate_retrieval(encoder, d).to_dict() for d in evals}
 
@@ -170,8 +170,8 @@ def run_ours(
     evals: list[Any],
     train_dataset: Any = None,
 ) -> dict[str, Any]:
-    from magretrieve.encoder import Encoder
-    from magretrieve.trainer import TrainConfig, train
+    from magretrieve.train.encoder import Encoder
+    from magretrieve.train.trainer import TrainConfig, train
 
     record: dict[str, Any] = {
         "config": cfg.name,
@@ -190,7 +190,7 @@ def run_ours(
     else:
         encoder = Encoder.load(model, cfg.mode, **cfg.encoder_kwargs)
         if cfg.calibrate:
-            from magretrieve.calibration import calibrate
+            from magretrieve.train.calibration import calibrate
 
             calibrate(encoder, [d.full_text for d in train_dataset.corpus.values()], progress=True)
         if not cfg.train:  # the starting weights: one encoding serves every zero-shot mode
@@ -201,7 +201,7 @@ def run_ours(
             record["train"] = train_summary(result.log, encoder)
     scorer = encoder
     if cfg.prior:
-        from magretrieve.corpus_prior import WithCorpusPrior, fit_prior
+        from magretrieve.priors.corpus_prior import WithCorpusPrior, fit_prior
 
         prior = fit_prior(encoder, train_dataset)
         record["prior"] = prior.to_dict()
@@ -229,8 +229,8 @@ def run_peer(
     )
     from sentence_transformers.training_args import BatchSamplers
 
-    from magretrieve.encoder import Encoder
-    from magretrieve.models import resolve_model_path
+    from magretrieve.core.models import resolve_model_path
+    from magretrieve.train.encoder import Encoder
 
     st = SentenceTransformer(str(resolve_model_path(model)), device="cpu")
     if "max_document_length" in cfg.encoder_kwargs:

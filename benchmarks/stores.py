@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import recorded_command  # noqa: E402
 from _store_data import load_vectors, passages  # noqa: E402
 
-from magretrieve.adapters import _faiss_index, open_store  # noqa: E402
+from magretrieve.stores import _faiss_index, open_store  # noqa: E402
 
 K = 10
 RESULTS = Path(__file__).resolve().parent / "results" / "stores.md"
@@ -78,7 +78,7 @@ def measure(store, queries, exact_sets, n_single: int) -> dict:
 
 def encoder_rate(n: int = 512) -> float:
     """Passages/s of the torch encoder on a sample (for end-to-end indexing docs/s)."""
-    from magretrieve.encoder import Encoder
+    from magretrieve.train.encoder import Encoder
 
     _, texts = passages()
     rng = np.random.default_rng(0)
@@ -92,9 +92,9 @@ def encoder_rate(n: int = 512) -> float:
 
 def end_to_end_rate(export_dir: Path, n: int, tmp: Path) -> dict:
     """``magretrieve index`` path (ONNX encoder + FAISS HNSW via Retriever) on n passages."""
-    from magretrieve.data import Document
-    from magretrieve.indexing import index_documents
-    from magretrieve.retriever import Retriever
+    from magretrieve.data.readers import Document
+    from magretrieve.serving.indexing import index_documents
+    from magretrieve.serving.retriever import Retriever
 
     ids, texts = passages()
     docs = [Document(i, t) for i, t in zip(ids[:n], texts[:n], strict=True)]

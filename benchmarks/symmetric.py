@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 from _common import recorded_command
 
-from magretrieve.data import TrainingPair, load_sentence_pairs
+from magretrieve.data.readers import TrainingPair, load_sentence_pairs
 
 
 @click.command()
@@ -43,9 +43,9 @@ def main(model, data, modes, epochs, batch_size, lr, seed, min_score, out, threa
     """Train under each mode on STS-B train, evaluate Spearman on STS-B test in both orders."""
     import torch
 
-    from magretrieve.encoder import Encoder
-    from magretrieve.evaluate import evaluate_sts
-    from magretrieve.trainer import TrainConfig, train
+    from magretrieve.evaluation.retrieval import evaluate_sts
+    from magretrieve.train.encoder import Encoder
+    from magretrieve.train.trainer import TrainConfig, train
 
     torch.set_num_threads(threads)
     folder = Path(data)

@@ -3,7 +3,7 @@
 Four configurations train the same model on the same pairs with the same batch size, learning
 rate, logit scale and token limit:
 
-  (a) ours fp32       magretrieve.trainer.train, mode cosine (MNRL's objective)
+  (a) ours fp32       magretrieve.train.trainer.train, mode cosine (MNRL's objective)
   (b) ST fp32         SentenceTransformerTrainer + MultipleNegativesRankingLoss
   (c) ours bf16       TrainConfig(precision="bf16"): bf16 autocast forward, fp32 weights/loss
   (d) ST bf16         the same with bf16=True in its training arguments
@@ -33,7 +33,7 @@ from typing import Any
 import click
 from _common import cpu_lock, lock_option, recorded_command
 
-from magretrieve.data import load_training_data  # noqa: E402
+from magretrieve.data.readers import load_training_data  # noqa: E402
 
 #: (key, row label, trainer, precision) in the order each round runs them.
 CONFIGS = (
@@ -82,8 +82,8 @@ def cpu_info() -> dict[str, Any]:
 def run_ours(
     model: str, pairs: list, precision: str, settings: dict[str, Any], total: int
 ) -> dict[str, Any]:
-    from magretrieve.encoder import Encoder
-    from magretrieve.trainer import TrainConfig, train
+    from magretrieve.train.encoder import Encoder
+    from magretrieve.train.trainer import TrainConfig, train
 
     length = settings["max_doc_length"]  # one limit for both sides, like ST's max_seq_length
     encoder = Encoder.load(
@@ -144,7 +144,7 @@ def run_st(
         from sentence_transformers.training_args import BatchSamplers
     from transformers import TrainerCallback
 
-    from magretrieve.models import resolve_model_path
+    from magretrieve.core.models import resolve_model_path
 
     class StepClock(TrainerCallback):
         def __init__(self) -> None:

@@ -8,7 +8,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from magretrieve import similarity
+from magretrieve.core import similarity
+from magretrieve.core.errors import (
+    ConfigError,
+    DataError,
+    MagRetrieveError,
+    ManifestError,
+    StoreError,
+    SymmetryError,
+)
+from magretrieve.core.similarity import MODES, Similarity
 from magretrieve.data import (
     Document,
     RetrievalDataset,
@@ -20,15 +29,6 @@ from magretrieve.data import (
     load_sentence_pairs,
     load_training_data,
 )
-from magretrieve.errors import (
-    ConfigError,
-    DataError,
-    MagRetrieveError,
-    ManifestError,
-    StoreError,
-    SymmetryError,
-)
-from magretrieve.similarity import MODES, Similarity
 
 __version__ = "0.1.0"
 
@@ -36,34 +36,34 @@ __version__ = "0.1.0"
 # are heavy or optional; serving must not pay for training).
 _LAZY: dict[str, str] = {
     # encoders
-    "Encoder": "magretrieve.encoder",
-    "EncoderConfig": "magretrieve.config",
-    "OnnxEncoder": "magretrieve.runtime",
-    "Manifest": "magretrieve.manifest",
+    "Encoder": "magretrieve.train.encoder",
+    "EncoderConfig": "magretrieve.core.config",
+    "OnnxEncoder": "magretrieve.serving.runtime",
+    "Manifest": "magretrieve.core.manifest",
     # training and evaluation
-    "TrainConfig": "magretrieve.trainer",
-    "train": "magretrieve.trainer",
-    "evaluate_retrieval": "magretrieve.evaluate",
-    "retrieval_metrics": "magretrieve.metrics",
-    "evaluate_sts": "magretrieve.evaluate",
+    "TrainConfig": "magretrieve.train.trainer",
+    "train": "magretrieve.train.trainer",
+    "evaluate_retrieval": "magretrieve.evaluation.retrieval",
+    "retrieval_metrics": "magretrieve.core.metrics",
+    "evaluate_sts": "magretrieve.evaluation.retrieval",
     "export_model": "magretrieve.export",
     # stores and retrieval (the serving path)
-    "VectorStore": "magretrieve.adapters",
-    "StoreHit": "magretrieve.adapters",
-    "open_store": "magretrieve.adapters",
-    "Retriever": "magretrieve.retriever",
-    "Hit": "magretrieve.retriever",
-    "DEFAULT_K": "magretrieve.retriever",
-    "index_corpus": "magretrieve.indexing",
-    "index_documents": "magretrieve.indexing",
+    "VectorStore": "magretrieve.stores",
+    "StoreHit": "magretrieve.stores",
+    "open_store": "magretrieve.stores",
+    "Retriever": "magretrieve.serving.retriever",
+    "Hit": "magretrieve.serving.retriever",
+    "DEFAULT_K": "magretrieve.serving.retriever",
+    "index_corpus": "magretrieve.serving.indexing",
+    "index_documents": "magretrieve.serving.indexing",
     # document priors on top of cosine (the recommended magnitude for normalization-pretrained
     # encoders): chosen on training queries, applied to a store without re-encoding
     "DocumentPrior": "magretrieve.priors",
     "prior_from_dict": "magretrieve.priors",
     "fit_prior": "magretrieve.priors.fit",
     "choose_prior": "magretrieve.priors.select",
-    "CorpusPrior": "magretrieve.corpus_prior",
-    "rescale_store": "magretrieve.rescale",
+    "CorpusPrior": "magretrieve.priors.corpus_prior",
+    "rescale_store": "magretrieve.priors.rescale",
     # diagnosis (the subpackage is ``magretrieve.diagnose``; the function has its own name so
     # that importing a submodule can never replace it)
     "diagnose_model": "magretrieve.diagnose",
@@ -96,14 +96,23 @@ __all__ = [
 ]
 
 
-#: Subpackages reachable as attributes before anything imported them (``magretrieve.diagnose``
-#: is always this subpackage, never a function).
-_SUBPACKAGES = frozenset({"adapters", "config", "diagnose", "export", "testing"})
+#: Modules reachable as attributes before anything imported them (``magretrieve.diagnose``
+#: is always this subpackage, never a function); ``config`` and ``testing`` keep their old
+#: attribute names over their layer folders.
+_SUBMODULES = {
+    "adapters": "magretrieve.adapters",
+    "config": "magretrieve.core.config",
+    "diagnose": "magretrieve.diagnose",
+    "export": "magretrieve.export",
+    "priors": "magretrieve.priors",
+    "stores": "magretrieve.stores",
+    "testing": "magretrieve.train.testing",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBPACKAGES:
-        return importlib.import_module(f"magretrieve.{name}")
+    if name in _SUBMODULES:
+        return importlib.import_module(_SUBMODULES[name])
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'magretrieve' has no attribute {name!r}")

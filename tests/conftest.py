@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from magretrieve.testing import (  # noqa: F401  (re-exported for tests)
+from magretrieve.train.testing import (  # noqa: F401  (re-exported for tests)
     TINY_TOPICS,
     build_tiny_bert,
     build_tiny_sentence_transformer,
@@ -83,7 +83,7 @@ def load_benchmark(name: str) -> ModuleType:
 
 def set_manifest_field(manifest: dict, key: str, value: object) -> None:
     """Set a manifest field where it lives: encoder settings sit under ``"encoder"`` (format 2)."""
-    from magretrieve.manifest import ENCODER_FIELDS
+    from magretrieve.core.manifest import ENCODER_FIELDS
 
     if key in ENCODER_FIELDS and isinstance(manifest.get("encoder"), dict):
         manifest["encoder"][key] = value
@@ -91,7 +91,7 @@ def set_manifest_field(manifest: dict, key: str, value: object) -> None:
         manifest[key] = value
 
 
-PG_URI_ENV = "MAGRETRIEVE_TEST_PGVECTOR_URI"  # = magretrieve.adapters.pgvector_store.TEST_URI_ENV
+PG_URI_ENV = "MAGRETRIEVE_TEST_PGVECTOR_URI"  # = magretrieve.stores.pgvector_store.TEST_URI_ENV
 _PG_SERVER: list = []
 
 

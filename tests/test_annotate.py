@@ -14,12 +14,12 @@ import pytest
 from click.testing import CliRunner
 from qdrant_client import QdrantClient, models
 
-from magretrieve.adapters import open_store
-from magretrieve.adapters.qdrant_cosine_store import QdrantCosineStore
-from magretrieve.annotate import annotate_store
 from magretrieve.cli import main
-from magretrieve.corpus_prior import CorpusPrior, hub_scores
-from magretrieve.errors import StoreError
+from magretrieve.core.errors import StoreError
+from magretrieve.priors.annotate import annotate_store
+from magretrieve.priors.corpus_prior import CorpusPrior, hub_scores
+from magretrieve.stores import open_store
+from magretrieve.stores.qdrant_cosine_store import QdrantCosineStore
 
 DIM = 16
 N = 400
@@ -111,7 +111,7 @@ def test_annotate_writes_m_and_search_ranks_by_cos_times_m(tmp_path):
 def test_retriever_adds_and_explains_on_an_annotated_collection(tmp_path):
     from test_retriever import FakeEncoder
 
-    from magretrieve.retriever import Retriever
+    from magretrieve.serving.retriever import Retriever
 
     spec, units, _ = cosine_collection(tmp_path / "q", n=120)
     annotate_store(spec, prior=CorpusPrior(beta=0.5, k=5), progress=False)
@@ -249,7 +249,7 @@ def exports(tiny_model_dir, tmp_path_factory):
 
 
 def test_norms_from_a_magnitude_keeping_export(tmp_path, exports):
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     texts = [f"statins trial {i} " + "word " * (i % 7) for i in range(30)]
     cosine = OnnxEncoder.load(exports / "cosine")

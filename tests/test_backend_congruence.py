@@ -16,7 +16,7 @@ import uuid
 import numpy as np
 import pytest
 
-from magretrieve.adapters import open_store
+from magretrieve.stores import open_store
 
 DIM = 24
 K = 10
@@ -119,7 +119,7 @@ def test_reload_in_a_new_process(tmp_path, pg_uri, backend):
     want, _ = exact(dict(zip(ids, docs, strict=True)), queries[:3], 5)
     code = (
         "import sys, json, numpy as np\n"
-        "from magretrieve.adapters import open_store\n"
+        "from magretrieve.stores import open_store\n"
         "q = np.array(json.loads(sys.argv[2]), dtype=np.float32)\n"
         "s = open_store(sys.argv[1])\n"
         "print(json.dumps([[h.id for h in row] for row in s.search(q, 5)]))\n"
@@ -142,7 +142,7 @@ def test_optional_packages_are_not_imported_by_the_core_or_serving_path(tmp_path
         "import sys, numpy as np\n"
         "import magretrieve\n"
         "from magretrieve import Retriever, open_store\n"
-        "from magretrieve.adapters import registry\n"
+        "from magretrieve.stores import registry\n"
         "from magretrieve.cli import main\n"
         "registry.backends()  # every backend module registered, pgvector and milvus too\n"
         f"s = open_store('faiss:{tmp_path / 'f'}', dimension=4)\n"
@@ -155,7 +155,7 @@ def test_optional_packages_are_not_imported_by_the_core_or_serving_path(tmp_path
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "clean"
     # the extras are real: their backends are registered and their packages installed here
-    from magretrieve.adapters import registry
+    from magretrieve.stores import registry
 
     prefixes = {b.prefix: b.extra for b in registry.backends()}
     assert prefixes["pgvector"] == "pgvector" and prefixes["milvus"] == "milvus"

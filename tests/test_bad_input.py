@@ -38,9 +38,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import build_tiny_bert, set_manifest_field
 
-from magretrieve.adapters import VectorStore, open_store
 from magretrieve.cli import main
-from magretrieve.errors import ConfigError, DataError, MagRetrieveError, StoreError
+from magretrieve.core.errors import ConfigError, DataError, MagRetrieveError, StoreError
+from magretrieve.stores import VectorStore, open_store
 
 # ----------------------------------------------------------------------------- shared exports
 
@@ -82,8 +82,8 @@ def export_b(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def store_template(tmp_path_factory, export_a, tiny_beir_dir) -> Path:
     """A FAISS store of the tiny BEIR corpus built by export A (copied per case)."""
-    from magretrieve.indexing import index_corpus
-    from magretrieve.retriever import Retriever
+    from magretrieve.serving.indexing import index_corpus
+    from magretrieve.serving.retriever import Retriever
 
     folder = tmp_path_factory.mktemp("store-template") / "ix"
     with Retriever.load(export_a, store=f"faiss:{folder}") as r:
@@ -115,7 +115,7 @@ class Env:
         ``reseal`` recomputes ``model_fingerprint`` and ``manifest_sha256`` after the edit, as
         a deliberate editor would: the field checks behind the checksum are what is tested.
         """
-        from magretrieve.manifest import seal
+        from magretrieve.core.manifest import seal
 
         folder = self.tmp / "bad_export"
         shutil.copytree(self.export, folder)
@@ -170,8 +170,8 @@ class Env:
 @pytest.fixture(scope="module")
 def cosine_template(tmp_path_factory, tiny_model_dir, tiny_beir_dir) -> tuple[Path, Path]:
     """A cosine export of the tiny model and a FAISS store it built (a rescale source)."""
-    from magretrieve.indexing import index_corpus
-    from magretrieve.retriever import Retriever
+    from magretrieve.serving.indexing import index_corpus
+    from magretrieve.serving.retriever import Retriever
 
     export = tiny_export_dir(tmp_path_factory, tiny_model_dir, mode="cosine")
     folder = tmp_path_factory.mktemp("cosine-template") / "cos"
@@ -409,7 +409,7 @@ def faiss_l2_on_disk(env: Env) -> Built:
     """A store folder whose index file is an L2 index (checksums made consistent)."""
     import faiss
 
-    from magretrieve.adapters.base import sha256_file
+    from magretrieve.stores.base import sha256_file
 
     state = _state(env.store)
     index_file = env.store / state["index_file"]
@@ -616,7 +616,7 @@ class PoisonEncoder:
     """The real ONNX encoder, except texts containing 'poison' come out as NaN/inf."""
 
     def __init__(self, export: Path, bad: float = np.nan) -> None:
-        from magretrieve.runtime import OnnxEncoder
+        from magretrieve.serving.runtime import OnnxEncoder
 
         self.inner = OnnxEncoder.load(export)
         self.manifest = self.inner.manifest
@@ -635,7 +635,7 @@ class PoisonEncoder:
 
 def nan_embedding(bad: float) -> Callable[[Env], Built]:
     def build(env: Env) -> Built:
-        from magretrieve.retriever import Retriever
+        from magretrieve.serving.retriever import Retriever
 
         r = Retriever(PoisonEncoder(env.export, bad), open_store(env.spec))
         docs = [
@@ -661,7 +661,7 @@ def inf_vector_into_store(env: Env) -> Built:
 
 
 def nan_query_vector(env: Env) -> Built:
-    from magretrieve.retriever import Retriever
+    from magretrieve.serving.retriever import Retriever
 
     r = Retriever.load(env.export, store=env.spec, create=False)
     q = np.full((1, 32), np.nan, dtype=np.float32)
@@ -671,7 +671,7 @@ def nan_query_vector(env: Env) -> Built:
 
 
 def unknown_mode_api(env: Env) -> Built:
-    from magretrieve.encoder import Encoder
+    from magretrieve.train.encoder import Encoder
 
     return Built(lambda: Encoder.load(env.model, "cosh"), ["unknown mode 'cosh'", "cosine"])
 
@@ -877,7 +877,7 @@ def _deny_open(path: Path) -> tuple[Any, str, Any]:
 
 def _incomplete_target(env: Env, marker: dict[str, Any] | None = None) -> str:
     """A FAISS store holding part of a rescale of the cosine store, marked incomplete."""
-    from magretrieve.rescale import INCOMPLETE_KEY
+    from magretrieve.priors.rescale import INCOMPLETE_KEY
 
     spec = f"faiss:{env.tmp / 'half'}"
     src = open_store(f"faiss:{env.cosine_store}")
@@ -989,7 +989,7 @@ def manifest_sealed_case(
 
 
 def _rehash(folder: Path, m: dict, name: str) -> None:
-    from magretrieve.manifest import sha256_file
+    from magretrieve.core.manifest import sha256_file
 
     m["files"][name] = sha256_file(folder / name)
 
@@ -1018,7 +1018,7 @@ def _unseal(folder: Path, m: dict) -> None:
 
 
 def _fingerprint_only(folder: Path, m: dict) -> None:
-    from magretrieve.manifest import content_checksum
+    from magretrieve.core.manifest import content_checksum
 
     m["model_fingerprint"] = "0" * 64
     m["manifest_sha256"] = content_checksum(m)
@@ -1134,7 +1134,7 @@ def search_surrogate_arg(env: Env) -> Built:
 
 
 def api_add_surrogate(env: Env) -> Built:
-    from magretrieve.retriever import Retriever
+    from magretrieve.serving.retriever import Retriever
 
     r = Retriever.load(env.export, store=env.spec, create=False)
     docs = [{"_id": "fine", "text": "statins"}, {"_id": "bad", "text": "x \ud800 y"}]
@@ -1174,7 +1174,7 @@ def sts_surrogate(env: Env) -> Built:
 
 def index_disk_full(env: Env) -> Built:
     """ENOSPC from the first write of the checkpoint: the store's files unchanged."""
-    import magretrieve.adapters.base as base
+    import magretrieve.stores.base as base
 
     return Built(
         env.index_args(env.corpus()),
@@ -1186,7 +1186,7 @@ def index_disk_full(env: Env) -> Built:
 
 def index_read_only_store(env: Env) -> Built:
     """The store folder is on a read-only file system: refused naming it, files unchanged."""
-    import magretrieve.adapters.base as base
+    import magretrieve.stores.base as base
 
     return Built(
         env.index_args(env.corpus()),
@@ -1230,7 +1230,7 @@ def export_read_only_parent(env: Env) -> Built:
 
 def unreadable_export_file(name: str) -> Callable[[Env], Built]:
     def build(env: Env) -> Built:
-        import magretrieve.manifest as manifest_mod
+        import magretrieve.core.manifest as manifest_mod
 
         real = open
         path = env.export / name
@@ -1333,7 +1333,7 @@ def fit_prior_out_is_folder(env: Env) -> Built:
 
 
 def fit_prior_disk_full(env: Env) -> Built:
-    import magretrieve.adapters.base as base
+    import magretrieve.stores.base as base
 
     out = env.tmp / "prior.json"
     out.write_text('{"kind": "old"}\n')
@@ -1377,7 +1377,7 @@ def faiss_state_edit(
     """Edit the FAISS state and record files consistently (checksums updated)."""
 
     def build(env: Env) -> Built:
-        from magretrieve.adapters.base import sha256_file
+        from magretrieve.stores.base import sha256_file
 
         state = _state(env.store)
         rec_file = env.store / state["records_file"]
@@ -1430,7 +1430,7 @@ def _other_index(folder: Path, state: dict, records: dict) -> None:
 
 
 def memory_store_disagree(env: Env) -> Built:
-    from magretrieve.adapters.base import sha256_file
+    from magretrieve.stores.base import sha256_file
 
     folder = env.tmp / "mem"
     store = open_store(f"memory:{folder}", dimension=32)
@@ -1788,14 +1788,14 @@ def test_empty_documents_refused_for_indexing_but_kept_for_beir_evaluation(
     env: Env, caplog: pytest.LogCaptureFixture
 ) -> None:
     """cranfield has two empty documents: evaluation keeps them (warning), indexing refuses."""
-    from magretrieve.data import load_beir, load_corpus
+    from magretrieve.data.readers import load_beir, load_corpus
 
     _append(
         env.beir / "corpus.jsonl", json.dumps({"_id": "empty", "title": "", "text": " "}) + "\n"
     )
     with pytest.raises(DataError, match=r"corpus.jsonl:13: document 'empty' has empty"):
         load_corpus(env.beir / "corpus.jsonl")
-    caplog.set_level("WARNING", logger="magretrieve.data")
+    caplog.set_level("WARNING", logger="magretrieve.data.readers")
     data = load_beir(f"{env.beir}:test")
     assert "empty" in data.corpus and len(data.corpus) == 13
     assert any("'empty' has empty title and text (kept)" in r.getMessage() for r in caplog.records)
@@ -1808,7 +1808,7 @@ LONG = " ".join(["statins"] * 400)  # 400 word tokens: far beyond max_document_l
 
 
 def test_long_texts_are_truncated_counted_and_reported(env: Env) -> None:
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     enc = OnnxEncoder.load(env.export)
     limit = enc.manifest.max_document_length
@@ -1832,7 +1832,7 @@ def test_long_texts_are_truncated_counted_and_reported(env: Env) -> None:
 
 
 def test_torch_encoder_counts_truncated_texts(tiny_model_dir: Path) -> None:
-    from magretrieve.encoder import Encoder
+    from magretrieve.train.encoder import Encoder
 
     enc = Encoder.load(tiny_model_dir, "qnorm", max_query_length=8, device="cpu")
     enc.encode_queries(["statins heart", "the a of and to in is for on with"])
@@ -1882,8 +1882,8 @@ def test_cranfield_indexes_with_skip_empty_and_is_refused_without(env: Env, shar
 
 
 def test_skip_empty_counts_like_truncation_and_indexes_the_rest(env: Env) -> None:
-    from magretrieve.indexing import index_corpus
-    from magretrieve.retriever import Retriever
+    from magretrieve.serving.indexing import index_corpus
+    from magretrieve.serving.retriever import Retriever
 
     corpus = env.corpus(
         json.dumps({"_id": "e1", "text": " "}), json.dumps({"_id": "e2", "title": "", "text": ""})
@@ -1896,7 +1896,7 @@ def test_skip_empty_counts_like_truncation_and_indexes_the_rest(env: Env) -> Non
 
 def test_integer_ids_and_integral_grades_are_still_accepted(env: Env) -> None:
     """Refusing NaN ids and fractional grades must not refuse what BEIR files really hold."""
-    from magretrieve.data import load_beir
+    from magretrieve.data.readers import load_beir
 
     lines = (env.beir / "corpus.jsonl").read_text().replace('"_id": "d00"', '"_id": 7')
     (env.beir / "corpus.jsonl").write_text(lines)
@@ -1909,7 +1909,7 @@ def test_integer_ids_and_integral_grades_are_still_accepted(env: Env) -> None:
 def test_an_export_with_a_swapped_tokenizer_gets_another_fingerprint(env: Env) -> None:
     """The attack of issue 14: tokenizer swapped, its sha updated, manifest resealed. The export
     loads (it is consistent) but it is another model to every store built by the original."""
-    from magretrieve.manifest import Manifest
+    from magretrieve.core.manifest import Manifest
 
     folder = env.bad_export(_swap_tokenizer)
     original, swapped = Manifest.load(env.export), Manifest.load(folder)

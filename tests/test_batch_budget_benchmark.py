@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import load_benchmark
 
-from magretrieve.batching import DEFAULT_BATCH_TOKENS
+from magretrieve.core.batching import DEFAULT_BATCH_TOKENS
 
 
 @pytest.fixture(scope="module")

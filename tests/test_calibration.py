@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from magretrieve.calibration import calibrate, mean_document_norm
-from magretrieve.encoder import Encoder
-from magretrieve.errors import DataError
+from magretrieve.core.errors import DataError
+from magretrieve.train.calibration import calibrate, mean_document_norm
+from magretrieve.train.encoder import Encoder
 
 DOCS = [
     "statins reduce heart risk in patients",
@@ -57,9 +57,9 @@ def test_calibration_ignores_the_head(tiny_model_dir: Path) -> None:
 def test_calibrated_scale_round_trips_through_save_and_export(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    from magretrieve.core.manifest import Manifest
     from magretrieve.export.build import export_model
-    from magretrieve.manifest import Manifest
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     enc = Encoder.load(tiny_model_dir, "qnorm", device="cpu")
     raw_norms = np.linalg.norm(enc.embed(DOCS, "document"), axis=1)

@@ -14,10 +14,10 @@ from click.testing import CliRunner, Result
 from conftest import write_tiny_beir
 
 from magretrieve.cli import main
-from magretrieve.data import load_beir
-from magretrieve.encoder import CONFIG_NAME, Encoder
-from magretrieve.evaluate import evaluate_retrieval
-from magretrieve.trainer import LOG_NAME
+from magretrieve.data.readers import load_beir
+from magretrieve.evaluation.retrieval import evaluate_retrieval
+from magretrieve.train.encoder import CONFIG_NAME, Encoder
+from magretrieve.train.trainer import LOG_NAME
 
 
 def cli(*args: str) -> Result:

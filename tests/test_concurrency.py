@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from test_bad_input import tiny_export_dir
 
-from magretrieve.retriever import Retriever
+from magretrieve.serving.retriever import Retriever
 
 WORDS = (
     "statin statins mortality heart risk cancer cell cells protein gene brain blood drug trial "
@@ -101,7 +101,7 @@ def test_8_threads_x_1000_queries_equal_the_serial_results(export, tmp_path):
 
 def test_concurrent_query_and_document_encoding_match_serial(export):
     """Each side truncates at its own length even while the other side encodes."""
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     enc = OnnxEncoder.load(export, threads=1)
     long_queries = texts(60, 3, 70, 140)  # > 64 query tokens, some > 128 document tokens

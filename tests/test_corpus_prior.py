@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from magretrieve.corpus_prior import (
+from magretrieve.core.errors import ConfigError, DataError
+from magretrieve.priors import prior_from_dict
+from magretrieve.priors.corpus_prior import (
     CorpusPrior,
     apply_magnitudes,
     choose_beta,
@@ -13,8 +15,6 @@ from magretrieve.corpus_prior import (
     rescale_corpus,
     unit,
 )
-from magretrieve.errors import ConfigError, DataError
-from magretrieve.priors import prior_from_dict
 
 
 def test_hub_scores_by_hand() -> None:
@@ -92,9 +92,9 @@ def test_fit_prior_cli_writes_what_rescale_reads(tiny_model_dir, tiny_beir_dir, 
     from click.testing import CliRunner
 
     from magretrieve.cli import main
-    from magretrieve.data import load_beir
-    from magretrieve.encoder import Encoder
-    from magretrieve.evaluate import evaluate_retrieval
+    from magretrieve.data.readers import load_beir
+    from magretrieve.evaluation.retrieval import evaluate_retrieval
+    from magretrieve.train.encoder import Encoder
 
     out = tmp_path / "prior.json"
     res = CliRunner().invoke(
@@ -140,7 +140,7 @@ def test_fit_prior_refuses_a_magnitude_model_and_bad_betas(
     from click.testing import CliRunner
 
     from magretrieve.cli import main
-    from magretrieve.encoder import Encoder
+    from magretrieve.train.encoder import Encoder
 
     run = Encoder.load(tiny_model_dir, "qnorm").save(tmp_path / "qnorm-run")
     out = tmp_path / "prior.json"
@@ -154,10 +154,10 @@ def test_fit_prior_refuses_a_magnitude_model_and_bad_betas(
 
 def test_with_corpus_prior_scores_cos_times_magnitude(tiny_model_dir, tiny_beir_dir) -> None:
     """β = 0 evaluates exactly as cosine; β > 0 stores d̂·exp(−β·z) with z fitted on the corpus."""
-    from magretrieve.corpus_prior import WithCorpusPrior, score_with_prior
-    from magretrieve.data import load_beir
-    from magretrieve.encoder import Encoder
-    from magretrieve.evaluate import evaluate_retrieval
+    from magretrieve.data.readers import load_beir
+    from magretrieve.evaluation.retrieval import evaluate_retrieval
+    from magretrieve.priors.corpus_prior import WithCorpusPrior, score_with_prior
+    from magretrieve.train.encoder import Encoder
 
     encoder = Encoder.load(tiny_model_dir, "cosine")
     data = load_beir(f"{tiny_beir_dir}:test")

@@ -18,8 +18,8 @@ import pytest
 from conftest import load_benchmark
 from test_bad_input import tiny_export_dir
 
-from magretrieve.adapters import _faiss_files, open_store
-from magretrieve.errors import StoreError
+from magretrieve.core.errors import StoreError
+from magretrieve.stores import _faiss_files, open_store
 
 
 @pytest.fixture(scope="module")
@@ -241,8 +241,8 @@ def test_export_overwrite_killed_between_renames_is_reported_and_restored(
     """Where folders cannot be swapped, a kill between the two renames leaves no target: the
     old export sits in the staging folder, Manifest.load says so, the next export restores it."""
     import magretrieve.export.publish as publish_mod
-    from magretrieve.errors import ManifestError
-    from magretrieve.manifest import Manifest
+    from magretrieve.core.errors import ManifestError
+    from magretrieve.core.manifest import Manifest
 
     target = tmp_path / "exp"
     shutil.copytree(export, target)
@@ -305,8 +305,8 @@ def test_rescale_killed_part_way_is_reported_incomplete_and_resumes(tmp_path, mo
     """A crash after some batches: the target says 'incomplete' (every Retriever refuses it),
     and re-running the same rescale finishes it equal to an uninterrupted run."""
     from magretrieve.priors import HubPrior
-    from magretrieve.rescale import INCOMPLETE_KEY, read_all, rescale_store
-    from magretrieve.retriever import check_compatible
+    from magretrieve.priors.rescale import INCOMPLETE_KEY, read_all, rescale_store
+    from magretrieve.serving.retriever import check_compatible
 
     source = _cosine_source(tmp_path / "src")
     specs = {
@@ -319,7 +319,7 @@ def test_rescale_killed_part_way_is_reported_incomplete_and_resumes(tmp_path, mo
     rescale_store(source, ref_spec, prior=HubPrior(0.2, 3), batch_size=8, progress=False)
 
     calls = {"n": 0}
-    import magretrieve.adapters as adapters
+    import magretrieve.stores as adapters
 
     real_open = adapters.open_store
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from magretrieve import data
-from magretrieve.errors import DataError, MagRetrieveError
+from magretrieve.core.errors import DataError, MagRetrieveError
+from magretrieve.data import readers as data
 
 HEADER = "query-id\tcorpus-id\tscore\n"
 

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import TINY_TOPICS, load_benchmark
 
-from magretrieve.data import Document, RetrievalDataset
-from magretrieve.errors import ConfigError
+from magretrieve.core.errors import ConfigError
+from magretrieve.data.readers import Document, RetrievalDataset
 
 
 @pytest.fixture(scope="module")

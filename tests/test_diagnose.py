@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from magretrieve import similarity
-from magretrieve.data import RetrievalDataset, SentencePair, load_beir
+from magretrieve.core import similarity
+from magretrieve.core.errors import ConfigError
+from magretrieve.data.readers import RetrievalDataset, SentencePair, load_beir
 from magretrieve.diagnose.cache import EmbeddingCache
 from magretrieve.diagnose.magnitude import magnitude_signal, norm_length_correlation
 from magretrieve.diagnose.report import recommend, verdict_text
@@ -24,13 +25,12 @@ from magretrieve.diagnose.side import (
     predict_from_delta_cv,
 )
 from magretrieve.diagnose.symmetry import symmetry_check
-from magretrieve.errors import ConfigError
 
 COSINE = similarity.resolve("cosine")
 
 
 def _dataset(doc_texts, qrels, queries) -> RetrievalDataset:
-    from magretrieve.data import Document
+    from magretrieve.data.readers import Document
 
     corpus = {f"d{i}": Document(f"d{i}", t) for i, t in enumerate(doc_texts)}
     return RetrievalDataset("synthetic", "test", corpus, queries, qrels)
@@ -215,7 +215,7 @@ def test_count_sketch_preserves_a_single_coordinate_and_is_fixed() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_encoder(tiny_model_dir):
-    from magretrieve.encoder import Encoder
+    from magretrieve.train.encoder import Encoder
 
     return Encoder.load(tiny_model_dir)
 
@@ -303,8 +303,8 @@ def test_cli_writes_report_and_plots_for_a_trained_run(
     tiny_model_dir, tiny_beir_dir, tmp_path
 ) -> None:
     from magretrieve.cli import main
-    from magretrieve.encoder import Encoder
-    from magretrieve.trainer import TrainConfig, train
+    from magretrieve.train.encoder import Encoder
+    from magretrieve.train.trainer import TrainConfig, train
 
     run = tmp_path / "run"
     enc = Encoder.load(tiny_model_dir, "learnable")

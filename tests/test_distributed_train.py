@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from magretrieve.data import TrainingPair
-from magretrieve.encoder import Encoder
-from magretrieve.trainer import TrainConfig, contrastive_step, wrap_model
+from magretrieve.data.readers import TrainingPair
+from magretrieve.train.encoder import Encoder
+from magretrieve.train.trainer import TrainConfig, contrastive_step, wrap_model
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi".split()
 

@@ -75,14 +75,14 @@ def test_smoke_run_reports_its_own_numbers(
             ["--model", str(tiny_st_dir), "--data", str(tiny_beir_dir), "--docs", "40",
              "--rounds", "2", "--threads", "1", "--lock", "", "--out", str(out)]
         )  # fmt: skip
-    from magretrieve.openvino_session import bf16_native
+    from magretrieve.serving.openvino_session import bf16_native
 
     expected = set(bench.COLUMNS) - (set() if bf16_native() else {"ov_bf16"})
     assert set(result["columns"]) == set(result["seconds_per_pass"]) == expected
     assert all(len(v) == 2 for v in result["per_round_seconds"].values())
     assert result["vs_st"]["st"] == pytest.approx(1.0)
     # the ONNX columns run the library's default budget, as encode_documents does
-    from magretrieve.batching import DEFAULT_BATCH_TOKENS
+    from magretrieve.core.batching import DEFAULT_BATCH_TOKENS
 
     assert result["max_batch_tokens"] == DEFAULT_BATCH_TOKENS
     # the same fused graph on two runtimes computes the same vectors

@@ -112,10 +112,10 @@ def test_every_column_runs_and_outputs_agree(bench, smoke, tiny_beir_dir: Path) 
 
 def test_ndcg_comes_from_the_timed_vectors(smoke, tiny_beir_dir: Path) -> None:
     """Re-encode with a fresh export of the same model: the NDCG must be the same number."""
-    from magretrieve.data import load_beir
+    from magretrieve.core.metrics import retrieval_metrics
+    from magretrieve.data.readers import load_beir
     from magretrieve.export.evaluate import exact_run
-    from magretrieve.metrics import retrieval_metrics
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     result, _ = smoke
     folder = Path(result["_export_dirs"]["fp32"])

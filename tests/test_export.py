@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from magretrieve.errors import ConfigError, MagRetrieveError
-from magretrieve.manifest import model_fingerprint
+from magretrieve.core.errors import ConfigError, MagRetrieveError
+from magretrieve.core.manifest import model_fingerprint
 
 TEXTS = [
     "statins heart mortality",
@@ -46,10 +46,10 @@ def test_parity_and_contract_every_mode(
 ):
     import torch
 
-    from magretrieve.encoder import Encoder
+    from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model
-    from magretrieve.manifest import Manifest
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.train.encoder import Encoder
 
     encoder = Encoder.load(tiny_model_dir, mode=mode, device="cpu")
     if mode == "learnable":
@@ -99,7 +99,7 @@ def test_parity_and_contract_every_mode(
 def test_cli_default_exporter_and_overwrite(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The default (auto → TorchScript, fused) path through the CLI; an existing target needs
     --overwrite."""
-    from magretrieve.manifest import Manifest
+    from magretrieve.core.manifest import Manifest
 
     dest = tmp_path / "exported" / "qnorm"  # parent does not exist yet
     result = _cli(str(tiny_model_dir), str(dest), "--mode", "qnorm")
@@ -165,9 +165,9 @@ def test_cli_unwritable_target_writes_nothing(tiny_model_dir: Path, tmp_path: Pa
 def test_parity_failure_writes_nothing_and_keeps_old_export(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from magretrieve.encoder import Encoder
+    from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model, parity
-    from magretrieve.manifest import Manifest
+    from magretrieve.train.encoder import Encoder
 
     encoder = Encoder.load(tiny_model_dir, mode="qnorm", device="cpu")
     target = tmp_path / "exp"
@@ -184,9 +184,9 @@ def test_parity_failure_writes_nothing_and_keeps_old_export(
 def test_auto_falls_back_when_torchscript_fails(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from magretrieve.encoder import Encoder
+    from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model, graphs, parity
-    from magretrieve.manifest import Manifest
+    from magretrieve.train.encoder import Encoder
 
     original = graphs.export_side
 
@@ -228,8 +228,8 @@ def test_int8_with_optimizer_reports_agreement_and_ndcg(
 ) -> None:
     import onnx
 
-    from magretrieve.manifest import Manifest
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.core.manifest import Manifest
+    from magretrieve.serving.runtime import OnnxEncoder
 
     dest = tmp_path / "int8"
     result = _cli(
@@ -292,9 +292,9 @@ def test_manifest_json_printed(tiny_model_dir: Path, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_minilm_qnorm_export_parity(tmp_path: Path) -> None:
     """The real all-MiniLM-L6-v2 (packaged, offline), zero-shot qnorm, default exporter."""
+    from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model
-    from magretrieve.manifest import Manifest
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     out = export_model("all-MiniLM-L6-v2", tmp_path / "minilm", mode="qnorm")
     manifest = Manifest.load(out)

@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from magretrieve.data import load_beir
-from magretrieve.encoder import CONFIG_NAME, Encoder
-from magretrieve.errors import ConfigError
-from magretrieve.heads import (
+from magretrieve.core.errors import ConfigError
+from magretrieve.data.readers import load_beir
+from magretrieve.train.encoder import CONFIG_NAME, Encoder
+from magretrieve.train.heads import (
     HEAD_FILE,
     build_head,
     head_spec,
     log_magnitude_numpy,
     train_head_on_vectors,
 )
-from magretrieve.trainer import TrainConfig, train
+from magretrieve.train.trainer import TrainConfig, train
 
 TEXTS = [
     "statins reduce heart risk",
@@ -201,9 +201,9 @@ def test_train_head_on_vectors_learns_a_prior() -> None:
 
 
 def test_head_exports_into_the_document_graph(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from magretrieve.core.manifest import Manifest
     from magretrieve.export.build import export_model
-    from magretrieve.manifest import Manifest
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     enc = Encoder.load(tiny_model_dir, "qnorm", norm_head="mlp", norm_head_hidden=4, device="cpu")
     _randomize(enc.norm_head, seed=2)
@@ -258,8 +258,8 @@ def test_train_cli_head_flags(tiny_model_dir: Path, tiny_beir_dir: Path, tmp_pat
 
 
 def test_train_frozen_head_from_pairs(tiny_model_dir: Path, tiny_beir_dir: Path) -> None:
-    from magretrieve.heads import train_frozen_head
-    from magretrieve.trainer import mine_hard_negatives
+    from magretrieve.train.heads import train_frozen_head
+    from magretrieve.train.trainer import mine_hard_negatives
 
     enc = Encoder.load(tiny_model_dir, "qnorm", norm_head="linear", device="cpu")
     data = load_beir(f"{tiny_beir_dir}:train")
@@ -281,7 +281,7 @@ def test_train_frozen_is_what_the_cli_runs(tiny_model_dir: Path, tiny_beir_dir: 
     from click.testing import CliRunner
 
     from magretrieve.cli import main
-    from magretrieve.trainer import train_frozen
+    from magretrieve.train.trainer import train_frozen
 
     data = load_beir(f"{tiny_beir_dir}:train")
     enc = Encoder.load(tiny_model_dir, "qnorm", norm_head="linear", device="cpu")

@@ -1,7 +1,7 @@
 """``magretrieve index`` / ``magretrieve search``: resumable indexing, tables, refusals.
 
 The encoder is the deterministic FakeEncoder of test_retriever (substituted at the one seam,
-``magretrieve.retriever.load_encoder``); the real ONNX path is covered in test_retriever.
+``magretrieve.serving.retriever.load_encoder``); the real ONNX path is covered in test_retriever.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 from test_retriever import TOPICS, FakeEncoder
 
-from magretrieve.adapters import open_store
 from magretrieve.cli import main
+from magretrieve.stores import open_store
 
 TESTS = Path(__file__).resolve().parent
 
@@ -35,7 +35,7 @@ def use_fake(monkeypatch):
         enc.fail_after = state["fail_after"]
         return enc
 
-    monkeypatch.setattr("magretrieve.retriever.load_encoder", load)
+    monkeypatch.setattr("magretrieve.serving.retriever.load_encoder", load)
     return state
 
 
@@ -114,9 +114,9 @@ _KILL_SCRIPT = """
 import sys, time
 sys.path.insert(0, {tests!r})
 from test_retriever import FakeEncoder
-from magretrieve.adapters import open_store
-from magretrieve.indexing import index_corpus
-from magretrieve.retriever import Retriever
+from magretrieve.stores import open_store
+from magretrieve.serving.indexing import index_corpus
+from magretrieve.serving.retriever import Retriever
 
 class Slow(FakeEncoder):
     def encode_documents(self, texts, batch_size=32):
@@ -145,8 +145,8 @@ def test_sigkill_during_indexing_then_resume(tmp_path, kind):
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL, "indexing finished before it could be killed"
 
-    from magretrieve.indexing import index_corpus
-    from magretrieve.retriever import Retriever
+    from magretrieve.serving.indexing import index_corpus
+    from magretrieve.serving.retriever import Retriever
 
     r = Retriever(FakeEncoder(), open_store(spec, dimension=24))
     before = r.store.count()

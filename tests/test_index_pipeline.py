@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from test_retriever import FakeEncoder
 
-from magretrieve.adapters import open_store
-from magretrieve.data import Document
-from magretrieve.errors import DataError, StoreError
-from magretrieve.indexing import index_documents
-from magretrieve.retriever import Retriever
+from magretrieve.core.errors import DataError, StoreError
+from magretrieve.data.readers import Document
+from magretrieve.serving.indexing import index_documents
+from magretrieve.serving.retriever import Retriever
+from magretrieve.stores import open_store
 
 WORDS = "statins heart cancer cell brain protein wing flow lung smoking vitamin dose".split()
 
@@ -35,7 +35,7 @@ def pipeline_threads() -> list[str]:
 def test_onnx_pipeline_equals_encoding_each_text(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The real split path: tokens from the reader thread, graph in the encoder thread."""
     from magretrieve.export import export_model
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     folder = export_model(tiny_model_dir, tmp_path / "exp", mode="qnorm")
     encoder = OnnxEncoder.load(folder)

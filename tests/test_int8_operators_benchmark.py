@@ -31,7 +31,7 @@ def _ops(folder: Path) -> set[str]:
 
 
 def test_variants_are_valid_exports_with_the_operators_they_name(smoke) -> None:
-    from magretrieve.manifest import Manifest
+    from magretrieve.core.manifest import Manifest
 
     _, _, work = smoke
     fp32 = _ops(work / "fp32")

@@ -16,10 +16,10 @@ from langchain_core.retrievers import BaseRetriever as LangChainBase
 from llama_index.core.retrievers import BaseRetriever as LlamaBase
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
-from magretrieve.errors import ConfigError
+from magretrieve.core.errors import ConfigError
 from magretrieve.integrations.langchain import MagRetrieveRetriever as LangChainRetriever
 from magretrieve.integrations.llama_index import MagRetrieveRetriever as LlamaRetriever
-from magretrieve.retriever import Retriever
+from magretrieve.serving.retriever import Retriever
 
 QUERIES = ["what does smoking cause", "how obesity risk"]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import set_manifest_field
 
-from magretrieve.errors import ManifestError
-from magretrieve.manifest import (
+from magretrieve.core.errors import ManifestError
+from magretrieve.core.manifest import (
     MANIFEST_NAME,
     Manifest,
     hash_folder,
@@ -38,7 +38,7 @@ def _write(folder: Path, sealed: bool = True, **overrides) -> dict:
     for name, data in FILES.items():
         (folder / name).write_bytes(data)
     hashes = {name: hashlib.sha256(data).hexdigest() for name, data in FILES.items()}
-    from magretrieve.config import EncoderConfig
+    from magretrieve.core.config import EncoderConfig
 
     encoder = EncoderConfig(
         mode="qnorm", gamma_q=1.0, gamma_d=0.0, max_query_length=64, query_prefix="query: "
@@ -204,7 +204,7 @@ def test_a_manifest_without_checksum_is_refused(tmp_path: Path) -> None:
 def test_fingerprint_must_match_content(tmp_path: Path) -> None:
     data = _write(tmp_path)
     data["model_fingerprint"] = "0" * 64
-    from magretrieve.manifest import CHECKSUM_KEY, content_checksum
+    from magretrieve.core.manifest import CHECKSUM_KEY, content_checksum
 
     data[CHECKSUM_KEY] = content_checksum(data)  # checksum updated, fingerprint not
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from magretrieve import metrics
+from magretrieve.core import metrics
 
 LOG2_3 = math.log2(3)  # 1.5849625
 

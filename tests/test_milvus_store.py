@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from pymilvus import DataType, MilvusClient
 
-from magretrieve.adapters import open_store
-from magretrieve.adapters.milvus_store import parse_milvus
-from magretrieve.errors import StoreError
+from magretrieve.core.errors import StoreError
+from magretrieve.stores import open_store
+from magretrieve.stores.milvus_store import parse_milvus
 
 DIM = 16
 
@@ -72,7 +72,7 @@ def test_metadata_and_points_survive_a_new_process(tmp_path):
         store.persist()
     code = (
         "import sys, json\n"
-        "from magretrieve.adapters import open_store\n"
+        "from magretrieve.stores import open_store\n"
         "s = open_store(sys.argv[1])\n"
         "print(json.dumps([s.count(), s.read_metadata(), s.dimension]))\n"
         "s.close()\n"

@@ -1,4 +1,4 @@
-"""Hub scores by approximate k-NN agree with the exact O(n²) path (magretrieve.neighbors)."""
+"""Hub scores by approximate k-NN agree with the exact O(n²) path (magretrieve.priors.neighbors)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from magretrieve import neighbors
-from magretrieve.corpus_prior import hub_scores, unit
-from magretrieve.errors import ConfigError, DataError
-from magretrieve.neighbors import approximate_mean_knn, mean_knn_similarity
+from magretrieve.core.errors import ConfigError, DataError
+from magretrieve.priors import neighbors
+from magretrieve.priors.corpus_prior import hub_scores, unit
+from magretrieve.priors.neighbors import approximate_mean_knn, mean_knn_similarity
 
 
 def clustered(n: int, dim: int = 32, topics: int = 40, seed: int = 0) -> np.ndarray:

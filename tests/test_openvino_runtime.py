@@ -19,8 +19,8 @@ from click.testing import CliRunner
 from conftest import RUNTIME_TEXTS as TEXTS
 
 from magretrieve.cli import main
-from magretrieve.errors import ConfigError
-from magretrieve.openvino_session import bf16_native
+from magretrieve.core.errors import ConfigError
+from magretrieve.serving.openvino_session import bf16_native
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def exports(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> d
 
 
 def test_fp32_vectors_equal_onnxruntime(exports) -> None:
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     ort_enc = OnnxEncoder.load(exports["fp32"], threads=1)
     ov_enc = OnnxEncoder.load(exports["fp32"], threads=1, runtime="openvino")
@@ -49,7 +49,7 @@ def test_fp32_vectors_equal_onnxruntime(exports) -> None:
 
 
 def test_concurrent_calls_match_serial(exports) -> None:
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     enc = OnnxEncoder.load(exports["fp32"], threads=1, runtime="openvino")
     serial = [enc.encode_documents([t]) for t in TEXTS * 4]
@@ -62,9 +62,9 @@ def test_concurrent_calls_match_serial(exports) -> None:
 def test_probe_runs_on_openvino_sessions_too(exports) -> None:
     from dataclasses import replace
 
-    from magretrieve.errors import ManifestError
-    from magretrieve.manifest import Manifest
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.core.errors import ManifestError
+    from magretrieve.core.manifest import Manifest
+    from magretrieve.serving.runtime import OnnxEncoder
 
     manifest = replace(Manifest.load(exports["fp32"]), dimension=31)
     enc = OnnxEncoder(manifest, threads=1, runtime="openvino")
@@ -74,7 +74,7 @@ def test_probe_runs_on_openvino_sessions_too(exports) -> None:
 
 
 def test_bf16_close_to_fp32_or_refused(exports) -> None:
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     ref = OnnxEncoder.load(exports["fp32"], threads=1).encode_documents(TEXTS)
     enc = OnnxEncoder.load(exports["fp32"], threads=1, runtime="openvino-bf16")
@@ -92,7 +92,7 @@ def test_bf16_close_to_fp32_or_refused(exports) -> None:
 def test_bf16_refused_without_native_support(exports, monkeypatch) -> None:
     import openvino
 
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     real = openvino.Core.get_property
 
@@ -108,7 +108,7 @@ def test_bf16_refused_without_native_support(exports, monkeypatch) -> None:
 
 
 def test_refusals(exports, monkeypatch) -> None:
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     with pytest.raises(ConfigError, match="unknown runtime 'tensorrt'; choose one of onnxruntime"):
         OnnxEncoder.load(exports["fp32"], runtime="tensorrt")
@@ -129,7 +129,7 @@ def test_refusals(exports, monkeypatch) -> None:
 
 
 def test_cli_index_with_openvino_equals_onnxruntime(exports, tmp_path: Path) -> None:
-    from magretrieve.adapters import open_store
+    from magretrieve.stores import open_store
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(
@@ -155,8 +155,8 @@ def test_cli_index_with_openvino_equals_onnxruntime(exports, tmp_path: Path) -> 
 
 def test_query_session_warms_every_query_length_once(exports, monkeypatch) -> None:
     """OpenVINO prepares kernels per shape on first sight; the query session pays that at open."""
-    from magretrieve.openvino_session import OpenVinoSession
-    from magretrieve.runtime import WARM_QUERY_TOKENS, OnnxEncoder
+    from magretrieve.serving.openvino_session import OpenVinoSession
+    from magretrieve.serving.runtime import WARM_QUERY_TOKENS, OnnxEncoder
 
     seen: list[tuple[int, ...]] = []
     real = OpenVinoSession.run

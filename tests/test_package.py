@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import magretrieve
 from magretrieve.cli._group import CliGroup
-from magretrieve.errors import DataError
+from magretrieve.core.errors import DataError
 
 SCRIPT = Path(sys.executable).with_name("magretrieve")
 
@@ -25,7 +25,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_import_is_torch_free() -> None:
     code = (
-        "import sys, magretrieve, magretrieve.similarity, magretrieve.data, magretrieve.metrics\n"
+        "import sys, magretrieve, magretrieve.core.similarity, magretrieve.data.readers, magretrieve.core.metrics\n"
         "heavy = sorted(m for m in ('torch', 'transformers', 'onnxruntime', 'faiss', 'qdrant_client', 'openvino', 'nncf') "
         "if m in sys.modules)\n"
         "print(','.join(heavy) or 'clean')\n"
@@ -83,7 +83,7 @@ def test_lazy_public_names() -> None:
     assert "Encoder" in magretrieve.__all__
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         _ = magretrieve.nope  # type: ignore[attr-defined]
-    assert magretrieve.similarity.resolve("qnorm").gamma_d == 0.0
+    assert magretrieve.core.similarity.resolve("qnorm").gamma_d == 0.0
 
 
 def _group_with(exc: Exception) -> click.Group:
@@ -114,8 +114,8 @@ def test_bug_keeps_its_traceback() -> None:
 
 
 def test_resolve_model_path(tmp_path: Path) -> None:
-    from magretrieve.errors import ConfigError
-    from magretrieve.models import MINILM_ALIASES, resolve_model_path
+    from magretrieve.core.errors import ConfigError
+    from magretrieve.core.models import MINILM_ALIASES, resolve_model_path
 
     assert resolve_model_path(tmp_path) == tmp_path  # a local folder as is
     (tmp_path / "weights.bin").write_bytes(b"x")

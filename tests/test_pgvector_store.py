@@ -17,9 +17,9 @@ import numpy as np
 import psycopg
 import pytest
 
-from magretrieve.adapters import open_store
-from magretrieve.adapters.pgvector_store import PgVectorStore, redact
-from magretrieve.errors import StoreError
+from magretrieve.core.errors import StoreError
+from magretrieve.stores import open_store
+from magretrieve.stores.pgvector_store import PgVectorStore, redact
 
 DIM = 16
 
@@ -170,7 +170,7 @@ def test_metadata_and_rows_survive_a_new_process(pg_uri):
         store.write_metadata({"model_fingerprint": "abc", "mode": "qnorm"})
     code = (
         "import sys, json\n"
-        "from magretrieve.adapters import open_store\n"
+        "from magretrieve.stores import open_store\n"
         "s = open_store(sys.argv[1])\n"
         "print(json.dumps([s.count(), s.read_metadata()]))\n"
     )

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from magretrieve.adapters import open_store
 from magretrieve.cli import main
-from magretrieve.errors import ConfigError
+from magretrieve.core.errors import ConfigError
 from magretrieve.priors import (
     CenterPrior,
     CombinedPrior,
@@ -26,9 +25,10 @@ from magretrieve.priors import (
     stored_vectors,
     unit,
 )
+from magretrieve.priors.rescale import META_KEY, read_all, rescale_store
 from magretrieve.priors.select import choose_prior, served_scores, training_score
-from magretrieve.rescale import META_KEY, read_all, rescale_store
-from magretrieve.retriever import Retriever
+from magretrieve.serving.retriever import Retriever
+from magretrieve.stores import open_store
 
 S = np.sqrt(0.5)
 DOCS = np.array([[1.0, 0.0], [0.0, 1.0], [S, S]], dtype=np.float32)
@@ -294,9 +294,9 @@ def test_rescale_with_an_offset_prior_and_search_decomposes(spec: str, tmp_path:
 def test_fit_prior_cli_contract_and_rescale_applies_it(
     tiny_model_dir: Path, tiny_beir_dir: Path, tmp_path: Path
 ) -> None:
-    from magretrieve.data import load_beir
-    from magretrieve.encoder import Encoder
-    from magretrieve.evaluate import evaluate_retrieval
+    from magretrieve.data.readers import load_beir
+    from magretrieve.evaluation.retrieval import evaluate_retrieval
+    from magretrieve.train.encoder import Encoder
 
     out = tmp_path / "prior.json"
     args = [

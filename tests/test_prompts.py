@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from conftest import build_tiny_sentence_transformer
 
-from magretrieve.config import prompt_prefixes, read_sentence_transformers
-from magretrieve.errors import ConfigError
+from magretrieve.core.config import prompt_prefixes, read_sentence_transformers
+from magretrieve.core.errors import ConfigError
 
 
 def st_folder_with_prompts(folder: Path, prompts: dict, default: str | None = None) -> Path:
@@ -44,7 +44,7 @@ def test_prompt_prefixes_follow_sentence_transformers(prompts, default, query, d
 
 
 def test_unused_prompts_are_named_in_a_warning(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="magretrieve.config"):
+    with caplog.at_level(logging.WARNING, logger="magretrieve.core.config"):
         prompt_prefixes({"prompts": {"query": "q: ", "clustering": "c: "}}, "cfg.json")
     assert "clustering" in caplog.text
 
@@ -63,10 +63,10 @@ def test_malformed_prompts_refused(config: dict, message: str) -> None:
 
 
 def test_prompts_reach_encoder_manifest_and_onnx_encoder(tmp_path: Path) -> None:
-    from magretrieve.encoder import Encoder
+    from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model
-    from magretrieve.manifest import Manifest
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.train.encoder import Encoder
 
     folder = st_folder_with_prompts(tmp_path / "st", {"query": "query: ", "passage": "passage: "})
     assert read_sentence_transformers(folder)[1]["query_prefix"] == "query: "
@@ -95,7 +95,7 @@ def test_prompts_reach_encoder_manifest_and_onnx_encoder(tmp_path: Path) -> None
 
 
 def test_explicit_prefix_overrides_the_prompt(tmp_path: Path) -> None:
-    from magretrieve.encoder import Encoder
+    from magretrieve.train.encoder import Encoder
 
     folder = st_folder_with_prompts(tmp_path / "st", {"query": "query: "})
     encoder = Encoder.load(folder, query_prefix="", device="cpu")

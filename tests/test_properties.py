@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from magretrieve import data
-from magretrieve import similarity as sim
-from magretrieve.errors import MagRetrieveError
+from magretrieve.core import similarity as sim
+from magretrieve.core.errors import MagRetrieveError
+from magretrieve.data import readers as data
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -345,7 +345,7 @@ def test_manifest_loader_only_raises_magretrieve_errors(raw, path, value, reseal
     ``reseal``: the edit also recomputes the checksum and fingerprint (so the field checks
     behind them are reached); without it the checksum must refuse every effective edit.
     """
-    from magretrieve.manifest import MANIFEST_NAME, Manifest, content_checksum, seal
+    from magretrieve.core.manifest import MANIFEST_NAME, Manifest, content_checksum, seal
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "export"
@@ -398,7 +398,7 @@ STATE_PATHS = st.sampled_from(
 )
 def test_store_state_loaders_only_raise_magretrieve_errors(kind, raw, path, value) -> None:
     """A store folder whose state file is arbitrary bytes, or valid with one entry replaced."""
-    from magretrieve.adapters import open_store
+    from magretrieve.stores import open_store
 
     state_name = {
         "faiss": "faiss_store.json",
@@ -437,7 +437,7 @@ def test_store_state_loaders_only_raise_magretrieve_errors(kind, raw, path, valu
 def test_qrels_grades_are_integers_in_range_or_refused_with_the_line(grade) -> None:
     """No grade is silently changed: an integral one in [-1000, 1000] is kept exactly, anything
     else is refused naming file:line."""
-    from magretrieve.errors import DataError
+    from magretrieve.core.errors import DataError
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "test.tsv"
@@ -455,7 +455,7 @@ def test_qrels_grades_are_integers_in_range_or_refused_with_the_line(grade) -> N
 def test_any_text_loads_exactly_unless_it_holds_a_lone_surrogate(text) -> None:
     """Whatever a JSON file can hold in 'text' either loads unchanged or, for lone surrogates
     (valid JSON escapes, not Unicode), is refused naming file:line and the field."""
-    from magretrieve.errors import DataError
+    from magretrieve.core.errors import DataError
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "corpus.jsonl"

@@ -130,10 +130,10 @@ def test_cosine_plus_prior_reuses_the_cosine_run(
 ) -> None:
     """cosine+prior scores the trained cosine model of the same seed (no second training)
     with the corpus prior whose β was chosen on the training queries."""
-    from magretrieve.corpus_prior import CorpusPrior, WithCorpusPrior
-    from magretrieve.data import load_beir
-    from magretrieve.encoder import Encoder
-    from magretrieve.evaluate import evaluate_retrieval
+    from magretrieve.data.readers import load_beir
+    from magretrieve.evaluation.retrieval import evaluate_retrieval
+    from magretrieve.priors.corpus_prior import CorpusPrior, WithCorpusPrior
+    from magretrieve.train.encoder import Encoder
 
     args = [
         "--model", str(tiny_model_dir),

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from magretrieve.adapters import open_store
 from magretrieve.cli import main
-from magretrieve.errors import ConfigError, DataError
-from magretrieve.indexing import index_corpus
-from magretrieve.retriever import Retriever
+from magretrieve.core.errors import ConfigError, DataError
+from magretrieve.serving.indexing import index_corpus
+from magretrieve.serving.retriever import Retriever
+from magretrieve.stores import open_store
 
 N_DOCS = 40
 
@@ -159,7 +159,7 @@ def test_unknown_engine_and_stray_options(export_dir, tmp_path) -> None:
 def test_default_path_never_imports_ray() -> None:
     code = (
         "import sys\n"
-        "import magretrieve, magretrieve.indexing, magretrieve.engines\n"
+        "import magretrieve, magretrieve.serving.indexing, magretrieve.engines\n"
         "from magretrieve.cli import main\n"
         "try:\n"
         "    main(['index', '--help'])\n"

@@ -11,14 +11,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from magretrieve.adapters import open_store
 from magretrieve.cli import main
-from magretrieve.corpus_prior import CorpusPrior, hub_scores, unit
-from magretrieve.data import Document
-from magretrieve.encoder import Encoder
-from magretrieve.errors import ConfigError, StoreError
-from magretrieve.rescale import META_KEY, apply_recorded_magnitude, read_all, rescale_store
-from magretrieve.retriever import Retriever
+from magretrieve.core.errors import ConfigError, StoreError
+from magretrieve.data.readers import Document
+from magretrieve.priors.corpus_prior import CorpusPrior, hub_scores, unit
+from magretrieve.priors.rescale import META_KEY, apply_recorded_magnitude, read_all, rescale_store
+from magretrieve.serving.retriever import Retriever
+from magretrieve.stores import open_store
+from magretrieve.train.encoder import Encoder
 
 DOCS = [
     Document(f"doc{i}", text, title, {"n": i, "tags": ["x", str(i)]})

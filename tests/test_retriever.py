@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from magretrieve import similarity
-from magretrieve.adapters import open_store
-from magretrieve.data import Document
-from magretrieve.errors import StoreError
-from magretrieve.retriever import Hit, Retriever
+from magretrieve.core import similarity
+from magretrieve.core.errors import StoreError
+from magretrieve.data.readers import Document
+from magretrieve.serving.retriever import Hit, Retriever
+from magretrieve.stores import open_store
 
 DIM = 24
 
@@ -289,7 +289,7 @@ def test_adding_while_searching_is_safe():
 def _have_export() -> bool:
     try:
         import magretrieve.export  # noqa: F401
-        import magretrieve.runtime  # noqa: F401
+        import magretrieve.serving.runtime  # noqa: F401
     except ImportError:
         return False
     return True
@@ -312,8 +312,8 @@ def test_real_onnx_export_end_to_end(tiny_export, tiny_beir_dir, tmp_path):
     import subprocess
     import sys
 
-    from magretrieve.data import load_corpus
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.data.readers import load_corpus
+    from magretrieve.serving.runtime import OnnxEncoder
 
     r = Retriever.load(tiny_export, store=f"faiss:{tmp_path / 'ix'}")
     docs = load_corpus(tiny_beir_dir / "corpus.jsonl")

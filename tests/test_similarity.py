@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from magretrieve import similarity as sim
-from magretrieve.errors import ConfigError, MagRetrieveError
+from magretrieve.core import similarity as sim
+from magretrieve.core.errors import ConfigError, MagRetrieveError
+from magretrieve.train import torch_similarity
 
 Q = np.array([[3.0, 4.0]], dtype=np.float32)
 D = np.array([[1.0, 0.0], [0.0, 2.0], [6.0, 8.0]], dtype=np.float32)
@@ -217,7 +218,9 @@ def test_zero_vectors_do_not_produce_nan(mode: str) -> None:
     p = sim.decompose(np.zeros(4), d)
     for v in p.values():
         assert np.isfinite(v).all()
-    t = sim.score_matrix_torch(torch.from_numpy(q), torch.from_numpy(d), r.gamma_q, r.gamma_d)
+    t = torch_similarity.score_matrix_torch(
+        torch.from_numpy(q), torch.from_numpy(d), r.gamma_q, r.gamma_d
+    )
     assert torch.isfinite(t).all()
 
 
@@ -231,10 +234,12 @@ def test_numpy_and_torch_agree(mode: str) -> None:
     q = (rng.normal(size=(6, 12)) * 3).astype(np.float32)
     d = (rng.normal(size=(9, 12)) * rng.uniform(0.2, 5, size=(9, 1))).astype(np.float32)
     expected = sim.score_matrix(q, d, r)
-    got = sim.score_matrix_torch(torch.from_numpy(q), torch.from_numpy(d), r.gamma_q, r.gamma_d)
+    got = torch_similarity.score_matrix_torch(
+        torch.from_numpy(q), torch.from_numpy(d), r.gamma_q, r.gamma_d
+    )
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
     # γ as a tensor gives the same numbers
-    got_t = sim.score_matrix_torch(
+    got_t = torch_similarity.score_matrix_torch(
         torch.from_numpy(q),
         torch.from_numpy(d),
         torch.tensor(r.gamma_q),
@@ -243,7 +248,7 @@ def test_numpy_and_torch_agree(mode: str) -> None:
     np.testing.assert_allclose(got_t.numpy(), expected, rtol=1e-5, atol=1e-6)
     for g in (r.gamma_q, torch.tensor(r.gamma_q)):
         np.testing.assert_allclose(
-            sim.partial_normalize_torch(torch.from_numpy(q), g).numpy(),
+            torch_similarity.partial_normalize_torch(torch.from_numpy(q), g).numpy(),
             sim.partial_normalize(q, r.gamma_q),
             rtol=1e-5,
             atol=1e-6,
@@ -251,7 +256,9 @@ def test_numpy_and_torch_agree(mode: str) -> None:
 
 
 def test_torch_hand_values() -> None:
-    s = sim.score_matrix_torch(torch.tensor([[3.0, 4.0]]), torch.from_numpy(D), 1.0, 0.0)
+    s = torch_similarity.score_matrix_torch(
+        torch.tensor([[3.0, 4.0]]), torch.from_numpy(D), 1.0, 0.0
+    )
     np.testing.assert_allclose(s.numpy()[0], EXPECTED["qnorm"], rtol=1e-6)
 
 
@@ -262,7 +269,7 @@ def test_gradient_wrt_gamma_is_minus_log_norm_times_score() -> None:
     d = torch.tensor([[0.0, 2.0]], dtype=torch.float64)
     gq = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
     gd = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
-    s = sim.score_matrix_torch(q, d, gq, gd)[0, 0]
+    s = torch_similarity.score_matrix_torch(q, d, gq, gd)[0, 0]
     s.backward()
     s_val = math.sqrt(5) * math.sqrt(2) * 0.8
     assert s.item() == pytest.approx(s_val, rel=1e-9)
@@ -279,7 +286,7 @@ def test_gradient_wrt_gamma_batch_sums() -> None:
     d = torch.tensor(rng.normal(size=(4, 6)) * 3, dtype=torch.float64)
     gq = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
     gd = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
-    s = sim.score_matrix_torch(q, d, gq, gd)
+    s = torch_similarity.score_matrix_torch(q, d, gq, gd)
     s.sum().backward()
     ln_q = torch.log(torch.linalg.vector_norm(q, dim=1))[:, None]
     ln_d = torch.log(torch.linalg.vector_norm(d, dim=1))[None, :]

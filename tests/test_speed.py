@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from magretrieve.errors import ConfigError
+from magretrieve.core.errors import ConfigError
 
 TEXTS = [
     "what does statin cause",
@@ -29,7 +29,7 @@ TEXTS = [
 
 
 def test_token_budget_batches_by_hand() -> None:
-    from magretrieve.batching import token_budget_batches
+    from magretrieve.core.batching import token_budget_batches
 
     lengths = [5, 100, 30, 30, 7, 100, 2]
     # longest first (stable): 1, 5 (100); 2, 3 (30); 4 (7); 0 (5); 6 (2)
@@ -52,7 +52,7 @@ def test_token_budget_batches_by_hand() -> None:
 
 
 def test_token_budget_batches_padded_tokens_stay_within_budget() -> None:
-    from magretrieve.batching import token_budget_batches
+    from magretrieve.core.batching import token_budget_batches
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 257, size=500).tolist()
@@ -66,7 +66,7 @@ def test_token_budget_batches_padded_tokens_stay_within_budget() -> None:
 
 @pytest.mark.parametrize(("tokens", "rows"), [(0, 4), (10, 0)])
 def test_token_budget_batches_refuse_bad_limits(tokens: int, rows: int) -> None:
-    from magretrieve.batching import token_budget_batches
+    from magretrieve.core.batching import token_budget_batches
 
     with pytest.raises(ConfigError, match="at least 1"):
         token_budget_batches([3, 4], max_tokens=tokens, max_rows=rows)
@@ -78,8 +78,8 @@ def test_token_budget_batches_refuse_bad_limits(tokens: int, rows: int) -> None:
 @pytest.fixture(scope="module")
 def fused_export(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """The default export (TorchScript, fused) of a qnorm tiny BERT, and its torch encoder."""
-    from magretrieve.encoder import Encoder
     from magretrieve.export import export_model
+    from magretrieve.train.encoder import Encoder
 
     encoder = Encoder.load(tiny_model_dir, mode="qnorm", max_document_length=64, device="cpu")
     out = export_model(encoder, tmp_path_factory.mktemp("speed") / "export")
@@ -87,7 +87,7 @@ def fused_export(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 def test_batches_follow_the_token_budget_and_vectors_do_not_depend_on_it(fused_export) -> None:
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     folder, encoder = fused_export
     onnx = OnnxEncoder.load(folder)
@@ -132,7 +132,7 @@ def test_threads_default_to_the_process_cores_and_the_env_knob(
 ) -> None:
     import os
 
-    from magretrieve.runtime import THREADS_ENV, OnnxEncoder, available_cores
+    from magretrieve.serving.runtime import THREADS_ENV, OnnxEncoder, available_cores
 
     folder, _ = fused_export
     monkeypatch.delenv(THREADS_ENV, raising=False)
@@ -151,7 +151,7 @@ def test_threads_default_to_the_process_cores_and_the_env_knob(
 
 
 def test_unknown_device_refused(fused_export) -> None:
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     folder, _ = fused_export
     with pytest.raises(ConfigError, match="unknown device 'tpu'"):
@@ -171,7 +171,7 @@ def _fusions(folder: Path) -> dict[str, int]:
 
 
 def test_default_export_is_fused_and_says_so(fused_export, tiny_model_dir: Path) -> None:
-    from magretrieve.manifest import Manifest
+    from magretrieve.core.manifest import Manifest
 
     folder, encoder = fused_export
     manifest = Manifest.load(folder)
@@ -184,7 +184,7 @@ def test_default_export_is_fused_and_says_so(fused_export, tiny_model_dir: Path)
     assert "Softmax" not in ops  # attention really is one operator now
     assert manifest.parity["max_abs_diff"] <= 1e-4
     # exporting traced eager attention; the user's encoder keeps its own setting
-    from magretrieve.encoder import Encoder
+    from magretrieve.train.encoder import Encoder
 
     fresh = Encoder.load(tiny_model_dir, mode="qnorm", device="cpu")
     assert fresh.transformer.config._attn_implementation != "eager"  # transformers 5: sdpa
@@ -195,8 +195,8 @@ def test_default_export_is_fused_and_says_so(fused_export, tiny_model_dir: Path)
 
 
 def test_no_optimize_exports_plain_graphs(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model
-    from magretrieve.manifest import Manifest
 
     out = export_model(tiny_model_dir, tmp_path / "plain", mode="qnorm", optimize=False)
     manifest = Manifest.load(out)
@@ -211,9 +211,9 @@ def test_no_optimize_exports_plain_graphs(tiny_model_dir: Path, tmp_path: Path) 
 def test_model_the_optimizer_does_not_know_exports_unfused(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from magretrieve.encoder import Encoder
+    from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model
-    from magretrieve.manifest import Manifest
+    from magretrieve.train.encoder import Encoder
 
     encoder = Encoder.load(tiny_model_dir, mode="qnorm", device="cpu")
     encoder.transformer.config.model_type = "gpt2"  # as if the encoder were not BERT-like
@@ -233,9 +233,9 @@ def test_fused_graph_that_misses_parity_falls_back_to_unfused(
     import onnx
     from onnx import numpy_helper
 
+    from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model, quantize
-    from magretrieve.manifest import Manifest
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     real = quantize.optimize_bert
 
@@ -264,8 +264,8 @@ def test_fused_graph_that_misses_parity_falls_back_to_unfused(
 def test_optimizer_crash_still_exports(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model, quantize
-    from magretrieve.manifest import Manifest
 
     def crash(src, dst, **kw):
         raise RuntimeError("simulated optimizer bug")
@@ -288,7 +288,7 @@ def _cuda_ready() -> bool:
 
 
 def test_cuda_refused_in_one_line_when_absent(fused_export) -> None:
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     if _cuda_ready():
         pytest.skip("a CUDA GPU is present: the refusal path does not apply")
@@ -299,7 +299,7 @@ def test_cuda_refused_in_one_line_when_absent(fused_export) -> None:
 
 @pytest.mark.skipif(not _cuda_ready(), reason="no CUDA GPU with onnxruntime's CUDA provider")
 def test_cuda_onnx_matches_cpu(fused_export) -> None:
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     folder, _ = fused_export
     cpu = OnnxEncoder.load(folder).encode_documents(TEXTS)
@@ -391,8 +391,8 @@ def test_cli_device_cuda_on_a_gpu(
     """export parity, index, eval and train on the GPU agree with the CPU path."""
     import json
 
-    from magretrieve.adapters import open_store
-    from magretrieve.manifest import Manifest
+    from magretrieve.core.manifest import Manifest
+    from magretrieve.stores import open_store
 
     folder, _ = fused_export
     res = _invoke("export", tiny_model_dir, tmp_path / "exp", "--mode", "qnorm", "--device", "cuda")

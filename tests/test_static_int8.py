@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from conftest import RUNTIME_TEXTS as TEXTS
 
 from magretrieve.cli import main
-from magretrieve.errors import ConfigError, DataError
+from magretrieve.core.errors import ConfigError, DataError
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -44,7 +44,7 @@ def exports(
 
 
 def test_manifest_names_openvino_and_the_calibration(exports, tiny_beir_dir: Path) -> None:
-    from magretrieve.manifest import Manifest
+    from magretrieve.core.manifest import Manifest
 
     folder = exports["static"]
     files = sorted(p.name for p in folder.iterdir())
@@ -73,7 +73,7 @@ def test_manifest_names_openvino_and_the_calibration(exports, tiny_beir_dir: Pat
 
 
 def test_vectors_agree_with_fp32_and_keep_the_contract(exports) -> None:
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     static = OnnxEncoder.load(exports["static"])
     assert static.runtime == "openvino"  # the export's own runtime by default
@@ -93,7 +93,7 @@ def test_vectors_agree_with_fp32_and_keep_the_contract(exports) -> None:
 
 
 def test_a_vector_does_not_depend_on_its_batch_mates(exports) -> None:
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     enc = OnnxEncoder.load(exports["static"], threads=1)
     together = enc.encode_documents(TEXTS)
@@ -103,7 +103,7 @@ def test_a_vector_does_not_depend_on_its_batch_mates(exports) -> None:
 
 
 def test_other_runtimes_refused_in_one_line(exports) -> None:
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     with pytest.raises(
         ConfigError,
@@ -118,9 +118,9 @@ def test_other_runtimes_refused_in_one_line(exports) -> None:
 def test_same_inputs_give_the_same_vectors(
     exports, tiny_model_dir: Path, tiny_beir_dir: Path, tmp_path: Path
 ) -> None:
+    from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model
-    from magretrieve.manifest import Manifest
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
 
     again = export_model(
         tiny_model_dir,
@@ -191,8 +191,8 @@ def test_cli_refusal_is_one_line(tiny_model_dir: Path, tmp_path: Path) -> None:
 
 
 def test_cli_index_serves_it_and_refuses_onnxruntime(exports, tmp_path: Path) -> None:
-    from magretrieve.adapters import open_store
-    from magretrieve.runtime import OnnxEncoder
+    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.stores import open_store
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from magretrieve.adapters import open_store, parse_spec, registry
-from magretrieve.adapters.faiss_store import FaissStore
-from magretrieve.errors import StoreError
+from magretrieve.core.errors import StoreError
+from magretrieve.stores import open_store, parse_spec, registry
+from magretrieve.stores.faiss_store import FaissStore
 
 DIM = 16
-#: Every registered backend's example specs (adapters/registry.py): a new store joins by
+#: Every registered backend's example specs (magretrieve/stores/registry.py): a new store joins by
 #: registering, not by an edit here. Names only; the specs are rebuilt under tmp_path.
 EXAMPLES = {e.name: e for e in registry.examples(Path("EXAMPLE"))}
 BACKENDS = sorted(EXAMPLES)
@@ -295,7 +295,7 @@ def test_qdrant_client_object_and_size_check():
 def test_qdrant_ids_are_deterministic_and_payload_has_norm():
     from qdrant_client import QdrantClient
 
-    from magretrieve.adapters import point_uuid
+    from magretrieve.stores import point_uuid
 
     client = QdrantClient(":memory:")
     s = open_store(client, collection="c", dimension=DIM)
@@ -387,7 +387,7 @@ def test_faiss_half_written_state_detected(tmp_path):
 
 def test_faiss_crash_between_generations_keeps_previous_state(tmp_path, monkeypatch):
     """A crash after the new index file but before the state switch loses nothing committed."""
-    from magretrieve.adapters import _faiss_files
+    from magretrieve.stores import _faiss_files
 
     ids, docs, _ = make_data(n=40)
     path = tmp_path / "f"
@@ -415,7 +415,7 @@ def test_faiss_crash_between_generations_keeps_previous_state(tmp_path, monkeypa
 _SEARCH_SCRIPT = """
 import json, sys
 import numpy as np
-from magretrieve.adapters import open_store
+from magretrieve.stores import open_store
 spec, qfile = sys.argv[1], sys.argv[2]
 s = open_store(spec)
 res = s.search(np.load(qfile), 5)
@@ -516,7 +516,7 @@ class _ServerLikeClient:
 def test_qdrant_server_path_passes_cluster_hnsw_and_quantization_settings():
     import warnings
 
-    from magretrieve.adapters.qdrant_store import QdrantStore
+    from magretrieve.stores.qdrant_store import QdrantStore
 
     client = _ServerLikeClient()
     s = QdrantStore(
@@ -584,7 +584,7 @@ def test_options_are_checked_before_any_backend_call(tmp_path, spec, options, me
 def test_a_new_backend_is_one_registry_entry(tmp_path, monkeypatch):
     """A toy backend registered from outside: spec parsing, option checks, open_store and the
     spec list in errors all pick it up without another edit."""
-    from magretrieve.adapters.memory_store import MemoryStore
+    from magretrieve.stores.memory_store import MemoryStore
 
     opened = {}
 
@@ -835,7 +835,7 @@ def test_second_writer_on_a_folder_store_gets_a_clear_error_and_loses_nothing(tm
 _HOLD_SCRIPT = """
 import sys, time
 import numpy as np
-from magretrieve.adapters import open_store
+from magretrieve.stores import open_store
 s = open_store(sys.argv[1], dimension=4)
 s.add(["a"], np.ones((1, 4), dtype=np.float32))
 print("locked", flush=True)
@@ -947,6 +947,6 @@ def test_unreachable_target_is_reported_not_hidden(tmp_path, caplog):
     rec = s.parameters()["recall"]
     assert rec["target_met_on_tuning_queries"] is False
     assert rec["ef_search"] == 4096  # the largest setting tried
-    from magretrieve.adapters._ann_recall import warning_line
+    from magretrieve.stores._ann_recall import warning_line
 
     assert "NOT reached" in warning_line(rec)

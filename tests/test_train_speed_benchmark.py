@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import load_benchmark
 
-from magretrieve.data import load_training_data
-from magretrieve.encoder import Encoder
+from magretrieve.data.readers import load_training_data
+from magretrieve.train.encoder import Encoder
 
 LABELS = ["ours fp32", "sentence-transformers fp32", "ours bf16", "sentence-transformers bf16"]
 KEYS = ["ours-fp32", "st-fp32", "ours-bf16", "st-bf16"]

@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from magretrieve import evaluate as evaluate_module
-from magretrieve import similarity
-from magretrieve.data import Document, RetrievalDataset, TrainingPair, load_beir
-from magretrieve.encoder import CONFIG_NAME, Encoder
-from magretrieve.errors import ConfigError, DataError, SymmetryError
-from magretrieve.trainer import (
+from magretrieve.core import similarity
+from magretrieve.core.errors import ConfigError, DataError, SymmetryError
+from magretrieve.data.readers import Document, RetrievalDataset, TrainingPair, load_beir
+from magretrieve.evaluation import retrieval as evaluate_module
+from magretrieve.train import torch_similarity
+from magretrieve.train.encoder import CONFIG_NAME, Encoder
+from magretrieve.train.trainer import (
     LOG_NAME,
     TrainConfig,
     duplicate_mask,
@@ -157,8 +158,8 @@ def test_cosine_gives_documents_no_radial_gradient() -> None:
     d_raw = (torch.randn(4, 8, generator=gen) + 0.5).requires_grad_(True)
     for mode, expect_radial in (("cosine", False), ("qnorm", True)):
         sim = similarity.resolve(mode)
-        q = similarity.partial_normalize_torch(q_raw, sim.gamma_q)
-        d = similarity.partial_normalize_torch(d_raw, sim.gamma_d)
+        q = torch_similarity.partial_normalize_torch(q_raw, sim.gamma_q)
+        d = torch_similarity.partial_normalize_torch(d_raw, sim.gamma_d)
         (grad,) = torch.autograd.grad(info_nce_loss(q, d, 20.0), d_raw)
         radial = (grad * d_raw.detach()).sum(dim=1) / d_raw.detach().norm(dim=1)
         if expect_radial:
@@ -516,7 +517,7 @@ def test_symmetric_task_with_force_trains_with_a_warning(
 ) -> None:
     enc = Encoder.load(tiny_model_dir, "qnorm", device="cpu")
     cfg = TrainConfig(task="symmetric", force=True, epochs=1, batch_size=3, seed=0)
-    with caplog.at_level("WARNING", logger="magretrieve.trainer"):
+    with caplog.at_level("WARNING", logger="magretrieve.train.trainer"):
         result = train(enc, tiny_pairs, cfg, progress=False)
     assert any("s(a, b) != s(b, a)" in r.getMessage() for r in caplog.records)
     assert result.log["total_steps"] == 2
@@ -526,7 +527,7 @@ def test_symmetric_task_with_force_trains_with_a_warning(
 
 
 def test_autocast_context_runs_matmuls_in_bf16_only_when_asked() -> None:
-    from magretrieve.trainer import autocast
+    from magretrieve.train.trainer import autocast
 
     layer = torch.nn.Linear(4, 3)
     x = torch.randn(2, 4)

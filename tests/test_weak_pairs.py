@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from magretrieve.data import Document
-from magretrieve.errors import ConfigError
-from magretrieve.weak_pairs import mine_weak_pairs, sentence_pairs, split_sentences, title_pairs
+from magretrieve.core.errors import ConfigError
+from magretrieve.data.readers import Document
+from magretrieve.data.weak_pairs import (
+    mine_weak_pairs,
+    sentence_pairs,
+    split_sentences,
+    title_pairs,
+)
 
 ABSTRACT = (
     "Statins lower cholesterol in most adults. We followed 2,000 patients for 5 years. "

@@ -16,12 +16,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-#: Source folder of each top-level package of the design (adapters/ and export/ install inside).
-SOURCES = {
-    "magretrieve": REPO / "magretrieve",
-    "magretrieve.adapters": REPO / "adapters",
-    "magretrieve.export": REPO / "export",
-}
+#: Source folder of the one package of the design.
+SOURCES = {"magretrieve": REPO / "magretrieve"}
 
 
 def tree_modules(patterns: tuple[str, ...] = ("*.py",)) -> set[str]:
@@ -54,7 +50,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_wheel_holds_every_module_of_the_tree(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = tree_modules(("*.py", "*.json"))  # modules and the data files they read
-    assert {"magretrieve/diagnose/evidence.json", "magretrieve/adapters/base.py"} <= expected
+    assert {"magretrieve/diagnose/evidence.json", "magretrieve/stores/base.py"} <= expected
     missing = sorted(expected - names)
     assert not missing, f"{wheel.name} lacks {missing}"
     # and nothing of the tree's tests or benchmarks leaks into the wheel
@@ -90,10 +86,10 @@ def test_every_module_imports_from_the_installed_package() -> None:
 )
 def test_suite_runs_against_the_installed_wheel_not_the_checkout() -> None:
     import magretrieve
-    import magretrieve.adapters
     import magretrieve.export
+    import magretrieve.stores
 
-    for module in (magretrieve, magretrieve.adapters, magretrieve.export):
+    for module in (magretrieve, magretrieve.stores, magretrieve.export):
         origin = Path(module.__file__).resolve()
         # installed (the test venv may itself sit inside the checkout), never the source folders
         assert "site-packages" in origin.parts, origin

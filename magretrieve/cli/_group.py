@@ -7,7 +7,7 @@ import logging
 import click
 
 from magretrieve import __version__
-from magretrieve.errors import MagRetrieveError
+from magretrieve.core.errors import MagRetrieveError
 
 
 def describe_os_error(exc: OSError) -> str:

@@ -55,8 +55,8 @@ def annotate_cmd(
     are not touched. Afterwards `magretrieve search` (and Retriever.load) with the cosine
     export rank it by cos·m(d) inside the database: a cosine prefetch re-ranked by cos·m.
     """
-    from magretrieve.annotate import annotate_store, load_prior
     from magretrieve.cli._common import print_json, print_table
+    from magretrieve.priors.annotate import annotate_store, load_prior
 
     report = annotate_store(
         store_spec,

@@ -6,7 +6,7 @@ import click
 
 from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
-from magretrieve.similarity import MODES
+from magretrieve.core.similarity import MODES
 
 
 @main.command("eval")
@@ -36,8 +36,8 @@ def eval_command(model, data_specs, mode, batch_size, device, as_json):
     from pathlib import Path
 
     from magretrieve.cli._common import print_json, print_table
-    from magretrieve.data import is_sentence_pair_file, load_beir, load_sentence_pairs
-    from magretrieve.evaluate import evaluate_retrieval, evaluate_sts
+    from magretrieve.data.readers import is_sentence_pair_file, load_beir, load_sentence_pairs
+    from magretrieve.evaluation.retrieval import evaluate_retrieval, evaluate_sts
 
     encoder = _load_any(model, mode, device)
     results = []
@@ -116,8 +116,8 @@ def _load_any(model: str, mode: str | None, device: str = "cpu"):
     from pathlib import Path
 
     if (Path(model) / "magretrieve.json").is_file():
-        from magretrieve.errors import ConfigError
-        from magretrieve.runtime import OnnxEncoder
+        from magretrieve.core.errors import ConfigError
+        from magretrieve.serving.runtime import OnnxEncoder
 
         encoder = OnnxEncoder.load(model, device=device)
         if mode is not None and mode != encoder.manifest.mode:
@@ -125,6 +125,6 @@ def _load_any(model: str, mode: str | None, device: str = "cpu"):
                 f"{model}: an export is fixed to mode {encoder.manifest.mode!r}; re-export for {mode!r}"
             )
         return encoder
-    from magretrieve.encoder import Encoder
+    from magretrieve.train.encoder import Encoder
 
     return Encoder.load(model, mode, device=device)

@@ -8,11 +8,11 @@ import click
 
 from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
-from magretrieve.similarity import MODES
+from magretrieve.core.similarity import MODES
 
 
 def _print_report(dest: str) -> None:
-    from magretrieve.manifest import Manifest
+    from magretrieve.core.manifest import Manifest
 
     manifest = Manifest.load(dest, verify=False)
     parity = manifest.parity
@@ -154,6 +154,6 @@ def export_cmd(
     )
     _print_report(dest)
     if as_json:
-        from magretrieve.manifest import Manifest
+        from magretrieve.core.manifest import Manifest
 
         click.echo(json.dumps(Manifest.load(dest, verify=False).to_dict(), indent=2))

@@ -56,8 +56,8 @@ def fit_prior_command(model, train_spec, out, method, eval_specs, betas, k, as_j
 
     from magretrieve.cli._common import print_json, print_table
     from magretrieve.cli.cmd_eval import _load_any
-    from magretrieve.data import load_beir
-    from magretrieve.errors import ConfigError
+    from magretrieve.core.errors import ConfigError
+    from magretrieve.data.readers import load_beir
     from magretrieve.priors import HubPrior
     from magretrieve.priors.base import compact
     from magretrieve.priors.fit import fit_prior, score_with_prior
@@ -80,7 +80,7 @@ def fit_prior_command(model, train_spec, out, method, eval_specs, betas, k, as_j
     encoder = _load_any(model, None)
     selection = fit_prior(encoder, train, method=method, grids=grids, progress=not as_json)
     written = selection.to_dict()
-    from magretrieve.adapters.base import atomic_write_bytes
+    from magretrieve.stores.base import atomic_write_bytes
 
     target = Path(out)
     # temp file + fsync + rename: a crash leaves the old file or the new one, never half

@@ -9,7 +9,7 @@ import click
 from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
 from magretrieve.engines import ENGINES
-from magretrieve.runtime import RUNTIMES
+from magretrieve.serving.runtime import RUNTIMES
 
 
 def _click_option(opt: Any) -> Any:
@@ -18,13 +18,13 @@ def _click_option(opt: Any) -> Any:
 
 
 def store_options(fn):  # type: ignore[no-untyped-def]
-    """The store options of every registered backend (adapters/registry.py), as click options.
+    """The store options of every registered backend (magretrieve/stores/registry.py), as click options.
 
     Build-time knobs shape a store when it is created; on reopen they must match what the
     store was built with (or the store refuses them). Each backend refuses options it does
     not take, naming them.
     """
-    from magretrieve.adapters.registry import cli_options
+    from magretrieve.stores.registry import cli_options
 
     for opt in reversed(cli_options()):
         fn = _click_option(opt)(fn)
@@ -33,7 +33,7 @@ def store_options(fn):  # type: ignore[no-untyped-def]
 
 def search_store_options(fn):  # type: ignore[no-untyped-def]
     """The search-time store knobs (``--ef-search``, ``--nprobe``, ...) for ``search``."""
-    from magretrieve.adapters.registry import cli_options
+    from magretrieve.stores.registry import cli_options
 
     for opt in reversed(cli_options(search_only=True)):
         fn = _click_option(opt)(fn)
@@ -126,9 +126,9 @@ def index_cmd(
 
     Re-running skips ids the store already holds, so an interrupted run resumes.
     """
-    from magretrieve.adapters.registry import check_spec_before_encoding
-    from magretrieve.errors import ConfigError
-    from magretrieve.indexing import check_corpus_file, index_corpus
+    from magretrieve.core.errors import ConfigError
+    from magretrieve.serving.indexing import check_corpus_file, index_corpus
+    from magretrieve.stores.registry import check_spec_before_encoding
 
     engine_options: dict[str, object] = {}
     if engine == "ray":
@@ -141,7 +141,7 @@ def index_cmd(
             )
     elif address is not None or workers is not None:
         raise ConfigError("--address and --workers need --engine ray")
-    from magretrieve.retriever import Retriever
+    from magretrieve.serving.retriever import Retriever
 
     # a spec naming a regular file, or a store that keeps nothing, fails before any encoding
     check_spec_before_encoding(store_spec, must_persist=True)
@@ -174,7 +174,7 @@ def index_cmd(
         )
         recall = retriever.store.describe()["parameters"].get("recall")
         if recall:
-            from magretrieve.adapters._ann_recall import warning_line
+            from magretrieve.stores._ann_recall import warning_line
 
             click.echo(warning_line(recall))
         if report.truncated:

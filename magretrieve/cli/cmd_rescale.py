@@ -50,9 +50,9 @@ def rescale_cmd(
     from pathlib import Path
 
     from magretrieve.cli._common import print_json, print_table
-    from magretrieve.errors import ConfigError
+    from magretrieve.core.errors import ConfigError
     from magretrieve.priors import HubPrior, prior_from_dict
-    from magretrieve.rescale import rescale_store
+    from magretrieve.priors.rescale import rescale_store
 
     prior = None
     if prior_file is not None:

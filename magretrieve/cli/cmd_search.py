@@ -8,7 +8,7 @@ import click
 
 from magretrieve.cli._group import main
 from magretrieve.cli.cmd_index import collect_store_options, search_store_options
-from magretrieve.retriever import DEFAULT_K
+from magretrieve.serving.retriever import DEFAULT_K
 
 
 def _snippet(hit: object, width: int = 60) -> str:
@@ -37,7 +37,7 @@ def search_cmd(
     **store_kw: object,
 ) -> None:
     """Search the store with QUERY; shows score = ‖q‖·doc_norm·cosine for each hit."""
-    from magretrieve.retriever import Retriever
+    from magretrieve.serving.retriever import Retriever
 
     text = " ".join(query)
     with Retriever.load(

@@ -6,7 +6,7 @@ import click
 
 from magretrieve.cli._common import device_option
 from magretrieve.cli._group import main
-from magretrieve.similarity import MODES
+from magretrieve.core.similarity import MODES
 
 
 @main.command("train")
@@ -161,16 +161,16 @@ def train_command(
     """
     from pathlib import Path
 
-    from magretrieve import trainer
     from magretrieve.cli._common import print_json, print_table
-    from magretrieve.data import (
+    from magretrieve.core.errors import ConfigError
+    from magretrieve.data.readers import (
         is_sentence_pair_file,
         load_beir,
         load_pairs,
         load_sentence_pairs,
         parse_data_spec,
     )
-    from magretrieve.errors import ConfigError
+    from magretrieve.train import trainer
 
     # under torchrun (WORLD_SIZE > 1): join the process group, one device per rank
     rank, world_size, rank_device = trainer.init_distributed()
@@ -188,7 +188,7 @@ def train_command(
         raise ConfigError(f"{out_path}: exists and is not empty (pass --force to overwrite)")
     dataset = None
     if is_sentence_pair_file(train_spec):
-        from magretrieve.data import TrainingPair
+        from magretrieve.data.readers import TrainingPair
 
         pairs = [TrainingPair(p.a, p.b) for p in load_sentence_pairs(train_spec) if p.score >= 4.0]
         if not pairs:
@@ -201,7 +201,7 @@ def train_command(
         pairs = dataset.training_pairs()
     reports = [load_beir(s) for s in eval_specs]
 
-    from magretrieve.encoder import Encoder
+    from magretrieve.train.encoder import Encoder
 
     gamma = (
         {"gamma_q": gamma_init, "gamma_d": gamma_init}
@@ -232,7 +232,7 @@ def train_command(
         trainable = ["norm_head", "gamma_logits"]
         encoder.config.extra["frozen_encoder"] = True
     if calibrate_scale:
-        from magretrieve.calibration import calibrate
+        from magretrieve.train.calibration import calibrate
 
         documents = (
             [d.full_text for d in dataset.corpus.values()]

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from magretrieve.data import RetrievalDataset, SentencePair, load_beir, load_sentence_pairs
+from magretrieve.data.readers import RetrievalDataset, SentencePair, load_beir, load_sentence_pairs
 from magretrieve.diagnose.cache import EmbeddingCache, model_fingerprint
 from magretrieve.diagnose.magnitude import MagnitudeSignal, magnitude_signal
 from magretrieve.diagnose.report import recommend, verdict_text, write_report
@@ -34,7 +34,7 @@ TRAIN_LOG = "train_log.json"
 
 
 def _load_encoder(model: Any) -> Any:
-    from magretrieve.encoder import Encoder
+    from magretrieve.train.encoder import Encoder
 
     return model if isinstance(model, Encoder) else Encoder.load(model)
 

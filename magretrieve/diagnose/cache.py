@@ -2,10 +2,10 @@
 
 Diagnose scores the same texts under several modes (cosine, dot, qnorm, dnorm). Only the
 side normalization differs between them, so the raw pooled vectors are encoded once here
-and a :class:`ModeView` applies each mode's sides through :mod:`magretrieve.similarity`.
-A view quacks like an :class:`~magretrieve.encoder.Encoder` (``embed``,
+and a :class:`ModeView` applies each mode's sides through :mod:`magretrieve.core.similarity`.
+A view quacks like an :class:`~magretrieve.train.encoder.Encoder` (``embed``,
 ``encode_queries``, ``encode_documents``, ``similarity``), so the evaluation functions of
-:mod:`magretrieve.evaluate` run on it unchanged.
+:mod:`magretrieve.evaluation.retrieval` run on it unchanged.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve import similarity
-from magretrieve.errors import ConfigError
+from magretrieve.core import similarity
+from magretrieve.core.errors import ConfigError
 
 SIDES = ("query", "document")
 

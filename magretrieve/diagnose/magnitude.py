@@ -8,7 +8,7 @@
 * ``pearson_norm_length`` / ``spearman_norm_length``: correlation of ‖d‖ with the number
   of tokens the model saw (the known length bias of dot-product models).
 
-Search and the statistics come from :mod:`magretrieve.evaluate`; nothing is re-derived here.
+Search and the statistics come from :mod:`magretrieve.evaluation.retrieval`; nothing is re-derived here.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve import metrics, similarity
-from magretrieve.data import RetrievalDataset
+from magretrieve.core import metrics, similarity
+from magretrieve.data.readers import RetrievalDataset
 from magretrieve.diagnose.cache import EmbeddingCache
-from magretrieve.evaluate import evaluate_retrieval, exact_search
+from magretrieve.evaluation.retrieval import evaluate_retrieval, exact_search
 
 #: Cohen's d above which the paper reads "magnitude carries relevance".
 CARRIES_D = 0.5
@@ -111,7 +111,7 @@ def magnitude_signal(
 ) -> MagnitudeSignal:
     """Magnitude figures of the vectors behind ``cache`` on ``dataset`` under ``sim``.
 
-    Cohen's d and CV come from :func:`magretrieve.evaluate.evaluate_retrieval` (top-``k``
+    Cohen's d and CV come from :func:`magretrieve.evaluation.retrieval.evaluate_retrieval` (top-``k``
     under ``sim``); NDCG@10 is added for cosine- and dot-ranking (cheap: vectors are cached).
     """
     own = evaluate_retrieval(cache.view(sim), dataset, k=k, progress=progress)

@@ -2,7 +2,7 @@
 
 ΔCV
     Two short probe trainings from the same starting weights, one under ``dnorm`` and one
-    under ``dot`` (same batches, same seed, :func:`magretrieve.trainer.train` on deep copies).
+    under ``dot`` (same batches, same seed, :func:`magretrieve.train.trainer.train` on deep copies).
     ΔCV = CV(‖q‖) after the dnorm probe / CV(‖q‖) after the dot probe, with ‖q‖ the raw query
     norms of a fixed probe set. The paper reports RetroMAE 6.1× (dnorm won) and Contriever
     1.3× (qnorm won); we split at their geometric mean, √(1.3·6.1) ≈ 2.82, the midpoint of
@@ -10,7 +10,7 @@
 
 Fisher κ (experimental; the paper's v2 procedure is not published, this is our definition)
     At the starting weights, for mode m ∈ {qnorm, dnorm}: per-example gradients g_i of the
-    in-batch InfoNCE loss ℓ_i (row i of :class:`magretrieve.losses.InfoNCE`, same
+    in-batch InfoNCE loss ℓ_i (row i of :class:`magretrieve.train.losses.InfoNCE`, same
     scale) over N examples from ``n_batches`` batches, restricted to the parameters of the
     last transformer layer and count-sketched to ``sketch_dim`` coordinates (a fixed random
     projection: each coordinate goes to one bucket with a random sign, same sketch for both
@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve import metrics, similarity
-from magretrieve.data import TrainingPair
-from magretrieve.errors import ConfigError, DataError
+from magretrieve.core import metrics, similarity
+from magretrieve.core.errors import ConfigError, DataError
+from magretrieve.data.readers import TrainingPair
+from magretrieve.train import torch_similarity
 
 #: ΔCV at or above this → dnorm; below → qnorm (geometric mean of the paper's 1.3× and 6.1×).
 DELTA_CV_THRESHOLD = math.sqrt(1.3 * 6.1)
@@ -121,7 +122,7 @@ def delta_cv(
     ``encoder`` itself is not modified. ``max_document_length`` caps document tokens during
     the probes only (CPU budget); the query side is untouched.
     """
-    from magretrieve.trainer import TrainConfig, length_bucketed_batches, train
+    from magretrieve.train.trainer import TrainConfig, length_bucketed_batches, train
 
     if steps < 1:
         raise ConfigError(f"probe steps must be at least 1, got {steps}")
@@ -247,7 +248,7 @@ def per_example_gradients(
     import torch
     from tqdm.auto import tqdm
 
-    from magretrieve.losses import InfoNCE, text_keys
+    from magretrieve.train.losses import InfoNCE, text_keys
 
     info_nce = InfoNCE(scale, gather=False)
 
@@ -265,8 +266,8 @@ def per_example_gradients(
         positives = [p.positive for p in batch]
         q_raw = encoder(**encoder.tokenize([p.query for p in batch], "query"), side="query")
         d_raw = encoder(**encoder.tokenize(positives, "document"), side="document")
-        q = similarity.partial_normalize_torch(q_raw, sim.gamma_q)
-        d = similarity.partial_normalize_torch(d_raw, sim.gamma_d)
+        q = torch_similarity.partial_normalize_torch(q_raw, sim.gamma_q)
+        d = torch_similarity.partial_normalize_torch(d_raw, sim.gamma_d)
         keys = text_keys(positives)
         losses = info_nce(q, d, positive_keys=keys, column_keys=keys, reduction="none")
         for i in range(len(batch)):
@@ -300,7 +301,7 @@ def fisher_kappa(
     progress: bool = True,
 ) -> FisherKappa:
     """κ of the empirical InfoNCE Fisher under qnorm and under dnorm (same examples, same sketch)."""
-    from magretrieve.trainer import length_bucketed_batches
+    from magretrieve.train.trainer import length_bucketed_batches
 
     pairs = list(pairs)
     if len(pairs) < 2:

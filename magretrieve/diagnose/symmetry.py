@@ -2,7 +2,7 @@
 
 One-sided modes (qnorm, dnorm, a learnable γq ≠ γd) score s(a, b) ≠ s(b, a): on a symmetric
 task (STS, deduplication, clustering) the answer depends on which sentence is "the query".
-:func:`magretrieve.evaluate.evaluate_sts` does the scoring; this module runs it per mode on
+:func:`magretrieve.evaluation.retrieval.evaluate_sts` does the scoring; this module runs it per mode on
 cached raw vectors, so each sentence is encoded once.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from magretrieve import similarity
-from magretrieve.data import SentencePair
+from magretrieve.core import similarity
+from magretrieve.data.readers import SentencePair
 from magretrieve.diagnose.cache import EmbeddingCache
-from magretrieve.evaluate import evaluate_sts
+from magretrieve.evaluation.retrieval import evaluate_sts
 
 MODES = ("cosine", "dot", "qnorm", "dnorm")
 

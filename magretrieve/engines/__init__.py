@@ -1,12 +1,12 @@
 """Indexing engines: where ``index_corpus`` runs its encoding.
 
-``local`` (the default) is :func:`magretrieve.indexing.index_documents` in this process. Every
+``local`` (the default) is :func:`magretrieve.serving.indexing.index_documents` in this process. Every
 other engine is one module here plus one entry in :data:`ENGINES` ("module:function"); the
 module is imported only when chosen, so its dependency (e.g. ``ray`` for ``engine="ray"``, the
 ``magretrieve[ray]`` extra) is never imported on the default path.
 
-An engine function has the signature of :func:`magretrieve.indexing.index_corpus` plus its own
-keyword options, and returns an :class:`~magretrieve.indexing.IndexReport`.
+An engine function has the signature of :func:`magretrieve.serving.indexing.index_corpus` plus its own
+keyword options, and returns an :class:`~magretrieve.serving.indexing.IndexReport`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from magretrieve.errors import ConfigError
+from magretrieve.core.errors import ConfigError
 
 ENGINES: dict[str, str] = {
     "local": "",

@@ -3,11 +3,11 @@
 Layout of a run (``magretrieve index EXPORT CORPUS --store SPEC --engine ray``):
 
 1. **Check, on the driver** (no Ray yet): every line is parsed as the local engine parses it
-   (:func:`magretrieve.data.iter_corpus`) and duplicate ids are refused naming their lines, so
+   (:func:`magretrieve.data.readers.iter_corpus`) and duplicate ids are refused naming their lines, so
    bad input fails before anything is encoded or stored. The ids the store already holds are
    looked up (``store.existing``): a re-run skips them, exactly like the local engine.
 2. **Encode, on the cluster**: Ray Data reads the JSONL in blocks (``read_text``); an actor pool
-   of ``workers`` actors, each holding one :class:`~magretrieve.runtime.OnnxEncoder` session
+   of ``workers`` actors, each holding one :class:`~magretrieve.serving.runtime.OnnxEncoder` session
    (1 CPU, 1 onnxruntime thread by default), parses each line and encodes the documents not yet
    stored.
 3. **Write, on the driver — one writer**: vectors stream back in corpus order and the driver
@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from magretrieve.adapters.base import check_finite
-from magretrieve.data import Document, corpus_document, is_empty, iter_corpus
-from magretrieve.errors import ConfigError, DataError, StoreError
-from magretrieve.indexing import IndexReport
+from magretrieve.core.errors import ConfigError, DataError, StoreError
+from magretrieve.data.readers import Document, corpus_document, is_empty, iter_corpus
+from magretrieve.serving.indexing import IndexReport
+from magretrieve.stores.base import check_finite
 
 if TYPE_CHECKING:  # pragma: no cover
-    from magretrieve.retriever import Retriever
+    from magretrieve.serving.retriever import Retriever
 
 #: Ids per ``store.existing`` call when looking up what a re-run may skip.
 EXISTING_CHUNK = 4096
@@ -119,7 +119,7 @@ class EncodeActor:
     def __init__(self, export_dir: str, source: str, stored: list[Any], threads: int) -> None:
         import ray
 
-        from magretrieve.runtime import OnnxEncoder
+        from magretrieve.serving.runtime import OnnxEncoder
 
         self.encoder = OnnxEncoder.load(export_dir, threads=threads)
         self.source = Path(source)

@@ -1,4 +1,4 @@
-"""Framework retrievers over a :class:`~magretrieve.retriever.Retriever` that keep the decomposition.
+"""Framework retrievers over a :class:`~magretrieve.serving.retriever.Retriever` that keep the decomposition.
 
 - :mod:`magretrieve.integrations.langchain`: ``MagRetrieveRetriever(retriever=..., k=5)``, a
   ``langchain_core`` ``BaseRetriever`` (``pip install 'magretrieve[langchain]'``);

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from magretrieve.errors import ConfigError
+from magretrieve.core.errors import ConfigError
 
 #: Metadata keys every framework result carries (the contract), besides the payload's fields.
 SCORE_KEYS = ("id", "score", "doc_norm", "cosine", "query_norm", "rank")
 
 
 def check_retriever(retriever: Any) -> Any:
-    """The wrapped object must search like a :class:`~magretrieve.retriever.Retriever`."""
+    """The wrapped object must search like a :class:`~magretrieve.serving.retriever.Retriever`."""
     if not callable(getattr(retriever, "search", None)):
         raise ConfigError(
             f"retriever must be a magretrieve Retriever (Retriever.load(EXPORT, store=SPEC)), "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from magretrieve.adapters.base import require
+from magretrieve.stores.base import require
 
 require("langchain_core", "langchain-core", "langchain")
 
@@ -46,7 +46,7 @@ class MagRetrieveRetriever(BaseRetriever):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     retriever: Any
-    """A :class:`magretrieve.retriever.Retriever` (export + store)."""
+    """A :class:`magretrieve.serving.retriever.Retriever` (export + store)."""
     k: int = 5
     """Documents returned per query."""
 

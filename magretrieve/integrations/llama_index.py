@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from magretrieve.adapters.base import require
+from magretrieve.stores.base import require
 
 require("llama_index.core", "llama-index-core", "llama-index")
 

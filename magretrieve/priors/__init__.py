@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from magretrieve.errors import ConfigError
+from magretrieve.core.errors import ConfigError
 from magretrieve.priors.base import (
     KIND,
     DocumentPrior,

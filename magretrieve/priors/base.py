@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from magretrieve.errors import ConfigError, DataError
+from magretrieve.core.errors import ConfigError, DataError
 
 KIND = "document_prior"
 #: Fitted corpus statistics: part of a prior's JSON, not of its name.

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.errors import ConfigError, DataError
+from magretrieve.core.errors import ConfigError, DataError
 from magretrieve.priors.base import DocumentPrior, unit
 from magretrieve.priors.select import Selection, choose_prior, ndcg_at_10, served_scores
 

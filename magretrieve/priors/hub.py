@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.errors import ConfigError
+from magretrieve.core.errors import ConfigError
 from magretrieve.priors.base import DocumentPrior, Neighbours, PriorTerms, require
 
 
 def corpus_hub_scores(units: np.ndarray, k: int) -> np.ndarray:
     """Mean cosine of each document to its ``k`` nearest other documents."""
-    from magretrieve.corpus_prior import hub_scores
+    from magretrieve.priors.corpus_prior import hub_scores
 
     return hub_scores(units, k)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.errors import ConfigError
+from magretrieve.core.errors import ConfigError
 from magretrieve.priors.base import (
     DocumentPrior,
     Neighbours,

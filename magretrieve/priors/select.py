@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.errors import ConfigError, DataError
+from magretrieve.core.errors import ConfigError, DataError
 from magretrieve.priors.base import DocumentPrior, query_vectors, stored_vectors, unit
 from magretrieve.priors.combined import CombinedPrior
 from magretrieve.priors.none import NoPrior
@@ -54,7 +54,7 @@ def ndcg_at_10(
     qrels: Mapping[str, Mapping[str, int]],
 ) -> float:
     """NDCG@10 (trec_eval) of a score matrix (queries × documents)."""
-    from magretrieve import metrics
+    from magretrieve.core import metrics
 
     depth = min(10, scores.shape[1])
     top = np.argpartition(-scores, depth - 1, axis=1)[:, :depth]

@@ -31,10 +31,10 @@ TEXTS = [
 def main(out: Path) -> None:
     import torch
 
-    from magretrieve.data import load_corpus
-    from magretrieve.encoder import Encoder
+    from magretrieve.data.readers import load_corpus
     from magretrieve.export import export_model
-    from magretrieve.testing import build_tiny_bert, write_tiny_beir
+    from magretrieve.train.encoder import Encoder
+    from magretrieve.train.testing import build_tiny_bert, write_tiny_beir
 
     model = build_tiny_bert(out / "model")
     encoder = Encoder.load(model, mode="qnorm", device="cpu")

@@ -72,7 +72,7 @@ def spec_for(kind: str, folder: Path) -> str:
 
 def read_vectors(spec: str) -> dict[str, np.ndarray]:
     from magretrieve import open_store
-    from magretrieve.rescale import read_all
+    from magretrieve.priors.rescale import read_all
 
     store = open_store(spec)
     try:
@@ -116,7 +116,7 @@ def test_retriever_add_search_batch_on_every_embedded_store(
     fixtures: Path, tmp_path: Path, kind: str
 ) -> None:
     from magretrieve import OnnxEncoder, Retriever
-    from magretrieve.data import load_corpus
+    from magretrieve.data.readers import load_corpus
 
     docs = list(load_corpus(fixtures / "beir" / "corpus.jsonl").values())
     encoder = OnnxEncoder.load(fixtures / "export", threads=1)

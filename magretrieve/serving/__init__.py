@@ -1,0 +1,1 @@
+"""Serving without torch: the exported ONNX graphs, the Retriever and bulk indexing."""

@@ -1,0 +1,89 @@
+"""An advisory writer lock on a folder store, so two writers cannot lose each other's documents.
+
+The lock is ``flock(LOCK_EX | LOCK_NB)`` on the store *folder itself* (no lock file is left in
+it), taken by the first write of a store object (add, delete, metadata, persist) and held until
+``close()``. Readers never take it, so searches keep working while an index is being built.
+A second writer gets a one-line error naming the holder (pid and command line, read from
+``/proc/locks`` where the system has it). The kernel drops the lock when its holder dies, so a
+killed writer never leaves a stale lock behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from magretrieve.core.errors import StoreError
+
+try:  # POSIX only; elsewhere the lock is a no-op (documented in docs/stores.md)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+
+def _holder(folder: Path) -> str:
+    """``pid N (command line)`` of whoever holds a flock on ``folder``, as well as we can tell."""
+    try:
+        st = os.stat(folder)
+        inode = f":{st.st_ino}"
+        with open("/proc/locks") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return "another process"
+    for line in lines:
+        parts = line.split()
+        if "->" in parts:  # a blocked waiter, not the holder
+            continue
+        if "FLOCK" in parts and len(parts) >= 6 and parts[5].endswith(inode):
+            pid = parts[4]
+            if pid == str(os.getpid()):
+                return f"this process (pid {pid}, another open store object)"
+            try:
+                raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+                cmd = " ".join(raw.decode(errors="replace").split("\x00")).strip()
+            except OSError:
+                cmd = ""
+            return f"pid {pid}" + (f" ({cmd[:160]})" if cmd else "")
+    return "another process"
+
+
+class WriterLock:
+    """Exclusive, non-blocking, per-folder; ``acquire`` is idempotent."""
+
+    def __init__(self, folder: Path, where: str) -> None:
+        self.folder = Path(folder)
+        self.where = where
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        if self._fd is not None or fcntl is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.folder, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(self.folder)
+            os.close(fd)
+            raise StoreError(
+                f"{self.where}: another writer holds this store ({holder}); wait for it to "
+                "finish, or write to another folder (searching it is fine meanwhile)"
+            ) from None
+        self._fd = fd
+
+    def __del__(self) -> None:  # an unclosed store must not keep its folder locked forever
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.release()
+
+    def release(self) -> None:
+        if self._fd is not None:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._fd)
+                self._fd = None

@@ -1,0 +1,483 @@
+"""The one small protocol every vector store implements, and the helpers they share.
+
+A store keeps *stored* vectors (``d / ‖d‖^γd``, see :mod:`magretrieve.core.similarity`) under
+string ids with a JSON payload, and is searched by inner product. Magnitude is the point of
+this project, so a store never normalizes, and every store refuses NaN/inf before it writes.
+
+Store metadata (:data:`META_KEYS`) records the model that built the store (the manifest's
+``model_fingerprint``, mode, γ values, dimension) so a :class:`~magretrieve.serving.retriever.Retriever`
+can refuse to mix models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from magretrieve.core.errors import StoreError
+
+#: The only metric a magretrieve store uses.
+METRIC = "inner_product"
+#: Keys written into a store's metadata by the Retriever.
+META_KEYS = ("model_fingerprint", "mode", "gamma_q", "gamma_d", "dimension", "metric")
+#: Namespace of the deterministic point ids (uuid5 of the document id) used by Qdrant stores.
+ID_NAMESPACE = uuid.UUID("6f1c3f0e-8a57-5b7e-9a43-3d2b1c0e9f10")
+
+
+@dataclass
+class StoreHit:
+    """One search result as a store returns it (before the Retriever decomposes the score).
+
+    ``doc_norm`` is the stored vector's norm, kept by the store next to the vector (payload,
+    record table) so explaining a score never needs the vector itself: with it the Retriever
+    searches with ``with_vectors=False``. ``None`` only for third-party stores that cannot
+    tell; the Retriever then fetches those vectors.
+    """
+
+    id: str
+    score: float
+    payload: dict[str, Any] = field(default_factory=dict)
+    vector: np.ndarray | None = None
+    doc_norm: float | None = None
+
+
+@dataclass
+class StoreRecord:
+    """A stored point read back by id."""
+
+    id: str
+    vector: np.ndarray
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+class VectorStore(ABC):
+    """The protocol: add/upsert, batch search, delete, count, get by id, persist, describe.
+
+    Implementations: memory (numpy, exact; the congruence reference), FAISS, Qdrant
+    (server or embedded) and Qdrant Edge. ``thread_safe_search`` says whether concurrent
+    ``search`` calls are safe without a lock (the Retriever serializes them when not).
+    """
+
+    #: Short backend name, e.g. ``"faiss"``.
+    kind: str = "store"
+    #: Whether ``search`` may run from several threads at once.
+    thread_safe_search: bool = False
+
+    @property
+    @abstractmethod
+    def dimension(self) -> int:
+        """Vector dimension the store was created with."""
+
+    @property
+    def metric(self) -> str:
+        return METRIC
+
+    @property
+    def normalizes_vectors(self) -> bool:
+        """True when the store rescales vectors on the way in (magnitude would be lost)."""
+        return False
+
+    @abstractmethod
+    def add(
+        self,
+        ids: Sequence[str],
+        vectors: np.ndarray,
+        payloads: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int:
+        """Insert or replace (upsert) points; returns how many were written."""
+
+    def upsert(
+        self,
+        ids: Sequence[str],
+        vectors: np.ndarray,
+        payloads: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int:
+        """Alias of :meth:`add`: adding an existing id replaces it."""
+        return self.add(ids, vectors, payloads)
+
+    @abstractmethod
+    def search(
+        self, queries: np.ndarray, k: int, *, with_vectors: bool = True
+    ) -> list[list[StoreHit]]:
+        """Top-``k`` hits by inner product for each row of ``queries`` (best first)."""
+
+    @abstractmethod
+    def delete(self, ids: Sequence[str]) -> int:
+        """Remove points; unknown ids are ignored. Returns how many were removed."""
+
+    @abstractmethod
+    def count(self) -> int:
+        """Number of live points."""
+
+    @abstractmethod
+    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
+        """Records (vector + payload) by id, ``None`` where an id is not stored."""
+
+    @abstractmethod
+    def existing(self, ids: Sequence[str]) -> set[str]:
+        """The subset of ``ids`` already stored (what resumable indexing skips)."""
+
+    @abstractmethod
+    def iter_ids(self) -> Iterator[str]:
+        """Every stored id (order unspecified)."""
+
+    @abstractmethod
+    def read_metadata(self) -> dict[str, Any] | None:
+        """The metadata recorded by :meth:`write_metadata`, or ``None`` for a fresh store."""
+
+    @abstractmethod
+    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+        """Record which model built the store (see :data:`META_KEYS`)."""
+
+    def foreign_points(self) -> int:
+        """Points that magretrieve did not write (an existing collection without its model
+        metadata); writing next to them needs ``force``. 0 for stores only magretrieve fills."""
+        return 0
+
+    def persist(self) -> None:  # noqa: B027 - optional hook
+        """Make everything added so far durable (atomic where the backend allows)."""
+
+    def optimize(self) -> None:  # noqa: B027 - optional hook
+        """Finish a bulk load (train/build indexes); a no-op where nothing is deferred."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release files and connections."""
+
+    @abstractmethod
+    def parameters(self) -> dict[str, Any]:
+        """Index parameters worth reporting (type, M, ef, nlist, quantization, ...)."""
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Human-readable name of where the data lives (a path, URL/collection, ...)."""
+
+    def get_vectors(self, ids: Sequence[str]) -> np.ndarray:
+        """Stored vectors by id as a float32 ``(n, dim)`` array; unknown ids are an error."""
+        records = self.get(ids)
+        missing = [i for i, r in zip(ids, records, strict=True) if r is None]
+        if missing:
+            raise StoreError(
+                f"{self.location}: {len(missing)} id(s) not stored, e.g. {missing[0]!r}"
+            )
+        if not records:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        return np.stack([r.vector for r in records]).astype(np.float32)  # type: ignore[union-attr]
+
+    def describe(self) -> dict[str, Any]:
+        """Metric, dimension, count, parameters and recorded metadata, for users and checks."""
+        return {
+            "kind": self.kind,
+            "location": self.location,
+            "metric": self.metric,
+            "dimension": self.dimension,
+            "count": self.count(),
+            "normalizes_vectors": self.normalizes_vectors,
+            "parameters": self.parameters(),
+            "metadata": self.read_metadata(),
+        }
+
+    def __enter__(self) -> VectorStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.location} dim={self.dimension}>"
+
+
+class IdMapMixin:
+    """Id-map protocol methods for stores that keep ids and metadata in process.
+
+    Used by the memory and FAISS stores: both map each live document id to a row in
+    ``_row`` (insertion order) and hold the recorded model metadata in ``_meta`` until
+    :meth:`VectorStore.persist` writes it. List it before :class:`VectorStore` in the bases.
+    """
+
+    _row: dict[str, int]
+    _meta: dict[str, Any] | None
+
+    def existing(self, ids: Sequence[str]) -> set[str]:
+        return {i for i in ids if i in self._row}
+
+    def iter_ids(self) -> Iterator[str]:
+        return iter(list(self._row))
+
+    def read_metadata(self) -> dict[str, Any] | None:
+        return dict(self._meta) if self._meta is not None else None
+
+    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+        self._meta = dict(meta)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def check_batch(
+    ids: Sequence[str],
+    vectors: np.ndarray,
+    payloads: Sequence[Mapping[str, Any]] | None,
+    dimension: int,
+    where: str,
+) -> tuple[list[str], np.ndarray, list[dict[str, Any]]]:
+    """Validate one add/upsert batch before anything is written.
+
+    Refuses non-string or empty ids, duplicate ids inside the batch, a wrong shape or
+    dimension, and NaN/inf values (the error names the first offending document id).
+    """
+    ids = list(ids)
+    for doc_id in ids:
+        if not isinstance(doc_id, str) or not doc_id:
+            raise StoreError(f"{where}: document ids must be non-empty strings, got {doc_id!r}")
+        try:
+            doc_id.encode("utf-8")  # Qdrant hashes ids as UTF-8; a lone surrogate has none
+        except UnicodeEncodeError as exc:
+            raise StoreError(
+                f"{where}: document id {doc_id!r} holds a lone surrogate at position "
+                f"{exc.start} (not valid Unicode)"
+            ) from None
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+        raise StoreError(f"{where}: duplicate document id {dup!r} in one batch")
+    arr = np.asarray(vectors, dtype=np.float32)
+    if arr.ndim == 1 and len(ids) == 1:
+        arr = arr.reshape(1, -1)
+    if arr.ndim != 2 or arr.shape[0] != len(ids):
+        raise StoreError(
+            f"{where}: expected {len(ids)} vectors of dimension {dimension}, got shape {arr.shape}"
+        )
+    if arr.shape[1] != dimension:
+        raise StoreError(
+            f"{where}: vectors have dimension {arr.shape[1]} but the store has dimension {dimension}"
+        )
+    check_finite(arr, ids, where)
+    if payloads is None:
+        plist: list[dict[str, Any]] = [{} for _ in ids]
+    else:
+        payloads = list(payloads)
+        if len(payloads) != len(ids):
+            raise StoreError(f"{where}: {len(ids)} ids but {len(payloads)} payloads")
+        plist = [check_payload(p, i, where) for i, p in zip(ids, payloads, strict=True)]
+    return ids, np.ascontiguousarray(arr), plist
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
+    """A strict-JSON copy of one payload, or a StoreError naming the document and the field.
+
+    Strict JSON: objects with string keys, lists, strings, finite numbers, booleans and null.
+    NaN/Infinity (which ``json.dumps`` writes as invalid tokens), dates, sets, bytes, numpy
+    values and other objects are refused *before* anything of the batch is written, so one
+    bad payload can never leave a store that fails at every later save.
+    """
+    if payload is None:
+        return {}
+    if not isinstance(payload, Mapping):
+        raise StoreError(
+            f"{where}: payload of document {doc_id!r} must be a JSON object (dict), "
+            f"got {type(payload).__name__}; nothing of this batch was written"
+        )
+
+    def walk(value: Any, path: str) -> Any:
+        if isinstance(value, bool) or value is None or isinstance(value, str):
+            return value
+        if isinstance(value, int) and type(value) is int:
+            return value
+        if isinstance(value, float) and type(value) is float:
+            if not math.isfinite(value):
+                raise _bad(path, f"the number {value!r} (JSON has no NaN/Infinity)")
+            return value
+        if isinstance(value, Mapping):
+            out = {}
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise _bad(path, f"a non-string key {key!r}")
+                out[key] = walk(item, f"{path}.{key}" if path else key)
+            return out
+        if isinstance(value, (list, tuple)):
+            return [walk(item, f"{path}[{n}]") for n, item in enumerate(value)]
+        raise _bad(path, f"a {type(value).__name__} ({value!r:.40}), which is not JSON")
+
+    def _bad(path: str, what: str) -> StoreError:
+        field_name = f"field {path!r}" if path else "payload"
+        return StoreError(
+            f"{where}: document {doc_id!r}: payload {field_name} holds {what}; "
+            "nothing of this batch was written"
+        )
+
+    return walk(payload, "")  # type: ignore[no-any-return]
+
+
+def check_finite(arr: np.ndarray, ids: Sequence[str], where: str) -> None:
+    """Raise a StoreError naming the first id whose vector holds NaN or inf."""
+    bad = ~np.isfinite(arr).all(axis=1)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise StoreError(
+            f"{where}: vector of document {ids[first]!r} contains NaN or inf "
+            f"({int(bad.sum())} bad vector(s) in this batch); nothing was written"
+        )
+
+
+def check_queries(queries: np.ndarray, dimension: int, where: str) -> np.ndarray:
+    """Queries as a float32 ``(n, dim)`` array; NaN/inf and wrong dimensions refused."""
+    arr = np.asarray(queries, dtype=np.float32)
+    if arr.ndim == 1:
+        arr = arr.reshape(1, -1)
+    if arr.ndim != 2 or arr.shape[1] != dimension:
+        raise StoreError(
+            f"{where}: query vectors must have dimension {dimension}, got shape {arr.shape}"
+        )
+    bad = ~np.isfinite(arr).all(axis=1)
+    if bad.any():
+        raise StoreError(f"{where}: query vector {int(np.flatnonzero(bad)[0])} contains NaN or inf")
+    return np.ascontiguousarray(arr)
+
+
+def check_k(k: int) -> int:
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+        raise StoreError(f"k must be a positive integer, got {k!r}")
+    return int(k)
+
+
+def point_uuid(doc_id: str) -> str:
+    """Deterministic point id for a document id, so re-indexing overwrites instead of duplicating."""
+    return str(uuid.uuid5(ID_NAMESPACE, doc_id))
+
+
+def check_payload_keys(payload: Mapping[str, Any], reserved: Iterable[str], doc_id: str) -> None:
+    """Refuse user payload keys that collide with the store's own bookkeeping keys."""
+    clash = sorted(set(payload) & set(reserved))
+    if clash:
+        raise StoreError(
+            f"document {doc_id!r}: payload key(s) {clash} are reserved by magretrieve stores"
+        )
+
+
+def json_safe(value: Any, doc_id: str) -> Any:
+    """Round-trip a payload through JSON (refusing NaN) so every backend stores the same thing."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"document {doc_id!r}: payload is not JSON-serializable ({exc})") from None
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def plain_file(folder: Path, name: Any, where: str) -> Path:
+    """``folder / name`` for a plain file name; a state file naming ``../x`` or ``/x`` is refused.
+
+    Store state files are data: a name leading out of the store folder would make loading
+    read (and hand to FAISS/numpy) a file the user never pointed at.
+    """
+    if (
+        not isinstance(name, str)
+        or name in ("", ".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\x00" in name
+    ):
+        raise StoreError(
+            f"{folder / where}: file name {name!r} is not a plain file name inside {folder}"
+        )
+    return folder / name
+
+
+def read_state_file(state_file: Path, fmt: str, what: str) -> dict[str, Any]:
+    """A store's JSON state file, refused with its path when unreadable or of another format.
+
+    ``fmt`` is the expected ``"format"`` value, ``what`` names the store kind in the error.
+    """
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError) as exc:  # JSON and UTF-8 errors are ValueErrors
+        raise StoreError(f"{state_file}: unreadable ({exc})") from None
+    if not isinstance(state, dict) or state.get("format") != fmt:
+        raise StoreError(f"{state_file}: not a magretrieve {what} store")
+    return state
+
+
+def state_metadata(state: Mapping[str, Any], where: str) -> dict[str, Any] | None:
+    """The ``metadata`` recorded in a store's state file: a JSON object or nothing."""
+    meta = state.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise StoreError(f"{where}: 'metadata' must be a JSON object, got {type(meta).__name__}")
+    return meta
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same folder, fsync, then os.replace.
+
+    A crash leaves either the old file or the new one, never a half-written one.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:  # read-only or missing folder: name the folder, not a temp name
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path.parent)) from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            # a full disk raises ENOSPC from write() without a file name: add the path
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+def fsync_dir(folder: Path) -> None:
+    """fsync a directory so a rename inside it survives a power loss (best effort)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def require(module: str, package: str, extra: str) -> Any:
+    """Import an optional backend module, or raise a StoreError saying which extra installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise StoreError(f"{package} is not installed; pip install 'magretrieve[{extra}]'") from exc

@@ -1,0 +1,833 @@
+"""FAISS by inner product around factory strings, with string ids, payloads and norms.
+
+``index_type`` is ``flat`` (exact ``IndexFlatIP``, default), ``hnsw``, ``ivf`` (aliases of the
+factory strings ``Flat``, ``HNSW{M},Flat``, ``IVF{nlist},Flat``) or any
+``faiss.index_factory`` string, e.g. ``IVF1024,PQ32`` or ``OPQ16,IVF256,PQ16``; the metric is
+always ``METRIC_INNER_PRODUCT``. An index that needs training (IVF, PQ, OPQ) buffers the
+first vectors added and is trained on them once enough are there (or at ``optimize``/search),
+the FAISS idiom. A FAISS index object can be passed instead (``open_store(index)``).
+
+Split by job: :mod:`._faiss_index` builds/adopts index objects (owning references, training,
+search knobs), :mod:`._faiss_records` is the id map, :mod:`._faiss_files` the generations on
+disk, :mod:`._ann_recall` measures and tunes recall, :mod:`._writer_lock` keeps a second
+writer out. This module is the store that ties them together.
+
+Rules kept here: an L2 index is refused, the index stores vectors as given (a normalizing
+pre-transform is reported by ``normalizes_vectors`` so the Retriever refuses it for
+magnitude-keeping models), every option is validated before any native call, and
+single-query search runs with one OpenMP thread (measured faster than two on this machine;
+see benchmarks/stores.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from magretrieve.core.errors import StoreError
+from magretrieve.stores import _ann_recall, _faiss_files, registry
+from magretrieve.stores import _faiss_index as fx
+from magretrieve.stores._faiss_records import RecordTable
+from magretrieve.stores._writer_lock import WriterLock
+from magretrieve.stores.base import (
+    IdMapMixin,
+    StoreHit,
+    StoreRecord,
+    VectorStore,
+    atomic_write_json,
+    check_batch,
+    check_k,
+    check_queries,
+)
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = _faiss_files.STATE_FILE
+INDEX_TYPES = fx.ALIASES
+DEFAULTS = fx.DEFAULTS
+inspect_index = fx.inspect_index  # kept importable from here
+#: Options fixed when the index is built (a different value on reopen is an error).
+BUILD_OPTIONS = ("hnsw_m", "ef_construction", "nlist")
+#: Options a reopen may change (search-time knobs).
+SEARCH_OPTIONS = ("ef_search", "nprobe")
+
+
+def _check(name: str, value: Any, where: str) -> Any:
+    return registry.OPTIONS[name].check(value, where) if value is not None else None
+
+
+class FaissStore(IdMapMixin, VectorStore):
+    """A FAISS index plus a record table (string id + payload + norm per int64 FAISS id).
+
+    Deletion and replacement use ``remove_ids`` where the index supports it (flat, IVF) and
+    tombstones otherwise (HNSW: a deleted id is filtered out of results, and searches ask
+    FAISS for ``k + tombstones`` candidates so ``k`` live hits come back).
+    """
+
+    kind = "faiss"
+    thread_safe_search = True  # FAISS const search is thread-safe; knobs change only by tuning
+
+    def __init__(
+        self,
+        dimension: int,
+        path: str | Path | None = None,
+        *,
+        index_type: str | None = None,
+        hnsw_m: int | None = None,
+        ef_construction: int | None = None,
+        ef_search: int | None = None,
+        nlist: int | None = None,
+        nprobe: int | None = None,
+        target_recall: float | None = None,
+        index: Any = None,
+        single_query_threads: int | None = 1,
+    ) -> None:
+        self._path = Path(path) if path is not None else None
+        where = self.location
+        if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)):
+            raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
+        if int(dimension) < 1:
+            raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
+        given = {
+            "hnsw_m": _check("hnsw_m", hnsw_m, where),
+            "ef_construction": _check("ef_construction", ef_construction, where),
+            "ef_search": _check("ef_search", ef_search, where),
+            "nlist": _check("nlist", nlist, where),
+            "nprobe": _check("nprobe", nprobe, where),
+        }
+        self.target_recall = _check("target_recall", target_recall, where)
+        self._init_common(int(dimension), self._path, single_query_threads)
+        self.params = {k: (v if v is not None else DEFAULTS[k]) for k, v in given.items()}
+        if index is not None:
+            if index_type is not None:
+                raise StoreError(f"{where}: pass either an index object or index_type, not both")
+            self._adopt(index, given)
+        else:
+            self._build(index_type or "flat", given)
+        if self._handle is not None and self._handle.index.d != self._dim:
+            raise StoreError(
+                f"{where}: FAISS index has dimension {self._handle.index.d}, "
+                f"but dimension {self._dim} was asked for"
+            )
+
+    def _init_common(self, dim: int, path: Path | None, threads: int | None) -> None:
+        self._dim = dim
+        self._path = path
+        self._lock = threading.RLock()
+        self._table = RecordTable()
+        self._meta: dict[str, Any] | None = None
+        self._generation = 0
+        self._handle: fx.IndexHandle | None = None
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # before training
+        self._sequential = False  # adopted plain index: FAISS ids are positions
+        self._writer = WriterLock(path, self.location) if path is not None else None
+        self._dirty = False
+        self.single_query_threads = threads
+        self.recall: dict[str, Any] | None = None
+        self.target_recall: float | None = getattr(self, "target_recall", None)
+
+    # ------------------------------------------------------------------ construction
+
+    def _build(self, index_type: str, given: dict[str, Any]) -> None:
+        where = self.location
+        if not isinstance(index_type, str) or not index_type.strip():
+            raise StoreError(f"{where}: unknown FAISS index type {index_type!r}")
+        alias = index_type.strip().lower()
+        if alias in fx.ALIASES:
+            self.index_type = alias
+            kind = alias
+            factory = fx.alias_factory(alias, self.params)
+        else:
+            self.index_type = "factory"
+            factory = index_type.strip()
+            for key in ("hnsw_m", "nlist"):
+                if given[key] is not None:
+                    raise StoreError(
+                        f"{where}: {registry.OPTIONS[key].cli} applies to the hnsw/ivf aliases; "
+                        f"the factory string {factory!r} sets it itself"
+                    )
+            kind = None
+        self.params["factory"] = factory
+        if factory is not None:
+            handle = fx.wrap(fx.make_factory_index(self._dim, factory, where), where)
+            kind = handle.kind
+            self._handle = handle
+        self._check_applicable(kind, given)
+        if self._handle is not None:
+            # build-time settings come from the factory string; search-time knobs keep the
+            # store defaults (FAISS's own efSearch=16 / nprobe=1 lose recall silently)
+            built = fx.read_parameters(self._handle)
+            self.params.update({k: v for k, v in built.items() if k in BUILD_OPTIONS})
+            fx.set_build_parameters(self._handle, self.params)
+            fx.set_search_parameters(self._handle, self.params)
+        self._normalizes = bool(self._handle and self._handle.normalizes)
+
+    def _check_applicable(self, kind: str | None, given: dict[str, Any]) -> None:
+        """Options for another index kind are an error, not silently ignored."""
+        allowed = {"hnsw": {"hnsw_m", "ef_construction", "ef_search"}, "ivf": {"nlist", "nprobe"}}
+        ok = allowed.get(kind or "", set())
+        bad = [k for k, v in given.items() if v is not None and k not in ok]
+        if bad:
+            flags = ", ".join(registry.OPTIONS[k].cli or k for k in bad)
+            raise StoreError(
+                f"{self.location}: {flags} do(es) not apply to a FAISS {kind or 'index'} index "
+                f"({self.params.get('factory') or self.index_type})"
+            )
+        if self.target_recall is not None and kind not in ("hnsw", "ivf"):
+            raise StoreError(
+                f"{self.location}: --target-recall needs an approximate (hnsw/ivf) index, "
+                f"not {kind}"
+            )
+
+    def _adopt(self, index: Any, given: dict[str, Any]) -> None:
+        """Accept a FAISS index object: its metric is checked, its owner kept alive."""
+        where = self.location
+        handle = fx.wrap(index, where)
+        self._check_applicable(handle.kind, {k: v for k, v in given.items() if k != "nlist"})
+        self.index_type = handle.kind
+        self.params.update(fx.read_parameters(handle))
+        self.params.update({k: v for k, v in given.items() if v is not None})
+        self.params["factory"] = None
+        fx.set_search_parameters(handle, self.params)
+        self._normalizes = handle.normalizes
+        self._handle = handle
+        if (
+            handle.index is index
+            and handle.ntotal > 0
+            and not fx.inspect_index(index)["native_ids"]
+        ):
+            # vectors without a record table: ids "0".."n-1" (FAISS's own sequential ids)
+            logger.warning(
+                "adopting a FAISS index with %d unnamed vectors; their ids are '0'..'%d'",
+                handle.ntotal,
+                handle.ntotal - 1,
+            )
+            norms = np.linalg.norm(index.reconstruct_n(0, handle.ntotal), axis=1)
+            self._table = RecordTable.sequential(norms)
+            self._sequential = True
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def _row(self) -> dict[str, int]:  # type: ignore[override]
+        return self._table.row
+
+    @property
+    def dimension(self) -> int:
+        return self._dim
+
+    @property
+    def location(self) -> str:
+        return f"faiss:{self._path}" if self._path else "faiss:(in memory)"
+
+    @property
+    def normalizes_vectors(self) -> bool:
+        return bool(getattr(self, "_normalizes", False))
+
+    @property
+    def index(self) -> Any:
+        """The underlying FAISS index object (None while an untrained index waits for data)."""
+        return self._handle.index if self._handle is not None else None
+
+    def _is_trained(self) -> bool:
+        return self._handle is not None and self._handle.is_trained
+
+    # ------------------------------------------------------------------ load / save
+
+    @classmethod
+    def open(cls, path: str | Path, dimension: int | None = None, **options: Any) -> FaissStore:
+        """Open the store in ``path`` or create an empty one there (needs ``dimension``)."""
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise StoreError(f"faiss:{path}: {path} is a file, not a folder")
+        if not _faiss_files.has_state(path):
+            _faiss_files.check_no_orphans(path)
+            if dimension is None:
+                raise StoreError(f"{path}: no FAISS store here; pass a dimension to create one")
+            return cls(int(dimension), path, **options)
+        try:
+            saved = _faiss_files.read(path)
+            return cls._from_saved(path, saved, dimension, options)
+        except StoreError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError, IndexError) as exc:
+            # a state or record file with the right checksums but wrong content, or a file
+            # FAISS cannot parse: never a traceback, always the file at fault
+            raise StoreError(
+                f"{path / STATE_FILE}: malformed store ({type(exc).__name__}: {exc})"
+            ) from None
+
+    @classmethod
+    def _from_saved(
+        cls, path: Path, saved: _faiss_files.Saved, dimension: int | None, options: dict
+    ) -> FaissStore:
+        state = saved.state
+        where = f"faiss:{path}"
+        if dimension is not None and int(dimension) != int(state["dimension"]):
+            raise StoreError(
+                f"{path}: store has dimension {state['dimension']}, "
+                f"but the model produces dimension {dimension}"
+            )
+        params = dict(state["parameters"])
+        stored_type = state["index_type"]
+        cls._check_reopen(where, stored_type, params, options)
+        store = cls.__new__(cls)
+        store.target_recall = _check("target_recall", options.get("target_recall"), where)
+        store._init_common(int(state["dimension"]), path, options.get("single_query_threads", 1))
+        store.params = {**{k: DEFAULTS[k] for k in DEFAULTS}, **params}
+        for key in SEARCH_OPTIONS:
+            if options.get(key) is not None:
+                store.params[key] = _check(key, options[key], where)
+        store.index_type = stored_type
+        store._generation = int(state["generation"])
+        store._meta = _faiss_files.metadata(state, path)
+        store.recall = state.get("recall")
+        store._sequential = bool(state.get("sequential", False))
+        if saved.index_file is None:  # generation 0: created, first save never completed
+            if stored_type != "factory" and params.get("factory") is None:
+                store.params["factory"] = fx.alias_factory(stored_type, store.params)
+            factory = store.params.get("factory")
+            if factory is not None:
+                store._handle = fx.wrap(fx.make_factory_index(store._dim, factory, where), where)
+                fx.set_build_parameters(store._handle, store.params)
+            store._normalizes = bool(store._handle and store._handle.normalizes)
+        else:
+            store._handle = fx.read(str(saved.index_file), str(saved.index_file))
+            store._normalizes = store._handle.normalizes
+            records_file = path / state["records_file"]
+            _check_records(saved.records, records_file)
+            store._table = RecordTable.from_json(saved.records or {})
+            pending = saved.pending
+            pfids = (saved.records or {}).get("pending", [])
+            if pending is not None and len(pfids):
+                store._pending = [(np.asarray(pfids, dtype=np.int64), pending)]
+            _check_consistent(store, saved.index_file, records_file)
+        if store._handle is not None:
+            fx.set_search_parameters(store._handle, store.params)
+            store._check_applicable(
+                store._handle.kind,
+                {k: options.get(k) for k in SEARCH_OPTIONS},
+            )
+        return store
+
+    @staticmethod
+    def _check_reopen(where: str, stored_type: str, params: dict, options: dict) -> None:
+        """Build-time options on reopen must match what the index was built with."""
+        asked = options.get("index_type")
+        if asked is not None:
+            stored_factory = params.get("factory")
+            same = asked.strip().lower() == stored_type or (
+                stored_factory is not None and asked.strip() == stored_factory
+            )
+            if not same:
+                shown = stored_factory or stored_type
+                raise StoreError(
+                    f"{where}: the store was built as a {shown} index; --faiss-index {asked} "
+                    "cannot change it. Index into a new folder (or delete this one) to rebuild"
+                )
+        for key in BUILD_OPTIONS:
+            if options.get(key) is not None and options[key] != params.get(key):
+                raise StoreError(
+                    f"{where}: {registry.OPTIONS[key].cli} {options[key]} differs from the "
+                    f"{params.get(key)} the index was built with; it cannot change on reopen. "
+                    "Index into a new folder to rebuild"
+                )
+
+    def _state(self, files: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "format": _faiss_files.FORMAT,
+            "format_version": _faiss_files.FORMAT_VERSION,
+            "generation": self._generation + 1 if files else 0,
+            "dimension": self._dim,
+            "metric": "inner_product",
+            "index_type": self.index_type,
+            "sequential": self._sequential,
+            "parameters": self.params,
+            "recall": self.recall,
+            "count": self.count() if files else 0,
+            "index_file": files.get("index_file"),
+            "records_file": files.get("records_file"),
+            "pending_file": files.get("pending_file"),
+            "index_sha256": files.get("index_sha256"),
+            "records_sha256": files.get("records_sha256"),
+            "pending_sha256": files.get("pending_sha256"),
+            "metadata": self._meta,
+        }
+
+    def _begin_write(self) -> None:
+        """First write of this object: take the folder's writer lock, catch up with disk."""
+        if self._writer is None or self._writer.held:
+            return
+        self._writer.acquire()
+        on_disk = _faiss_files.disk_generation(self._path)  # type: ignore[arg-type]
+        if on_disk is not None and on_disk != self._generation and not self._dirty:
+            # another writer committed since this object was opened: start from its state
+            fresh = FaissStore.open(self._path)  # type: ignore[arg-type]
+            writer, threads = self._writer, self.single_query_threads
+            target = self.target_recall
+            self.__dict__.update(fresh.__dict__)
+            self._writer, self.single_query_threads, self.target_recall = writer, threads, target
+
+    def persist(self) -> None:
+        """Save a new generation atomically (the state file is switched last).
+
+        An untrained index is saved untrained with its buffered vectors, so a checkpoint does
+        not force training on too few vectors; only the ``ivf`` alias, whose list count
+        follows the data, trains at its first save. Nothing changed: nothing written.
+        """
+        if self._path is None:
+            return
+        with self._lock:
+            if not self._dirty and _faiss_files.has_state(self._path):
+                return
+            self._begin_write()
+            if self._handle is None and self._pending:
+                self._flush_pending(final=True)
+            if self._handle is None:  # nothing added yet: record the empty store's settings
+                if not _faiss_files.has_state(self._path):
+                    self._path.mkdir(parents=True, exist_ok=True)
+                    atomic_write_json(self._path / STATE_FILE, self._state({}))
+                self._dirty = False
+                return
+            records = self._table.to_json()
+            pending = None
+            if self._pending:
+                pending = np.concatenate([v for _, v in self._pending])
+                records["pending"] = np.concatenate([f for f, _ in self._pending]).tolist()
+            _faiss_files.write(
+                self._path,
+                self._generation + 1,
+                fx.serialize(self._handle),
+                records,
+                pending,
+                self._state,
+            )
+            self._generation += 1
+            self._dirty = False
+
+    # ------------------------------------------------------------------ training
+
+    def _flush_pending(self, final: bool) -> None:
+        """Untrained index: train once enough vectors are buffered (or ``final``), then add."""
+        if not self._pending:
+            return
+        n = sum(len(v) for _, v in self._pending)
+        where = self.location
+        if self._handle is None:  # the ivf alias: nlist follows the data size
+            if not final and n < fx.POINTS_PER_CENTROID * 256:
+                return
+            factory = fx.alias_factory("ivf", self.params, n)
+            self._handle = fx.wrap(fx.make_factory_index(self._dim, factory, where), where)
+            self.params["factory"] = factory
+            self.params.update(fx.read_parameters(self._handle))
+            self.params["nprobe"] = self.params.get("nprobe") or DEFAULTS["nprobe"]
+        if not self._handle.is_trained:
+            if not final and n < fx.train_target(self._handle.index):
+                return
+            vecs = np.concatenate([v for _, v in self._pending])
+            fx.train(self._handle, vecs[: fx.MAX_TRAIN], where)
+            fx.set_search_parameters(self._handle, self.params)
+        vecs = np.concatenate([v for _, v in self._pending])
+        fids = np.concatenate([f for f, _ in self._pending])
+        self._handle.index.add_with_ids(vecs, fids)
+        self._pending = []
+
+    def optimize(self) -> None:
+        """Train/add what is buffered; for an ANN index, measure recall (and tune to target)."""
+        with self._lock:
+            if self._pending:
+                self._begin_write()
+                self._flush_pending(final=True)
+                self._dirty = True
+            if self._handle is not None and self._handle.kind in ("hnsw", "ivf") and self.count():
+                self.measure_recall(target_recall=self.target_recall)
+
+    def measure_recall(
+        self, queries: np.ndarray | None = None, target_recall: float | None = None
+    ) -> dict[str, Any] | None:
+        """Measure recall@10 against exact search (tuning efSearch/nprobe to a target first).
+
+        Queries are directions of sampled stored vectors, plus ``queries`` (real query
+        vectors) when given. The result is kept in ``describe()["parameters"]["recall"]`` and
+        the state file; see :mod:`magretrieve.stores._ann_recall`.
+        """
+        where = self.location
+        target_recall = _check("target_recall", target_recall, where)
+        self._ready_for_search()
+        if (
+            self._handle is None
+            or self._pending
+            or self._handle.kind not in ("hnsw", "ivf")
+            or not self.count()
+        ):
+            return None
+        with self._lock:
+            fids = np.fromiter(self._table.row.values(), dtype=np.int64)
+            ids = [self._table.records[f][0] for f in fids]  # type: ignore[index]
+            vectors = np.concatenate(
+                [
+                    self._handle.index.reconstruct_batch(fids[i : i + 65536])
+                    for i in range(0, len(fids), 65536)
+                ]
+            )
+            name = "ef_search" if self._handle.kind == "hnsw" else "nprobe"
+            if name == "ef_search":
+                values: list[int] = list(_ann_recall.HNSW_EF)
+            else:
+                values = _ann_recall.nprobe_values(int(self.params["nlist"]))
+
+            def set_knob(v: int) -> None:
+                self.params[name] = int(v)
+                fx.set_search_parameters(self._handle, self.params)  # type: ignore[arg-type]
+
+            knob = _ann_recall.Knob(name, values, set_knob, int(self.params[name]))
+            table = self._table
+
+            def search(q: np.ndarray, k: int) -> list[list[str]]:
+                _, found = self.raw_search(q, min(k + len(table.tombstones), self._handle.ntotal))  # type: ignore[union-attr]
+                out = []
+                for row in found:
+                    live = [r[0] for f in row if (r := table.live(int(f))) is not None]
+                    out.append(live[:k])
+                return out
+
+            self.recall = _ann_recall.measure(
+                search,
+                ids,
+                vectors,
+                knob=knob,
+                target=target_recall,
+                queries=queries,
+                ground_truth=(
+                    "exact inner product over the decoded (compressed) vectors"
+                    if self._handle.lossy
+                    else "exact inner product over the stored vectors"
+                ),
+                where=where,
+            )
+            self._dirty = True
+            return self.recall
+
+    # ------------------------------------------------------------------ protocol
+
+    def add(
+        self,
+        ids: Sequence[str],
+        vectors: np.ndarray,
+        payloads: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int:
+        ids, arr, plist = check_batch(ids, vectors, payloads, self._dim, self.location)
+        if not ids:
+            return 0
+        with self._lock:
+            self._begin_write()
+            if self._sequential:
+                new = [i for i in ids if i not in self._table.row]
+                if len(new) != len(ids):
+                    raise StoreError(
+                        f"{self.location}: an adopted FAISS index with unnamed vectors cannot "
+                        "replace them; pass an empty index to get updates"
+                    )
+            replaced = self._table.fids_of(ids)
+            if replaced:
+                self._remove_fids(replaced)
+            fids = self._table.append(ids, plist, np.linalg.norm(arr, axis=1))
+            if not self._is_trained():
+                self._pending.append((fids, arr))
+                self._flush_pending(final=False)
+            elif self._sequential:
+                self._handle.index.add(arr)  # type: ignore[union-attr]
+            else:
+                self._handle.index.add_with_ids(arr, fids)  # type: ignore[union-attr]
+            self._dirty = True
+        return len(ids)
+
+    def _remove_fids(self, fids: list[int]) -> None:
+        sel = np.asarray(fids, dtype=np.int64)
+        removed = False
+        if self._pending:
+            for i, (f, v) in enumerate(self._pending):
+                keep = ~np.isin(f, sel)
+                self._pending[i] = (f[keep], v[keep])
+        if self._handle is not None and self._handle.ntotal and not self._sequential:
+            try:
+                self._handle.index.remove_ids(sel)
+                removed = True
+            except RuntimeError:
+                removed = False  # HNSW: no removal; tombstone instead
+        elif self._handle is None or not self._handle.ntotal:
+            removed = True
+        self._table.drop(fids, tombstone=not removed)
+
+    def delete(self, ids: Sequence[str]) -> int:
+        with self._lock:
+            fids = self._table.fids_of(ids)
+            if fids:
+                self._begin_write()
+                self._remove_fids(fids)
+                self._dirty = True
+            return len(fids)
+
+    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._begin_write()
+            self._meta = dict(meta)
+            self._dirty = True
+
+    def count(self) -> int:
+        return len(self._table)
+
+    def _ready_for_search(self) -> None:
+        """Train on the buffer when it can be trained; a smaller buffer is searched exactly."""
+        if self._pending:
+            with self._lock:
+                if self._pending and self._trainable():
+                    self._flush_pending(final=True)
+
+    def _trainable(self) -> bool:
+        n = sum(len(v) for _, v in self._pending)
+        if self._handle is None or self._handle.is_trained:
+            return n > 0
+        return n >= fx.min_train(self._handle.index)
+
+    def _pending_search(self, q: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+        """Exact search over vectors still waiting for training: (FAISS id, score) per query."""
+        fids = np.concatenate([f for f, _ in self._pending])
+        vecs = np.concatenate([v for _, v in self._pending])
+        scores = q @ vecs.T
+        out = []
+        for row in scores:
+            top = np.argsort(-row, kind="stable")[:k]
+            out.append([(int(fids[j]), float(row[j])) for j in top])
+        return out
+
+    def _vector(self, fid: int) -> np.ndarray:
+        for f, v in self._pending:
+            hit = np.flatnonzero(f == fid)
+            if len(hit):
+                return v[int(hit[0])].copy()
+        return self._handle.index.reconstruct(int(fid))  # type: ignore[union-attr]
+
+    def search(
+        self, queries: np.ndarray, k: int, *, with_vectors: bool = True
+    ) -> list[list[StoreHit]]:
+        q = check_queries(queries, self._dim, self.location)
+        k = check_k(k)
+        self._ready_for_search()
+        if self.count() == 0:
+            return [[] for _ in range(len(q))]
+        with self._lock:
+            if self._pending:  # too few vectors to train yet: exact search over the buffer
+                rows = self._pending_search(q, k)
+            else:
+                kk = min(k + len(self._table.tombstones), self._handle.ntotal)  # type: ignore[union-attr]
+                scores, fids = self.raw_search(q, kk)
+                rows = [
+                    [(int(f), float(sc)) for sc, f in zip(srow, frow, strict=True)]
+                    for srow, frow in zip(scores, fids, strict=True)
+                ]
+        out = []
+        for row in rows:
+            hits: list[StoreHit] = []
+            for f, sc in row:
+                rec = self._table.live(f)
+                if rec is None:
+                    continue
+                vec = self._vector(f) if with_vectors else None
+                hits.append(StoreHit(rec[0], sc, dict(rec[1]), vec, self._norm(f)))
+                if len(hits) == k:
+                    break
+            out.append(hits)
+        return out
+
+    def raw_search(self, q: np.ndarray, kk: int) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS scores and int64 ids (tombstones included) with the store's thread policy."""
+        faiss = fx.faiss_module()
+        # One query is latency-bound: OpenMP fan-out costs more than it saves. The OpenMP
+        # thread count is per calling thread, so concurrent searches do not disturb each other.
+        if len(q) == 1 and self.single_query_threads:
+            faiss.omp_set_num_threads(int(self.single_query_threads))
+        else:
+            faiss.omp_set_num_threads(fx.default_threads())
+        return self._handle.index.search(q, max(1, kk))  # type: ignore[union-attr]
+
+    def set_search_parameters(
+        self, *, ef_search: int | None = None, nprobe: int | None = None
+    ) -> None:
+        """Change the search-time knobs of an open store (validated; kept by the next save)."""
+        where = self.location
+        new = {
+            "ef_search": _check("ef_search", ef_search, where),
+            "nprobe": _check("nprobe", nprobe, where),
+        }
+        self._ready_for_search()
+        if self._handle is not None:
+            self._check_applicable(self._handle.kind, new)
+        with self._lock:
+            self.params.update({k: v for k, v in new.items() if v is not None})
+            if self._handle is not None:
+                fx.set_search_parameters(self._handle, self.params)
+
+    def _norm(self, fid: int) -> float:
+        """The stored vector's norm, kept in the record table (records of format 1 lack it)."""
+        rec = self._table.records[fid]
+        if len(rec) < 3:  # type: ignore[arg-type]
+            rec.append(float(np.linalg.norm(self._vector(fid))))
+        return float(rec[2])  # type: ignore[index]
+
+    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
+        self._ready_for_search()
+        out: list[StoreRecord | None] = []
+        for doc_id in ids:
+            fid = self._table.row.get(doc_id)
+            if fid is None:
+                out.append(None)
+                continue
+            rec = self._table.records[fid]
+            out.append(StoreRecord(doc_id, self._vector(int(fid)), dict(rec[1])))  # type: ignore[index]
+        return out
+
+    def parameters(self) -> dict[str, Any]:
+        kind = self._handle.kind if self._handle is not None else self.index_type
+        out: dict[str, Any] = {"index": self.index_type, "factory": self.params.get("factory")}
+        if kind == "hnsw":
+            out.update({k: self.params[k] for k in ("hnsw_m", "ef_construction", "ef_search")})
+        elif kind == "ivf":
+            out.update({k: self.params[k] for k in ("nlist", "nprobe")})
+        if self._handle is not None and self._handle.lossy:
+            out["lossy_codes"] = True
+        out["tombstones"] = len(self._table.tombstones)
+        out["trained"] = self._is_trained()
+        if self._pending:
+            out["pending_training"] = int(sum(len(v) for _, v in self._pending))
+        if self.recall is not None:
+            out["recall"] = self.recall
+        return out
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.release()
+
+
+# ----------------------------------------------------------------------------- consistency
+
+
+def _check_records(records: Any, records_file: Path) -> None:
+    """The record file's shape: ``[id, payload, ...]`` lists or null, tombstones in range."""
+    rows = records.get("records") if isinstance(records, dict) else None
+    if not isinstance(rows, list) or any(
+        r is not None and not (isinstance(r, list) and len(r) >= 2 and isinstance(r[0], str))
+        for r in rows
+    ):
+        raise StoreError(f"{records_file}: records must be [id, payload, ...] lists or null")
+    tombs = records.get("tombstones", [])
+    if not isinstance(tombs, list) or any(
+        not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < len(rows) for t in tombs
+    ):
+        raise StoreError(f"{records_file}: tombstones outside the record table")
+    pending = records.get("pending", [])
+    if not isinstance(pending, list) or any(
+        not isinstance(t, int) or not 0 <= t < len(rows) for t in pending
+    ):
+        raise StoreError(f"{records_file}: pending ids outside the record table")
+
+
+def _check_consistent(store: FaissStore, index_file: Path, records_file: Path) -> None:
+    """Index and record table must describe the same points (checksums only prove that each
+    file is what the state file says, not that the two agree with each other)."""
+    index, table = store._handle.index, store._table  # type: ignore[union-attr]
+    if int(index.d) != store._dim:
+        raise StoreError(
+            f"{index_file}: index has dimension {index.d}, {STATE_FILE} says {store._dim}"
+        )
+    live = len(table.row)
+    if live != sum(r is not None for r in table.records):
+        raise StoreError(f"{records_file}: a document id appears twice")
+    pending = sum(len(f) for f, _ in store._pending)
+    expected = live + len(table.tombstones) - pending
+    if int(index.ntotal) != expected:
+        raise StoreError(
+            f"{index_file}: index holds {index.ntotal} vectors but {records_file.name} "
+            f"describes {expected} ({live} live, {len(table.tombstones)} tombstoned"
+            + (f", {pending} waiting for training" if pending else "")
+            + "); the two files disagree"
+        )
+
+
+# ----------------------------------------------------------------------------- registry entry
+
+FAISS_OPTIONS = (
+    "index_type",
+    "hnsw_m",
+    "ef_construction",
+    "ef_search",
+    "nlist",
+    "nprobe",
+    "target_recall",
+)
+
+
+def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> FaissStore:
+    return FaissStore.open(loc["path"], dimension, **options)
+
+
+def _adopts(obj: Any) -> bool:
+    return (type(obj).__module__ or "").startswith("faiss") and hasattr(obj, "metric_type")
+
+
+def _adopt_object(
+    obj: Any, dimension: int | None, collection: str | None, options: dict[str, Any]
+) -> FaissStore:
+    options = dict(options)
+    path = options.pop("path", None)
+    opts = registry.check_options(registry.backend_for("faiss:x")[0], options, "FAISS index")
+    if dimension is not None and int(obj.d) != int(dimension):
+        raise StoreError(
+            f"FAISS index has dimension {obj.d}, but the model produces dimension {dimension}"
+        )
+    return FaissStore(int(obj.d), path, index=obj, **opts)
+
+
+registry.register(
+    registry.Backend(
+        prefix="faiss",
+        form="faiss:DIR",
+        parse=registry.parse_dir,
+        open=_open,
+        options=FAISS_OPTIONS,
+        folder=True,
+        adopts=_adopts,
+        adopt=_adopt_object,
+        extra="faiss",
+        examples=lambda tmp: [
+            registry.Example("faiss-flat", f"faiss:{tmp / 'faiss'}"),
+            registry.Example(
+                "faiss-hnsw", f"faiss:{tmp / 'faiss-hnsw'}", {"index_type": "hnsw"}, exact=False
+            ),
+            registry.Example(
+                "faiss-ivf",
+                f"faiss:{tmp / 'faiss-ivf'}",
+                {"index_type": "ivf", "nlist": 4},
+                exact=False,
+            ),
+            registry.Example(
+                "faiss-factory-hnsw",
+                f"faiss:{tmp / 'faiss-fh'}",
+                {"index_type": "HNSW16,Flat"},
+                exact=False,
+            ),
+            registry.Example(
+                "faiss-ivfpq",
+                f"faiss:{tmp / 'faiss-ivfpq'}",
+                {"index_type": "IVF4,PQ4x4"},
+                exact=False,
+                lossy=True,
+            ),
+        ],
+    )
+)

@@ -1,0 +1,476 @@
+"""Milvus through pymilvus: Milvus Lite (embedded, a ``.db`` file) or a Milvus server/cluster.
+
+Specs ``milvus:PATH.db/COLLECTION`` (Milvus Lite, from the ``milvus-lite`` package) and
+``milvus:http://HOST:19530/COLLECTION`` (standalone or distributed); one code path serves both,
+only the ``MilvusClient`` URI differs.
+
+Rules kept here, as in the other stores:
+
+- collections are created with metric ``IP`` (index ``FLAT`` by default, ``HNSW`` or
+  ``IVF_FLAT`` on request); an existing collection indexed with ``COSINE`` or ``L2`` is refused
+  (Milvus normalizes under COSINE, erasing the magnitude the model keeps);
+- the schema is ``doc_id`` (VARCHAR primary key), ``vector`` (FLOAT_VECTOR), ``payload`` (JSON)
+  and ``doc_norm`` (FLOAT, the stored vector's norm);
+- which model built the collection is kept in the collection's properties.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from magretrieve.core.errors import StoreError
+from magretrieve.stores import registry
+from magretrieve.stores.base import (
+    StoreHit,
+    StoreRecord,
+    VectorStore,
+    check_batch,
+    check_k,
+    check_queries,
+    json_safe,
+    require,
+)
+
+#: Collection property under which the building model is recorded (a JSON string).
+META_KEY = "magretrieve.metadata"
+#: Longest document id (the VARCHAR primary key's max_length).
+MAX_ID_LENGTH = 1024
+#: Index types this store builds (Milvus names).
+INDEX_TYPES = ("FLAT", "HNSW", "IVF_FLAT")
+#: Milvus' largest top-k.
+MAX_K = 16384
+FIELDS = ("doc_id", "vector", "payload", "doc_norm")
+
+
+def pymilvus() -> Any:
+    return require("pymilvus", "pymilvus", "milvus")
+
+
+class MilvusStore(VectorStore):
+    """A Milvus collection searched by inner product (metric ``IP``)."""
+
+    kind = "milvus"
+    thread_safe_search = False
+
+    def __init__(
+        self,
+        client: Any,
+        collection: str,
+        dimension: int | None = None,
+        *,
+        index_type: str | None = None,
+        hnsw_m: int | None = None,
+        ef_construction: int | None = None,
+        ef_search: int | None = None,
+        nlist: int | None = None,
+        nprobe: int | None = None,
+        owns_client: bool = False,
+        location: str | None = None,
+    ) -> None:
+        self.client = client
+        self.collection = collection
+        self._owns = owns_client
+        self._lite_path: str | None = None  # set by open_milvus for a Milvus Lite file
+        self._location = location or f"milvus collection {collection!r}"
+        self.ef_search = ef_search
+        self.nprobe = nprobe
+        index = (index_type or "FLAT").upper()
+        if index not in INDEX_TYPES:
+            raise StoreError(
+                f"{self._location}: index_type {index_type!r} is not one of {', '.join(INDEX_TYPES)}"
+            )
+        try:
+            if client.has_collection(collection):
+                self._open_existing(dimension)
+            else:
+                if dimension is None:
+                    raise StoreError(
+                        f"{self._location}: collection does not exist; pass a dimension to "
+                        "create it"
+                    )
+                self._create(int(dimension), index, hnsw_m, ef_construction, nlist)
+            client.load_collection(collection)
+        except pymilvus().MilvusException as exc:
+            raise StoreError(f"{self._location}: Milvus request failed ({exc})") from None
+
+    def _open_existing(self, dimension: int | None) -> None:
+        desc = self.client.describe_collection(self.collection)
+        fields = {f["name"]: f for f in desc["fields"]}
+        missing = [f for f in FIELDS if f not in fields]
+        if missing:
+            raise StoreError(
+                f"{self._location}: collection lacks field(s) {missing}; it was not created by "
+                "magretrieve"
+            )
+        metric = self._metric()
+        if metric != "IP":
+            raise StoreError(
+                f"{self._location} is indexed with metric {metric}; magretrieve needs IP (COSINE "
+                "normalizes vectors and would erase document magnitude; L2 ranks by distance). "
+                "Create a new collection"
+            )
+        dim = int(fields["vector"]["params"]["dim"])
+        if dimension is not None and dim != int(dimension):
+            raise StoreError(
+                f"{self._location} has vector size {dim}, but the model produces dimension "
+                f"{dimension}"
+            )
+        self._dim = dim
+
+    def _metric(self) -> str:
+        for name in self.client.list_indexes(self.collection):
+            info = self.client.describe_index(self.collection, name)
+            if info.get("field_name") == "vector":
+                self._index = info
+                return str(info.get("metric_type", "")).upper()
+        self._index = {}
+        return "IP"  # no index yet: ours is created with IP
+
+    def _create(
+        self,
+        dim: int,
+        index: str,
+        hnsw_m: int | None,
+        ef_construction: int | None,
+        nlist: int | None,
+    ) -> None:
+        mv = pymilvus()
+        schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("doc_id", mv.DataType.VARCHAR, is_primary=True, max_length=MAX_ID_LENGTH)
+        schema.add_field("vector", mv.DataType.FLOAT_VECTOR, dim=dim)
+        schema.add_field("payload", mv.DataType.JSON)
+        schema.add_field("doc_norm", mv.DataType.FLOAT)
+        params: dict[str, int] = {}
+        if index == "HNSW":
+            params = {"M": hnsw_m or 16, "efConstruction": ef_construction or 200}
+        elif index == "IVF_FLAT":
+            params = {"nlist": nlist or 128}
+        index_params = self.client.prepare_index_params()
+        index_params.add_index("vector", index_type=index, metric_type="IP", params=params)
+        self.client.create_collection(
+            self.collection,
+            schema=schema,
+            index_params=index_params,
+            consistency_level="Strong",
+        )
+        self._index = {"index_type": index, "metric_type": "IP", **params}
+        self._dim = dim
+
+    @property
+    def dimension(self) -> int:
+        return self._dim
+
+    @property
+    def location(self) -> str:
+        return self._location
+
+    def _run(self, what: str, fn: Any) -> Any:
+        try:
+            return fn()
+        except pymilvus().MilvusException as exc:
+            raise StoreError(f"{self._location}: {what} failed ({exc})") from None
+
+    # ------------------------------------------------------------------ protocol
+
+    def add(
+        self,
+        ids: Sequence[str],
+        vectors: np.ndarray,
+        payloads: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int:
+        ids, arr, plist = check_batch(ids, vectors, payloads, self._dim, self._location)
+        rows = []
+        for doc_id, vec, payload in zip(ids, arr, plist, strict=True):
+            if len(doc_id.encode()) > MAX_ID_LENGTH:
+                raise StoreError(
+                    f"{self._location}: document id {doc_id[:40]!r}… is longer than "
+                    f"{MAX_ID_LENGTH} bytes; nothing was written"
+                )
+            rows.append(
+                {
+                    "doc_id": doc_id,
+                    "vector": vec.tolist(),
+                    "payload": json_safe(payload, doc_id),
+                    "doc_norm": float(np.linalg.norm(vec)),
+                }
+            )
+        if not rows:
+            return 0
+        self._run("upsert", lambda: self.client.upsert(self.collection, rows))
+        return len(rows)
+
+    def _search_params(self, k: int) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        index = str(self._index.get("index_type", "FLAT")).upper()
+        if index == "HNSW":
+            params["ef"] = max(int(self.ef_search or 64), k)
+        elif index == "IVF_FLAT" and self.nprobe:
+            params["nprobe"] = int(self.nprobe)
+        return {"metric_type": "IP", "params": params}
+
+    def search(
+        self, queries: np.ndarray, k: int, *, with_vectors: bool = True
+    ) -> list[list[StoreHit]]:
+        q = check_queries(queries, self._dim, self._location)
+        k = check_k(k)
+        if k > MAX_K:
+            raise StoreError(f"{self._location}: Milvus returns at most {MAX_K} hits, asked {k}")
+        fields = ["payload", "doc_norm"] + (["vector"] if with_vectors else [])
+        res = self._run(
+            "search",
+            lambda: self.client.search(
+                self.collection,
+                data=[row.tolist() for row in q],
+                limit=k,
+                output_fields=fields,
+                search_params=self._search_params(k),
+            ),
+        )
+        out = []
+        for hits in res:
+            row = []
+            for h in hits:
+                ent = h["entity"]
+                vec = np.asarray(ent["vector"], dtype=np.float32) if with_vectors else None
+                row.append(
+                    StoreHit(
+                        str(h["doc_id"]),
+                        float(h["distance"]),
+                        dict(ent["payload"] or {}),
+                        vec,
+                        doc_norm=float(ent["doc_norm"]),
+                    )
+                )
+            out.append(row)
+        return out
+
+    def delete(self, ids: Sequence[str]) -> int:
+        present = sorted(self.existing(ids))
+        if present:
+            self._run("delete", lambda: self.client.delete(self.collection, ids=present))
+        return len(present)
+
+    def count(self) -> int:
+        res = self._run(
+            "count",
+            lambda: self.client.query(self.collection, filter="", output_fields=["count(*)"]),
+        )
+        return int(res[0]["count(*)"])
+
+    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
+        ids = [str(i) for i in ids]
+        if not ids:
+            return []
+        rows = self._run(
+            "get",
+            lambda: self.client.get(
+                self.collection, ids=ids, output_fields=["doc_id", "vector", "payload"]
+            ),
+        )
+        found = {
+            str(r["doc_id"]): StoreRecord(
+                str(r["doc_id"]),
+                np.asarray(r["vector"], dtype=np.float32),
+                dict(r["payload"] or {}),
+            )
+            for r in rows
+        }
+        return [found.get(i) for i in ids]
+
+    def existing(self, ids: Sequence[str]) -> set[str]:
+        ids = [str(i) for i in ids]
+        if not ids:
+            return set()
+        rows = self._run(
+            "read", lambda: self.client.get(self.collection, ids=ids, output_fields=["doc_id"])
+        )
+        return {str(r["doc_id"]) for r in rows}
+
+    def iter_ids(self) -> Iterator[str]:
+        it = self._run(
+            "read",
+            lambda: self.client.query_iterator(
+                self.collection, batch_size=1024, filter="", output_fields=["doc_id"]
+            ),
+        )
+        try:
+            while True:
+                page = self._run("read", it.next)
+                if not page:
+                    return
+                for r in page:
+                    yield str(r["doc_id"])
+        finally:
+            it.close()
+
+    def read_metadata(self) -> dict[str, Any] | None:
+        props = self._run("read", lambda: self.client.describe_collection(self.collection))
+        raw = (props.get("properties") or {}).get(META_KEY)
+        if not raw:
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            raise StoreError(f"{self._location}: property {META_KEY} is not JSON") from None
+        return value if isinstance(value, dict) and value else None
+
+    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+        text = json.dumps(dict(meta), sort_keys=True)
+        self._run(
+            "write metadata",
+            lambda: self.client.alter_collection_properties(
+                self.collection, properties={META_KEY: text}
+            ),
+        )
+
+    def persist(self) -> None:
+        """Seal what was written (``flush``) so it survives a restart."""
+        self._run("flush", lambda: self.client.flush(self.collection))
+
+    def parameters(self) -> dict[str, Any]:
+        out = {"metric": "IP", **{k: v for k, v in self._index.items() if k != "metric_type"}}
+        out.pop("field_name", None)
+        out.pop("index_name", None)
+        for key in ("total_rows", "indexed_rows", "pending_index_rows", "state"):
+            out.pop(key, None)
+        if str(out.get("index_type", "")).upper() == "HNSW":
+            out["ef_search"] = self.ef_search or 64
+        return out
+
+    def close(self) -> None:
+        if self._owns:
+            self.client.close()
+            self._owns = False
+            if self._lite_path is not None:
+                release_lite(self._lite_path)
+
+
+def open_milvus(
+    location: Mapping[str, str], dimension: int | None = None, **options: Any
+) -> MilvusStore:
+    """Open (or create) the collection of a parsed ``milvus:`` spec."""
+    mv = pymilvus()
+    if "url" in location:
+        uri = location["url"]
+        where = f"milvus:{uri}/{location['collection']}"
+    else:
+        path = Path(location["path"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        uri = str(path)
+        where = f"milvus:{path}/{location['collection']}"
+    lite = None if "url" in location else os.path.abspath(uri)
+    try:
+        client = mv.MilvusClient(uri)
+    except Exception as exc:  # connection refused, lite file locked by another process
+        hint = (
+            "; Milvus Lite opens a .db in one process at a time: is another process using it?"
+            if lite
+            else ""
+        )
+        raise StoreError(
+            f"{where}: cannot open Milvus ({type(exc).__name__}: {exc}){hint}"
+        ) from None
+    if lite is not None:
+        _LITE_USERS[lite] = _LITE_USERS.get(lite, 0) + 1
+    try:
+        store = MilvusStore(
+            client, location["collection"], dimension, owns_client=True, location=where, **options
+        )
+    except BaseException:
+        client.close()
+        if lite is not None:
+            release_lite(lite)
+        raise
+    store._lite_path = lite
+    return store
+
+
+#: Open stores per Milvus Lite file in this process: its embedded server runs until the last
+#: one closes (then another process can open the file).
+_LITE_USERS: dict[str, int] = {}
+
+
+def release_lite(path: str) -> None:
+    """One user of a Milvus Lite file is done; stop its embedded server after the last one."""
+    left = _LITE_USERS.get(path, 0) - 1
+    if left > 0:
+        _LITE_USERS[path] = left
+        return
+    _LITE_USERS.pop(path, None)
+    try:
+        from milvus_lite.server_manager import server_manager_instance
+    except ImportError:  # pragma: no cover - a server URL needs no milvus-lite
+        return
+    server_manager_instance.release_server(path)
+
+
+# ----------------------------------------------------------------------------- registry entry
+
+FORM = "milvus:PATH.db/COLLECTION"
+
+
+def parse_milvus(rest: str, spec: str = "") -> dict[str, str]:
+    """``PATH.db/COLLECTION`` -> {"path", "collection"}; ``URL/COLLECTION`` -> {"url", ...}."""
+    scheme, sep, after = rest.partition("://")
+    if sep:
+        host, _, collection = after.rstrip("/").rpartition("/")
+        if host and collection:
+            return {"url": f"{scheme}://{host}", "collection": collection}
+    else:
+        base, _, collection = rest.rstrip("/").rpartition("/")
+        if base.endswith(".db") and collection:
+            return {"path": base, "collection": collection}
+    raise StoreError(
+        f"store spec {spec or 'milvus:' + rest!r}: expected {FORM} (Milvus Lite) or "
+        "milvus:http://HOST:19530/COLLECTION (a Milvus server), e.g. milvus:indexes/milvus.db/scifact"
+    )
+
+
+def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> MilvusStore:
+    return open_milvus(loc, dimension, **options)
+
+
+def _adopts(obj: Any) -> bool:
+    return type(obj).__name__ == "MilvusClient" and (type(obj).__module__ or "").startswith(
+        "pymilvus"
+    )
+
+
+def _adopt(
+    client: Any, dimension: int | None, collection: str | None, options: dict[str, Any]
+) -> MilvusStore:
+    if not collection:
+        raise StoreError("a MilvusClient needs collection='name'")
+    backend, _ = registry.backend_for("milvus:x.db/x")
+    opts = registry.check_options(backend, options, f"milvus collection {collection!r}")
+    return MilvusStore(client, collection, dimension, **opts)
+
+
+def _examples(tmp: Path) -> list[registry.Example]:
+    # Milvus Lite needs only the package; without the extra installed there is nothing to run
+    # (tests/test_backend_congruence.py requires it, so a missing extra fails there)
+    if importlib.util.find_spec("milvus_lite") is None:
+        return []
+    return [registry.Example("milvus-lite", f"milvus:{tmp / 'milvus.db'}/test")]
+
+
+registry.register(
+    registry.Backend(
+        prefix="milvus",
+        form=FORM,
+        parse=parse_milvus,
+        open=_open,
+        options=("index_type", "hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe"),
+        adopts=_adopts,
+        adopt=_adopt,
+        extra="milvus",
+        examples=_examples,
+    )
+)

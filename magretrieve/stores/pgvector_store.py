@@ -1,0 +1,635 @@
+"""PostgreSQL + pgvector: a table searched by inner product, vectors kept unnormalized.
+
+Spec ``pgvector:POSTGRES_URI#TABLE`` (the URI as libpq takes it, e.g.
+``postgresql://user@host:5432/db`` or ``postgresql://user@/db?host=/run/postgresql`` for a unix
+socket; the table after ``#``, optionally ``schema.table``), or an open ``psycopg.Connection``
+with ``collection="table"``.
+
+Rules kept here, as in the other stores:
+
+- the table is ``(doc_id text primary key, embedding vector(dim), payload jsonb, doc_norm real)``;
+  ``doc_norm`` is the stored vector's norm, so SQL filters and dashboards see the magnitude;
+- search is ``ORDER BY embedding <#> q`` (pgvector's *negative* inner product, so ascending
+  order is best first; the score returned is its negation), served by an HNSW index with
+  ``vector_ip_ops`` (default), an IVFFlat index with ``vector_ip_ops``, or an exact scan
+  (``index_type="flat"``);
+- an existing table whose vector column is indexed with ``vector_cosine_ops`` or
+  ``vector_l2_ops`` is refused (such an index ranks by another metric than the model's) unless
+  it was annotated for the plug-in path (see :mod:`magretrieve.stores.pgvector_formula`);
+- which model built the table is recorded as JSON in the table's ``COMMENT``.
+
+Every batch is validated (ids, dimension, NaN/inf, JSON payloads) before one row is written,
+and written in one transaction, so a failed batch leaves the table as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from magretrieve.core.errors import StoreError
+from magretrieve.stores import registry
+from magretrieve.stores.base import (
+    StoreHit,
+    StoreRecord,
+    VectorStore,
+    check_batch,
+    check_k,
+    check_queries,
+    json_safe,
+    require,
+)
+
+#: Key of the table COMMENT's JSON object under which the building model is recorded.
+META_KEY = "magretrieve"
+#: Index types this store builds.
+INDEX_TYPES = ("hnsw", "ivfflat", "flat")
+#: pgvector operator classes that rank by another metric than the inner product.
+OTHER_OPCLASSES = {
+    "vector_cosine_ops": "cosine distance",
+    "vector_l2_ops": "L2 distance",
+    "vector_l1_ops": "L1 distance",
+    "halfvec_cosine_ops": "cosine distance",
+    "halfvec_l2_ops": "L2 distance",
+}
+
+
+def psycopg() -> Any:
+    return require("psycopg", "psycopg", "pgvector")
+
+
+def _sql() -> Any:
+    return require("psycopg.sql", "psycopg", "pgvector")
+
+
+def register_vector(conn: Any) -> None:
+    """Make numpy arrays travel as pgvector ``vector`` values on ``conn`` (binary format)."""
+    require("pgvector.psycopg", "pgvector", "pgvector").register_vector(conn)
+
+
+def redact(uri: str) -> str:
+    """The URI with any password replaced by ``***`` (locations end up in error messages)."""
+    return re.sub(r"(://[^:/@?#]*):[^@/?#]*@", r"\1:***@", uri)
+
+
+def split_table(name: str, where: str) -> tuple[str, ...]:
+    """``table`` or ``schema.table`` as identifier parts; anything else is refused."""
+    parts = tuple(name.split("."))
+    if not name or len(parts) > 2 or not all(parts):
+        raise StoreError(f"{where}: table name {name!r} must be TABLE or SCHEMA.TABLE")
+    return parts
+
+
+def connect(uri: str, where: str) -> Any:
+    """A new autocommit connection with the ``vector`` extension created and registered."""
+    pg = psycopg()
+    try:
+        conn = pg.connect(uri, autocommit=True)
+    except pg.Error as exc:
+        raise StoreError(f"{where}: cannot connect to PostgreSQL ({exc})".strip()) from None
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        register_vector(conn)
+    except pg.Error as exc:
+        conn.close()
+        raise StoreError(f"{where}: the pgvector extension is not available ({exc})") from None
+    return conn
+
+
+def vector_indexes(conn: Any, table: tuple[str, ...], column: str) -> list[tuple[str, str, str]]:
+    """(index name, access method, operator class) of each index on ``table.column``."""
+    rows = conn.execute(
+        """
+        SELECT ic.relname, am.amname, opc.opcname
+        FROM pg_index ix
+        JOIN pg_class ic ON ic.oid = ix.indexrelid
+        JOIN pg_am am ON am.oid = ic.relam
+        JOIN pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = ix.indkey[0]
+        JOIN pg_opclass opc ON opc.oid = ix.indclass[0]
+        WHERE ix.indrelid = %s::regclass AND a.attname = %s
+        """,
+        (".".join(_quote(p) for p in table), column),
+    ).fetchall()
+    return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+
+def column_dimension(conn: Any, table: tuple[str, ...], column: str) -> int | None:
+    """The declared dimension of a ``vector(n)`` column (None when the column is missing)."""
+    row = conn.execute(
+        """
+        SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+        WHERE a.attrelid = %s::regclass AND a.attname = %s AND NOT a.attisdropped
+        """,
+        (".".join(_quote(p) for p in table), column),
+    ).fetchone()
+    if row is None:
+        return None
+    m = re.fullmatch(r"vector\((\d+)\)", str(row[0]))
+    if not m:
+        raise StoreError(f"column {column!r} has type {row[0]}, not vector(n)")
+    return int(m.group(1))
+
+
+def table_exists(conn: Any, table: tuple[str, ...]) -> bool:
+    row = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (".".join(_quote(p) for p in table),)
+    ).fetchone()
+    return bool(row[0])
+
+
+def read_comment(conn: Any, table: tuple[str, ...], column: str | None = None) -> dict[str, Any]:
+    """The JSON object in a table's (or column's) COMMENT; {} when none or not JSON."""
+    ref = ".".join(_quote(p) for p in table)
+    if column is None:
+        row = conn.execute("SELECT obj_description(%s::regclass, 'pg_class')", (ref,)).fetchone()
+    else:
+        row = conn.execute(
+            """
+            SELECT col_description(a.attrelid, a.attnum) FROM pg_attribute a
+            WHERE a.attrelid = %s::regclass AND a.attname = %s
+            """,
+            (ref, column),
+        ).fetchone()
+    try:
+        value = json.loads(row[0]) if row and row[0] else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def as_array(value: Any) -> np.ndarray:
+    """A pgvector value (``pgvector.Vector`` or a sequence) as a float32 numpy array."""
+    if hasattr(value, "to_numpy"):
+        value = value.to_numpy()
+    return np.asarray(value, dtype=np.float32)
+
+
+def _quote(part: str) -> str:
+    return '"' + part.replace('"', '""') + '"'
+
+
+def run_in_transaction(conn: Any, location: str, what: str, fn: Any) -> Any:
+    """Run ``fn()`` in one transaction, turning database errors into one-line StoreErrors.
+
+    On a connection that is not in autocommit mode and has no transaction open it begins and
+    commits; inside the caller's open transaction it is a savepoint, committed with the
+    caller's work.
+    """
+    pg = psycopg()
+    try:
+        with conn.transaction():
+            return fn()
+    except pg.Error as exc:
+        raise StoreError(f"{location}: {what} failed ({type(exc).__name__}: {exc})") from None
+
+
+class PgVectorStore(VectorStore):
+    """A pgvector table searched by inner product (``<#>``), one row per document."""
+
+    kind = "pgvector"
+    thread_safe_search = False  # one connection: the Retriever serializes searches
+
+    def __init__(
+        self,
+        conn: Any,
+        table: str,
+        dimension: int | None = None,
+        *,
+        index_type: str | None = None,
+        hnsw_m: int | None = None,
+        ef_construction: int | None = None,
+        ef_search: int | None = None,
+        nlist: int | None = None,
+        nprobe: int | None = None,
+        owns_connection: bool = False,
+        location: str | None = None,
+    ) -> None:
+        sql = _sql()
+        self.conn = conn
+        self._owns = owns_connection
+        self._name = split_table(table, location or "pgvector")
+        self._location = location or f"pgvector table {table!r}"
+        self._table = sql.Identifier(*self._name)
+        self.ef_search = ef_search
+        self.nprobe = nprobe
+        if index_type is not None and index_type not in INDEX_TYPES:
+            raise StoreError(
+                f"{self._location}: index_type {index_type!r} is not one of {', '.join(INDEX_TYPES)}"
+            )
+        try:
+            with conn.transaction():
+                register_vector(conn)
+                if table_exists(conn, self._name):
+                    self._open_existing(dimension)
+                else:
+                    if dimension is None:
+                        raise StoreError(
+                            f"{self._location}: table does not exist; pass a dimension to create it"
+                        )
+                    self._create(
+                        int(dimension), index_type or "hnsw", hnsw_m, ef_construction, nlist
+                    )
+        except psycopg().Error as exc:
+            raise StoreError(f"{self._location}: {type(exc).__name__}: {exc}") from None
+
+    # ------------------------------------------------------------------ setup
+
+    def _open_existing(self, dimension: int | None) -> None:
+        cols = {
+            r[0]
+            for r in self.conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass "
+                "AND attnum > 0 AND NOT attisdropped",
+                (".".join(_quote(p) for p in self._name),),
+            ).fetchall()
+        }
+        missing = sorted({"doc_id", "embedding", "payload", "doc_norm"} - cols)
+        if missing:
+            raise StoreError(
+                f"{self._location}: table lacks column(s) {missing}; it was not created by "
+                "magretrieve (annotate an existing cosine table with `magretrieve annotate`)"
+            )
+        dim = column_dimension(self.conn, self._name, "embedding")
+        self._check_indexes()
+        if dim is None:  # pragma: no cover - excluded by the column check above
+            raise StoreError(f"{self._location}: no embedding column")
+        if dimension is not None and dim != int(dimension):
+            raise StoreError(
+                f"{self._location} has vector size {dim}, but the model produces dimension "
+                f"{dimension}"
+            )
+        self._dim = dim
+
+    def _check_indexes(self) -> None:
+        for name, method, opclass in vector_indexes(self.conn, self._name, "embedding"):
+            if opclass in OTHER_OPCLASSES:
+                raise StoreError(
+                    f"{self._location}: index {name!r} ({method}, {opclass}) ranks by "
+                    f"{OTHER_OPCLASSES[opclass]}; magretrieve needs inner product "
+                    "(vector_ip_ops): cosine would erase document magnitude. Create a new table"
+                )
+
+    def _create(
+        self,
+        dim: int,
+        index_type: str,
+        hnsw_m: int | None,
+        ef_construction: int | None,
+        nlist: int | None,
+    ) -> None:
+        sql = _sql()
+        if dim < 1 or dim > 16000:
+            raise StoreError(f"{self._location}: pgvector dimension must be 1..16000, got {dim}")
+        self.conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (doc_id text PRIMARY KEY, embedding vector({}) NOT NULL, "
+                "payload jsonb NOT NULL DEFAULT '{{}}', doc_norm real NOT NULL)"
+            ).format(self._table, sql.Literal(dim))
+        )
+        if index_type == "hnsw":
+            self._create_index("hnsw", {"m": hnsw_m, "ef_construction": ef_construction})
+        elif index_type == "ivfflat":
+            # IVFFlat lists are trained on the rows present when the index is built:
+            # it is built by optimize(), after the bulk load
+            self._pending_ivf = nlist
+        self._dim = dim
+
+    def _create_index(self, method: str, params: Mapping[str, int | None]) -> None:
+        sql = _sql()
+        given = {k: int(v) for k, v in params.items() if v is not None}
+        with_clause = sql.SQL("")
+        if given:
+            with_clause = sql.SQL(" WITH ({})").format(
+                sql.SQL(", ").join(
+                    sql.SQL("{} = {}").format(sql.SQL(k), sql.Literal(v)) for k, v in given.items()
+                )
+            )
+        self.conn.execute(
+            sql.SQL("CREATE INDEX ON {} USING {} (embedding vector_ip_ops){}").format(
+                self._table, sql.SQL(method), with_clause
+            )
+        )
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def dimension(self) -> int:
+        return self._dim
+
+    @property
+    def location(self) -> str:
+        return self._location
+
+    def _run(self, what: str, fn: Any) -> Any:
+        return run_in_transaction(self.conn, self._location, what, fn)
+
+    # ------------------------------------------------------------------ protocol
+
+    def add(
+        self,
+        ids: Sequence[str],
+        vectors: np.ndarray,
+        payloads: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int:
+        sql = _sql()
+        types = require("psycopg.types.json", "psycopg", "pgvector")
+        ids, arr, plist = check_batch(ids, vectors, payloads, self._dim, self._location)
+        rows = []
+        for doc_id, vec, payload in zip(ids, arr, plist, strict=True):
+            rows.append(
+                (
+                    doc_id,
+                    vec,
+                    types.Jsonb(json_safe(payload, doc_id)),
+                    float(np.linalg.norm(vec)),
+                )
+            )
+        if not rows:
+            return 0
+        stmt = sql.SQL(
+            "INSERT INTO {} (doc_id, embedding, payload, doc_norm) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (doc_id) DO UPDATE SET embedding = EXCLUDED.embedding, "
+            "payload = EXCLUDED.payload, doc_norm = EXCLUDED.doc_norm"
+        ).format(self._table)
+
+        def write() -> None:
+            with self.conn.cursor() as cur:
+                cur.executemany(stmt, rows)
+
+        self._run("insert", write)
+        return len(rows)
+
+    def _search_settings(self, cur: Any, k: int) -> None:
+        # SET LOCAL lasts until the end of the surrounding transaction
+        ef = max(int(self.ef_search or 40), k)
+        cur.execute(f"SET LOCAL hnsw.ef_search = {min(ef, 1000)}")
+        if self.nprobe is not None:
+            cur.execute(f"SET LOCAL ivfflat.probes = {int(self.nprobe)}")
+
+    def search(
+        self, queries: np.ndarray, k: int, *, with_vectors: bool = True
+    ) -> list[list[StoreHit]]:
+        sql = _sql()
+        q = check_queries(queries, self._dim, self._location)
+        k = check_k(k)
+        cols = sql.SQL("doc_id, payload, doc_norm, -(embedding <#> %s) AS score")
+        if with_vectors:
+            cols = sql.SQL("{}, embedding").format(cols)
+        stmt = sql.SQL("SELECT {} FROM {} ORDER BY embedding <#> %s LIMIT %s").format(
+            cols, self._table
+        )
+
+        def run() -> list[list[StoreHit]]:
+            out = []
+            with self.conn.cursor() as cur:
+                self._search_settings(cur, k)
+                for row in q:
+                    cur.execute(stmt, (row, row, k))
+                    out.append([self._hit(r, with_vectors) for r in cur.fetchall()])
+            return out
+
+        return self._run("search", run)
+
+    @staticmethod
+    def _hit(r: Sequence[Any], with_vectors: bool) -> StoreHit:
+        vec = as_array(r[4]) if with_vectors else None
+        return StoreHit(str(r[0]), float(r[3]), dict(r[1] or {}), vec, doc_norm=float(r[2]))
+
+    def delete(self, ids: Sequence[str]) -> int:
+        sql = _sql()
+        ids = [str(i) for i in ids]
+        if not ids:
+            return 0
+        stmt = sql.SQL("DELETE FROM {} WHERE doc_id = ANY(%s)").format(self._table)
+
+        def run() -> int:
+            with self.conn.cursor() as cur:
+                cur.execute(stmt, (ids,))
+                return int(cur.rowcount)
+
+        return self._run("delete", run)
+
+    def count(self) -> int:
+        sql = _sql()
+        row = self._run(
+            "count",
+            lambda: self.conn.execute(
+                sql.SQL("SELECT count(*) FROM {}").format(self._table)
+            ).fetchone(),
+        )
+        return int(row[0])
+
+    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
+        sql = _sql()
+        ids = list(ids)
+        if not ids:
+            return []
+        stmt = sql.SQL("SELECT doc_id, embedding, payload FROM {} WHERE doc_id = ANY(%s)").format(
+            self._table
+        )
+        rows = self._run(
+            "get", lambda: self.conn.execute(stmt, ([str(i) for i in ids],)).fetchall()
+        )
+        found = {str(r[0]): StoreRecord(str(r[0]), as_array(r[1]), dict(r[2] or {})) for r in rows}
+        return [found.get(i) for i in ids]
+
+    def existing(self, ids: Sequence[str]) -> set[str]:
+        sql = _sql()
+        ids = [str(i) for i in ids]
+        if not ids:
+            return set()
+        stmt = sql.SQL("SELECT doc_id FROM {} WHERE doc_id = ANY(%s)").format(self._table)
+        return {
+            str(r[0]) for r in self._run("read", lambda: self.conn.execute(stmt, (ids,)).fetchall())
+        }
+
+    def iter_ids(self) -> Iterator[str]:
+        sql = _sql()
+        stmt = sql.SQL("SELECT doc_id FROM {} WHERE doc_id > %s ORDER BY doc_id LIMIT 4096").format(
+            self._table
+        )
+        last = ""
+        while True:
+            rows = self._run("read", lambda last=last: self.conn.execute(stmt, (last,)).fetchall())
+            if not rows:
+                return
+            for r in rows:
+                yield str(r[0])
+            last = str(rows[-1][0])
+
+    def read_metadata(self) -> dict[str, Any] | None:
+        value = self._run("read", lambda: read_comment(self.conn, self._name)).get(META_KEY)
+        return dict(value) if isinstance(value, dict) and value else None
+
+    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+        sql = _sql()
+        text = json.dumps({META_KEY: dict(meta)}, sort_keys=True)
+        self._run(
+            "write metadata",
+            lambda: self.conn.execute(
+                sql.SQL("COMMENT ON TABLE {} IS {}").format(self._table, sql.Literal(text))
+            ),
+        )
+
+    def optimize(self) -> None:
+        """Build a pending IVFFlat index (lists trained on the rows now stored), then ANALYZE."""
+        sql = _sql()
+        nlist = getattr(self, "_pending_ivf", False)
+        if nlist is not False:
+            n = self.count()
+            lists = int(nlist) if nlist else max(1, min(int(4 * np.sqrt(max(n, 1))), 4096))
+            self._run("index build", lambda: self._create_index("ivfflat", {"lists": lists}))
+            del self._pending_ivf
+        self._run("analyze", lambda: self.conn.execute(sql.SQL("ANALYZE {}").format(self._table)))
+
+    def parameters(self) -> dict[str, Any]:
+        indexes = self._run("read", lambda: vector_indexes(self.conn, self._name, "embedding"))
+        out: dict[str, Any] = {
+            "operator": "<#> (negative inner product)",
+            "index": ", ".join(f"{m} ({o})" for _, m, o in indexes) or "exact (sequential scan)",
+        }
+        if any(m == "hnsw" for _, m, _ in indexes):
+            out["ef_search"] = self.ef_search or 40
+        if any(m == "ivfflat" for _, m, _ in indexes):
+            out["nprobe"] = self.nprobe or 1
+        return out
+
+    def close(self) -> None:
+        if self._owns:
+            self.conn.close()
+
+
+def open_pgvector(
+    uri: str, table: str, dimension: int | None = None, annotating: bool = False, **options: Any
+) -> VectorStore:
+    """Connect to ``uri`` and open (or create) ``table`` (the ``pgvector:`` spec's opener)."""
+    where = f"pgvector:{redact(uri)}#{table}"
+    conn = connect(uri, where)
+    try:
+        return store_for(
+            conn, table, dimension, options, owns=True, where=where, annotating=annotating
+        )
+    except BaseException:
+        conn.close()
+        raise
+
+
+def store_for(
+    conn: Any,
+    table: str,
+    dimension: int | None,
+    options: dict[str, Any],
+    *,
+    owns: bool,
+    where: str | None,
+    annotating: bool = False,
+) -> VectorStore:
+    """PgVectorStore, or the plug-in PgCosineStore for an existing table ranked by cosine."""
+    from magretrieve.stores import pgvector_cosine_store as plugin
+
+    name = split_table(table, where or "pgvector")
+    with conn.transaction():
+        plugin_table = table_exists(conn, name) and plugin.is_plugin_table(conn, name)
+    if plugin_table or annotating:
+        with conn.transaction():
+            exists = table_exists(conn, name)
+            ip = exists and any(
+                o == "vector_ip_ops" for _, _, o in vector_indexes(conn, name, "embedding")
+            )
+        if not exists:
+            raise StoreError(f"{where or table}: no such table to annotate")
+        if ip and not plugin_table:
+            raise StoreError(
+                f"{where or table}: annotate is for an existing table ranked by cosine; this one "
+                "is searched by inner product already (a magretrieve table keeps the magnitude)"
+            )
+        extra = sorted(set(options) - {"prefetch", "ef_search"})
+        if extra:
+            raise StoreError(f"option(s) {extra} do not apply to an annotated cosine table")
+        return plugin.PgCosineStore(
+            conn,
+            name,
+            dimension,
+            owns_connection=owns,
+            location=where,
+            annotating=annotating,
+            **options,
+        )
+    if "prefetch" in options:
+        raise StoreError("option 'prefetch' applies only to an annotated cosine table")
+    return PgVectorStore(conn, table, dimension, owns_connection=owns, location=where, **options)
+
+
+# ----------------------------------------------------------------------------- registry entry
+
+
+def parse_pgvector(rest: str, spec: str) -> dict[str, str]:
+    """``POSTGRES_URI#TABLE`` -> {"uri", "table"}; a missing table is refused naming the form."""
+    uri, sep, name = rest.rpartition("#")
+    if not sep or not uri or not name:
+        raise StoreError(
+            f"store spec {redact(spec)!r}: expected {FORM}, e.g. "
+            "pgvector:postgresql://user@localhost:5432/db#scifact"
+        )
+    return {"uri": uri, "table": name}
+
+
+def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> PgVectorStore:
+    return open_pgvector(loc["uri"], loc["table"], dimension, **options)
+
+
+def _adopts(obj: Any) -> bool:
+    return (type(obj).__module__ or "").startswith("psycopg")
+
+
+def _adopt(
+    conn: Any, dimension: int | None, table: str | None, options: dict[str, Any]
+) -> PgVectorStore:
+    if not table:
+        raise StoreError("a psycopg connection needs collection='table'")
+    backend, _ = registry.backend_for(f"pgvector:x#{table}")
+    opts = registry.check_options(backend, options, f"pgvector table {table!r}")
+    register_vector(conn)
+    return store_for(conn, table, dimension, opts, owns=False, where=None)
+
+
+def _examples(tmp: Any) -> list[registry.Example]:
+    """The shared store tests run on a real server when the test session started one."""
+    uri = os.environ.get(TEST_URI_ENV)
+    if not uri:
+        return []
+    table = "t_" + hashlib.sha1(str(tmp).encode()).hexdigest()[:12]
+    return [registry.Example("pgvector", f"pgvector:{uri}#{table}", {"index_type": "flat"})]
+
+
+#: Set by the test session (tests/conftest.py) to the URI of the server it started.
+TEST_URI_ENV = "MAGRETRIEVE_TEST_PGVECTOR_URI"
+FORM = "pgvector:POSTGRES_URI#TABLE"
+
+registry.register(
+    registry.Backend(
+        prefix="pgvector",
+        form=FORM,
+        parse=parse_pgvector,
+        open=_open,
+        options=(
+            "index_type",
+            "hnsw_m",
+            "ef_construction",
+            "ef_search",
+            "nlist",
+            "nprobe",
+            "prefetch",
+        ),
+        adopts=_adopts,
+        adopt=_adopt,
+        extra="pgvector",
+        examples=_examples,
+    )
+)

@@ -1,0 +1,68 @@
+"""Qdrant Edge (``qdrant-edge-py``): Qdrant's storage and HNSW engine in-process, no server.
+
+Layout of a store folder ``DIR``::
+
+    DIR/shard/                    the Edge shard (edge_config.json, WAL, segments)
+    DIR/magretrieve_store.json    which model built the store, and the measured recall
+
+The store is :class:`~magretrieve.stores.qdrant_store.QdrantStore` over the Edge client of
+:mod:`._qdrant_clients`, so every Qdrant rule holds here too. Unlike embedded qdrant-client,
+Edge builds a real HNSW index; ``optimize()`` builds it after a bulk load (segments below the
+indexing threshold are searched exactly) and measures its recall. Updates go through Edge's
+write-ahead log, so every ``add`` that returned survives a crash.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from magretrieve.stores import registry
+from magretrieve.stores._qdrant_clients import META_FILE, SHARD_DIR, EdgeAPI
+from magretrieve.stores.qdrant_store import QdrantStore
+
+__all__ = ["META_FILE", "SHARD_DIR", "QdrantEdgeStore"]
+
+
+class QdrantEdgeStore(QdrantStore):
+    """An Edge shard in a folder, searched by dot product with HNSW."""
+
+    kind = "qdrant-edge"
+
+    def __init__(self, path: str | Path, dimension: int | None = None, **options: Any) -> None:
+        self._setup(EdgeAPI(path), dimension, **options)
+
+    def foreign_points(self) -> int:
+        """A shard without magretrieve's file beside it was not written by magretrieve."""
+        if self._created or (self.api.path / META_FILE).is_file():
+            return 0
+        return self.count()
+
+
+# ----------------------------------------------------------------------------- registry entry
+
+EDGE_OPTIONS = (
+    "hnsw_m",
+    "ef_construction",
+    "ef_search",
+    "quantization",
+    "oversampling",
+    "rescore",
+    "query_scaling",
+    "full_scan_threshold",
+    "indexing_threshold",
+    "target_recall",
+)
+
+registry.register(
+    registry.Backend(
+        prefix="qdrant-edge",
+        form="qdrant-edge:DIR",
+        parse=registry.parse_dir,
+        open=lambda loc, dimension, options: QdrantEdgeStore(loc["path"], dimension, **options),
+        options=EDGE_OPTIONS,
+        folder=True,
+        extra="qdrant-edge",
+        examples=lambda tmp: [registry.Example("qdrant-edge", f"qdrant-edge:{tmp / 'edge'}")],
+    )
+)

@@ -1,0 +1,524 @@
+"""One Qdrant store over a small client interface: qdrant-client (server, cluster, embedded
+on disk or in memory) and Qdrant Edge run the same code; only :mod:`._qdrant_clients` differs.
+
+Rules kept here, for every client:
+
+- collections/shards are created with ``Distance.DOT``; an existing one with Cosine, Euclid or
+  Manhattan is refused with an error naming it and its distance (under Cosine Qdrant
+  normalizes vectors at upload, which would erase the magnitude the model keeps);
+- the vector size is checked against the model's dimension;
+- point ids are ``uuid5(document id)``, so re-indexing overwrites instead of duplicating;
+- the payload carries ``doc_id`` and ``doc_norm`` (the stored vector's norm) next to the
+  user's fields, so hits report ``doc_norm`` without fetching vectors, and filters and
+  dashboards see the magnitude;
+- int8-quantized search scales each query to the stored norms (see ``_qdrant_common``);
+- after ``optimize()`` an HNSW index's recall@10 is measured against exact search and
+  ``hnsw_ef`` can be tuned to ``target_recall`` (see ``_ann_recall``);
+- which model built the collection is kept in the collection's metadata (Edge: a file beside
+  the shard); a non-empty collection without it is *foreign* and is written only with force.
+
+Embedded qdrant-client searches exactly (brute force) and ignores HNSW/quantization settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from magretrieve.core.errors import StoreError
+from magretrieve.stores import _ann_recall, registry
+from magretrieve.stores._qdrant_clients import META_KEY, ClientAPI
+from magretrieve.stores._qdrant_common import (
+    RESERVED,
+    build_points,
+    check_vector_params,
+    existing_ids,
+    make_payload,
+    mean_doc_norm,
+    quantized_query_factors,
+    records_in_order,
+    scroll_doc_ids,
+    search_params,
+    split_payload,
+    to_hits,
+)
+from magretrieve.stores.base import (
+    StoreHit,
+    StoreRecord,
+    VectorStore,
+    check_k,
+    check_queries,
+    point_uuid,
+    require,
+)
+
+# RESERVED, make_payload, split_payload and quantized_query_factors live in _qdrant_common
+# and stay importable from here.
+__all__ = [
+    "META_KEY",
+    "RESERVED",
+    "QdrantStore",
+    "make_payload",
+    "quantized_query_factors",
+    "split_payload",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class QdrantStore(VectorStore):
+    """A Qdrant collection (or Edge shard) searched by dot product.
+
+    ``QdrantStore(client, collection, dimension, ...)`` wraps a ``qdrant_client.QdrantClient``;
+    :class:`~magretrieve.stores.qdrant_edge_store.QdrantEdgeStore` passes an Edge shard
+    through the same class (:meth:`over`).
+    """
+
+    kind = "qdrant"
+
+    def __init__(
+        self,
+        client: Any,
+        collection: str,
+        dimension: int | None = None,
+        *,
+        owns_client: bool = False,
+        location: str | None = None,
+        **options: Any,
+    ) -> None:
+        api = ClientAPI(client, collection, owns_client=owns_client, location=location)
+        self._setup(api, dimension, **options)
+        self.client, self.collection = client, collection
+
+    @classmethod
+    def over(cls, api: Any, dimension: int | None, **options: Any) -> QdrantStore:
+        """The store over any object implementing the client interface of _qdrant_clients."""
+        store = cls.__new__(cls)
+        store._setup(api, dimension, **options)
+        return store
+
+    def _setup(
+        self,
+        api: Any,
+        dimension: int | None,
+        *,
+        hnsw_m: int | None = None,
+        ef_construction: int | None = None,
+        ef_search: int | None = None,
+        quantization: str | None = None,
+        oversampling: float = 2.0,
+        rescore: bool = True,
+        query_scaling: bool = True,
+        target_recall: float | None = None,
+        **create_options: Any,
+    ) -> None:
+        self.api = api
+        self.ef_search = ef_search
+        self.oversampling = float(oversampling)
+        self.rescore = bool(rescore)
+        self.query_scaling = bool(query_scaling)
+        self.target_recall = target_recall
+        self.embedded = bool(api.embedded)
+        self.thread_safe_search = bool(api.thread_safe)
+        self._norm_mean: float | None = None  # mean stored doc_norm, for quantized search
+        if quantization not in (None, "int8"):
+            raise StoreError(f"unknown Qdrant quantization {quantization!r}; use 'int8' or none")
+        cfg = api.config()
+        if cfg is not None:
+            if cfg["named"] is not None:
+                raise StoreError(
+                    f"{api.label} has named vectors {cfg['named']}; magretrieve uses one "
+                    "unnamed vector per point"
+                )
+            edge = api.__class__.__name__ == "EdgeAPI"
+            self._dim = check_vector_params(
+                api.label,
+                cfg["distance"],
+                cfg["size"],
+                dimension,
+                **({} if edge else {"cosine": "normalizes vectors at upload"}),
+                advice=""
+                if edge
+                else ". Create a new collection, or rank this Cosine one by cos·m(d) after "
+                "`magretrieve annotate`",
+            )
+            api.open()
+            self.quantization = "int8" if cfg["quantized"] else None
+            self._hnsw, self._shards = cfg["hnsw"] or {}, cfg["shards"]
+            self._created = False
+        else:
+            if dimension is None:
+                raise StoreError(
+                    f"{api.label} does not exist; pass a dimension to create it"
+                    if not hasattr(api, "shard_path")
+                    else f"{api.path}: no Qdrant Edge store here; pass a dimension to create one"
+                )
+            self._dim = int(dimension)
+            made = api.create(self._dim, hnsw_m, ef_construction, quantization, **create_options)
+            self.quantization = quantization
+            self._hnsw, self._shards = made["hnsw"], made["shards"]
+            self._created = True
+        if self.ef_search is None:
+            recall = self._doc().get("recall") or {}
+            if "target" in recall:
+                self.ef_search = recall.get("hnsw_ef")  # the value --target-recall chose
+
+    @property
+    def dimension(self) -> int:
+        return self._dim
+
+    @property
+    def location(self) -> str:
+        return self.api.where
+
+    @property
+    def shard(self) -> Any:
+        """The Qdrant Edge shard (Edge stores only)."""
+        return getattr(self.api, "shard", None)
+
+    def _search_params(self) -> Any:
+        if self.embedded:
+            return None
+        return search_params(
+            self.api.models, self.ef_search, self.quantization, self.rescore, self.oversampling
+        )
+
+    def _doc(self) -> dict[str, Any]:
+        return self.api.read_doc()
+
+    # ------------------------------------------------------------------ protocol
+
+    def add(
+        self,
+        ids: Sequence[str],
+        vectors: np.ndarray,
+        payloads: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int:
+        points = build_points(
+            ids, vectors, payloads, self._dim, self.location, lambda u, v, p: (u, v, p)
+        )
+        if not points:
+            return 0
+        self.api.upsert(points)
+        self._norm_mean = None
+        return len(points)
+
+    def _query_factors(self, q: np.ndarray) -> np.ndarray:
+        if not self.quantization or self.embedded or not self.query_scaling:
+            return np.ones(len(q), dtype=np.float32)
+        if self._norm_mean is None:
+            points, _ = self.api.scroll(None, 512, ["doc_norm"], False)
+            self._norm_mean = mean_doc_norm(p.payload for p in points)
+        return quantized_query_factors(q, self._norm_mean)
+
+    def search(
+        self, queries: np.ndarray, k: int, *, with_vectors: bool = True
+    ) -> list[list[StoreHit]]:
+        q = check_queries(queries, self._dim, self.location)
+        k = check_k(k)
+        factors = self._query_factors(q)
+        q = q * factors[:, None]
+        results = self.api.query(
+            [row.tolist() for row in q], k, with_vectors, self._search_params()
+        )
+        return to_hits(results, factors, with_vectors)
+
+    def delete(self, ids: Sequence[str]) -> int:
+        present = self.existing(ids)
+        if present:
+            self.api.delete([point_uuid(i) for i in present])
+        return len(present)
+
+    def count(self) -> int:
+        return self.api.count()
+
+    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
+        ids = list(ids)
+        return records_in_order(ids, self.api.retrieve([point_uuid(i) for i in ids], True, True))
+
+    def existing(self, ids: Sequence[str]) -> set[str]:
+        return existing_ids(ids, lambda uuids: self.api.retrieve(uuids, False, False))
+
+    def iter_ids(self) -> Iterator[str]:
+        return scroll_doc_ids(lambda offset: self.api.scroll(offset, 1024, ["doc_id"], False))
+
+    def foreign_points(self) -> int:
+        """An existing collection without magretrieve's metadata: its points are not ours."""
+        if self._created or self.read_metadata():
+            return 0
+        return self.count()
+
+    def read_metadata(self) -> dict[str, Any] | None:
+        meta = self._doc().get("metadata")
+        return dict(meta) if meta else None
+
+    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+        doc = self._doc()
+        self.api.write_doc({"metadata": dict(meta), "recall": doc.get("recall")})
+
+    @property
+    def recall(self) -> dict[str, Any] | None:
+        """The last recall@10 measurement, kept with the model metadata."""
+        return self._doc().get("recall")
+
+    def persist(self) -> None:
+        self.api.flush()
+
+    def optimize(self) -> None:
+        """Build the HNSW index (Edge), then measure its recall (tuned to ``target_recall``)."""
+        self.api.optimize()
+        if not self.embedded and self.count():
+            self.measure_recall(target_recall=self.target_recall)
+
+    def measure_recall(
+        self, queries: np.ndarray | None = None, target_recall: float | None = None
+    ) -> dict[str, Any] | None:
+        """recall@10 of the HNSW search against exact search (tuning hnsw_ef to a target).
+
+        See :mod:`magretrieve.stores._ann_recall`; the result is kept beside the model
+        metadata and reported by ``describe()``. Embedded qdrant-client is exact: nothing to do.
+        """
+        if target_recall is not None:
+            target_recall = registry.OPTIONS["target_recall"].check(target_recall, self.location)
+        if self.embedded or not self.count():
+            return None
+        ids: list[str] = []
+        vecs: list[np.ndarray] = []
+        offset = None
+        while True:
+            points, offset = self.api.scroll(offset, 2048, ["doc_id"], True)
+            for p in points:
+                ids.append(str(p.payload["doc_id"]))
+                vecs.append(np.asarray(p.vector, dtype=np.float32))
+            if offset is None:
+                break
+
+        def set_ef(value: int) -> None:
+            self.ef_search = int(value)
+
+        start = int(self.ef_search or self._hnsw.get("ef_construct") or 100)
+        knob = _ann_recall.Knob("hnsw_ef", _ann_recall.HNSW_EF, set_ef, start)
+        tune = target_recall is not None or self.ef_search is not None
+
+        def search(q: np.ndarray, k: int) -> list[list[str]]:
+            return [[h.id for h in row] for row in self.search(q, k, with_vectors=False)]
+
+        recall = _ann_recall.measure(
+            search,
+            ids,
+            np.stack(vecs),
+            knob=knob if tune else None,
+            target=target_recall,
+            queries=queries,
+            where=self.location,
+        )
+        if tune:
+            self.ef_search = knob.current
+        self.api.write_doc({"metadata": self.read_metadata(), "recall": recall})
+        return recall
+
+    def parameters(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "distance": "Dot",
+            "index": "exact (embedded mode)" if self.embedded else "hnsw",
+            "quantization": self.quantization,
+        }
+        if not self.embedded:
+            out["hnsw_m"] = self._hnsw.get("m")
+            out["ef_construction"] = self._hnsw.get("ef_construct")
+            out["ef_search"] = self.ef_search
+            if self._shards is not None:
+                out["shard_number"], out["replication_factor"] = self._shards
+            if self.quantization:
+                out["rescore"], out["oversampling"] = self.rescore, self.oversampling
+            out.update(self.api.info())
+            recall = self.recall
+            if recall:
+                out["recall"] = recall
+        return out
+
+    def close(self) -> None:
+        self.api.close()
+
+
+# ----------------------------------------------------------------------------- registry entries
+
+QDRANT_OPTIONS = (
+    "target_recall",
+    "hnsw_m",
+    "ef_construction",
+    "ef_search",
+    "quantization",
+    "oversampling",
+    "rescore",
+    "query_scaling",
+    "shard_number",
+    "replication_factor",
+    "on_disk",
+    "api_key",
+    "timeout",
+    "prefetch",
+)
+_CLIENT_OPTIONS = ("api_key", "timeout")
+
+
+def _store_for(
+    client: Any,
+    collection: str,
+    dimension: Any,
+    opts: dict,
+    *,
+    owns: bool,
+    where: str | None,
+    annotating: bool = False,
+) -> Any:
+    """QdrantStore, or the plug-in QdrantCosineStore for an existing Cosine collection."""
+    info = client.get_collection(collection) if client.collection_exists(collection) else None
+    params = getattr(getattr(info, "config", None), "params", None)
+    distance = getattr(getattr(params, "vectors", None), "distance", None)
+    if getattr(distance, "value", distance) == "Cosine":
+        from magretrieve.stores.qdrant_cosine_store import QdrantCosineStore
+
+        extra = sorted(set(opts) - {"prefetch", "ef_search"})
+        if extra:
+            raise StoreError(f"option(s) {extra} do not apply to an annotated Cosine collection")
+        return QdrantCosineStore(
+            client,
+            collection,
+            dimension,
+            owns_client=owns,
+            location=where,
+            annotating=annotating,
+            **opts,
+        )
+    if annotating:
+        raise StoreError(
+            f"{where or collection}: annotate is for an existing Cosine collection; this one "
+            "is not (a Dot collection written by magretrieve already keeps the magnitude)"
+        )
+    if "prefetch" in opts:
+        raise StoreError("option 'prefetch' applies only to an annotated Cosine collection")
+    return QdrantStore(client, collection, dimension, owns_client=owns, location=where, **opts)
+
+
+def _open_with_client(
+    make_client: Any,
+    where: str,
+    collection: str,
+    dimension: Any,
+    opts: dict,
+    annotating: bool = False,
+):
+    client_opts = {k: opts.pop(k) for k in _CLIENT_OPTIONS if k in opts}
+    client = make_client(
+        require("qdrant_client", "qdrant-client", "qdrant").QdrantClient, client_opts
+    )
+    try:
+        return _store_for(
+            client, collection, dimension, opts, owns=True, where=where, annotating=annotating
+        )
+    except StoreError:
+        client.close()
+        raise
+    except Exception as exc:  # connection refused, auth, server-side errors
+        client.close()
+        raise StoreError(f"{where}: Qdrant request failed ({type(exc).__name__}: {exc})") from exc
+
+
+def _open_server(
+    loc: dict[str, str], dimension: int | None, opts: dict[str, Any], annotating: bool = False
+) -> QdrantStore:
+    def make(client_cls: Any, client_opts: dict[str, Any]) -> Any:
+        client_opts.setdefault("api_key", os.environ.get("QDRANT_API_KEY"))
+        return client_cls(url=loc["url"], **client_opts)
+
+    where = f"qdrant:{loc['url']}/{loc['collection']}"
+    return _open_with_client(make, where, loc["collection"], dimension, dict(opts), annotating)
+
+
+def _open_local(
+    loc: dict[str, str], dimension: int | None, opts: dict[str, Any], annotating: bool = False
+) -> QdrantStore:
+    def make(client_cls: Any, client_opts: dict[str, Any]) -> Any:
+        Path(loc["path"]).mkdir(parents=True, exist_ok=True)
+        try:
+            return client_cls(path=loc["path"], force_disable_check_same_thread=True)
+        except RuntimeError as exc:  # portalocker: another process holds the folder
+            raise StoreError(f"{loc['path']}: cannot open embedded Qdrant ({exc})") from None
+
+    where = f"qdrant-local:{loc['path']}/{loc['collection']}"
+    return _open_with_client(make, where, loc["collection"], dimension, dict(opts), annotating)
+
+
+def _open_memory(
+    loc: dict[str, str], dimension: int | None, opts: dict[str, Any], annotating: bool = False
+) -> QdrantStore:
+    where = f"qdrant-memory:{loc['collection']}"
+    return _open_with_client(
+        lambda cls, _: cls(":memory:"), where, loc["collection"], dimension, dict(opts), annotating
+    )
+
+
+def _adopts(obj: Any) -> bool:
+    return (type(obj).__module__ or "").startswith("qdrant_client")
+
+
+def _adopt_client(
+    client: Any, dimension: int | None, collection: str | None, options: dict[str, Any]
+) -> QdrantStore:
+    if not collection:
+        raise StoreError("a QdrantClient needs collection='name'")
+    backend, _ = registry.backend_for("qdrant-memory:x")
+    opts = registry.check_options(backend, options, f"Qdrant collection {collection!r}")
+    for key in _CLIENT_OPTIONS:
+        opts.pop(key, None)
+    return _store_for(client, collection, dimension, opts, owns=False, where=None)
+
+
+#: The openers by spec prefix (``magretrieve annotate`` opens Cosine collections through them).
+OPENERS = {"qdrant": _open_server, "qdrant-local": _open_local, "qdrant-memory": _open_memory}
+
+
+registry.register(
+    registry.Backend(
+        prefix="qdrant",
+        form="qdrant:URL/COLLECTION",
+        parse=registry.parse_url_collection,
+        open=_open_server,
+        options=QDRANT_OPTIONS,
+        adopts=_adopts,
+        adopt=_adopt_client,
+        extra="qdrant",
+    )
+)
+registry.register(
+    registry.Backend(
+        prefix="qdrant-local",
+        form="qdrant-local:DIR/COLLECTION",
+        parse=registry.parse_path_collection,
+        open=_open_local,
+        options=QDRANT_OPTIONS,
+        folder=True,
+        extra="qdrant",
+        examples=lambda tmp: [
+            registry.Example("qdrant-local", f"qdrant-local:{tmp / 'qdrant'}/test")
+        ],
+    )
+)
+registry.register(
+    registry.Backend(
+        prefix="qdrant-memory",
+        form="qdrant-memory:COLLECTION",
+        parse=registry.parse_collection,
+        open=_open_memory,
+        options=QDRANT_OPTIONS,
+        persists=lambda loc: False,
+        extra="qdrant",
+        examples=lambda tmp: [registry.Example("qdrant-memory", "qdrant-memory:test")],
+    )
+)

@@ -1,0 +1,463 @@
+"""The store registry: one entry per backend, from which everything store-shaped is derived.
+
+``parse_spec``, ``open_store``, the ``magretrieve index/search/rescale`` store options
+and the backend list of ``tests/test_stores.py`` are all computed from the entries
+registered here, so a new vector store is **one file plus one line**.
+
+How to add a backend (say ``redis:URL/INDEX``)
+----------------------------------------------
+
+1. Write ``magretrieve/stores/redis_store.py`` with a class implementing
+   :class:`magretrieve.stores.base.VectorStore` (import the client library lazily, inside
+   functions, with :func:`~magretrieve.stores.base.require` so a missing extra is one clear
+   error and ``import magretrieve.stores`` stays cheap). Validate every batch with
+   :func:`~magretrieve.stores.base.check_batch` (ids, dimension, NaN/inf, strict-JSON
+   payloads) *before* writing anything, and fill :attr:`StoreHit.doc_norm` in ``search``.
+2. At the bottom of that file, register it::
+
+       register(Backend(
+           prefix="redis",
+           form="redis:URL/INDEX",
+           parse=parse_url_collection,  # rest-of-spec -> location dict (or your own)
+           open=_open,                         # (location, dimension, options) -> VectorStore
+           options=("hnsw_m", "ef_search"),    # names from OPTIONS (add new ones there)
+           extra="redis",                      # pip install 'magretrieve[redis]'
+           examples=lambda tmp: [...],         # specs the congruence tests run (may be [])
+       ))
+
+3. Add the module name to :data:`BACKEND_MODULES` below (the one registry line), the client
+   library to an extra in ``pyproject.toml``, and a row to ``docs/stores.md``.
+
+That is all: ``open_store("redis:...")``, spec errors listing the form, ``--hnsw-m`` being
+accepted for it on the CLI (and refused for stores that do not take it), and the shared
+congruence tests in ``tests/test_stores.py`` follow from the entry.
+
+Options are declared once in :data:`OPTIONS` with their type, bounds and CLI flag, and
+checked here before any backend (or native library) sees them: ``--hnsw-m 0`` is a one-line
+error, not a SIGABRT inside FAISS.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from magretrieve.core.errors import StoreError
+
+#: Modules that register the built-in backends (imported on first use of the registry).
+#: Adding a backend = adding its module here.
+BACKEND_MODULES: tuple[str, ...] = (
+    "magretrieve.stores.faiss_store",
+    "magretrieve.stores.qdrant_store",
+    "magretrieve.stores.qdrant_edge_store",
+    "magretrieve.stores.memory_store",
+    "magretrieve.stores.pgvector_store",
+    "magretrieve.stores.milvus_store",
+)
+
+
+# ----------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class StoreOption:
+    """One ``open_store`` keyword: its type, bounds, CLI flag and help.
+
+    ``cli`` is the flag of ``magretrieve index`` (and ``rescale``); ``search`` says the option
+    is a search-time knob also offered by ``magretrieve search``. Options with ``cli=None``
+    are Python-only.
+    """
+
+    name: str
+    type: type
+    help: str
+    cli: str | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    choices: tuple[str, ...] | None = None
+    search: bool = False
+
+    def check(self, value: Any, where: str = "") -> Any:
+        """``value`` converted to the option's type, or a StoreError naming the option."""
+        label = self.cli or self.name
+        prefix = f"{where}: " if where else ""
+        if self.type is bool:
+            if not isinstance(value, bool):
+                raise StoreError(f"{prefix}{label} must be true or false, got {value!r}")
+            return value
+        if self.type is str:
+            if not isinstance(value, str):
+                raise StoreError(f"{prefix}{label} must be a string, got {value!r}")
+            if self.choices is not None and value not in self.choices:
+                raise StoreError(
+                    f"{prefix}{label} must be one of {', '.join(self.choices)}, got {value!r}"
+                )
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            try:  # numpy scalars and numeric strings from config files
+                value = float(value) if self.type is float else int(str(value))
+            except (TypeError, ValueError):
+                raise StoreError(
+                    f"{prefix}{label} must be {'a number' if self.type is float else 'an integer'}"
+                    f", got {value!r}"
+                ) from None
+        if self.type is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise StoreError(f"{prefix}{label} must be an integer, got {value!r}")
+            value = int(value)
+        else:
+            value = float(value)
+            if not math.isfinite(value):
+                raise StoreError(f"{prefix}{label} must be a finite number, got {value!r}")
+        low, high = self.minimum, self.maximum
+        if low is not None and (value <= low if self.exclusive_minimum else value < low):
+            bound = f"> {low:g}" if self.exclusive_minimum else f">= {low:g}"
+            raise StoreError(f"{prefix}{label} must be {bound}, got {value!r}")
+        if high is not None and value > high:
+            raise StoreError(f"{prefix}{label} must be <= {high:g}, got {value!r}")
+        return value
+
+
+def _opt(name: str, typ: type, help: str, **kw: Any) -> StoreOption:
+    return StoreOption(name, typ, help, **kw)
+
+
+#: Every option any backend accepts, declared once (a backend lists the names it takes).
+OPTIONS: dict[str, StoreOption] = {
+    o.name: o
+    for o in (
+        _opt(
+            "index_type",
+            str,
+            "FAISS index: flat (exact, default), hnsw, ivf, or any faiss.index_factory string, "
+            "e.g. 'IVF1024,PQ32' (inner product is always used; untrained indexes are trained "
+            "on the first vectors added).",
+            cli="--faiss-index",
+        ),
+        _opt(
+            "hnsw_m",
+            int,
+            "HNSW M, links per node (FAISS default 32, Qdrant 16).",
+            cli="--hnsw-m",
+            minimum=2,
+            maximum=1024,
+        ),
+        _opt(
+            "ef_construction",
+            int,
+            "HNSW efConstruction (FAISS 200, Qdrant 100).",
+            cli="--ef-construction",
+            minimum=1,
+            maximum=100_000,
+        ),
+        _opt(
+            "ef_search",
+            int,
+            "HNSW efSearch / Qdrant hnsw_ef (FAISS 128); raised to k when smaller.",
+            cli="--ef-search",
+            minimum=1,
+            maximum=100_000,
+            search=True,
+        ),
+        _opt(
+            "nlist",
+            int,
+            "FAISS IVF lists (default ~4·√n).",
+            cli="--nlist",
+            minimum=1,
+            maximum=1 << 24,
+        ),
+        _opt(
+            "nprobe",
+            int,
+            "FAISS IVF lists probed (16).",
+            cli="--nprobe",
+            minimum=1,
+            maximum=1 << 24,
+            search=True,
+        ),
+        _opt(
+            "target_recall",
+            float,
+            "After building an ANN index, tune efSearch/nprobe/hnsw_ef by measurement to reach "
+            "this recall@10 against exact search at the highest speed (e.g. 0.99).",
+            cli="--target-recall",
+            minimum=0.0,
+            maximum=1.0,
+            exclusive_minimum=True,
+        ),
+        _opt(
+            "quantization",
+            str,
+            "Qdrant / Edge scalar quantization (searched with rescoring).",
+            cli="--quantization",
+            choices=("int8",),
+        ),
+        _opt("oversampling", float, "Qdrant quantized search oversampling.", minimum=1.0),
+        _opt("rescore", bool, "Qdrant quantized search rescoring with full vectors."),
+        _opt("query_scaling", bool, "Scale int8-quantized queries to the stored norms."),
+        _opt("shard_number", int, "Qdrant server: shards.", cli="--shard-number", minimum=1),
+        _opt(
+            "replication_factor",
+            int,
+            "Qdrant server: replicas.",
+            cli="--replication-factor",
+            minimum=1,
+        ),
+        _opt("on_disk", bool, "Qdrant server: keep vectors on disk."),
+        _opt("api_key", str, "Qdrant server API key (default $QDRANT_API_KEY)."),
+        _opt(
+            "timeout",
+            int,
+            "Qdrant server request timeout in seconds.",
+            minimum=1,
+        ),
+        _opt(
+            "prefetch",
+            int,
+            "Annotated Cosine collection/table (magretrieve annotate): cosine candidates "
+            "re-ranked by cos·m(d) (default 100, or the value recorded by annotate).",
+            cli="--prefetch",
+            minimum=1,
+            maximum=100_000,
+            search=True,
+        ),
+        _opt("full_scan_threshold", int, "Qdrant Edge: exact below this size (KB).", minimum=0),
+        _opt("indexing_threshold", int, "Qdrant Edge: index segments above this size.", minimum=0),
+    )
+}
+
+
+def add_option(option: StoreOption) -> None:
+    """Declare a new option (a backend file may call this before ``register``)."""
+    known = OPTIONS.get(option.name)
+    if known is not None and known != option:
+        raise ValueError(f"store option {option.name!r} is already declared differently")
+    OPTIONS[option.name] = option
+
+
+# ----------------------------------------------------------------------------- backends
+
+
+@dataclass(frozen=True)
+class Example:
+    """A spec the shared store tests run against.
+
+    ``exact``: searched exactly; ``lossy``: vectors come back approximately (PQ/SQ codes).
+    """
+
+    name: str
+    spec: str
+    options: dict[str, Any] = field(default_factory=dict)
+    exact: bool = True
+    lossy: bool = False
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One store backend: how its specs look, what it accepts, how it opens.
+
+    - ``prefix``: the spec prefix before ``:`` (``faiss``).
+    - ``form``: the spec form shown in errors and docs (``faiss:DIR``).
+    - ``parse(rest, spec)``: the part after ``prefix:`` -> location dict (``{"path": ...}``);
+      raise StoreError for a malformed spec (the message should show ``form``).
+    - ``open(location, dimension, options)``: the store (options already validated).
+    - ``options``: names from :data:`OPTIONS` the backend accepts; others are an error.
+    - ``folder``: the location's ``path`` is a directory the store owns (a regular file there
+      is refused before anything is encoded).
+    - ``persists(location)``: whether what is added outlives the process (``memory:`` does not).
+    - ``adopts(obj)`` / ``adopt(obj, dimension, collection, options)``: accept a live client
+      or index object in ``open_store`` instead of a spec.
+    - ``extra``: the pip extra that installs the backend's library.
+    - ``examples(tmp_path)``: specs for the shared congruence tests (an empty list when the
+      backend needs a service that is not configured).
+    """
+
+    prefix: str
+    form: str
+    parse: Callable[[str, str], dict[str, str]]
+    open: Callable[[dict[str, str], int | None, dict[str, Any]], Any]
+    options: tuple[str, ...] = ()
+    folder: bool = False
+    persists: Callable[[dict[str, str]], bool] = lambda loc: True
+    adopts: Callable[[Any], bool] | None = None
+    adopt: Callable[[Any, int | None, str | None, dict[str, Any]], Any] | None = None
+    extra: str | None = None
+    examples: Callable[[Path], list[Example]] = lambda tmp: []
+
+
+_BACKENDS: dict[str, Backend] = {}
+_loaded = False
+
+
+def register(backend: Backend) -> Backend:
+    """Add a backend (called at the bottom of its module); the prefix must be new."""
+    prefix = backend.prefix.lower()
+    if prefix in _BACKENDS and _BACKENDS[prefix] is not backend:
+        raise ValueError(f"store prefix {prefix!r} is already registered")
+    unknown = sorted(set(backend.options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"{prefix}: undeclared store option(s) {unknown}; add them to OPTIONS")
+    _BACKENDS[prefix] = backend
+    return backend
+
+
+def _load() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for module in BACKEND_MODULES:
+            importlib.import_module(module)
+
+
+def backends() -> list[Backend]:
+    """Every registered backend, in registration order."""
+    _load()
+    return list(_BACKENDS.values())
+
+
+def spec_forms() -> tuple[str, ...]:
+    return tuple(b.form for b in backends())
+
+
+def _not_understood(spec: Any) -> StoreError:
+    return StoreError(f"store spec {spec!r} not understood; use one of: {', '.join(spec_forms())}")
+
+
+def backend_for(spec: str) -> tuple[Backend, dict[str, str]]:
+    """The backend a spec names and its parsed location; errors list the accepted forms."""
+    if not isinstance(spec, str) or ":" not in spec:
+        raise _not_understood(spec)
+    prefix, rest = spec.split(":", 1)
+    _load()
+    backend = _BACKENDS.get(prefix.lower())
+    if backend is None:
+        raise _not_understood(spec)
+    return backend, backend.parse(rest, spec)
+
+
+def check_options(backend: Backend, options: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """Options with ``None`` dropped, each validated; options the backend does not take refused."""
+    given = {k: v for k, v in options.items() if v is not None}
+    unknown = sorted(set(given) - set(backend.options))
+    if unknown:
+        raise StoreError(f"option(s) {unknown} do not apply to {backend.prefix} stores")
+    return {k: OPTIONS[k].check(v, where) for k, v in given.items()}
+
+
+def check_folder(path: str | Path, spec: str) -> None:
+    """Refuse a folder-store location that is a regular file (before anything is encoded)."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise StoreError(f"{spec}: {p} is a file, not a folder; a folder store needs a directory")
+
+
+def open_spec(spec: str, dimension: int | None, options: dict[str, Any]) -> Any:
+    backend, loc = backend_for(spec)
+    opts = check_options(backend, options, spec)
+    if backend.folder and loc.get("path"):
+        check_folder(loc["path"], spec)
+    return backend.open(loc, dimension, opts)
+
+
+def open_object(obj: Any, dimension: int | None, collection: str | None, options: dict) -> Any:
+    for backend in backends():
+        if backend.adopts is not None and backend.adopt is not None and backend.adopts(obj):
+            return backend.adopt(obj, dimension, collection, options)
+    raise StoreError(
+        f"cannot use a {type(obj).__name__} as a store; pass a spec ({', '.join(spec_forms())}), "
+        "a VectorStore, a QdrantClient or a FAISS index"
+    )
+
+
+def check_spec_before_encoding(spec: str, *, must_persist: bool = True) -> None:
+    """What can be refused about a spec without opening it: form, folder-vs-file, persistence."""
+    backend, loc = backend_for(spec)
+    if backend.folder and loc.get("path"):
+        check_folder(loc["path"], spec)
+    if must_persist and not backend.persists(loc):
+        raise StoreError(
+            f"{spec}: this store keeps nothing after the command ends; "
+            f"give a folder (e.g. {backend.prefix}:indexes/NAME) or another store"
+        )
+
+
+def cli_options(search_only: bool = False) -> list[StoreOption]:
+    """Options with a CLI flag (only search-time knobs when ``search_only``)."""
+    _load()
+    used = {name for b in _BACKENDS.values() for name in b.options}
+    return [
+        o
+        for o in OPTIONS.values()
+        if o.cli is not None and o.name in used and (o.search or not search_only)
+    ]
+
+
+def examples(tmp_path: Path) -> list[Example]:
+    """Every backend's test specs (the list the shared store tests are parametrized over)."""
+    out = []
+    for b in backends():
+        out.extend(b.examples(tmp_path))
+    return out
+
+
+# ----------------------------------------------------------------------------- spec parsers
+
+
+def parse_dir(rest: str, spec: str) -> dict[str, str]:
+    """``prefix:DIR``."""
+    if not rest:
+        raise _not_understood(spec)
+    return {"path": rest}
+
+
+def parse_optional_dir(rest: str, spec: str) -> dict[str, str]:
+    """``prefix:`` or ``prefix:DIR`` (path "" when absent)."""
+    return {"path": rest}
+
+
+def parse_collection(rest: str, spec: str) -> dict[str, str]:
+    if not rest:
+        raise _missing_collection(spec)
+    return {"collection": rest}
+
+
+def parse_path_collection(rest: str, spec: str) -> dict[str, str]:
+    """``prefix:DIR/COLLECTION``."""
+    base, _, collection = rest.rstrip("/").rpartition("/")
+    if not (base and collection):
+        raise _missing_collection(spec)
+    return {"path": base, "collection": collection}
+
+
+def parse_url_collection(rest: str, spec: str) -> dict[str, str]:
+    """``prefix:URL/COLLECTION``: the collection is the last path segment after the host."""
+    # "http://h:6333" alone has none (rpartition would take "h:6333" for a collection name)
+    scheme, sep, after = rest.partition("://")
+    host, _, collection = (after if sep else rest).rstrip("/").rpartition("/")
+    if host and collection and (sep or ":" in host):
+        return {"url": f"{scheme}{sep}{host}", "collection": collection}
+    raise _missing_collection(spec)
+
+
+def _missing_collection(spec: str) -> StoreError:
+    prefix = spec.split(":", 1)[0].lower()
+    backend = _BACKENDS.get(prefix)
+    form = backend.form if backend else spec
+    return StoreError(
+        f"store spec {spec!r}: missing collection name (expected {form}, e.g. "
+        f"{form.replace('COLLECTION', 'scifact')}); use one of: {', '.join(spec_forms())}"
+    )
+
+
+def option_names(*groups: Sequence[str]) -> tuple[str, ...]:
+    """Concatenate option-name groups without duplicates (keeps order)."""
+    out: list[str] = []
+    for g in groups:
+        out.extend(n for n in g if n not in out)
+    return tuple(out)

@@ -1,0 +1,3 @@
+"""Training with PyTorch: the encoder, its losses, norm heads, calibration.
+
+The only layer besides ``export`` and ``diagnose`` that imports torch or transformers."""
