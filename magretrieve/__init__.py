@@ -42,7 +42,6 @@ _LAZY: dict[str, str] = {
     "Manifest": "magretrieve.core.manifest",
     # training and evaluation
     "TrainConfig": "magretrieve.train.trainer",
-    "train": "magretrieve.train.trainer",
     "evaluate_retrieval": "magretrieve.evaluation.retrieval",
     "retrieval_metrics": "magretrieve.core.metrics",
     "evaluate_sts": "magretrieve.evaluation.retrieval",
@@ -92,6 +91,7 @@ __all__ = [
     "load_sentence_pairs",
     "load_training_data",
     "similarity",
+    "train",
     *_LAZY,
 ]
 
@@ -107,6 +107,8 @@ _SUBMODULES = {
     "priors": "magretrieve.priors",
     "stores": "magretrieve.stores",
     "testing": "magretrieve.train.testing",
+    # the training function: the package is callable as magretrieve.train.trainer.train
+    "train": "magretrieve.train",
 }
 
 
