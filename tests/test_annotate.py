@@ -631,3 +631,17 @@ def test_fit_prior_file_is_read_by_annotate_and_rescale(tiny_model_dir, tiny_bei
         ids, vecs, _ = read_all(dst)
     norms = dict(zip(ids, np.linalg.norm(vecs, axis=1), strict=True))
     np.testing.assert_allclose([norms[str(i)] for i in range(30)], got, rtol=1e-4)
+
+
+def test_a_missing_store_is_refused_and_nothing_is_created(tmp_path, pg_uri):
+    runner = CliRunner()
+    missing = tmp_path / "typo"
+    for spec, needle in [
+        (f"qdrant-local:{missing}/docs", "no embedded Qdrant data"),
+        ("qdrant-memory:docs", "no such collection to annotate"),
+        (f"pgvector:{pg_uri}#no_such_table", "no such table to annotate"),
+    ]:
+        out = runner.invoke(main, ["annotate", "--store", spec, "--corpus-prior", "0.5"])
+        one_line_failure(out)
+        assert needle in out.output
+    assert not missing.exists()

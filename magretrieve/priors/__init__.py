@@ -8,6 +8,7 @@ A new prior is one module with a :class:`~magretrieve.priors.base.DocumentPrior`
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,8 @@ def prior_option(beta: float | None, prior_file: str | Path | None, k: int) -> D
             raise ConfigError("give --corpus-prior or --prior-file, not both")
         return read_prior_file(prior_file)
     if beta is not None:
+        if not math.isfinite(beta):
+            raise ConfigError(f"--corpus-prior must be a finite number, got {beta}")
         if k < 1:
             raise ConfigError(f"--k must be at least 1, got {k}")
         return HubPrior(beta, k)

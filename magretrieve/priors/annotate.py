@@ -64,6 +64,9 @@ def open_for_annotation(spec: str) -> Any:
 
         return open_pgvector(loc["uri"], loc["table"], annotating=True)
     opener = qdrant_store.OPENERS.get(backend.prefix)
+    if backend.prefix == "qdrant-local" and not (Path(loc["path"]) / "collection").is_dir():
+        # opening would create the folder: refuse first, so a typo leaves nothing behind
+        raise StoreError(f"{spec}: no embedded Qdrant data in {loc['path']} to annotate")
     if opener is None:
         raise StoreError(
             f"{spec}: annotate works on an existing Cosine Qdrant collection (qdrant:, "
