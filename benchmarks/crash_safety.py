@@ -446,6 +446,9 @@ def write_report(
     stamp = f"{elapsed:.0f} s wall clock, {machine_summary()}"
     earlier = args.out.read_text() if args.merge and args.out.is_file() else ""
     if earlier:  # keep the earlier run's rows; this run's come after, under its own command
+        if "# Later run" not in earlier:  # say which rows the first command produced
+            head, sep, rest = earlier.partition("\n\n## ")
+            earlier = head + " — the rows up to the first “Later run” come from it." + sep + rest
         lines = [earlier.rstrip(), "", f"# Later run: {', '.join(args.ops.split(','))}", ""]
         lines += [f"Command: `{command}` ({stamp}); the rows below come from it.", ""]
     else:
