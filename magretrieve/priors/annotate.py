@@ -198,7 +198,8 @@ def annotate_store(
         meta = dict(target.read_metadata() or {})
         chosen_field = choose_field(target, field, meta)
         target.field = chosen_field  # the payload read below leaves it out
-        pages, ids = [], []
+        pages: list[list[Any]] = []
+        ids: list[str] = []
         for points in tqdm(
             target.iter_points(batch_size), desc="reading", unit="page", disable=not progress
         ):
