@@ -342,8 +342,18 @@ def one_line_failure(out) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_field_holding_user_data_is_refused_and_nothing_changes(backend, tmp_path, request):
     spec, units, _ = backend_store(backend, tmp_path, request)
-    before = raw_state(backend, spec, tmp_path)
     runner = CliRunner()
+    if backend == "qdrant":  # a key holding [] on one point is the user's too
+        client = QdrantClient(path=str(tmp_path / "q"))
+        client.set_payload("theirs", payload={"tags": []}, points=[3])
+        client.close()
+        for field in ("tags",):
+            out = runner.invoke(
+                main, ["annotate", "--store", spec, "--corpus-prior", "0.5", "--field", field]
+            )
+            one_line_failure(out)
+            assert f"payload key {field!r} of 1 point(s)" in out.output
+    before = raw_state(backend, spec, tmp_path)
     for field, needle in [
         (USER_FIELD[backend], "would overwrite"),  # the user's text
         ("id", "would overwrite" if backend == "pgvector" else None),  # the primary key column

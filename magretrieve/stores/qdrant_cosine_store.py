@@ -422,17 +422,21 @@ class QdrantCosineStore(VectorStore):
         ann = annotation_of(meta)
         if ann is not None and ann.get("field") == field:
             return None
-        models = _models()
-        for key in (field,) if ann is not None else (field, "doc_norm"):
-            held = self.client.count(
-                self.collection,
-                count_filter=models.Filter(
-                    must_not=[models.IsEmptyCondition(is_empty=models.PayloadField(key=key))]
-                ),
-                exact=True,
-            ).count
-            if held:
-                return f"payload key {key!r} of {held} point(s)"
+        keys = [field] if ann is not None else [field, "doc_norm"]
+        held = dict.fromkeys(keys, 0)
+        offset = None
+        while True:  # key presence, exactly: a null or an empty list is the user's too
+            points, offset = self.client.scroll(
+                self.collection, limit=1024, offset=offset, with_payload=keys, with_vectors=False
+            )
+            for p in points:
+                for key in keys:
+                    held[key] += key in (p.payload or {})
+            if offset is None:
+                break
+        for key, count in held.items():
+            if count:
+                return f"payload key {key!r} of {count} point(s)"
         return None
 
     def begin_annotation(self, field: str, meta: Mapping[str, Any]) -> None:
