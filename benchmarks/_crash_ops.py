@@ -1,16 +1,20 @@
-"""SIGKILL `export --overwrite`, `rescale` (each store kind) and `fit-prior` at random moments.
+"""SIGKILL `export --overwrite`, `rescale` (each store kind), `fit-prior`, `annotate` and
+re-annotate (Qdrant, pgvector) at random moments.
 
 Each operation runs as the ``magretrieve`` CLI in a child process (``main([...])`` after the
 imports, so the kill lands in the command's own work), is SIGKILLed after a uniformly random
 delay in [0, 1.1 × its uninterrupted duration], and then the target is classified:
 
 - ``old``: exactly what was there before (export: byte-identical files; rescale: no target or
-  an empty one with no metadata; prior file: the old bytes);
+  an empty one with no metadata; prior file: the old bytes; annotate: no annotation and no
+  point holding m; re-annotate: the old record and every old m);
 - ``new``: exactly what an uninterrupted run makes (export: same vectors on fixed texts;
-  rescale: every id with the reference vector and recipe; prior file: the reference bytes);
-- ``incomplete``: the target says so itself (rescale: metadata marked ``incomplete``, which
-  every Retriever refuses; export: the old export set aside by an interrupted swap) — and
-  then re-running the same command must finish it and give ``new``.
+  rescale: every id with the reference vector and recipe; prior file: the reference bytes;
+  (re-)annotate: the reference record and every point's reference m);
+- ``incomplete``: the target says so itself (rescale, annotate: metadata marked
+  ``incomplete``, which every Retriever refuses — and an annotated store's own search then
+  ranks by plain cosine, checked; export: the old export set aside by an interrupted swap) —
+  and then re-running the same command must finish it and give ``new``.
 
 Anything else (a target that opens and serves but is neither old nor new, a torn file, a
 target that does not open) is a failure. After a kill that left a rescale or an export
@@ -404,6 +408,289 @@ def fit_prior_run(setup: PriorSetup, work: Path, rng: random.Random, run: int) -
     if out.read_bytes() != setup.new_bytes:
         result.problems.append("re-run did not write the reference prior")
     shutil.rmtree(folder, ignore_errors=True)
+    return result
+
+
+# ----------------------------------------------------------------------------- annotate
+
+ANNOTATE_BACKENDS = ("qdrant-local", "pgvector")
+#: β of the first annotation (the old state of a re-annotate) and of the killed command.
+OLD_BETA, NEW_BETA = 0.5, 1.0
+FIELD = "magretrieve_m"
+
+
+def annotate_args(spec: str, beta: float = NEW_BETA) -> list[str]:
+    return ["annotate", "--store", spec, "--corpus-prior", str(beta), "--k", "5"]
+
+
+@dataclass
+class AnnotateSetup:
+    """Templates of a Cosine store (unannotated and annotated with OLD_BETA), references."""
+
+    n: int
+    dimension: int
+    units: np.ndarray
+    make: Callable[[str, str], str]  # (template, run name) -> spec of a fresh copy
+    seconds: dict[str, float]
+    #: (operation, backend) -> (m by point id, annotation metadata) of an uninterrupted run
+    new: dict[tuple[str, str], tuple[dict[str, float], dict[str, Any]]]
+    #: backend -> the annotated template's state (the old state of a re-annotate)
+    old: dict[str, tuple[dict[str, float], dict[str, Any]]]
+    #: the PostgreSQL server of the pgvector runs (None without them); stop it when done
+    pg: PgServer | None = None
+
+
+class PgServer:
+    """A throw-away PostgreSQL + pgvector (pgserver) for the pgvector runs; stop() deletes it."""
+
+    def __init__(self, folder: Path) -> None:
+        import pgserver
+
+        self.server = pgserver.get_server(folder, cleanup_mode="delete")
+        self.server.psql("CREATE EXTENSION IF NOT EXISTS vector;")
+        self.uri = self.server.get_uri()
+
+    def execute(self, statement: str, params: Any = None) -> list[Any]:
+        import psycopg
+        from pgvector.psycopg import register_vector
+
+        with psycopg.connect(self.uri, autocommit=True) as conn:
+            register_vector(conn)
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+
+    def stop(self) -> None:
+        self.server.cleanup()
+
+
+def _cosine_units(n: int, dim: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(8, dim))
+    docs = centers[rng.integers(0, 8, n)] + 0.7 * rng.normal(size=(n, dim))
+    return (docs / np.linalg.norm(docs, axis=1, keepdims=True)).astype(np.float32)
+
+
+def make_qdrant_template(folder: Path, units: np.ndarray) -> None:
+    """A Cosine collection as another pipeline writes it: integer ids, a title, scaled vectors."""
+    from qdrant_client import QdrantClient, models
+
+    client = QdrantClient(path=str(folder))
+    client.create_collection(
+        "docs",
+        vectors_config=models.VectorParams(size=units.shape[1], distance=models.Distance.COSINE),
+    )
+    for s in range(0, len(units), 1024):
+        client.upsert(
+            "docs",
+            points=[
+                models.PointStruct(
+                    id=i, vector=(units[i] * 2.0).tolist(), payload={"title": f"t{i}"}
+                )
+                for i in range(s, min(s + 1024, len(units)))
+            ],
+        )
+    client.close()
+
+
+def make_pg_template(pg: PgServer, table: str, units: np.ndarray) -> None:
+    """A table as a typical pgvector pipeline makes it: bigint id, content, HNSW cosine index."""
+    pg.execute(
+        f"CREATE TABLE {table} (id bigint PRIMARY KEY, content text, "
+        f"embedding vector({units.shape[1]}))"
+    )
+    import psycopg
+    from pgvector.psycopg import register_vector
+
+    with psycopg.connect(pg.uri, autocommit=True) as conn:
+        register_vector(conn)
+        with conn.cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO {table} VALUES (%s, %s, %s)",
+                [(i, f"t{i}", units[i] * 2.0) for i in range(len(units))],
+            )
+    pg.execute(f"CREATE INDEX ON {table} USING hnsw (embedding vector_cosine_ops)")
+
+
+def raw_annotation(spec: str) -> tuple[dict[str, float], dict[str, Any]]:
+    """(m by point id, metadata) read around the store classes: what is really stored."""
+    from magretrieve.priors.annotate import open_for_annotation
+
+    store = open_for_annotation(spec)
+    try:
+        meta = dict(store.read_metadata() or {})
+        m: dict[str, float] = {}
+        if store.kind == "qdrant-cosine":
+            for page in store.iter_points(1024):
+                for p in page:
+                    value = (p.payload or {}).get(FIELD)
+                    if value is not None:
+                        m[str(p.id)] = float(value)
+        elif FIELD in store._cols_now:
+            stmt = f'SELECT id::text, "{FIELD}" FROM {".".join(store._name)}'
+            for doc_id, value in store.conn.execute(stmt).fetchall():
+                if value is not None:
+                    m[str(doc_id)] = float(value)
+        return m, meta
+    finally:
+        store.close()
+
+
+def setup_annotate(work: Path, backends: tuple[str, ...], n: int, dim: int = 32) -> AnnotateSetup:
+    """Templates per backend, an annotated copy (the re-annotate's old state), references."""
+    import uuid
+
+    units = _cosine_units(n, dim)
+    pg = PgServer(work / "pg") if "pgvector" in backends else None
+    templates: dict[str, str] = {}
+
+    def make(template: str, name: str) -> str:
+        backend, source = templates[template].split("|", 1)
+        if backend == "qdrant-local":
+            folder = work / f"annotate-{name}"
+            shutil.copytree(source, folder)
+            return f"qdrant-local:{folder}/docs"
+        assert pg is not None
+        table = f"t_{uuid.uuid4().hex[:12]}"
+        # INCLUDING ALL copies the HNSW index and the column COMMENTs (the annotation record)
+        pg.execute(f"CREATE TABLE {table} (LIKE {source} INCLUDING ALL)")
+        pg.execute(f"INSERT INTO {table} SELECT * FROM {source}")
+        return f"pgvector:{pg.uri}#{table}"
+
+    try:
+        return _fill_annotate_setup(work, backends, units, pg, templates, make)
+    except BaseException:
+        if pg is not None:
+            pg.stop()
+        raise
+
+
+def _fill_annotate_setup(
+    work: Path,
+    backends: tuple[str, ...],
+    units: np.ndarray,
+    pg: PgServer | None,
+    templates: dict[str, str],
+    make: Callable[[str, str], str],
+) -> AnnotateSetup:
+    from magretrieve.priors import HubPrior
+    from magretrieve.priors.annotate import annotate_store
+
+    n, dim = units.shape
+    seconds: dict[str, float] = {}
+    new: dict[tuple[str, str], tuple[dict[str, float], dict[str, Any]]] = {}
+    old: dict[str, tuple[dict[str, float], dict[str, Any]]] = {}
+    for backend in backends:
+        if backend == "qdrant-local":
+            folder = work / "annotate-template-qdrant"
+            make_qdrant_template(folder, units)
+            templates[f"{backend}:plain"] = f"{backend}|{folder}"
+        else:
+            assert pg is not None
+            make_pg_template(pg, "template_plain", units)
+            templates[f"{backend}:plain"] = f"{backend}|template_plain"
+        annotated = make(f"{backend}:plain", f"{backend}-annotated-template")
+        annotate_store(annotated, prior=HubPrior(OLD_BETA, 5), progress=False)
+        source = (
+            annotated.split(":", 1)[1].rsplit("/", 1)[0]
+            if backend != "pgvector"
+            else (annotated.rsplit("#", 1)[1])
+        )
+        templates[f"{backend}:annotated"] = f"{backend}|{source}"
+        old[backend] = raw_annotation(annotated)
+        for op, template in (("annotate", "plain"), ("re-annotate", "annotated")):
+            spec = make(f"{backend}:{template}", f"{backend}-{op}-reference")
+            seconds[f"{op} {backend}"] = run_to_end(annotate_args(spec))
+            new[(op, backend)] = raw_annotation(spec)
+    return AnnotateSetup(n, dim, units, make, seconds, new, old, pg)
+
+
+def _serves_plain_cosine_or_refuses(spec: str, setup: AnnotateSetup) -> list[str]:
+    """An incomplete store: a Retriever refuses it, and a store search ranks by plain cosine."""
+    from magretrieve.core.errors import StoreError
+    from magretrieve.serving.retriever import check_compatible
+    from magretrieve.stores import open_store
+
+    problems = []
+    model = SimpleNamespace(
+        dimension=setup.dimension,
+        index_metric="inner_product",
+        document_contract="magnitude_keeping",
+        mode="cosine",
+        gamma_q=1.0,
+        gamma_d=1.0,
+        model_fingerprint="c" * 64,
+        folder="",
+    )
+    store = open_store(spec, prefetch=setup.n)
+    try:
+        try:
+            check_compatible(model, store)
+            problems.append("marked incomplete, but a Retriever would serve it")
+        except StoreError as exc:
+            if "incomplete" not in str(exc):
+                problems.append(f"refused for another reason: {exc}")
+        q = setup.units[:3]
+        for row, hits in enumerate(store.search(q, 10, with_vectors=False)):
+            scores = [h.score for h in hits]
+            cosines = [float(setup.units[int(h.id)] @ q[row]) for h in hits]
+            if any(h.doc_norm != 1.0 for h in hits) or not np.allclose(scores, cosines, atol=1e-5):
+                problems.append("marked incomplete, but search used stored magnitudes")
+                break
+            if scores != sorted(scores, reverse=True) or len(hits) != 10:
+                problems.append("marked incomplete, but search is not a cosine ranking")
+                break
+    finally:
+        store.close()
+    return problems
+
+
+def classify_annotate(
+    spec: str, op: str, backend: str, setup: AnnotateSetup
+) -> tuple[str, list[str]]:
+    from magretrieve.stores.qdrant_cosine_store import ANNOTATION_KEY, INCOMPLETE_KEY
+
+    try:
+        m, meta = raw_annotation(spec)
+    except Exception as exc:  # noqa: BLE001 - a store that does not open is the finding
+        return "", [f"store does not open: {type(exc).__name__}: {exc}"]
+    if meta.get(INCOMPLETE_KEY):
+        return "incomplete", _serves_plain_cosine_or_refuses(spec, setup)
+    new_m, new_meta = setup.new[(op, backend)]
+    same = lambda a, b: set(a) == set(b) and all(abs(a[i] - b[i]) <= 1e-6 for i in a)  # noqa: E731
+    if op == "annotate" and not meta.get(ANNOTATION_KEY):
+        return ("old", []) if not m else ("", [f"unannotated, but {len(m)} points hold m"])
+    if op == "re-annotate" and meta == setup.old[backend][1]:
+        if same(m, setup.old[backend][0]):
+            return "old", []
+        return "", ["old annotation record, but the stored m differ from the old ones"]
+    if meta == new_meta:
+        if same(m, new_m):
+            return "new", []
+        return "", [f"new annotation record, but {len(m)} stored m differ from the reference"]
+    return "", ["annotation record is neither the old nor the new one"]
+
+
+def annotate_run(
+    setup: AnnotateSetup, op: str, backend: str, rng: random.Random, run: int
+) -> OpRun:
+    template = "plain" if op == "annotate" else "annotated"
+    spec = setup.make(f"{backend}:{template}", f"{backend}-{op}-{run}")
+    delay = rng.uniform(0.0, setup.seconds[f"{op} {backend}"] * 1.1)
+    result = OpRun(op, backend, run, round(delay, 3), False)
+    result.killed = kill_after(annotate_args(spec), delay)
+    result.state, result.problems = classify_annotate(spec, op, backend, setup)
+    state, problems = result.state, list(result.problems)
+    if state in ("old", "incomplete"):  # the same command again must finish the job
+        run_to_end(annotate_args(spec))
+        state, problems = classify_annotate(spec, op, backend, setup)
+    if state != "new" and result.ok:
+        result.problems.append(f"after re-running: {state or 'broken'} {problems}")
+    result.resumed = result.state == "incomplete" and state == "new"
+    if backend == "qdrant-local":
+        shutil.rmtree(spec.split(":", 1)[1].rsplit("/", 1)[0], ignore_errors=True)
+    else:
+        assert setup.pg is not None
+        setup.pg.execute(f"DROP TABLE {spec.rsplit('#', 1)[1]}")
     return result
 
 

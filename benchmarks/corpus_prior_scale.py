@@ -60,7 +60,7 @@ def passages(data: Path) -> list[str]:
 
 def real_vectors(model: str, data: Path, max_length: int) -> np.ndarray:
     """Unit MiniLM vectors of :func:`passages`, cached (encoding takes minutes on 2 cores)."""
-    from magretrieve.priors.corpus_prior import unit
+    from magretrieve.priors.base import unit
 
     path = cache_dir("corpus_prior_scale") / f"real-{max_length}.npy"
     if path.is_file():
@@ -75,7 +75,7 @@ def real_vectors(model: str, data: Path, max_length: int) -> np.ndarray:
 
 def topped_up(real: np.ndarray, n: int, seed: int = 0, noise: float = 0.05) -> np.ndarray:
     """``real`` plus synthetic vectors up to ``n`` rows, shuffled (fixed seed)."""
-    from magretrieve.priors.corpus_prior import unit
+    from magretrieve.priors.base import unit
 
     rng = np.random.default_rng(seed)
     extra = max(0, n - len(real))
@@ -100,14 +100,13 @@ def z_of(h: np.ndarray) -> np.ndarray:
 def scifact_ndcg(model: str, data: Path, max_length: int) -> dict[str, Any]:
     """NDCG@10 on scifact test of cosine, prior with exact z, prior with approximate z."""
     from magretrieve.data.readers import load_beir
-    from magretrieve.priors.corpus_prior import (
-        CorpusPrior,
-        _ndcg,
-        apply_magnitudes,
-        choose_beta,
-        unit,
-    )
+    from magretrieve.priors import HubPrior
+    from magretrieve.priors.base import unit
     from magretrieve.priors.neighbors import mean_knn_similarity
+    from magretrieve.priors.select import choose_prior, ndcg_at_10
+
+    def _ndcg(q, stored, qids, doc_ids, qrels):  # type: ignore[no-untyped-def]
+        return ndcg_at_10(q @ stored.T, qids, doc_ids, qrels)
 
     cache = cache_dir("corpus_prior_scale") / f"scifact-{max_length}.npz"
     train, test = load_beir(data / "scifact", "train"), load_beir(data / "scifact", "test")
@@ -125,13 +124,18 @@ def scifact_ndcg(model: str, data: Path, max_length: int) -> dict[str, Any]:
         qtr = unit(enc.encode_queries([train.queries[q] for q in tq]))
         qte = unit(enc.encode_queries([test.queries[q] for q in sq]))
         np.savez(cache, d=d, qtr=qtr, qte=qte)
-    prior = choose_beta(qtr, d, tq, doc_ids, train.qrels, k=K, chosen_on="scifact:train")
-    out: dict[str, Any] = {"beta": prior.beta, "documents": len(doc_ids)}
+    grid = [HubPrior(b, K) for b in (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)]
+    sel = choose_prior(
+        qtr, d, tq, doc_ids, train.qrels, method="hub", grids={"hub": grid},
+        chosen_on="scifact:train",
+    )  # fmt: skip
+    beta = float(getattr(sel.prior, "beta", 0.0))  # 0: cosine won
+    out: dict[str, Any] = {"beta": beta, "documents": len(doc_ids)}
     out["cosine"] = _ndcg(qte, d, sq, doc_ids, test.qrels)
     for method in ("exact", "blocked", "ivf"):
         h, seconds = timed(lambda m=method: mean_knn_similarity(d, K, method=m))
-        fitted = CorpusPrior(beta=prior.beta, k=K, mean=float(h.mean()), std=float(h.std()))
-        stored = apply_magnitudes(d, fitted.magnitudes(fitted.z_scores(h)))
+        z = (h - float(h.mean())) / float(h.std())
+        stored = (d * np.exp(-beta * z)[:, None]).astype(np.float32)
         out[method] = {"ndcg@10": _ndcg(qte, stored, sq, doc_ids, test.qrels), "seconds": seconds}
         out[f"h_{method}"] = h
     exact = out.pop("h_exact")

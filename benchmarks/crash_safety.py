@@ -1,7 +1,8 @@
 """SIGKILL every multi-step write at random points; check old, new or incomplete-and-resumable.
 
 Indexing (below) and, through :mod:`_crash_ops`, ``export --overwrite``, ``rescale`` into each
-store kind and ``fit-prior`` (see that module for what is checked after each kill).
+store kind, ``fit-prior``, and ``annotate`` / re-annotate of an existing Cosine Qdrant
+collection and pgvector table (see that module for what is checked after each kill).
 
 Each *run* indexes a synthetic corpus with the tiny random BERT export (ONNX, one
 onnxruntime thread) into a fresh store through :func:`magretrieve.serving.indexing.index_corpus`,
@@ -17,6 +18,7 @@ runs to completion. A run passes when:
 
     python benchmarks/crash_safety.py                      # everything, 20 runs each
     python benchmarks/crash_safety.py --ops index --backends faiss,memory,qdrant-edge
+    python benchmarks/crash_safety.py --ops annotate,re-annotate --merge   # add rows to the file
 
 Writes benchmarks/results/crash_safety.md and .json. tests/test_crash_safety.py imports this
 module and runs a few kills of the same procedures.
@@ -42,6 +44,9 @@ import numpy as np
 from _common import cache_dir, cpu_lock, machine_summary, markdown_table, recorded_command
 
 RESULTS = Path(__file__).resolve().parent / "results" / "crash_safety.md"
+TITLE = "# Crash safety: SIGKILL at random moments of every multi-step write"
+#: Operations ``--ops`` selects.
+OPS = ("index", "export", "rescale", "fit-prior", "annotate", "re-annotate")
 WORDS = (
     "statin statins mortality heart risk cancer cell cells protein gene brain blood drug "
     "trial patients reduce increase effect study wing flow pressure air speed boundary layer "
@@ -353,13 +358,29 @@ def run_ops(
         for run in range(args.op_runs):
             results.append(ops.fit_prior_run(prior_setup, work, rng, run))
             _say(results[-1])
+    annotating = [op for op in ("annotate", "re-annotate") if op in wanted]
+    if annotating:
+        backends = tuple(args.annotate_backends.split(","))
+        setup = ops.setup_annotate(work, backends, args.annotate_docs)
+        try:
+            seconds.update(setup.seconds)
+            for op in annotating:
+                for backend in backends:
+                    for run in range(args.op_runs):
+                        results.append(ops.annotate_run(setup, op, backend, rng, run))
+                        _say(results[-1])
+        finally:
+            if setup.pg is not None:
+                setup.pg.stop()
     return results, seconds
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--ops", default="index,export,rescale,fit-prior", help="which operations to kill"
+        "--ops",
+        default=",".join(OPS),
+        help=f"which operations to kill (comma list of {', '.join(OPS)})",
     )
     parser.add_argument("--runs", type=int, default=20, help="index runs on the first backend")
     parser.add_argument("--other-runs", type=int, default=8, help="index runs on each further")
@@ -371,11 +392,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--op-runs", type=int, default=20, help="kills per operation and store")
     parser.add_argument("--rescale-kinds", default=",".join(ops.RESCALE_KINDS))
     parser.add_argument("--rescale-docs", type=int, default=3000)
+    parser.add_argument("--annotate-backends", default=",".join(ops.ANNOTATE_BACKENDS))
+    parser.add_argument("--annotate-docs", type=int, default=1000)
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the rows of the results file that this run does not redo (each section "
+        "names the command that produced it)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache", type=Path, default=None, help="default: _common.cache_dir()")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--lock", default="default", help="CPU lock file ('' for none)")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.ops.split(",")) - set(OPS))
+    if unknown:
+        parser.error(f"--ops: unknown operation(s) {unknown}; choose from {', '.join(OPS)}")
 
     cache = args.cache or cache_dir("crash_safety")
     cache.mkdir(parents=True, exist_ok=True)
@@ -411,12 +443,16 @@ def write_report(
     argv: list[str] | None = None,
 ) -> None:
     command = recorded_command(None if argv is None else ["benchmarks/crash_safety.py", *argv])
-    lines = [
-        "# Crash safety: SIGKILL at random moments of every multi-step write",
-        "",
-        f"Command: `{command}` ({elapsed:.0f} s wall clock, {machine_summary()})",
-        "",
-    ]
+    stamp = f"{elapsed:.0f} s wall clock, {machine_summary()}"
+    earlier = args.out.read_text() if args.merge and args.out.is_file() else ""
+    if earlier:  # keep the earlier run's rows; this run's come after, under its own command
+        if "# Later run" not in earlier:  # say which rows the first command produced
+            head, sep, rest = earlier.partition("\n\n## ")
+            earlier = head + " — the rows up to the first “Later run” come from it." + sep + rest
+        lines = [earlier.rstrip(), "", f"# Later run: {', '.join(args.ops.split(','))}", ""]
+        lines += [f"Command: `{command}` ({stamp}); the rows below come from it.", ""]
+    else:
+        lines = [TITLE, "", f"Command: `{command}` ({stamp})", ""]
     if refs:
         lines += [
             "## Indexing, then resume",
@@ -462,22 +498,40 @@ def write_report(
         )
         lines.append("")
     if op_results:
+        done = {r.operation for r in op_results}
         lines += [
-            "## export --overwrite, rescale (each store kind), fit-prior",
+            "## " + ", ".join(sorted(done)),
             "",
             "- each run: the `magretrieve` command in a child process, SIGKILLed after a "
             "uniformly random delay in [0, 1.1 × its uninterrupted duration]; then the target is "
             "classified and the same command is run again to completion (export: after an "
             "incomplete state and every fourth kill; otherwise its clean-up step, in-process)",
-            "- old = exactly the state before (export: byte-identical files; rescale: no target "
-            "or an empty one; prior: the old bytes); new = exactly an uninterrupted run's result "
-            "(export: same vectors on fixed texts; rescale: every id with the reference vector, "
-            "payload and recipe; prior: the reference bytes); incomplete = the target says so "
-            "(rescale: metadata marked `incomplete`, which every Retriever refuses) and the "
-            "re-run finished it",
-            f"- export: tiny random BERT, qnorm → cosine, TorchScript exporter; rescale: "
-            f"{args.rescale_docs} unit vectors (dim 32) from a FAISS store, hub prior β 0.1, "
-            "k 5; fit-prior: the cosine export on the tiny BEIR set",
+        ]
+        if done - {"annotate", "re-annotate"}:
+            lines += [
+                "- old = exactly the state before (export: byte-identical files; rescale: no "
+                "target or an empty one; prior: the old bytes); new = exactly an uninterrupted "
+                "run's result (export: same vectors on fixed texts; rescale: every id with the "
+                "reference vector, payload and recipe; prior: the reference bytes); incomplete = "
+                "the target says so (rescale: metadata marked `incomplete`, which every Retriever "
+                "refuses) and the re-run finished it",
+                f"- export: tiny random BERT, qnorm → cosine, TorchScript exporter; rescale: "
+                f"{args.rescale_docs} unit vectors (dim 32) from a FAISS store, hub prior β 0.1, "
+                "k 5; fit-prior: the cosine export on the tiny BEIR set",
+            ]
+        if done & {"annotate", "re-annotate"}:
+            lines += [
+                f"- annotate / re-annotate: {args.annotate_docs} unit vectors (dim 32, stored ×2) "
+                "in an existing Cosine Qdrant collection (embedded, `qdrant-local`) and a pgvector "
+                "table (HNSW `vector_cosine_ops`, pgserver) as another pipeline writes them; the "
+                f"killed command is `annotate --corpus-prior {ops.NEW_BETA} --k 5`, on the plain "
+                f"store (annotate) or on one annotated with β {ops.OLD_BETA} (re-annotate)",
+                "- old / new = the annotation record and every point's m(d) equal the state "
+                "before / an uninterrupted run's; incomplete = marked `incomplete`, the Retriever "
+                "refuses it and the store's own search ranks by plain cosine (m = 1, scores = "
+                "cosines, checked on 3 queries), and the re-run finished it",
+            ]
+        lines += [
             "- failure = any other state (serves but is neither old nor new, torn file, does not "
             "open), or a re-run that does not reach the new state",
             "",
@@ -492,7 +546,7 @@ def write_report(
                 r["new"],
                 f"{r['incomplete']} / {r['incomplete_resumed']}",
                 r["leftover_temp"],
-                f"{seconds.get(r['operation'] if r['operation'] != 'rescale' else 'rescale ' + r['target'], float('nan')):.1f}",
+                f"{seconds.get(r['operation'] + ' ' + r['target'], seconds.get(r['operation'], float('nan'))):.1f}",
                 r["failures"],
             ]
             for r in ops.summarize(op_results)
@@ -524,7 +578,7 @@ def write_report(
     lines += ["Failures: none." if not bad else "Failures:", *bad]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
-    payload = {
+    payload: dict[str, Any] = {
         "command": command,
         "seconds": elapsed,
         "index": [r.__dict__ for r in results],
@@ -532,7 +586,12 @@ def write_report(
         "runs": [r.__dict__ for r in op_results],
         "uninterrupted_seconds": seconds,
     }
-    args.out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
+    json_file = args.out.with_suffix(".json")
+    if earlier and json_file.is_file():  # the earlier run stays as it was; this one is added
+        previous = json.loads(json_file.read_text())
+        previous.setdefault("later_runs", []).append(payload)
+        payload = previous
+    json_file.write_text(json.dumps(payload, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import json
 import os
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,9 @@ from _common import recorded_command
 from magretrieve.core import metrics
 from magretrieve.data.readers import load_beir
 from magretrieve.evaluation.retrieval import exact_search, magnitude_statistics
-from magretrieve.priors.corpus_prior import apply_magnitudes, choose_beta, hub_scores, unit
+from magretrieve.priors.base import unit
+from magretrieve.priors.hub import hub_scores
+from magretrieve.priors.select import choose_prior
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 HEADS = {
@@ -221,21 +224,42 @@ def add_external(results, add, quality: Path, tests: list[Split]) -> None:
             add(f"{label} (quality.py)", Path(r["file"]).stem, row)
 
 
+def apply_magnitudes(d_unit: np.ndarray, magnitudes: np.ndarray) -> np.ndarray:
+    """Stored vectors ``d̂·m`` (float32)."""
+    return (np.asarray(d_unit, dtype=np.float32) * magnitudes[:, None]).astype(np.float32)
+
+
+@dataclass
+class PriorChoice:
+    """β of the hub prior chosen on training queries (0 = cosine won) and every candidate."""
+
+    beta: float
+    k: int
+    grid: dict[str, float]
+    selection: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.selection
+
+
 def prior_rows(train: Split, tests: list[Split]) -> tuple[Any, dict[str, dict[str, float]]]:
     """β chosen on ``train``'s queries; each test corpus gets its own hub statistics."""
-    prior = choose_beta(
+    sel = choose_prior(
         train.q_unit,
         train.d_unit,
         train.qids,
         train.doc_ids,
         train.qrels,
+        method="hub",
         chosen_on="scifact:train",
     )
+    beta = float(getattr(sel.prior, "beta", 0.0))
+    prior = PriorChoice(beta, int(getattr(sel.prior, "k", 10)), sel.grid, sel.to_dict())
     row = {}
     for t in tests:
         h = hub_scores(t.d_unit, prior.k)
         z = (h - h.mean()) / h.std()
-        row[t.label] = t.score(apply_magnitudes(t.d_unit, prior.magnitudes(z)))
+        row[t.label] = t.score(apply_magnitudes(t.d_unit, np.exp(-beta * z)))
     return prior, row
 
 

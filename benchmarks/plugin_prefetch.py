@@ -58,12 +58,9 @@ def prefetch_recall(
 
 
 def prior_magnitudes(hubs: np.ndarray, beta: float, k: int = 10) -> np.ndarray:
-    """The corpus prior's m(d) = exp(−β·z) from hub scores (as fitted by annotate)."""
-    from magretrieve.priors.corpus_prior import CorpusPrior
-
-    prior = CorpusPrior(beta=beta, k=k)
-    prior.mean, prior.std = float(hubs.mean()), float(hubs.std())
-    return prior.magnitudes(prior.z_scores(hubs))
+    """The hub prior's m(d) = exp(−β·z) from hub scores (as fitted by annotate)."""
+    z = (np.asarray(hubs, np.float64) - float(hubs.mean())) / float(hubs.std())
+    return np.exp(-beta * z)
 
 
 def through_stores(
@@ -75,8 +72,8 @@ def through_stores(
     from pgvector.psycopg import register_vector
     from qdrant_client import QdrantClient, models
 
+    from magretrieve.priors import HubPrior
     from magretrieve.priors.annotate import annotate_store
-    from magretrieve.priors.corpus_prior import CorpusPrior
     from magretrieve.stores import open_store
 
     n = len(units)
@@ -114,7 +111,7 @@ def through_stores(
         }
         rows = []
         for label, spec in specs.items():
-            annotate_store(spec, prior=CorpusPrior(beta=beta, k=10), progress=False)
+            annotate_store(spec, prior=HubPrior(beta, 10), progress=False)
             for p in sizes:
                 with open_store(spec, prefetch=p) as store:
                     store.search(queries[:5], K, with_vectors=False)  # warm
@@ -151,7 +148,7 @@ def main() -> None:
         units = (docs / norms[:, None]).astype(np.float32)
         queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
         cos = queries @ units.T
-        from magretrieve.priors.corpus_prior import hub_scores
+        from magretrieve.priors.hub import hub_scores
 
         hubs = hub_scores(units, 10)
         magnitudes = {

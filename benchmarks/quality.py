@@ -201,11 +201,11 @@ def run_ours(
             record["train"] = train_summary(result.log, encoder)
     scorer = encoder
     if cfg.prior:
-        from magretrieve.priors.corpus_prior import WithCorpusPrior, fit_prior
+        from magretrieve.priors.fit import WithPrior, fit_prior
 
-        prior = fit_prior(encoder, train_dataset)
-        record["prior"] = prior.to_dict()
-        scorer = WithCorpusPrior(encoder, prior)
+        selection = fit_prior(encoder, train_dataset, method="hub")  # β chosen, 0 = cosine
+        record["prior"] = selection.to_dict()
+        scorer = WithPrior(encoder, selection.prior)
     record["eval"] = evaluate_all(scorer, evals)
     return record
 

@@ -61,7 +61,7 @@ _LAZY: dict[str, str] = {
     "prior_from_dict": "magretrieve.priors",
     "fit_prior": "magretrieve.priors.fit",
     "choose_prior": "magretrieve.priors.select",
-    "CorpusPrior": "magretrieve.priors.corpus_prior",
+    "CorpusPrior": "magretrieve.priors.hub",  # the hub prior under its former name
     "rescale_store": "magretrieve.priors.rescale",
     # diagnosis (the subpackage is ``magretrieve.diagnose``; the function has its own name so
     # that importing a submodule can never replace it)

@@ -1,20 +1,18 @@
-"""Corpus prior: hub scores by hand, β = 0 is cosine, β chosen on training queries."""
+"""The hub prior (formerly the corpus prior): hub scores by hand, β = 0 is cosine, β chosen on
+training queries, and ``magretrieve.CorpusPrior`` as a thin alias over it."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 
 from magretrieve.core.errors import ConfigError, DataError
-from magretrieve.priors import prior_from_dict
-from magretrieve.priors.corpus_prior import (
-    CorpusPrior,
-    apply_magnitudes,
-    choose_beta,
-    hub_scores,
-    rescale_corpus,
-    unit,
-)
+from magretrieve.priors import HubPrior, prior_from_dict, read_prior_file
+from magretrieve.priors.base import unit
+from magretrieve.priors.hub import CorpusPrior, hub_scores
+from magretrieve.priors.select import choose_prior, served_scores
 
 
 def test_hub_scores_by_hand() -> None:
@@ -32,20 +30,19 @@ def test_hub_scores_by_hand() -> None:
 
 def test_beta_zero_equals_cosine_ranking() -> None:
     rng = np.random.default_rng(1)
-    docs = rng.normal(size=(30, 8))
+    docs = unit(rng.normal(size=(30, 8)))
     q = unit(rng.normal(size=(5, 8)))
-    stored, prior = rescale_corpus(docs, beta=0.0)
-    np.testing.assert_allclose(np.linalg.norm(stored, axis=1), 1.0, atol=1e-6)
-    np.testing.assert_array_equal(q @ stored.T, q @ unit(docs).T)
+    np.testing.assert_allclose(served_scores(HubPrior(0.0), q, docs), q @ docs.T, atol=1e-6)
     # a positive β shrinks hubs and grows outliers: magnitude falls as the hub score rises
-    stored, prior = rescale_corpus(docs, beta=0.3)
-    h = hub_scores(unit(docs), prior.k)
-    norms = np.linalg.norm(stored, axis=1)
-    assert np.all(np.diff(norms[np.argsort(h)]) <= 1e-6)
-    np.testing.assert_allclose(norms, np.exp(-0.3 * (h - h.mean()) / h.std()), rtol=1e-5)
+    prior = HubPrior(0.3, 10)
+    prior.fit_corpus(docs)
+    m = prior.terms(docs).multiplier
+    h = hub_scores(docs, 10)
+    assert np.all(np.diff(m[np.argsort(h)]) <= 1e-9)
+    np.testing.assert_allclose(m, np.exp(-0.3 * (h - h.mean()) / h.std()), rtol=1e-5)
 
 
-def test_choose_beta_prefers_down_weighting_hubs_when_they_are_not_relevant() -> None:
+def test_choosing_beta_prefers_down_weighting_hubs_when_they_are_not_relevant() -> None:
     """Synthetic corpus: a hub cluster sits near every query; relevant docs are outliers."""
     rng = np.random.default_rng(2)
     dim = 16
@@ -57,29 +54,49 @@ def test_choose_beta_prefers_down_weighting_hubs_when_they_are_not_relevant() ->
     qids = [f"q{i}" for i in range(20)]
     doc_ids = [f"h{i}" for i in range(20)] + [f"r{i}" for i in range(20)]
     qrels = {f"q{i}": {f"r{i}": 1} for i in range(20)}
-    prior = choose_beta(queries, docs, qids, doc_ids, qrels, betas=(0.0, 0.1, 0.5, 1.0, 2.0))
-    assert prior.beta > 0
-    assert prior.grid[f"{prior.beta:g}"] > prior.grid["0"]
-    assert prior.grid[f"{prior.beta:g}"] == max(prior.grid.values())
-    # ties go to the smaller |β|: identical scores everywhere -> cosine
-    flat = choose_beta(queries[:1], docs, qids[:1], doc_ids, {"q0": {"r0": 1}}, betas=(0.0, 1e-9))
-    assert flat.beta == 0.0
+    grid = [HubPrior(b, 10) for b in (0.1, 0.5, 1.0, 2.0)]
+    sel = choose_prior(queries, docs, qids, doc_ids, qrels, method="hub", grids={"hub": grid})
+    assert isinstance(sel.prior, HubPrior) and sel.prior.beta > 0
+    assert sel.grid[sel.prior.label()] > sel.grid["none (cosine)"]
+    assert sel.grid[sel.prior.label()] == max(sel.grid.values())
+    # ties go to the earlier, simpler candidate: identical scores everywhere -> cosine
+    flat = choose_prior(
+        queries[:1], docs, qids[:1], doc_ids, {"q0": {"r0": 1}}, method="hub",
+        grids={"hub": [HubPrior(1e-9, 10)]},
+    )  # fmt: skip
+    assert flat.prior.method == "none"
 
 
-def test_prior_dict_round_trip_and_errors() -> None:
+def test_corpus_prior_is_the_hub_prior_and_reads_old_and_new_files(tmp_path) -> None:
+    import magretrieve
+
+    assert magretrieve.CorpusPrior is CorpusPrior and issubclass(CorpusPrior, HubPrior)
     rng = np.random.default_rng(3)
     docs = unit(rng.normal(size=(12, 4)))
     prior = CorpusPrior(beta=0.05, k=3)
-    z = prior.fit_statistics(docs)
-    back = CorpusPrior.from_dict(prior.to_dict())
-    assert back == prior
-    np.testing.assert_allclose(back.magnitudes(z), np.exp(-0.05 * z))
-    np.testing.assert_allclose(
-        apply_magnitudes(docs, back.magnitudes(z)), docs * np.exp(-0.05 * z)[:, None], rtol=1e-6
-    )
-    with pytest.raises(ConfigError, match="not a corpus prior"):
+    prior.fit_corpus(docs)
+    written = prior.to_dict()
+    assert written["kind"] == "document_prior" and written["method"] == "hub"
+    back = CorpusPrior.from_dict(written)
+    assert (back.beta, back.k, back.mean, back.std) == (0.05, 3, prior.mean, prior.std)
+    # a file of the older kind (as CorpusPrior wrote it before the prior family) reads as hub
+    old = {"beta": 0.2, "k": 5, "mean": 0.3, "std": 0.1, "chosen_on": "scifact:train",
+           "grid": {"0": 0.6, "0.2": 0.61}, "kind": "corpus_prior"}  # fmt: skip
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    read = read_prior_file(path)
+    assert isinstance(read, HubPrior) and (read.beta, read.k, read.mean, read.std) == (
+        0.2, 5, 0.3, 0.1,
+    )  # fmt: skip
+    assert CorpusPrior.from_dict(old).beta == 0.2
+    with pytest.raises(ConfigError, match="not a document prior"):
         CorpusPrior.from_dict({"kind": "norm_head", "beta": 1})
-    with pytest.raises(ConfigError, match="malformed"):
+    with pytest.raises(ConfigError, match="'inverted-softmax' prior, not the hub prior"):
+        CorpusPrior.from_dict(
+            {"kind": "document_prior", "method": "inverted-softmax", "beta": 5.0, "alpha": 1.0,
+             "queries": {"shape": [1, 2], "float32_base64": "AACAPwAAAAA="}}
+        )  # fmt: skip
+    with pytest.raises(ConfigError, match="'beta' is malformed"):
         CorpusPrior.from_dict({"beta": "x"})
     with pytest.raises(ConfigError, match="std"):
         CorpusPrior.from_dict({"beta": 0.1, "std": 0})
@@ -152,23 +169,21 @@ def test_fit_prior_refuses_a_magnitude_model_and_bad_betas(
     assert not out.exists()  # nothing written on refusal
 
 
-def test_with_corpus_prior_scores_cos_times_magnitude(tiny_model_dir, tiny_beir_dir) -> None:
+def test_with_prior_scores_cos_times_magnitude(tiny_model_dir, tiny_beir_dir) -> None:
     """β = 0 evaluates exactly as cosine; β > 0 stores d̂·exp(−β·z) with z fitted on the corpus."""
     from magretrieve.data.readers import load_beir
     from magretrieve.evaluation.retrieval import evaluate_retrieval
-    from magretrieve.priors.corpus_prior import WithCorpusPrior, score_with_prior
+    from magretrieve.priors.fit import WithPrior, score_with_prior
     from magretrieve.train.encoder import Encoder
 
     encoder = Encoder.load(tiny_model_dir, "cosine")
     data = load_beir(f"{tiny_beir_dir}:test")
     texts = [d.full_text for d in data.corpus.values()]
     cosine = evaluate_retrieval(encoder, data, progress=False)
-    flat = evaluate_retrieval(
-        WithCorpusPrior(encoder, CorpusPrior(beta=0.0, k=3)), data, progress=False
-    )
+    flat = evaluate_retrieval(WithPrior(encoder, HubPrior(0.0, 3)), data, progress=False)
     assert flat.ndcg_at_10 == pytest.approx(cosine.ndcg_at_10, abs=1e-9)
 
-    wrapped = WithCorpusPrior(encoder, CorpusPrior(beta=0.5, k=3))
+    wrapped = WithPrior(encoder, HubPrior(0.5, 3))
     assert (wrapped.similarity.gamma_q, wrapped.similarity.gamma_d) == (1.0, 0.0)
     stored = wrapped.encode_documents(texts)
     d = unit(encoder.encode_documents(texts))
@@ -178,8 +193,9 @@ def test_with_corpus_prior_scores_cos_times_magnitude(tiny_model_dir, tiny_beir_
     np.testing.assert_allclose(stored / expected[:, None], d, rtol=1e-5, atol=1e-6)
     # the evaluation through the wrapper is what fit-prior --eval reports
     with_prior = evaluate_retrieval(wrapped, data, progress=False)
-    assert score_with_prior(encoder, data, wrapped.prior, progress=False) == pytest.approx(
+    got = score_with_prior(encoder, data, wrapped.prior, progress=False)
+    assert (got["cosine"], got["prior"]) == pytest.approx(
         (cosine.ndcg_at_10, with_prior.ndcg_at_10), abs=1e-9
     )
     with pytest.raises(ConfigError, match="qnorm"):
-        WithCorpusPrior(Encoder.load(tiny_model_dir, "qnorm"), CorpusPrior(beta=0.1))
+        WithPrior(Encoder.load(tiny_model_dir, "qnorm"), HubPrior(0.1))

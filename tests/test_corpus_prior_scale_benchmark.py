@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from conftest import load_benchmark
 
-from magretrieve.priors.corpus_prior import unit
+from magretrieve.priors.base import unit
 
 
 def test_topped_up_pool_keeps_every_real_vector_and_is_unit() -> None:

@@ -381,3 +381,44 @@ def test_rescale_sigkill_at_random_points(tmp_path):
     for r in results:
         assert r.ok, r.problems
         assert r.state in ("old", "new", "incomplete")
+
+
+# ----------------------------------------------------------------------------- annotate
+# SIGKILLs of `magretrieve annotate` on an existing Cosine collection / pgvector table.
+
+
+@pytest.fixture(scope="module")
+def annotate_setup(tmp_path_factory):
+    ops = load_benchmark("_crash_ops")
+    work = tmp_path_factory.mktemp("annotate-crash")
+    setup = ops.setup_annotate(work, ops.ANNOTATE_BACKENDS, 300)
+    yield ops, setup
+    setup.pg.stop()
+
+
+@pytest.mark.parametrize("backend", ["qdrant-local", "pgvector"])
+@pytest.mark.parametrize("op", ["annotate", "re-annotate"])
+def test_annotate_sigkill_at_a_random_point_is_old_new_or_incomplete(annotate_setup, op, backend):
+    ops, setup = annotate_setup
+    rng = random.Random(hash((op, backend)) % 1000)
+    result = ops.annotate_run(setup, op, backend, rng, 0)
+    assert result.ok, result.problems
+    assert result.state in ("old", "new", "incomplete")
+
+
+@pytest.mark.parametrize("backend", ["qdrant-local", "pgvector"])
+def test_annotate_classifier_catches_mixed_magnitudes(annotate_setup, backend):
+    """A store whose record says "annotated" while half its m are another β is a failure."""
+    from magretrieve.priors.annotate import open_for_annotation
+
+    ops, setup = annotate_setup
+    spec = setup.make(f"{backend}:annotated", f"{backend}-mixed")
+    ref_m, _ = setup.new[("re-annotate", backend)]
+    store = open_for_annotation(spec)
+    try:
+        pages = list(store.iter_points(100))
+        store.set_magnitudes(pages[0], np.array([ref_m[str(p.id)] for p in pages[0]]))
+    finally:
+        store.close()
+    state, problems = ops.classify_annotate(spec, "re-annotate", backend, setup)
+    assert state == "" and "differ from the old ones" in problems[0]

@@ -8,7 +8,8 @@ from scipy.stats import spearmanr
 
 from magretrieve.core.errors import ConfigError, DataError
 from magretrieve.priors import neighbors
-from magretrieve.priors.corpus_prior import hub_scores, unit
+from magretrieve.priors.base import unit
+from magretrieve.priors.hub import hub_scores
 from magretrieve.priors.neighbors import approximate_mean_knn, mean_knn_similarity
 
 

@@ -383,3 +383,64 @@ def test_fit_prior_cli_contract_and_rescale_applies_it(
     )
     assert res.exit_code == 1 and str(bad) in res.output and "lacks its 'queries'" in res.output
     assert not (tmp_path / "x").exists()
+
+
+def test_every_prior_field_is_checked_by_type_and_dimension() -> None:
+    """Tampered files fail in one line naming the file and the field, before any use."""
+    from magretrieve.priors.base import encode_matrix
+
+    bank = encode_matrix(np.ones((3, 4), np.float32))
+    base = {"kind": "document_prior"}
+    cases = [
+        ({"method": "hub", "beta": 0.1, "k": "ten"}, "'k' is malformed: 'ten'"),
+        ({"method": "hub", "beta": 0.1, "k": 2.5}, "'k' is malformed"),
+        ({"method": "hub", "beta": 0.1, "k": True}, "'k' is malformed"),
+        ({"method": "hub", "beta": 0.1, "mean": "0"}, "'mean' is malformed"),
+        ({"method": "hub", "beta": float("inf")}, "'beta' must be finite"),
+        ({"method": "csls", "alpha": 0.5, "k": "ten", "queries": bank}, "'k' is malformed"),
+        ({"method": "csls", "alpha": 0.5, "k": 0, "queries": bank}, "'k' must be at least 1"),
+        ({"method": "csls", "alpha": 0.5, "bank": ["queries"]}, "bank must be"),
+        ({"method": "csls", "alpha": 0.5, "queries": {"shape": "ab"}}, "'queries' is malformed"),
+        (
+            {"method": "csls", "alpha": 0.5, "queries": {**bank, "shape": [2, 4]}},
+            "'queries' is malformed",
+        ),
+        (
+            {"method": "csls", "alpha": 0.5, "queries": {**bank, "float32_base64": "!!"}},
+            "'queries' is malformed",
+        ),
+        (
+            {"method": "csls", "alpha": 0.5, "queries": {"shape": [0, 4], "float32_base64": ""}},
+            "non-empty 2-D",
+        ),
+        ({"method": "inverted-softmax", "beta": 0, "alpha": 1, "queries": bank}, "positive"),
+        ({"method": "center", "strength": 1, "mean": ["a"]}, "'mean' is not a list of numbers"),
+        ({"method": "center", "strength": "1"}, "'strength' is malformed"),
+        ({"method": "hub+center", "parts": [{"method": "hub", "beta": "x"}]}, "part 1: prior"),
+        ({"method": "center+center", "parts": [
+            {**base, "method": "center", "strength": 1},
+            {**base, "method": "center", "strength": 1}]}, "p.json: a combined prior can hold at most one center"),
+    ]  # fmt: skip
+    for data, message in cases:
+        with pytest.raises(ConfigError, match=message) as err:
+            prior_from_dict({**base, **data}, "p.json")
+        assert str(err.value).startswith("p.json") and "\n" not in str(err.value)
+    # state of another dimension than the store's is named by its field
+    for data, field in [
+        ({"method": "csls", "alpha": 0.5, "queries": bank}, "'queries'"),
+        ({"method": "inverted-softmax", "beta": 5, "alpha": 1, "queries": bank}, "'queries'"),
+        ({"method": "center", "strength": 1, "mean": [0.5] * 4}, "'mean'"),
+    ]:
+        prior = prior_from_dict({**base, **data}, "p.json")
+        prior.check_dimension(4, prior.source)  # its own dimension: fine
+        with pytest.raises(
+            ConfigError, match=f"p.json: prior key {field} .*dimension 4, the store 8"
+        ):
+            prior.check_dimension(8, prior.source)
+    combined = prior_from_dict(
+        {**base, "method": "hub+csls", "parts": [
+            {**base, "method": "hub", "beta": 0.1}, {**base, "method": "csls", "alpha": 0.5,
+                                                     "queries": bank}]}, "p.json",
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="p.json part 2: prior key 'queries'"):
+        combined.check_dimension(8, combined.source)

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from magretrieve.cli import main
 from magretrieve.core.errors import ConfigError, StoreError
 from magretrieve.data.readers import Document
-from magretrieve.priors.corpus_prior import CorpusPrior, hub_scores, unit
+from magretrieve.priors.base import unit
+from magretrieve.priors.hub import CorpusPrior, hub_scores
 from magretrieve.priors.rescale import META_KEY, apply_recorded_magnitude, read_all, rescale_store
 from magretrieve.serving.retriever import Retriever
 from magretrieve.stores import open_store
@@ -251,7 +252,8 @@ def test_cli_rescale_and_one_line_errors(
     assert res.exit_code == 0, res.output
     assert json.loads(res.output[res.output.index("{") :])["count"] == len(DOCS)
     prior = tmp_path / "prior.json"
-    prior.write_text(json.dumps(CorpusPrior(beta=0.02, k=3).to_dict()))
+    old_kind = {"beta": 0.02, "k": 3, "mean": 0.0, "std": 1.0, "chosen_on": "", "grid": {}}
+    prior.write_text(json.dumps({**old_kind, "kind": "corpus_prior"}))  # as written before
     res = runner.invoke(
         main,
         [

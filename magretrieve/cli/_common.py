@@ -79,8 +79,8 @@ def magnitude_options(func: Any) -> Any:
             "--prior-file",
             type=click.Path(dir_okay=False, exists=True),
             default=None,
-            help="JSON written by `magretrieve fit-prior` (any document prior: hub, csls, "
-            "inverted-softmax, center, combinations) instead of --corpus-prior.",
+            help="JSON written by `magretrieve fit-prior` instead of --corpus-prior (rescale: "
+            "any document prior; annotate: a multiplier-only one such as hub).",
         ),
         click.option(
             "--k", "k", type=int, default=10, show_default=True, help="Neighbours of the hub score."

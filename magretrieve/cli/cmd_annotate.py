@@ -26,9 +26,10 @@ from magretrieve.cli._group import main
 )
 @click.option(
     "--field",
-    default="magretrieve_m",
-    show_default=True,
-    help="Payload field that receives m(d).",
+    default=None,
+    help="Payload field (Qdrant) or new column (pgvector) that receives m(d) [default: the one "
+    "an earlier annotation recorded, else magretrieve_m]. A field or column holding your own "
+    "data is refused.",
 )
 @click.option(
     "--prefetch",
@@ -45,7 +46,7 @@ def annotate_cmd(
     prior_file: str | None,
     norms_from: str | None,
     k: int,
-    field: str,
+    field: str | None,
     prefetch: int | None,
     as_json: bool,
 ) -> None:
@@ -54,14 +55,18 @@ def annotate_cmd(
     Qdrant: into each point's payload; pgvector: into a new column of the table. The vectors
     are not touched. Afterwards `magretrieve search` (and Retriever.load) with the cosine
     export rank it by cos·m(d) inside the database: a cosine prefetch re-ranked by cos·m.
+    The prior is the hub prior (--corpus-prior β) or a multiplier-only prior file written by
+    `fit-prior` (--prior-file). While it runs the store is marked incomplete (searches rank by
+    plain cosine); if it is interrupted, run the same command again.
     """
     from magretrieve.cli._common import print_json, print_table
-    from magretrieve.priors.annotate import annotate_store, load_prior
+    from magretrieve.priors import prior_option
+    from magretrieve.priors.annotate import annotate_store
 
     report = annotate_store(
         store_spec,
         head=head_dir,
-        prior=load_prior(beta, prior_file, k),
+        prior=prior_option(beta, prior_file, k),
         norms_from=norms_from,
         field=field,
         prefetch=prefetch,

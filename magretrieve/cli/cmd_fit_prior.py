@@ -20,7 +20,8 @@ from magretrieve.cli._group import main
     "--out",
     required=True,
     type=click.Path(dir_okay=False),
-    help="JSON to write (read by `magretrieve rescale --prior-file`).",
+    help="JSON to write (read by `magretrieve rescale --prior-file`, and by `magretrieve "
+    "annotate --prior-file` when the prior is a multiplier, e.g. --method hub).",
 )
 @click.option(
     "--method",

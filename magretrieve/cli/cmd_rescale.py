@@ -46,32 +46,15 @@ def rescale_cmd(
     as before: scores become m(d)·cos(q, d) + b(d); a prior with an offset b(d) stores one extra
     coordinate, which the Retriever handles.
     """
-    import json
-    from pathlib import Path
-
     from magretrieve.cli._common import print_json, print_table
-    from magretrieve.core.errors import ConfigError
-    from magretrieve.priors import HubPrior, prior_from_dict
+    from magretrieve.priors import prior_option
     from magretrieve.priors.rescale import rescale_store
 
-    prior = None
-    if prior_file is not None:
-        if beta is not None:
-            raise ConfigError("give --corpus-prior or --prior-file, not both")
-        try:
-            data = json.loads(Path(prior_file).read_text())
-        except (ValueError, RecursionError) as exc:  # JSON and UTF-8 errors
-            raise ConfigError(f"{prior_file}: not valid JSON ({exc})") from None
-        except OSError as exc:
-            raise ConfigError(f"{prior_file}: cannot read ({exc.strerror or exc})") from None
-        prior = prior_from_dict(data, source=prior_file)
-    elif beta is not None:
-        prior = HubPrior(beta, k)
     report = rescale_store(
         source,
         target,
         head=head_dir,
-        prior=prior,
+        prior=prior_option(beta, prior_file, k),
         encoder_check_sample=check_sample,
         skip_encoder_check=skip_encoder_check,
         force=force,

@@ -7,7 +7,10 @@ A new prior is one module with a :class:`~magretrieve.priors.base.DocumentPrior`
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from magretrieve.core.errors import ConfigError
@@ -44,6 +47,12 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 
 def prior_from_dict(data: Any, source: str = "prior") -> DocumentPrior:
     """A prior from its JSON (``fit-prior --out``); the old ``corpus_prior`` files read as hub."""
+    prior = _from_dict(data, source)
+    prior.source = source
+    return prior
+
+
+def _from_dict(data: Any, source: str) -> DocumentPrior:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: a prior is a JSON object, got {type(data).__name__}")
     kind = data.get("kind", KIND)
@@ -62,6 +71,36 @@ def prior_from_dict(data: Any, source: str = "prior") -> DocumentPrior:
     return cls.from_params(data, source)
 
 
+def read_prior_file(path: str | Path) -> DocumentPrior:
+    """The prior in a JSON file (``fit-prior --out``, or an older ``corpus_prior`` file).
+
+    Every field is checked (types, ranges, the query bank's shape) before the prior is used;
+    a bad file is one ConfigError naming the file and the field.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except (ValueError, RecursionError) as exc:  # JSON and UTF-8 errors
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return prior_from_dict(data, source=str(path))
+
+
+def prior_option(beta: float | None, prior_file: str | Path | None, k: int) -> DocumentPrior | None:
+    """The prior of ``--corpus-prior β`` (the hub prior) or ``--prior-file`` (None when neither)."""
+    if prior_file is not None:
+        if beta is not None:
+            raise ConfigError("give --corpus-prior or --prior-file, not both")
+        return read_prior_file(prior_file)
+    if beta is not None:
+        if not math.isfinite(beta):
+            raise ConfigError(f"--corpus-prior must be a finite number, got {beta}")
+        if k < 1:
+            raise ConfigError(f"--k must be at least 1, got {k}")
+        return HubPrior(beta, k)
+    return None
+
+
 __all__ = [
     "REGISTRY",
     "CenterPrior",
@@ -73,6 +112,8 @@ __all__ = [
     "NoPrior",
     "PriorTerms",
     "prior_from_dict",
+    "prior_option",
+    "read_prior_file",
     "query_vectors",
     "split_stored",
     "stored_vectors",

@@ -1,22 +1,29 @@
 """Write each document's magnitude ``m(d)`` into an existing Cosine collection: the plug-in path.
 
-:func:`annotate_store` reads every point of an existing Cosine Qdrant collection (its unit
-vectors ``d̂``; the vectors are never rewritten), computes ``m(d)`` from a frozen-encoder norm
-head or the corpus prior (the same recipes as :mod:`magretrieve.priors.rescale`), writes it into each
-point's payload (``magretrieve_m``), and records the recipe and the annotation in the
-collection's metadata **last**. From then on ``open_store`` opens the collection as a
-:class:`~magretrieve.stores.qdrant_cosine_store.QdrantCosineStore`, which ranks by
-``cos·m(d)`` inside Qdrant (cosine prefetch + formula), so ``Retriever`` and
+:func:`annotate_store` reads every point of an existing Cosine Qdrant collection or pgvector
+table (its unit vectors ``d̂``; the vectors are never rewritten), computes ``m(d)`` from a
+frozen-encoder norm head, a document prior whose only term is a multiplier (the hub prior,
+or any ``fit-prior`` file of that kind), or a magnitude-keeping export, writes it into each
+point's payload (Qdrant, field ``magretrieve_m``) or a column magretrieve adds (pgvector), and
+records the recipe and the annotation in the store's metadata. From then on ``open_store``
+opens it as a :class:`~magretrieve.stores.qdrant_cosine_store.QdrantCosineStore` (or
+``PgCosineStore``), which ranks by ``cos·m(d)`` inside the database, so ``Retriever`` and
 ``magretrieve search`` work unchanged with the cosine export.
 
-An interrupted run leaves the collection unannotated (refused as before, vectors intact) with
-some payloads already holding ``m``; running it again recomputes and completes it. Running it
-after new points were added by another pipeline refreshes every point.
+Safety rules:
+
+* a ``--field`` that holds data magretrieve did not write (a payload key or column of the
+  user's) is refused before anything is written; so are stores magretrieve built itself for
+  inner product (they keep the magnitude already);
+* the metadata is marked ``incomplete`` *before* the first ``m`` is written and unmarked
+  last, so for the whole of a (re-)annotation searches rank by plain cosine and the Retriever
+  refuses the store, never serving a mix of old and new magnitudes; an interrupted run is
+  finished by running the same command again (every ``m`` is recomputed from the vectors);
+* every input (prior file, field name, prefetch) is checked before the store is touched.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +31,10 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import ConfigError, StoreError
-from magretrieve.priors.corpus_prior import CorpusPrior, hub_scores, unit
+from magretrieve.priors import DocumentPrior, prior_from_dict
+from magretrieve.priors.base import unit
 from magretrieve.priors.rescale import META_KEY as MAGNITUDE_KEY
-from magretrieve.priors.rescale import head_recipe, magnitudes_for
+from magretrieve.priors.rescale import head_recipe, incomplete_marker, magnitudes_for
 
 
 @dataclass
@@ -56,6 +64,9 @@ def open_for_annotation(spec: str) -> Any:
 
         return open_pgvector(loc["uri"], loc["table"], annotating=True)
     opener = qdrant_store.OPENERS.get(backend.prefix)
+    if backend.prefix == "qdrant-local" and not (Path(loc["path"]) / "collection").is_dir():
+        # opening would create the folder: refuse first, so a typo leaves nothing behind
+        raise StoreError(f"{spec}: no embedded Qdrant data in {loc['path']} to annotate")
     if opener is None:
         raise StoreError(
             f"{spec}: annotate works on an existing Cosine Qdrant collection (qdrant:, "
@@ -65,20 +76,44 @@ def open_for_annotation(spec: str) -> Any:
     return opener(loc, None, {}, annotating=True)
 
 
-def load_prior(beta: float | None, prior_file: str | Path | None, k: int) -> CorpusPrior | None:
-    """The corpus prior of ``--corpus-prior β`` or ``--prior-file`` (None when neither)."""
-    if prior_file is not None:
-        if beta is not None:
-            raise ConfigError("give --corpus-prior or --prior-file, not both")
-        try:
-            return CorpusPrior.from_dict(
-                json.loads(Path(prior_file).read_text()), source=str(prior_file)
-            )
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{prior_file}: not valid JSON ({exc})") from None
-    if beta is not None:
-        return CorpusPrior(beta=beta, k=k)
-    return None
+def check_multiplier_only(prior: DocumentPrior) -> None:
+    """Annotate stores one multiplier beside cosine: refuse priors with an offset or direction."""
+    if prior.has_offset:
+        raise ConfigError(
+            f"{prior.source}: the prior {prior.label()} adds an offset b(d) to the score (or "
+            "changes the direction), which a field beside a cosine index cannot hold; apply it "
+            "with `magretrieve rescale --prior-file` into a new store, or fit a multiplier-only "
+            "prior (`magretrieve fit-prior --method hub`)"
+        )
+
+
+def choose_field(target: Any, field: str | None, meta: dict[str, Any]) -> str:
+    """The field (payload key or column) that receives m(d); refuses one holding user data."""
+    from magretrieve.stores.qdrant_cosine_store import (
+        DEFAULT_FIELD,
+        annotation_of,
+        check_field_name,
+        is_incomplete,
+    )
+
+    where = target.location
+    if field is not None:
+        check_field_name(field, where)
+    owned = (annotation_of(meta) or {}).get("field")
+    if field is not None and owned and field != owned:
+        state = "an interrupted annotation into" if is_incomplete(meta) else "annotated into"
+        raise StoreError(
+            f"{where}: {state} field {owned!r}; run annotate with --field {owned} (or no --field)"
+        )
+    chosen = str(field or owned or DEFAULT_FIELD)
+    check_field_name(chosen, where)
+    held = target.field_holds_user_data(chosen, meta)
+    if held:
+        raise StoreError(
+            f"{where}: --field {chosen!r} would overwrite {held}; annotate never overwrites "
+            "data it did not write: choose another --field"
+        )
+    return chosen
 
 
 def point_text(payload: dict[str, Any]) -> str:
@@ -122,7 +157,7 @@ def annotate_store(
     store: str | Any,
     *,
     head: str | Path | None = None,
-    prior: CorpusPrior | None = None,
+    prior: DocumentPrior | None = None,
     norms_from: str | Path | None = None,
     field: str | None = None,
     prefetch: int | None = None,
@@ -132,32 +167,39 @@ def annotate_store(
     """Write ``m(d)`` into every point of an existing Cosine collection (see module doc).
 
     Exactly one of ``head`` (a run folder with a frozen-encoder norm head), ``prior`` (a
-    :class:`CorpusPrior`; its mean/std are fitted on the stored vectors) or ``norms_from`` (a
-    magnitude-keeping export whose document norm of each stored text becomes ``m``) is given.
+    multiplier-only :class:`~magretrieve.priors.DocumentPrior`, e.g. the hub prior; its corpus
+    statistics are fitted on the stored vectors) or ``norms_from`` (a magnitude-keeping export
+    whose document norm of each stored text becomes ``m``) is given. ``field`` defaults to the
+    one recorded by an earlier annotation, else ``magretrieve_m``.
     """
     from tqdm.auto import tqdm
 
     from magretrieve.stores.qdrant_cosine_store import (
         ANNOTATION_KEY,
-        DEFAULT_FIELD,
         DEFAULT_PREFETCH,
+        INCOMPLETE_KEY,
     )
 
     if sum(x is not None for x in (head, prior, norms_from)) != 1:
         raise ConfigError(
-            "give exactly one of a norm head (--head RUN), a corpus prior (--corpus-prior β) or "
-            "a magnitude-keeping export (--norms-from EXPORT)"
+            "give exactly one of a norm head (--head RUN), a prior (--corpus-prior β or "
+            "--prior-file) or a magnitude-keeping export (--norms-from EXPORT)"
         )
     if prefetch is not None and prefetch < 1:
         raise ConfigError(f"--prefetch must be positive, got {prefetch}")
+    if batch_size < 1:
+        raise ConfigError(f"batch size must be positive, got {batch_size}")
+    if prior is not None:
+        check_multiplier_only(prior)
     recipe = head_recipe(head) if head is not None else None  # fail on a bad run before reading
     target = open_for_annotation(store) if isinstance(store, str) else store
     try:
         where = target.location
         meta = dict(target.read_metadata() or {})
-        if field is not None:
-            target.field = field
-        pages, ids = [], []
+        chosen_field = choose_field(target, field, meta)
+        target.field = chosen_field  # the payload read below leaves it out
+        pages: list[list[Any]] = []
+        ids: list[str] = []
         for points in tqdm(
             target.iter_points(batch_size), desc="reading", unit="page", disable=not progress
         ):
@@ -179,14 +221,23 @@ def annotate_store(
             mags, recipe = export_norms(norms_from, payloads, ids, where)
         else:
             assert prior is not None
-            fitted = CorpusPrior(**prior.to_dict())
-            fitted.validate()
-            hubs = hub_scores(units, fitted.k)
-            fitted.mean, fitted.std = float(hubs.mean()), float(hubs.std()) or 1.0
-            mags = fitted.magnitudes(fitted.z_scores(hubs))
+            prior.check_dimension(units.shape[1], prior.source)
+            fitted = prior_from_dict(prior.to_dict(), prior.source)  # the caller's stays
+            fitted.fit_corpus(units)
+            mags = np.asarray(fitted.terms(units).multiplier, dtype=np.float64)
             recipe = fitted.to_dict()
         if not np.isfinite(mags).all() or (mags <= 0).any():
             raise StoreError(f"{where}: m(d) is not finite and positive for some points")
+        chosen = int(prefetch or DEFAULT_PREFETCH)
+        new_meta = {k: v for k, v in meta.items() if k != INCOMPLETE_KEY}
+        new_meta[MAGNITUDE_KEY] = recipe
+        new_meta[ANNOTATION_KEY] = {"field": chosen_field, "prefetch": chosen}
+        if "document_contract" in new_meta:
+            new_meta["document_contract"] = "magnitude_keeping"
+        # Marked incomplete before the first m is written: from here until the marker goes,
+        # searches rank by plain cosine and a Retriever refuses the store (no mixed m).
+        marker = incomplete_marker(where, recipe, operation="annotate")
+        target.begin_annotation(chosen_field, {**new_meta, INCOMPLETE_KEY: marker})
         bar = tqdm(total=len(ids), desc="annotating", unit="doc", disable=not progress)
         start = 0
         for points in pages:
@@ -194,17 +245,12 @@ def annotate_store(
             start += len(points)
             bar.update(len(points))
         bar.close()
-        chosen = int(prefetch or DEFAULT_PREFETCH)
-        meta[MAGNITUDE_KEY] = recipe
-        meta[ANNOTATION_KEY] = {"field": target.field or DEFAULT_FIELD, "prefetch": chosen}
-        if "document_contract" in meta:
-            meta["document_contract"] = "magnitude_keeping"
-        target.write_metadata(meta)  # last: the collection counts as annotated from here on
+        target.write_metadata(new_meta)  # last: the marker goes, the new m are served
         return AnnotateReport(
             store=where,
-            kind=str(recipe["kind"]),
+            kind=str(recipe.get("method") or recipe["kind"]),
             count=len(ids),
-            field=target.field,
+            field=chosen_field,
             prefetch=chosen,
             magnitude_min=float(mags.min()),
             magnitude_mean=float(mags.mean()),

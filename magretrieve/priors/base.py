@@ -25,6 +25,7 @@ Numpy only (no torch): priors run on stored vectors.
 from __future__ import annotations
 
 import base64
+import binascii
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -101,13 +102,16 @@ def encode_matrix(matrix: np.ndarray) -> dict[str, Any]:
 
 def decode_matrix(data: Any, source: str) -> np.ndarray:
     try:
-        shape = tuple(int(x) for x in data["shape"])
+        shape = tuple(as_int(x) for x in data["shape"])
         raw = base64.b64decode(data["float32_base64"], validate=True)
         m = np.frombuffer(raw, dtype="<f4").reshape(shape).astype(np.float32)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{source}: malformed query bank ({exc})") from None
-    if m.ndim != 2 or not np.isfinite(m).all():
-        raise ConfigError(f"{source}: the query bank must be a finite 2-D matrix")
+    except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+        raise ConfigError(f"{source}: prior key 'queries' is malformed ({exc})") from None
+    if m.ndim != 2 or not len(m) or not m.shape[1] or not np.isfinite(m).all():
+        raise ConfigError(
+            f"{source}: prior key 'queries' must be a finite, non-empty 2-D matrix, "
+            f"got shape {list(m.shape)}"
+        )
     return m
 
 
@@ -163,6 +167,8 @@ class DocumentPrior:
     has_offset: ClassVar[bool] = False
     #: Does it carry a bank of training queries (so its selection must be cross-fitted)?
     uses_query_bank: ClassVar[bool] = False
+    #: Where it was read from (a file name), for error messages.
+    source: str = "prior"
 
     @classmethod
     def grid(cls, **options: Any) -> list[DocumentPrior]:
@@ -183,6 +189,13 @@ class DocumentPrior:
 
     def fit_corpus(self, units: np.ndarray) -> None:
         """Compute the corpus statistics (on the corpus being indexed)."""
+
+    def check_dimension(self, dimension: int, source: str) -> None:
+        """Refuse, naming ``source`` and the field, state of another dimension than the store's.
+
+        Priors that carry vectors (a query bank, a mean direction) override it; it runs before
+        anything is written, so a prior fitted with another model fails in one line.
+        """
 
     def terms(self, units: np.ndarray) -> PriorTerms:
         """Terms of the corpus :meth:`fit_corpus` saw (``units`` is that corpus)."""
@@ -219,14 +232,51 @@ def _fmt(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def as_int(value: Any) -> int:
+    """A JSON integer (``10``, ``10.0``); strings, booleans and fractions are refused."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"not an integer: {value!r}")
+    if isinstance(value, float) and not (np.isfinite(value) and value.is_integer()):
+        raise ValueError(f"not an integer: {value!r}")
+    return int(value)
+
+
+def as_float(value: Any) -> float:
+    """A JSON number; strings and booleans are refused (``"0.5"`` is a typo, not a number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"not a number: {value!r}")
+    return float(value)
+
+
+def _strict(cast: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return {int: as_int, float: as_float}.get(cast, cast)  # type: ignore[call-overload]
+
+
 def require(data: Mapping[str, Any], key: str, cast: Callable[[Any], Any], source: str) -> Any:
-    """``cast(data[key])`` or a one-line ConfigError naming the file and key."""
+    """``cast(data[key])`` or a one-line ConfigError naming the file and key.
+
+    ``int`` and ``float`` are strict: a JSON string or boolean is refused, not converted.
+    """
     if key not in data:
         raise ConfigError(f"{source}: prior {data.get('method')!r} lacks {key!r}")
     try:
-        value = cast(data[key])
-    except (TypeError, ValueError):
-        raise ConfigError(f"{source}: prior key {key!r} is malformed: {data[key]!r}") from None
+        value = _strict(cast)(data[key])
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(
+            f"{source}: prior key {key!r} is malformed: {_short(data[key])}"
+        ) from None
     if isinstance(value, float) and not np.isfinite(value):
         raise ConfigError(f"{source}: prior key {key!r} must be finite, got {value}")
     return value
+
+
+def optional(
+    data: Mapping[str, Any], key: str, cast: Callable[[Any], Any], default: Any, source: str
+) -> Any:
+    """:func:`require` when ``key`` is present, else ``default``."""
+    return require(data, key, cast, source) if key in data else default
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

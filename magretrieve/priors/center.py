@@ -41,13 +41,21 @@ class CenterPrior(DocumentPrior):
     def from_params(cls, data: Mapping[str, Any], source: str) -> CenterPrior:
         mean = data.get("mean")
         if mean is not None:
-            try:
-                mean = np.asarray(mean, dtype=np.float64).reshape(-1)
-            except (TypeError, ValueError):
-                raise ConfigError(f"{source}: center prior 'mean' is not a vector") from None
-            if not np.isfinite(mean).all():
-                raise ConfigError(f"{source}: center prior 'mean' must be finite")
+            if not isinstance(mean, list) or not all(
+                isinstance(x, int | float) and not isinstance(x, bool) for x in mean
+            ):
+                raise ConfigError(f"{source}: prior key 'mean' is not a list of numbers")
+            mean = np.asarray(mean, dtype=np.float64).reshape(-1)
+            if not len(mean) or not np.isfinite(mean).all():
+                raise ConfigError(f"{source}: prior key 'mean' must be a finite, non-empty vector")
         return cls(require(data, "strength", float, source), mean)
+
+    def check_dimension(self, dimension: int, source: str) -> None:
+        if self.mean is not None and self.mean.shape[0] != int(dimension):
+            raise ConfigError(
+                f"{source}: prior key 'mean' has dimension {self.mean.shape[0]}, the store "
+                f"{dimension} (fitted with another model?)"
+            )
 
     def fit_corpus(self, units: np.ndarray) -> None:
         self.mean = np.asarray(units, np.float64).mean(axis=0)

@@ -51,7 +51,15 @@ class CombinedPrior(DocumentPrior):
         parts = data.get("parts")
         if not isinstance(parts, list):
             raise ConfigError(f"{source}: a combined prior needs a list 'parts'")
-        return cls([prior_from_dict(p, f"{source} part {i + 1}") for i, p in enumerate(parts)])
+        read = [prior_from_dict(p, f"{source} part {i + 1}") for i, p in enumerate(parts)]
+        try:
+            return cls(read)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+
+    def check_dimension(self, dimension: int, source: str) -> None:
+        for i, part in enumerate(self.parts):
+            part.check_dimension(dimension, f"{source} part {i + 1}")
 
     def label(self) -> str:
         return "+".join(p.label() for p in self.parts)

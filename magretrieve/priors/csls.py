@@ -19,8 +19,10 @@ from magretrieve.priors.base import (
     DocumentPrior,
     Neighbours,
     PriorTerms,
+    as_int,
     decode_matrix,
     encode_matrix,
+    optional,
     require,
     top_k_mean,
 )
@@ -63,7 +65,7 @@ class CslsPrior(DocumentPrior):
 
     @classmethod
     def from_params(cls, data: Mapping[str, Any], source: str) -> CslsPrior:
-        bank = str(data.get("bank", "queries"))
+        bank = data.get("bank", "queries")
         if bank not in BANKS:
             raise ConfigError(
                 f"{source}: csls bank must be one of {', '.join(BANKS)}, got {bank!r}"
@@ -71,7 +73,17 @@ class CslsPrior(DocumentPrior):
         queries = decode_matrix(data["queries"], source) if "queries" in data else None
         if bank == "queries" and queries is None:
             raise ConfigError(f"{source}: csls with a query bank lacks its 'queries'")
-        return cls(require(data, "alpha", float, source), int(data.get("k", 10)), bank, queries)
+        k = optional(data, "k", as_int, 10, source)
+        if k < 1:
+            raise ConfigError(f"{source}: prior key 'k' must be at least 1, got {k}")
+        return cls(require(data, "alpha", float, source), k, bank, queries)
+
+    def check_dimension(self, dimension: int, source: str) -> None:
+        if self.queries is not None and self.queries.shape[1] != int(dimension):
+            raise ConfigError(
+                f"{source}: prior key 'queries' holds vectors of dimension "
+                f"{self.queries.shape[1]}, the store {dimension} (fitted with another model?)"
+            )
 
     def _neighbour_mean(self, units: np.ndarray) -> np.ndarray:
         if self.bank == "corpus":  # the hub score: one corpus-kNN code path for both priors

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import ConfigError, DataError
-from magretrieve.priors.base import DocumentPrior, unit
+from magretrieve.priors.base import DocumentPrior, query_vectors, stored_vectors, unit
 from magretrieve.priors.select import Selection, choose_prior, ndcg_at_10, served_scores
 
 
@@ -94,3 +94,39 @@ def score_with_prior(
         "prior": ndcg_at_10(served_scores(prior, q, d), qids, doc_ids, dataset.qrels),
         "truncated_queries": truncated,
     }
+
+
+class WithPrior:
+    """A cosine encoder whose document vectors carry a document prior, for evaluation.
+
+    For ``evaluate_retrieval`` and anything else that encodes a whole corpus in one call: the
+    prior's corpus statistics are refitted on each ``encode_documents`` call, i.e. on the
+    corpus being encoded, exactly as ``magretrieve rescale`` refits them on a store. Documents
+    become ``m·v`` (or ``[m·v ; b]`` with queries ``[q̂ ; 1]`` when the prior has an offset), so
+    the inner product is the served score; :attr:`similarity` says how to read them (qnorm:
+    unit queries, stored documents as they are; dot when the query carries the extra 1).
+    """
+
+    def __init__(self, encoder: Any, prior: DocumentPrior) -> None:
+        from magretrieve.core.similarity import resolve
+
+        check_cosine_model(encoder, "prior")
+        self.encoder = encoder
+        self.prior = prior
+        self.similarity = resolve("dot" if prior.has_offset else "qnorm")
+
+    def encode_queries(
+        self, texts: Sequence[str], batch_size: int = 64, progress: bool | str = False
+    ) -> np.ndarray:
+        q = unit(self.encoder.encode_queries(texts, batch_size=batch_size, progress=progress))
+        return query_vectors(q, self.prior.has_offset)
+
+    def encode_documents(
+        self, texts: Sequence[str], batch_size: int = 64, progress: bool | str = False
+    ) -> np.ndarray:
+        from magretrieve.priors import prior_from_dict
+
+        docs = unit(self.encoder.encode_documents(texts, batch_size=batch_size, progress=progress))
+        fitted = prior_from_dict(self.prior.to_dict(), self.prior.source)
+        fitted.fit_corpus(docs)
+        return stored_vectors(fitted.terms(docs), fitted.has_offset)

@@ -1,8 +1,11 @@
-"""Hub prior (the original corpus prior): multiplier ``exp(−β·z(d))``.
+"""Hub prior: multiplier ``exp(−β·z(d))``.
 
 ``z`` is the document's hub score (mean cosine to its ``k`` nearest other documents),
 standardized over the indexed corpus. Hubs — documents near many others, retrieved for many
 queries they do not answer — are scaled down; β = 0 is cosine.
+
+:class:`CorpusPrior` is the same prior under the public name it had before the prior family
+existed (``magretrieve.CorpusPrior``).
 """
 
 from __future__ import annotations
@@ -13,20 +16,44 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import ConfigError
-from magretrieve.priors.base import DocumentPrior, Neighbours, PriorTerms, require
+from magretrieve.priors.base import (
+    DocumentPrior,
+    Neighbours,
+    PriorTerms,
+    as_int,
+    optional,
+    require,
+)
+
+#: Neighbours of the hub score unless a prior names another ``k``.
+DEFAULT_K = 10
+
+
+def hub_scores(
+    unit_docs: np.ndarray, k: int = DEFAULT_K, chunk: int = 1024, method: str = "auto"
+) -> np.ndarray:
+    """Mean cosine of each document to its ``k`` nearest other documents.
+
+    Exact below ``magretrieve.priors.neighbors.EXACT_MAX`` documents, approximate k-NN (FAISS
+    IVF) above it; ``method`` forces one path (see
+    :func:`magretrieve.priors.neighbors.mean_knn_similarity`).
+    """
+    from magretrieve.priors.neighbors import mean_knn_similarity
+
+    return mean_knn_similarity(unit_docs, k, method=method, chunk=chunk)
 
 
 def corpus_hub_scores(units: np.ndarray, k: int) -> np.ndarray:
-    """Mean cosine of each document to its ``k`` nearest other documents."""
-    from magretrieve.priors.corpus_prior import hub_scores
-
+    """The hub score of every document of an indexed corpus (one code path for all priors)."""
     return hub_scores(units, k)
 
 
 class HubPrior(DocumentPrior):
     method = "hub"
 
-    def __init__(self, beta: float, k: int = 10, mean: float = 0.0, std: float = 1.0) -> None:
+    def __init__(
+        self, beta: float, k: int = DEFAULT_K, mean: float = 0.0, std: float = 1.0
+    ) -> None:
         if k < 1:
             raise ConfigError(f"hub prior: k must be at least 1, got {k}")
         self.beta, self.k, self.mean, self.std = float(beta), int(k), float(mean), float(std)
@@ -34,22 +61,22 @@ class HubPrior(DocumentPrior):
 
     @classmethod
     def grid(cls, **options: Any) -> list[DocumentPrior]:
-        return [cls(b, 10) for b in (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)]
+        return [cls(b, DEFAULT_K) for b in (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)]
 
     def params(self) -> dict[str, Any]:
         return {"beta": self.beta, "k": self.k, "mean": self.mean, "std": self.std}
 
     @classmethod
     def from_params(cls, data: Mapping[str, Any], source: str) -> HubPrior:
-        prior = cls(
-            require(data, "beta", float, source),
-            int(data.get("k", 10)),
-            float(data.get("mean", 0.0)),
-            float(data.get("std", 1.0)),
+        k = optional(data, "k", as_int, DEFAULT_K, source)
+        if k < 1:
+            raise ConfigError(f"{source}: prior key 'k' must be at least 1, got {k}")
+        std = optional(data, "std", float, 1.0, source)
+        if not std > 0:
+            raise ConfigError(f"{source}: prior key 'std' must be positive, got {std}")
+        return cls(
+            require(data, "beta", float, source), k, optional(data, "mean", float, 0.0, source), std
         )
-        if not (prior.std > 0 and np.isfinite(prior.std)):
-            raise ConfigError(f"{source}: hub prior std must be positive, got {prior.std}")
-        return prior
 
     def fit_corpus(self, units: np.ndarray) -> None:
         h = corpus_hub_scores(units, self.k)
@@ -72,3 +99,25 @@ class HubPrior(DocumentPrior):
         return PriorTerms(
             np.asarray(units, np.float32), self._multiplier(hubs), np.zeros(len(units))
         )
+
+
+class CorpusPrior(HubPrior):
+    """The hub prior under its former public name; reads and writes the prior family's JSON.
+
+    ``CorpusPrior(beta=0.05, k=10)`` is ``HubPrior(0.05, 10)``; :meth:`from_dict` reads any
+    hub prior file (``fit-prior --method hub`` or a file of the older ``corpus_prior`` kind).
+    """
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "corpus prior") -> CorpusPrior:
+        from magretrieve.priors import prior_from_dict
+
+        if isinstance(data, Mapping) and "kind" not in data and "method" not in data:
+            data = {**data, "kind": "corpus_prior"}  # as the former class read its own JSON
+        prior = prior_from_dict(data, source)
+        if not isinstance(prior, HubPrior):
+            raise ConfigError(
+                f"{source}: a {prior.method!r} prior, not the hub prior; read it with "
+                "magretrieve.prior_from_dict"
+            )
+        return cls(prior.beta, prior.k, prior.mean, prior.std)

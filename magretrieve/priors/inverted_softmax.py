@@ -60,11 +60,19 @@ class InvertedSoftmaxPrior(DocumentPrior):
     def from_params(cls, data: Mapping[str, Any], source: str) -> InvertedSoftmaxPrior:
         if "queries" not in data:
             raise ConfigError(f"{source}: inverted-softmax lacks its query bank 'queries'")
+        beta = require(data, "beta", float, source)
+        if not beta > 0:
+            raise ConfigError(f"{source}: prior key 'beta' must be positive, got {beta}")
         return cls(
-            require(data, "beta", float, source),
-            require(data, "alpha", float, source),
-            decode_matrix(data["queries"], source),
+            beta, require(data, "alpha", float, source), decode_matrix(data["queries"], source)
         )
+
+    def check_dimension(self, dimension: int, source: str) -> None:
+        if self.queries is not None and self.queries.shape[1] != int(dimension):
+            raise ConfigError(
+                f"{source}: prior key 'queries' holds vectors of dimension "
+                f"{self.queries.shape[1]}, the store {dimension} (fitted with another model?)"
+            )
 
     def offsets(self, units: np.ndarray) -> np.ndarray:
         if self.queries is None:

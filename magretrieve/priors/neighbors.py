@@ -1,6 +1,6 @@
 """Mean cosine to the ``k`` nearest other documents, exact or by approximate k-NN (FAISS IVF/HNSW).
 
-This is the hub score of the corpus prior (:mod:`magretrieve.priors.corpus_prior`). Exactly it costs
+This is the hub score of the hub prior (:mod:`magretrieve.priors.hub`). Exactly it costs
 O(n²·dim): every document against every other, about 7 minutes at 200,000 MiniLM vectors on two
 cores and growing fourfold with each doubling. The approximate path builds an inverted-file index
 (FAISS ``IVF(4√n),Flat``, inner product) and asks it for each document's ``k + 1`` neighbours,

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import ConfigError, StoreError
-from magretrieve.priors import DocumentPrior, HubPrior, prior_from_dict, stored_vectors
-from magretrieve.priors.corpus_prior import CorpusPrior, unit
+from magretrieve.priors import DocumentPrior, prior_from_dict, stored_vectors
+from magretrieve.priors.base import unit
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def magnitudes_for(recipe: Mapping[str, Any], units: np.ndarray) -> np.ndarray:
 
 
 def is_prior_recipe(recipe: Mapping[str, Any] | None) -> bool:
-    return bool(recipe) and recipe.get("kind") in ("document_prior", "corpus_prior")  # type: ignore[union-attr]
+    return recipe is not None and recipe.get("kind") in ("document_prior", "corpus_prior")
 
 
 def has_offset_coordinate(meta: Mapping[str, Any] | None) -> bool:
@@ -182,11 +182,14 @@ def apply_recorded_magnitude(
 INCOMPLETE_KEY = "incomplete"
 
 
-def incomplete_marker(source: str, recipe: Mapping[str, Any]) -> dict[str, Any]:
-    """What a target records while a rescale into it runs: operation, source and recipe hash."""
+def incomplete_marker(
+    source: str, recipe: Mapping[str, Any], operation: str = "rescale"
+) -> dict[str, Any]:
+    """What a store records while a rescale (or annotate) into it runs: operation, source and
+    recipe hash."""
     canonical = json.dumps(recipe, sort_keys=True, separators=(",", ":"), default=str)
     return {
-        "operation": "rescale",
+        "operation": operation,
         "source": source,
         "recipe_sha256": hashlib.sha256(canonical.encode()).hexdigest(),
     }
@@ -325,7 +328,7 @@ def rescale_store(
     target: str | Any,
     *,
     head: str | Path | None = None,
-    prior: DocumentPrior | CorpusPrior | None = None,
+    prior: DocumentPrior | None = None,
     encoder_check_sample: int = 16,
     skip_encoder_check: bool = False,
     force: bool = False,
@@ -336,8 +339,8 @@ def rescale_store(
     """Rescale every stored vector of ``source`` into the new store ``target`` (see module doc).
 
     Exactly one of ``head`` (a run folder with a frozen-encoder norm head) or ``prior`` (a
-    :class:`~magretrieve.priors.DocumentPrior`, or the older :class:`CorpusPrior`; its corpus
-    statistics are refitted on the source's vectors) must be given.
+    :class:`~magretrieve.priors.DocumentPrior`; its corpus statistics are refitted on the
+    source's vectors) must be given.
     The source is only read; the target must be new or empty, or hold an interrupted
     rescale of the same source with the same recipe, which is then resumed. The target is
     marked ``incomplete`` until its last point is written (every Retriever refuses it until
@@ -378,10 +381,8 @@ def rescale_store(
         mags = magnitudes_for(recipe, units)
     else:
         assert prior is not None
-        if isinstance(prior, CorpusPrior):
-            prior.validate()
-            prior = HubPrior(prior.beta, prior.k)
-        prior = prior_from_dict(prior.to_dict(), "prior")  # a fresh copy: the caller's stays
+        prior.check_dimension(units.shape[1], prior.source)
+        prior = prior_from_dict(prior.to_dict(), prior.source)  # a fresh copy: the caller's stays
         prior.fit_corpus(units)
         terms = prior.terms(units)
         mags = terms.multiplier

@@ -178,6 +178,11 @@ def check_compatible(manifest: Any, store: VectorStore, *, force: bool = False) 
         return
     if meta.get("incomplete"):
         job = meta["incomplete"]
+        if job.get("operation") == "annotate":  # the user's own collection: never "delete it"
+            raise StoreError(
+                f"{where}: incomplete: a `magretrieve annotate` of it is running or was "
+                "interrupted; wait for it, or run the same command again to finish it"
+            )
         raise StoreError(
             f"{where}: incomplete: a `magretrieve {job.get('operation', 'rescale')}` from "
             f"{job.get('source')} into it was interrupted; run the same command again to "

@@ -2,18 +2,22 @@
 
 Most pgvector deployments hold a table such as ``items(id bigserial primary key, content text,
 embedding vector(384))`` with an HNSW ``vector_cosine_ops`` index, and will not rebuild it.
-``magretrieve annotate --store pgvector:URI#items`` adds one column, ``magretrieve_m real``,
-fills it with each row's magnitude ``m(d)`` and records the recipe in that column's COMMENT
-(last, so an interrupted run leaves the table unannotated). Search is then one statement::
+``magretrieve annotate --store pgvector:URI#items`` adds one column (``magretrieve_m real``
+unless ``--field`` names another that does not exist yet), records the recipe in that column's
+COMMENT together with an ``incomplete`` marker, fills the column with each row's magnitude
+``m(d)``, and removes the marker last. The column magretrieve owns is the one whose COMMENT
+holds its record. Search is then one statement::
 
     SELECT ... FROM (SELECT ..., 1 - (embedding <=> q) AS cos FROM items
                      ORDER BY embedding <=> q LIMIT prefetch) c     -- the cosine index
-    WHERE magretrieve_m IS NOT NULL ORDER BY cos * magretrieve_m DESC LIMIT k
+    ORDER BY cos * coalesce(magretrieve_m, 1) DESC LIMIT k
 
 The table's own columns are never changed: the id is its single-column primary key (as text),
 the vector its ``vector(n)`` column, the payload every other column (``to_jsonb(row)``). Rows
-are written by the user's pipeline, so ``add`` is refused; rows added later have no ``m`` and
-are not returned until ``magretrieve annotate`` runs again. Seen through the
+are written by the user's pipeline, so ``add`` is refused; rows added later have no ``m``: they
+are scored with ``m = 1`` and :meth:`PgCosineStore.describe` counts them in a warning until
+``magretrieve annotate`` runs again. While the column's COMMENT holds the ``incomplete``
+marker, search ranks by plain cosine (one logged warning). Seen through the
 :class:`~magretrieve.stores.base.VectorStore` protocol a row's vector is ``m(d)·d̂``.
 """
 
@@ -46,7 +50,14 @@ from magretrieve.stores.pgvector_store import (
     run_in_transaction,
     vector_indexes,
 )
-from magretrieve.stores.qdrant_cosine_store import ANNOTATION_KEY, DEFAULT_PREFETCH
+from magretrieve.stores.qdrant_cosine_store import (
+    ANNOTATION_KEY,
+    DEFAULT_PREFETCH,
+    INCOMPLETE_KEY,
+    annotation_warnings,
+    fallback_warning,
+    is_incomplete,
+)
 
 #: The column annotate adds.
 DEFAULT_COLUMN = "magretrieve_m"
@@ -84,6 +95,29 @@ def table_layout(conn: Any, ref: str) -> tuple[str, str, list[str]]:
     return str(pk[0][0]), vectors[0], [str(c[0]) for c in cols]
 
 
+#: Columns of a table magretrieve creates for inner-product search (see pgvector_store).
+OWN_TABLE_COLUMNS = frozenset({"doc_id", "embedding", "payload", "doc_norm"})
+
+
+def annotated_column(conn: Any, table: tuple[str, ...]) -> str | None:
+    """The column whose COMMENT holds magretrieve's annotation record (or marker), if any."""
+    ref = ".".join(_quote(p) for p in table)
+    rows = conn.execute(
+        "SELECT attname, col_description(attrelid, attnum) FROM pg_attribute "
+        "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+        (ref,),
+    ).fetchall()
+    for name, comment in rows:
+        try:
+            value = json.loads(comment) if comment else None
+        except ValueError:
+            continue
+        meta = value.get(META_KEY) if isinstance(value, dict) else None
+        if isinstance(meta, dict) and (meta.get(ANNOTATION_KEY) or meta.get(INCOMPLETE_KEY)):
+            return str(name)
+    return None
+
+
 def is_plugin_table(conn: Any, table: tuple[str, ...]) -> bool:
     """An existing table searched by cosine (a ``vector_cosine_ops`` index) or annotated."""
     ref = ".".join(_quote(p) for p in table)
@@ -91,9 +125,14 @@ def is_plugin_table(conn: Any, table: tuple[str, ...]) -> bool:
         _, vec, cols = table_layout(conn, ref)
     except StoreError:
         return False
-    if DEFAULT_COLUMN in cols and read_comment(conn, table, DEFAULT_COLUMN).get(META_KEY):
+    if annotated_column(conn, table) is not None:
         return True
     return any(o == "vector_cosine_ops" for _, _, o in vector_indexes(conn, table, vec))
+
+
+def built_by_magretrieve(conn: Any, table: tuple[str, ...], cols: Sequence[str]) -> bool:
+    """A table magretrieve created for inner-product search (its layout or its COMMENT)."""
+    return set(cols) >= OWN_TABLE_COLUMNS or bool(read_comment(conn, table).get(META_KEY))
 
 
 class PgCosineStore(VectorStore):
@@ -114,28 +153,32 @@ class PgCosineStore(VectorStore):
         location: str | None = None,
         annotating: bool = False,
     ) -> None:
-        sql = _sql()
+        _sql()  # psycopg installed, or one line saying which extra
         self.conn = conn
         self._owns = owns_connection
         self._name = table
         self._ref = ".".join(_quote(p) for p in table)
         self._location = location or f"pgvector table {'.'.join(table)!r}"
         self.ef_search = ef_search
-        self.field = DEFAULT_COLUMN
+        self._fallback = False  # searching by plain cosine while marked incomplete
         try:
             with conn.transaction():
                 register_vector(conn)
                 self._pk, self._vec, cols = table_layout(conn, self._ref)
+                self._cols_now = list(cols)
                 self._dim = int(column_dimension(conn, table, self._vec) or 0)
-                if annotating and DEFAULT_COLUMN not in cols:
-                    conn.execute(
-                        sql.SQL("ALTER TABLE {} ADD COLUMN {} real").format(
-                            sql.Identifier(*table), sql.Identifier(DEFAULT_COLUMN)
-                        )
-                    )
-                meta = self.read_metadata() if DEFAULT_COLUMN in cols else None
+                owned = annotated_column(conn, table)
+                self.field = owned or DEFAULT_COLUMN
+                meta = self.read_metadata() if owned else None
+                own_table = annotating and built_by_magretrieve(conn, table, cols)
         except psycopg().Error as exc:
             raise StoreError(f"{self._location}: {type(exc).__name__}: {exc}") from None
+        if own_table:
+            raise StoreError(
+                f"{self._location}: built by magretrieve for inner-product search (its vectors "
+                "keep the magnitude already); annotate is for an existing table ranked by "
+                "cosine. Nothing was changed"
+            )
         if dimension is not None and self._dim != int(dimension):
             raise StoreError(
                 f"{self._location} has vector size {self._dim}, but the model produces "
@@ -178,6 +221,13 @@ class PgCosineStore(VectorStore):
     def _payload_sql(self) -> Any:
         return _sql().SQL("to_jsonb(t) - {pk_name} - {vec_name} - {m_name}").format(**self._cols())
 
+    def _m_sql(self, cosine: bool) -> Any:
+        """m(d) in SQL: 1 while marked incomplete, else the column (1 where still empty)."""
+        sql = _sql()
+        if cosine or self.field not in self._cols_now:
+            return sql.SQL("1.0::real")
+        return sql.SQL("coalesce(t.{m}, 1.0::real)").format(**self._cols())
+
     # ------------------------------------------------------------------ protocol
 
     def add(
@@ -197,16 +247,20 @@ class PgCosineStore(VectorStore):
         sql = _sql()
         q = check_queries(queries, self._dim, self._location)
         k = check_k(k)
-        stmt = sql.SQL(
-            "SELECT id, payload, m, cos * m AS score, v FROM ("
-            "SELECT t.{pk}::text AS id, {payload} AS payload, t.{m} AS m, "
-            "1 - (t.{vec} <=> %s) AS cos, t.{vec} AS v FROM {t} t "
-            "ORDER BY t.{vec} <=> %s LIMIT %s) c "
-            "WHERE m IS NOT NULL ORDER BY score DESC LIMIT %s"
-        ).format(payload=self._payload_sql(), **self._cols())
         limit = max(self.prefetch, k)
 
         def run() -> list[list[StoreHit]]:
+            cosine = is_incomplete(self.read_metadata())
+            if cosine and not self._fallback:
+                fallback_warning(self._location)
+            self._fallback = cosine
+            stmt = sql.SQL(
+                "SELECT id, payload, m, cos * m AS score, v FROM ("
+                "SELECT t.{pk}::text AS id, {payload} AS payload, {mval} AS m, "
+                "1 - (t.{vec} <=> %s) AS cos, t.{vec} AS v FROM {t} t "
+                "ORDER BY t.{vec} <=> %s LIMIT %s) c "
+                "ORDER BY score DESC LIMIT %s"
+            ).format(payload=self._payload_sql(), mval=self._m_sql(cosine), **self._cols())
             out = []
             with self.conn.cursor() as cur:
                 ef = max(int(self.ef_search or 40), limit)
@@ -251,14 +305,11 @@ class PgCosineStore(VectorStore):
         if not ids:
             return []
         stmt = sql.SQL(
-            "SELECT t.{pk}::text, t.{vec}, {payload}, t.{m} FROM {t} t WHERE t.{pk}::text = ANY(%s)"
-        ).format(payload=self._payload_sql(), **self._cols())
+            "SELECT t.{pk}::text, t.{vec}, {payload}, {mval} FROM {t} t "
+            "WHERE t.{pk}::text = ANY(%s)"
+        ).format(payload=self._payload_sql(), mval=self._m_sql(False), **self._cols())
         found = {}
         for r in self._run("get", lambda: self.conn.execute(stmt, (ids,)).fetchall()):
-            if r[3] is None:
-                raise StoreError(
-                    f"{self._location}: row {r[0]} has no m(d); run `magretrieve annotate` again"
-                )
             v = as_array(r[1])
             vec = v / max(float(np.linalg.norm(v)), 1e-12) * np.float32(r[3])
             found[str(r[0])] = StoreRecord(str(r[0]), vec, dict(r[2]))
@@ -289,6 +340,58 @@ class PgCosineStore(VectorStore):
         for start in range(0, len(rows), batch):
             yield [Row(str(r[0]), as_array(r[1]), dict(r[2])) for r in rows[start : start + batch]]
 
+    def field_holds_user_data(self, field: str, meta: Mapping[str, Any] | None) -> str | None:
+        """Why writing column ``field`` would overwrite data magretrieve did not write (None: safe).
+
+        A column is magretrieve's only when its COMMENT holds magretrieve's record; any other
+        existing column (the id, the vector, the text, anything of the user's) is refused.
+        """
+        if field == self.field and meta:
+            return None
+        if field in self._cols_now:
+            return f"column {field!r}, which magretrieve did not create (no record in its COMMENT)"
+        return None
+
+    def begin_annotation(self, field: str, meta: Mapping[str, Any]) -> None:
+        """Create the m column if needed and record ``meta`` (with its incomplete marker) on it.
+
+        One transaction: either the column exists and says "incomplete", or nothing changed.
+        """
+        sql = _sql()
+        self.field = field
+        text = json.dumps({META_KEY: dict(meta)}, sort_keys=True)
+
+        def run() -> None:
+            if field not in self._cols_now:
+                self.conn.execute(
+                    sql.SQL("ALTER TABLE {} ADD COLUMN {} real").format(
+                        sql.Identifier(*self._name), sql.Identifier(field)
+                    )
+                )
+            self.conn.execute(
+                sql.SQL("COMMENT ON COLUMN {t}.{m} IS {text}").format(
+                    text=sql.Literal(text), **self._cols()
+                )
+            )
+
+        self._run("begin annotation", run)
+        if field not in self._cols_now:
+            self._cols_now.append(field)
+
+    def unannotated(self) -> int:
+        """Rows with no m(d): added after the annotation, scored with m = 1."""
+        if self.field not in self._cols_now:
+            return self.count()
+        stmt = _sql().SQL("SELECT count(*) FROM {t} WHERE {m} IS NULL").format(**self._cols())
+        return int(self._run("count", lambda: self.conn.execute(stmt).fetchone())[0])
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["warnings"] = annotation_warnings(
+            self._location, out.get("metadata"), self.unannotated()
+        )
+        return out
+
     def set_magnitudes(self, points: Sequence[Row], magnitudes: np.ndarray) -> None:
         """``UPDATE`` the m column of these rows in one statement (the vectors stay)."""
         sql = _sql()
@@ -301,6 +404,8 @@ class PgCosineStore(VectorStore):
         self._run("annotate", lambda: self.conn.execute(stmt, (ids, mags)))
 
     def read_metadata(self) -> dict[str, Any] | None:
+        if self.field not in self._cols_now:
+            return None
         value = read_comment(self.conn, self._name, self.field).get(META_KEY)
         return dict(value) if isinstance(value, dict) and value else None
 

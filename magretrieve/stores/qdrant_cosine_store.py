@@ -16,11 +16,21 @@ The one approximation is the prefetch: a document outside the cosine top-``prefe
 scored. ``benchmarks/plugin_prefetch.py`` measures recall@10 against exact ``cos·m(d)`` as a
 function of the prefetch size; :data:`DEFAULT_PREFETCH` comes from that measurement.
 
+Points another pipeline adds after the annotation have no ``m``: they are scored with
+``m = 1`` (never dropped), and :meth:`QdrantCosineStore.describe` counts them in a warning
+until ``magretrieve annotate`` runs again. While an annotation runs (or after one was
+interrupted) the metadata holds an ``incomplete`` marker: search then ranks by plain cosine
+(one logged warning), never by a mix of old and new magnitudes, and the Retriever refuses to
+open the collection until the same command has finished.
+
 An unannotated Cosine collection is refused as before (Cosine would erase the magnitude).
 """
 
 from __future__ import annotations
 
+import logging
+import re
+import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -48,6 +58,15 @@ DEFAULT_PREFETCH = 100
 ANNOTATION_KEY = "annotation"
 #: Metadata key of the collection (shared with QdrantStore).
 META_KEY = "magretrieve"
+#: Key (inside the metadata) present while an annotation has not finished.
+INCOMPLETE_KEY = "incomplete"
+#: Payload keys magretrieve writes besides m(d); a --field may not name them.
+RESERVED_FIELDS = ("doc_id", "doc_norm")
+#: A field magretrieve may create: a plain identifier that is the same in a payload key, a
+#: formula variable and (unquoted or quoted) a PostgreSQL column, at most 63 bytes.
+FIELD_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+logger = logging.getLogger(__name__)
 
 
 def _models() -> Any:
@@ -66,6 +85,31 @@ def annotation_of(meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return dict(ann) if isinstance(ann, Mapping) and ann.get("field") else None
 
 
+def is_incomplete(meta: Mapping[str, Any] | None) -> bool:
+    """Is an annotation (or rescale) of this store running or interrupted?"""
+    return bool((meta or {}).get(INCOMPLETE_KEY))
+
+
+def check_field_name(field: str, where: str) -> None:
+    """Refuse a field name magretrieve cannot own safely (reserved, nested, quoted, too long)."""
+    if field in RESERVED_FIELDS:
+        raise StoreError(f"{where}: --field {field!r} is reserved by magretrieve; choose another")
+    if not FIELD_PATTERN.fullmatch(field):
+        raise StoreError(
+            f"{where}: --field {field[:80]!r} is not a plain name (letters, digits, _; at most "
+            "63 bytes, not starting with a digit)"
+        )
+
+
+def fallback_warning(where: str) -> None:
+    logger.warning(
+        "%s: marked incomplete (an annotate is running or was interrupted): ranking by plain "
+        "cosine until it finishes; if it was interrupted, run the same `magretrieve annotate` "
+        "again",
+        where,
+    )
+
+
 def refusal(where: str, collection: str) -> StoreError:
     return StoreError(
         f"{where}: collection {collection!r} uses distance Cosine; magretrieve needs Dot (Cosine normalizes vectors at "
@@ -73,6 +117,32 @@ def refusal(where: str, collection: str) -> StoreError:
         "one and rank by cos·m(d) after `magretrieve annotate --store SPEC ...` writes m(d) into "
         "its payload"
     )
+
+
+def _point_id(doc_id: str) -> int | str | None:
+    """``doc_id`` as a Qdrant point id (unsigned integer or UUID), or None when it is neither."""
+    if doc_id.isascii() and doc_id.isdigit() and int(doc_id) < 2**64:
+        return int(doc_id)
+    try:
+        return str(uuid.UUID(doc_id)) if len(doc_id) in (32, 36) else None
+    except ValueError:
+        return None
+
+
+def annotation_warnings(where: str, meta: Mapping[str, Any] | None, missing: int) -> list[str]:
+    """What :meth:`describe` warns about on an annotated store: incomplete, rows without m."""
+    out = []
+    if is_incomplete(meta):
+        out.append(
+            f"{where}: marked incomplete (an annotate is running or was interrupted); searches "
+            "rank by plain cosine until the same `magretrieve annotate` finishes"
+        )
+    if missing:
+        out.append(
+            f"{where}: {missing} point(s) added after the annotation have no m(d) and are "
+            "scored with m = 1; run `magretrieve annotate` again to give them theirs"
+        )
+    return out
 
 
 class QdrantCosineStore(VectorStore):
@@ -120,6 +190,7 @@ class QdrantCosineStore(VectorStore):
             raise refusal(self._location, collection)
         ann = ann or {}
         self.field = str(ann.get("field", DEFAULT_FIELD))
+        self._fallback = False  # searching by plain cosine while marked incomplete
         self.prefetch = int(prefetch or ann.get("prefetch") or DEFAULT_PREFETCH)
         if self.prefetch < 1:
             raise StoreError(f"{self._location}: prefetch must be positive, got {self.prefetch}")
@@ -141,13 +212,24 @@ class QdrantCosineStore(VectorStore):
         return (str(doc_id) if doc_id is not None else str(point_id)), payload
 
     def _m(self, payload: Mapping[str, Any] | None, point_id: Any) -> float:
+        """m(d) of a point; 1 for a point added after the annotation (see :meth:`describe`)."""
         value = (payload or {}).get(self.field)
+        if value is None:
+            return 1.0
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise StoreError(
-                f"{self._location}: point {point_id} has no numeric {self.field!r}; run "
-                "`magretrieve annotate` again (it fills the points added since)"
+                f"{self._location}: point {point_id} holds a non-numeric {self.field!r}; run "
+                "`magretrieve annotate` again"
             )
         return float(value)
+
+    def _check_state(self) -> bool:
+        """True while the collection is marked incomplete (search then ranks by cosine)."""
+        incomplete = is_incomplete(self.read_metadata())
+        if incomplete and not self._fallback:
+            fallback_warning(self._location)
+        self._fallback = incomplete
+        return incomplete
 
     # ------------------------------------------------------------------ protocol
 
@@ -176,18 +258,26 @@ class QdrantCosineStore(VectorStore):
             self.client.upsert(self.collection, points=points, wait=True)
         return len(points)
 
-    def _request(self, row: np.ndarray, k: int, with_vectors: bool) -> Any:
+    def _request(self, row: np.ndarray, k: int, with_vectors: bool, cosine: bool = False) -> Any:
         models = _models()
         params = None
         if self.ef_search is not None and not self.embedded:
             params = models.SearchParams(hnsw_ef=max(self.ef_search, self.prefetch))
+        if cosine:  # marked incomplete: plain cosine, no magnitude at all
+            return models.QueryRequest(
+                query=row.tolist(),
+                limit=k,
+                params=params,
+                with_payload=True,
+                with_vector=with_vectors,
+            )
         return models.QueryRequest(
             prefetch=models.Prefetch(
                 query=row.tolist(), limit=max(self.prefetch, k), params=params
             ),
             query=models.FormulaQuery(
                 formula=models.MultExpression(mult=["$score", self.field]),
-                defaults={self.field: 0.0},
+                defaults={self.field: 1.0},  # points added since the annotation
             ),
             limit=k,
             with_payload=True,
@@ -199,16 +289,18 @@ class QdrantCosineStore(VectorStore):
     ) -> list[list[StoreHit]]:
         q = check_queries(queries, self._dim, self._location)
         k = check_k(k)
+        cosine = self._check_state()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             res = self.client.query_batch_points(
-                self.collection, requests=[self._request(row, k, with_vectors) for row in q]
+                self.collection,
+                requests=[self._request(row, k, with_vectors, cosine) for row in q],
             )
         out = []
         for response in res:
             hits = []
             for p in response.points:
-                m = self._m(p.payload, p.id)
+                m = 1.0 if cosine else self._m(p.payload, p.id)
                 doc_id, payload = self._payload_out(p.payload, p.id)
                 vec = None
                 if with_vectors:
@@ -231,6 +323,18 @@ class QdrantCosineStore(VectorStore):
             with_vectors=with_vectors,
         ):
             found[self._payload_out(p.payload, p.id)[0]] = p
+        # points another pipeline wrote (and nobody annotated since) have no doc_id: their
+        # document id is their own point id (an unsigned integer or a UUID)
+        raw = [_point_id(i) for i in ids if i not in found]
+        for p in self.client.retrieve(
+            self.collection,
+            ids=[r for r in raw if r is not None],
+            with_payload=True,
+            with_vectors=with_vectors,
+        ):
+            doc_id = self._payload_out(p.payload, p.id)[0]
+            if doc_id in ids:
+                found.setdefault(doc_id, p)
         rest = [i for i in ids if i not in found]
         if rest:
             flt = models.Filter(
@@ -308,6 +412,57 @@ class QdrantCosineStore(VectorStore):
                 yield points
             if offset is None:
                 return
+
+    def field_holds_user_data(self, field: str, meta: Mapping[str, Any] | None) -> str | None:
+        """Why writing ``field`` would overwrite data magretrieve did not write (None: safe).
+
+        The field (and ``doc_norm``, written beside it) is ours only when the annotation record
+        (complete or marked incomplete) names it; otherwise any point holding it holds user data.
+        """
+        ann = annotation_of(meta)
+        if ann is not None and ann.get("field") == field:
+            return None
+        keys = [field] if ann is not None else [field, "doc_norm"]
+        held = dict.fromkeys(keys, 0)
+        offset = None
+        while True:  # key presence, exactly: a null or an empty list is the user's too
+            points, offset = self.client.scroll(
+                self.collection, limit=1024, offset=offset, with_payload=keys, with_vectors=False
+            )
+            for p in points:
+                for key in keys:
+                    held[key] += key in (p.payload or {})
+            if offset is None:
+                break
+        for key, count in held.items():
+            if count:
+                return f"payload key {key!r} of {count} point(s)"
+        return None
+
+    def begin_annotation(self, field: str, meta: Mapping[str, Any]) -> None:
+        """Record ``meta`` (the annotation with its incomplete marker) before any m is written."""
+        self.field = field
+        self.write_metadata(meta)
+
+    def unannotated(self) -> int:
+        """Points with no m(d): added after the annotation, scored with m = 1."""
+        models = _models()
+        return int(
+            self.client.count(
+                self.collection,
+                count_filter=models.Filter(
+                    must=[models.IsEmptyCondition(is_empty=models.PayloadField(key=self.field))]
+                ),
+                exact=True,
+            ).count
+        )
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["warnings"] = annotation_warnings(
+            self._location, out.get("metadata"), self.unannotated()
+        )
+        return out
 
     def set_magnitudes(self, points: Sequence[Any], magnitudes: np.ndarray) -> None:
         """Write ``m`` (and ``doc_id``/``doc_norm``) into the payload of ``points``; vectors stay."""

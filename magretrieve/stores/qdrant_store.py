@@ -396,6 +396,8 @@ def _store_for(
             annotating=annotating,
             **opts,
         )
+    if annotating and info is None:
+        raise StoreError(f"{where or collection}: no such collection to annotate")
     if annotating:
         raise StoreError(
             f"{where or collection}: annotate is for an existing Cosine collection; this one "
