@@ -18,7 +18,6 @@ This module is torch-free: serving reads it without training dependencies.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -26,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from magretrieve.core import similarity
+from magretrieve.core.config import SIDES
 from magretrieve.core.errors import ConfigError, ManifestError
+from magretrieve.core.files import is_plain_file_name, sha256_file, sha256_hex
 
 MANIFEST_NAME = "magretrieve.json"
 FORMAT = "magretrieve-export"
@@ -46,7 +47,6 @@ ENCODER_FIELDS = (
     "norm_scale",
     "base_model",
 )
-SIDES = ("query", "document")
 CONTRACTS = ("unit_norm", "magnitude_keeping")
 #: Key of the manifest's hash of its own content.
 CHECKSUM_KEY = "manifest_sha256"
@@ -74,7 +74,7 @@ def _canonical(data: dict[str, Any], leave_out: tuple[str, ...]) -> bytes:
 
 def content_checksum(data: dict[str, Any]) -> str:
     """sha256 of a manifest's canonical JSON without its own ``manifest_sha256``."""
-    return hashlib.sha256(_canonical(data, (CHECKSUM_KEY,))).hexdigest()
+    return sha256_hex(_canonical(data, (CHECKSUM_KEY,)))
 
 
 def model_fingerprint(data: dict[str, Any]) -> str:
@@ -82,7 +82,7 @@ def model_fingerprint(data: dict[str, Any]) -> str:
     encoder = data.get("encoder")
     if isinstance(encoder, dict):  # where the weights came from is provenance, not a setting
         data = {**data, "encoder": {k: v for k, v in encoder.items() if k != "base_model"}}
-    return hashlib.sha256(_canonical(data, NOT_FINGERPRINTED)).hexdigest()
+    return sha256_hex(_canonical(data, NOT_FINGERPRINTED))
 
 
 def seal(data: dict[str, Any]) -> dict[str, Any]:
@@ -99,28 +99,12 @@ def check_file_name(name: str, source: str, what: str) -> str:
     ``/etc/passwd`` would make loading read (and hash, and hand to onnxruntime) a file
     outside the folder the user chose.
     """
-    if (
-        not name
-        or name in (".", "..")
-        or "/" in name
-        or "\\" in name
-        or "\x00" in name
-        or Path(name).is_absolute()
-    ):
+    if not is_plain_file_name(name):
         raise ManifestError(
             f"{source}: {what} {name!r} is not a plain file name inside the export folder "
             "(paths with '/', '..' or absolute paths are refused)"
         )
     return name
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in chunks (graphs can be hundreds of MB)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 #: Inputs the runtime knows how to feed a graph.

@@ -564,7 +564,7 @@ def _build_int8(
     calibration: Calibration | None = None,
 ) -> Path:
     """Quantize the parity-checked fp32 graphs; report agreement (and NDCG@10) vs fp32."""
-    from magretrieve.export.evaluate import evaluate_export
+    from magretrieve.evaluation.retrieval import evaluate_vectors
     from magretrieve.serving.runtime import OnnxEncoder
 
     int8_dir.mkdir()
@@ -598,8 +598,8 @@ def _build_int8(
     }
     if dataset is not None:
         say(f"NDCG@10 on {dataset.name}:{dataset.split}: fp32 vs int8 (exact search)")
-        fp32 = evaluate_export(OnnxEncoder.load(fp32_dir), dataset, label="fp32")
-        int8 = evaluate_export(OnnxEncoder.load(int8_dir), dataset, label="int8")
+        fp32 = evaluate_vectors(OnnxEncoder.load(fp32_dir), dataset, label="fp32")
+        int8 = evaluate_vectors(OnnxEncoder.load(int8_dir), dataset, label="int8")
         report["eval"] = {
             "data": f"{dataset.name}:{dataset.split}",
             "fp32": fp32,
