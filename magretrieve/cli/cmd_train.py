@@ -163,13 +163,7 @@ def train_command(
 
     from magretrieve.cli._common import print_json, print_table
     from magretrieve.core.errors import ConfigError
-    from magretrieve.data.readers import (
-        is_sentence_pair_file,
-        load_beir,
-        load_pairs,
-        load_sentence_pairs,
-        parse_data_spec,
-    )
+    from magretrieve.data.readers import load_beir, read_training_data
     from magretrieve.train import trainer
 
     # under torchrun (WORLD_SIZE > 1): join the process group, one device per rank
@@ -186,19 +180,8 @@ def train_command(
     out_path = Path(out)
     if out_path.exists() and any(out_path.iterdir()) and not force:
         raise ConfigError(f"{out_path}: exists and is not empty (pass --force to overwrite)")
-    dataset = None
-    if is_sentence_pair_file(train_spec):
-        from magretrieve.data.readers import TrainingPair
-
-        pairs = [TrainingPair(p.a, p.b) for p in load_sentence_pairs(train_spec) if p.score >= 4.0]
-        if not pairs:
-            raise ConfigError(f"{train_spec}: no pairs with score >= 4.0 to use as positives")
-    elif str(train_spec).endswith(".jsonl"):
-        pairs = load_pairs(train_spec)
-    else:
-        folder, split = parse_data_spec(train_spec, default_split="train")
-        dataset = load_beir(f"{folder}:{split}")
-        pairs = dataset.training_pairs()
+    training = read_training_data(train_spec)
+    pairs, dataset = training.pairs, training.dataset
     reports = [load_beir(s) for s in eval_specs]
 
     from magretrieve.train.encoder import Encoder
@@ -280,9 +263,7 @@ def train_command(
             encoder, pairs, cfg, validation=validation, report=reports, out_dir=out_path
         )
     if world_size > 1:
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
+        trainer.finish_distributed()
     if rank != 0:  # rank 0 wrote the run folder and prints the summary
         return
     log = result.log

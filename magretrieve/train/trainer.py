@@ -220,6 +220,12 @@ def init_distributed() -> tuple[int, int, str | None]:
     return rank, size, device
 
 
+def finish_distributed() -> None:
+    """Leave the process group :func:`init_distributed` joined (nothing to do without one)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 class ContrastiveModel(torch.nn.Module):
     """The encoder and the loss as one module: one forward uses every trainable parameter
     (γ and the norm head included), which is what DistributedDataParallel needs to see."""
