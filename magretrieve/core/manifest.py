@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from magretrieve.core import similarity
-from magretrieve.core.config import SIDES
+from magretrieve.core.config import SIDES, EncoderConfig
 from magretrieve.core.errors import ConfigError, ManifestError
 from magretrieve.core.files import is_plain_file_name, sha256_file, sha256_hex
 
@@ -167,17 +167,14 @@ class GraphSpec:
 
 @dataclass
 class Manifest:
-    """Parsed, validated ``magretrieve.json`` of an export folder."""
+    """Parsed, validated ``magretrieve.json`` of an export folder.
 
-    mode: str
-    gamma_q: float
-    gamma_d: float
-    pooling: str
-    max_query_length: int
-    max_document_length: int
-    query_prefix: str
-    document_prefix: str
-    norm_scale: float
+    The encoder's settings (mode, γ, pooling, lengths, prefixes, norm scale, head) have one
+    owner, :attr:`encoder`; the attributes of the same names are read-only views of it.
+    """
+
+    #: The exported model's configuration (magretrieve.core.config), written under "encoder".
+    encoder: EncoderConfig
     dimension: int
     graphs: dict[str, GraphSpec]
     tokenizer: str
@@ -194,12 +191,49 @@ class Manifest:
     #: Runtimes (magretrieve.serving.runtime.RUNTIMES names) that can run these graphs, the default
     #: first; None: any runtime that reads ONNX (fp32 exports). Static int8 is OpenVINO IR.
     runtimes: list[str] | None = None
-    base_model: str = ""
-    #: The whole EncoderConfig of the exported model (magretrieve.core.config), as a dict.
-    encoder: dict[str, Any] = field(default_factory=dict)
     folder: Path | None = None
 
     # ------------------------------------------------------------------ views
+
+    @property
+    def mode(self) -> str:
+        return self.encoder.mode
+
+    @property
+    def gamma_q(self) -> float:
+        return self.encoder.gamma_q
+
+    @property
+    def gamma_d(self) -> float:
+        return self.encoder.gamma_d
+
+    @property
+    def pooling(self) -> str:
+        return self.encoder.pooling
+
+    @property
+    def max_query_length(self) -> int:
+        return self.encoder.max_query_length
+
+    @property
+    def max_document_length(self) -> int:
+        return self.encoder.max_document_length
+
+    @property
+    def query_prefix(self) -> str:
+        return self.encoder.query_prefix
+
+    @property
+    def document_prefix(self) -> str:
+        return self.encoder.document_prefix
+
+    @property
+    def norm_scale(self) -> float:
+        return self.encoder.norm_scale
+
+    @property
+    def base_model(self) -> str:
+        return self.encoder.base_model
 
     @property
     def similarity(self) -> similarity.Similarity:
@@ -222,18 +256,15 @@ class Manifest:
             raise ManifestError("manifest has no folder; load it with Manifest.load(folder)")
         return self.folder / self.graphs[side].file
 
-    def encoder_config(self) -> Any:
-        """The exported model's :class:`magretrieve.core.config.EncoderConfig` (torch-free)."""
-        from magretrieve.core.config import EncoderConfig
-
-        data = {**self.encoder, **{name: getattr(self, name) for name in ENCODER_FIELDS}}
-        return EncoderConfig.from_dict(data, source=MANIFEST_NAME)
+    def encoder_config(self) -> EncoderConfig:
+        """The exported model's :class:`~magretrieve.core.config.EncoderConfig` (:attr:`encoder`)."""
+        return self.encoder
 
     def to_dict(self) -> dict[str, Any]:
         data = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "encoder": self.encoder_config().to_dict(),
+            "encoder": self.encoder.to_dict(),
             "dimension": self.dimension,
             "index_metric": self.index_metric,
             "graphs": {side: spec.to_dict() for side, spec in self.graphs.items()},
@@ -344,13 +375,14 @@ class Manifest:
             pad = data.get("pad_token_id", 0)
             if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
                 raise ManifestError(f"{source}: pad_token_id must be an integer ≥ 0, got {pad!r}")
-            from magretrieve.core.config import EncoderConfig
-
             try:
                 encoder = EncoderConfig.from_dict(raw_encoder, source=f"{source}: encoder")
             except ConfigError as exc:
                 raise ManifestError(str(exc)) from None
-            return cls(
+            # one owner, holding the fields as the strict checks above read them (a norm_scale
+            # written as 1 is the float 1.0 it always was when the manifest is written again)
+            encoder = replace(
+                encoder,
                 mode=sim.mode,
                 gamma_q=sim.gamma_q,
                 gamma_d=sim.gamma_d,
@@ -360,6 +392,10 @@ class Manifest:
                 query_prefix=str(data.get("query_prefix", "")),
                 document_prefix=str(data.get("document_prefix", "")),
                 norm_scale=float(data.get("norm_scale", 1.0)),
+                base_model=str(data.get("base_model", "")),
+            )
+            return cls(
+                encoder=encoder,
                 dimension=int(data["dimension"]),
                 graphs=graphs,
                 tokenizer=str(data["tokenizer"]),
@@ -373,8 +409,6 @@ class Manifest:
                 parity=dict(data.get("parity") or {}),
                 quantization_report=data.get("quantization_report"),
                 runtimes=None if runtimes is None else list(runtimes),
-                base_model=str(data.get("base_model", "")),
-                encoder=encoder.to_dict(),
             )
         except KeyError as exc:
             raise ManifestError(f"{source}: missing field {exc.args[0]!r}") from None
