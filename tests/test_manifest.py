@@ -269,8 +269,9 @@ def test_a_manifest_written_before_the_typed_config_loads_and_saves_byte_identic
     assert isinstance(m.encoder, EncoderConfig)
     assert (m.mode, m.gamma_q, m.gamma_d, m.base_model) == ("learnable", 0.25, 0.75, "tiny")
     assert (m.max_query_length, m.max_document_length, m.query_prefix) == (64, 256, "query: ")
-    assert m.encoder.norm_head == "linear" and m.encoder.norm_head_bound == 2.0
-    assert m.encoder.extra == {"frozen_encoder": True}
+    head = m.encoder.head
+    assert (head.kind, head.hidden, head.bound, head.frozen_encoder) == ("linear", 64, 2.0, True)
+    assert m.encoder.extra == {}  # the flag is the head's, typed, not a loose extra key
     assert m.graphs["document"].head["kind"] == "linear"
     out = tmp_path / "again"
     out.mkdir()

@@ -159,6 +159,7 @@ def train_command(
     DistributedDataParallel (gloo on CPU, NCCL on GPUs): each rank takes --batch-size pairs and
     the loss sees all N·batch in-batch negatives; rank 0 writes --out.
     """
+    from dataclasses import replace
     from pathlib import Path
 
     from magretrieve.cli._common import print_json, print_table
@@ -213,7 +214,7 @@ def train_command(
                 "(or use --mode learnable)"
             )
         trainable = ["norm_head", "gamma_logits"]
-        encoder.config.extra["frozen_encoder"] = True
+        encoder.config.head = replace(encoder.config.head, frozen_encoder=True)
     if calibrate_scale:
         from magretrieve.train.calibration import calibrate
 

@@ -19,7 +19,7 @@ import math
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -553,7 +553,7 @@ def train_frozen(
     pairs = list(pairs)
     if len(pairs) < 2:
         raise DataError(f"training needs at least 2 pairs with a positive, got {len(pairs)}")
-    encoder.config.extra["frozen_encoder"] = True
+    encoder.config.head = replace(encoder.config.head, frozen_encoder=True)
     started = time.perf_counter()
     losses = train_frozen_head(
         encoder,
