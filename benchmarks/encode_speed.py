@@ -145,8 +145,8 @@ def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     from magretrieve.core.metrics import retrieval_metrics
     from magretrieve.core.models import resolve_model_path
     from magretrieve.data.readers import load_beir
+    from magretrieve.evaluation.retrieval import exact_run
     from magretrieve.export import export_model
-    from magretrieve.export.evaluate import exact_run
     from magretrieve.serving.indexing import index_corpus
     from magretrieve.serving.retriever import Retriever
     from magretrieve.serving.runtime import OnnxEncoder

@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     from magretrieve.core.metrics import retrieval_metrics
     from magretrieve.data.readers import load_beir
+    from magretrieve.evaluation.retrieval import exact_run
     from magretrieve.export import export_model
-    from magretrieve.export.evaluate import exact_run
     from magretrieve.serving.runtime import OnnxEncoder
 
     dataset = load_beir(f"{data}:{args.split}")

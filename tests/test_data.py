@@ -390,3 +390,32 @@ def test_parse_data_spec_default_split() -> None:
 
 def test_every_data_error_is_a_magretrieve_error() -> None:
     assert issubclass(DataError, MagRetrieveError)
+
+
+def test_read_training_data_reads_the_three_forms(tmp_path: Path, tiny_beir_dir: Path) -> None:
+    sts = tmp_path / "sts.jsonl"
+    rows = [("a cat sits", "a cat is sitting", 4.6), ("a dog", "the stock market", 0.4)]
+    rows.append(("rain today", "it rains today", 4.0))  # exactly the threshold counts
+    sts.write_text(
+        "".join(json.dumps({"sentence1": a, "sentence2": b, "score": s}) + "\n" for a, b, s in rows)
+    )
+    got = data.read_training_data(sts)
+    assert [(p.query, p.positive) for p in got.pairs] == [
+        ("a cat sits", "a cat is sitting"),
+        ("rain today", "it rains today"),
+    ]
+    assert got.dataset is None
+    low = tmp_path / "low.jsonl"
+    low.write_text(json.dumps({"sentence1": "x", "sentence2": "y", "score": 3.9}) + "\n")
+    with pytest.raises(DataError, match=r"low\.jsonl: no pairs with score >= 4\.0"):
+        data.read_training_data(low)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"query": "q", "positive": "p", "negatives": ["n"]}) + "\n")
+    got = data.read_training_data(pairs)
+    assert got.pairs == [data.TrainingPair("q", "p", ["n"])] and got.dataset is None
+    with pytest.raises(DataError, match=r"missing\.jsonl: file not found"):
+        data.read_training_data(tmp_path / "missing.jsonl")
+    beir = data.read_training_data(str(tiny_beir_dir))  # default split: train
+    assert beir.dataset is not None and beir.dataset.split == "train"
+    assert beir.pairs == beir.dataset.training_pairs()
+    assert data.load_training_data(str(tiny_beir_dir)) == beir.pairs

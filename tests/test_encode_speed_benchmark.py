@@ -114,7 +114,7 @@ def test_ndcg_comes_from_the_timed_vectors(smoke, tiny_beir_dir: Path) -> None:
     """Re-encode with a fresh export of the same model: the NDCG must be the same number."""
     from magretrieve.core.metrics import retrieval_metrics
     from magretrieve.data.readers import load_beir
-    from magretrieve.export.evaluate import exact_run
+    from magretrieve.evaluation.retrieval import exact_run
     from magretrieve.serving.runtime import OnnxEncoder
 
     result, _ = smoke

@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from magretrieve.core import metrics, similarity
+from magretrieve.core.topk import exact_search
 from magretrieve.data.readers import Document, RetrievalDataset, SentencePair
 from magretrieve.evaluation.retrieval import (
     evaluate_retrieval,
     evaluate_sts,
-    exact_search,
+    evaluate_vectors,
+    exact_run,
     magnitude_statistics,
     raw_document_norms,
 )
@@ -94,6 +96,23 @@ def test_exact_search_matches_a_full_sort() -> None:
     idx_all, _ = exact_search(q, d, 100)  # k beyond the corpus: every document, ranked
     assert idx_all.shape == (7, 11)
     np.testing.assert_array_equal(np.sort(idx_all, axis=1), np.tile(np.arange(11), (7, 1)))
+
+
+def test_exact_run_ranks_by_inner_product_and_names_ids() -> None:
+    q = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
+    d = np.array([[2.0, 0.0], [0.0, 1.0], [3.0, 0.8], [1.2, 1.6]], dtype=np.float32)
+    # q1 scores 2, 0, 3, 1.2; q2 scores 0, 1, 0.8, 1.6
+    run = exact_run(q, d, ["q1", "q2"], ["d1", "d2", "d3", "d4"], k=2)
+    assert list(run["q1"]) == ["d3", "d1"] and run["q1"]["d3"] == pytest.approx(3.0)
+    assert list(run["q2"]) == ["d4", "d2"] and run["q2"]["d4"] == pytest.approx(1.6)
+
+
+def test_evaluate_vectors_scores_stored_vectors_by_exact_search() -> None:
+    # qnorm stores q̂ and raw d: q1 ranks d3 (2.4) d1 (2) d4 (1.2) d2 (0)
+    ndcg_q1 = 1 / math.log2(3)
+    ndcg_q2 = (1 / math.log2(3) + 2 / math.log2(4)) / (2 + 1 / math.log2(3))
+    got = evaluate_vectors(VectorModel(VECTORS, "qnorm"), toy_dataset(), label="fp32")
+    assert got["ndcg@10"] == pytest.approx((ndcg_q1 + ndcg_q2) / 2)
 
 
 # ----------------------------------------------------------------------------- retrieval metrics

@@ -252,3 +252,37 @@ def test_runtimes_field_and_its_legacy_default(tmp_path: Path) -> None:
     before = model_fingerprint(data)
     data["runtimes"] = ["openvino"]
     assert model_fingerprint(data) == before
+
+
+def test_a_manifest_written_before_the_typed_config_loads_and_saves_byte_identical(
+    tmp_path: Path,
+) -> None:
+    """tests/fixtures/manifest_v2.json was written by the Manifest that re-declared the
+    encoder's fields (learnable γ, a linear norm head trained on a frozen encoder, int8)."""
+    from magretrieve.core.config import EncoderConfig
+
+    golden = (Path(__file__).parent / "fixtures" / "manifest_v2.json").read_text()
+    for name, data in FILES.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / MANIFEST_NAME).write_text(golden)
+    m = Manifest.load(tmp_path)
+    assert isinstance(m.encoder, EncoderConfig)
+    assert (m.mode, m.gamma_q, m.gamma_d, m.base_model) == ("learnable", 0.25, 0.75, "tiny")
+    assert (m.max_query_length, m.max_document_length, m.query_prefix) == (64, 256, "query: ")
+    head = m.encoder.head
+    assert (head.kind, head.hidden, head.bound, head.frozen_encoder) == ("linear", 64, 2.0, True)
+    assert m.encoder.extra == {}  # the flag is the head's, typed, not a loose extra key
+    assert m.graphs["document"].head["kind"] == "linear"
+    out = tmp_path / "again"
+    out.mkdir()
+    m.save(out)
+    assert (out / MANIFEST_NAME).read_text() == golden  # same keys, order, seal and fingerprint
+
+
+def test_the_encoder_settings_have_one_owner(tmp_path: Path) -> None:
+    _write(tmp_path)
+    m = Manifest.load(tmp_path)
+    assert m.encoder_config() is m.encoder
+    with pytest.raises(AttributeError):
+        m.mode = "cosine"  # a view of m.encoder, not a second copy
+    assert json.loads((tmp_path / MANIFEST_NAME).read_text())["encoder"] == m.to_dict()["encoder"]

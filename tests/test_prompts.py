@@ -85,8 +85,8 @@ def test_prompts_reach_encoder_manifest_and_onnx_encoder(tmp_path: Path) -> None
 
     export = export_model(encoder, tmp_path / "export", exporter="torchscript")
     manifest = Manifest.load(export)
-    assert manifest.encoder["query_prefix"] == "query: "
-    assert manifest.encoder["document_prefix"] == "passage: "
+    assert manifest.encoder.query_prefix == "query: "
+    assert manifest.encoder.document_prefix == "passage: "
     onnx = OnnxEncoder.load(export, threads=1)
     np.testing.assert_allclose(onnx.encode_queries(texts), encoder.encode_queries(texts), atol=1e-5)
     np.testing.assert_allclose(

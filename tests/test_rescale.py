@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -55,7 +56,7 @@ def head_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     with torch.no_grad():
         for p in enc.norm_head.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-    enc.config.extra["frozen_encoder"] = True
+    enc.config.head = replace(enc.config.head, frozen_encoder=True)
     return enc.save(tmp_path_factory.mktemp("head") / "run")
 
 
@@ -186,7 +187,7 @@ def test_refusals_leave_everything_as_it_was(
     assert dst.count() == 0
     # a head trained jointly with its encoder cannot rescale the old encoder's vectors
     enc = Encoder.load(head_run, device="cpu")
-    enc.config.extra.pop("frozen_encoder")
+    enc.config.head = replace(enc.config.head, frozen_encoder=False)
     joint = enc.save(tmp_path / "joint")
     src = build_source("memory:", cosine_vectors)
     with pytest.raises(ConfigError, match="trained together"):

@@ -22,11 +22,10 @@ from magretrieve.data.readers import Document, RetrievalDataset, TrainingPair, l
 from magretrieve.evaluation import retrieval as evaluate_module
 from magretrieve.train import torch_similarity
 from magretrieve.train.encoder import CONFIG_NAME, Encoder
+from magretrieve.train.losses import InfoNCE, text_keys
 from magretrieve.train.trainer import (
     LOG_NAME,
     TrainConfig,
-    duplicate_mask,
-    info_nce_loss,
     length_bucketed_batches,
     mine_hard_negatives,
     split_validation,
@@ -65,7 +64,7 @@ def batch_loss(enc: Encoder, pairs: list[TrainingPair], scale: float, hard: int 
             enc(**enc.tokenize([p.query for p in pairs], "query"), side="query"), "query"
         )
         d = enc.side_vectors(enc(**enc.tokenize(columns, "document"), side="document"), "document")
-        loss = info_nce_loss(q, d, scale, duplicate_mask(positives, columns, enc.device))
+        loss = info_nce(q, d, scale, positives, columns)
     return float(loss)
 
 
@@ -76,16 +75,31 @@ def doc_norms(enc: Encoder, texts: list[str]) -> np.ndarray:
 # ----------------------------------------------------------------------------- the loss
 
 
+def info_nce(
+    q: torch.Tensor,
+    d: torch.Tensor,
+    scale: float,
+    positives: list[str] | None = None,
+    columns: list[str] | None = None,
+    symmetric: bool = False,
+) -> torch.Tensor:
+    """The trainer's loss in one process: columns holding a row's positive text are masked."""
+    keys = {}
+    if positives is not None and columns is not None:
+        keys = {"positive_keys": text_keys(positives), "column_keys": text_keys(columns)}
+    return InfoNCE(scale, symmetric=symmetric, gather=False)(q, d, **keys)
+
+
 def test_info_nce_matches_hand_computation_2x2() -> None:
     q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     d = torch.tensor([[1.0, 0.0], [0.5, 1.0]])
     # logits = 2·q·dᵀ = [[2, 1], [0, 2]]; row 0 targets column 0, row 1 column 1
     # loss_0 = −log(e²/(e²+e¹)) = log(1+e⁻¹); loss_1 = −log(e²/(e⁰+e²)) = log(1+e⁻²)
     expected = (math.log(1 + math.exp(-1)) + math.log(1 + math.exp(-2))) / 2
-    assert float(info_nce_loss(q, d, 2.0)) == pytest.approx(expected, rel=1e-6)
+    assert float(info_nce(q, d, 2.0)) == pytest.approx(expected, rel=1e-6)
     # the reverse direction uses logitsᵀ = [[2, 0], [1, 2]]: log(1+e⁻²) and log(1+e⁻¹) —
     # the same two terms here, so use an asymmetric example for the symmetric loss below
-    assert float(info_nce_loss(q, d, 2.0, symmetric=True)) == pytest.approx(expected, rel=1e-6)
+    assert float(info_nce(q, d, 2.0, symmetric=True)) == pytest.approx(expected, rel=1e-6)
 
 
 def _cross_entropy(logits: np.ndarray) -> float:
@@ -106,22 +120,26 @@ def test_symmetric_loss_is_the_mean_of_both_directions() -> None:
     forward = _cross_entropy(logits)
     backward = _cross_entropy(logits[:, :4].T)  # documents → queries, positives only
     assert forward != pytest.approx(backward, rel=1e-3)  # the example is not degenerate
-    assert float(info_nce_loss(q, d, 3.0)) == pytest.approx(forward, rel=1e-5)
-    assert float(info_nce_loss(q, d, 3.0, symmetric=True)) == pytest.approx(
+    assert float(info_nce(q, d, 3.0)) == pytest.approx(forward, rel=1e-5)
+    assert float(info_nce(q, d, 3.0, symmetric=True)) == pytest.approx(
         (forward + backward) / 2, rel=1e-5
     )
 
 
-def test_duplicate_mask_marks_repeated_positives_only() -> None:
+def test_repeated_positives_are_masked_and_nothing_else() -> None:
     positives = ["a", "b", "a"]
     columns = positives + ["a", "c", "b"]  # hard negatives after the positives
-    mask = duplicate_mask(positives, columns, torch.device("cpu")).numpy()
-    expected = np.zeros((3, 6), dtype=bool)
-    expected[0, [2, 3]] = True  # row 0's positive "a" repeats in columns 2 and 3
-    expected[1, 5] = True  # row 1's positive "b" repeats as a hard negative
-    expected[2, [0, 3]] = True
-    np.testing.assert_array_equal(mask, expected)
-    assert not mask.diagonal().any()  # a row's own positive is never masked
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 4, generator=gen)
+    d = torch.randn(6, 4, generator=gen)
+    logits = 2.0 * (q @ d.T).double().numpy()
+    masked = logits.copy()
+    masked[0, [2, 3]] = -np.inf  # row 0's positive "a" repeats in columns 2 and 3
+    masked[1, 5] = -np.inf  # row 1's positive "b" repeats as a hard negative
+    masked[2, [0, 3]] = -np.inf  # a row's own positive (the diagonal) is never masked
+    got = float(info_nce(q, d, 2.0, positives, columns))
+    assert got == pytest.approx(_cross_entropy(masked), rel=1e-5)
+    assert got != pytest.approx(_cross_entropy(logits), rel=1e-3)
 
 
 def test_duplicates_in_a_batch_keep_the_loss_finite_and_exact() -> None:
@@ -130,12 +148,11 @@ def test_duplicates_in_a_batch_keep_the_loss_finite_and_exact() -> None:
     doc = torch.randn(1, 5, generator=gen)
     d = torch.cat([doc, doc, doc])  # all three queries share one positive
     texts = ["same", "same", "same"]
-    mask = duplicate_mask(texts, texts, torch.device("cpu"))
-    loss = info_nce_loss(q, d, 20.0, mask)
+    loss = info_nce(q, d, 20.0, texts, texts)
     # every column but a row's own is masked: each row is certain of its positive
     assert torch.isfinite(loss)
     assert float(loss) == pytest.approx(0.0, abs=1e-7)
-    loss_sym = info_nce_loss(q, d, 20.0, mask, symmetric=True)
+    loss_sym = info_nce(q, d, 20.0, texts, texts, symmetric=True)
     assert torch.isfinite(loss_sym)
 
     # two of four share a positive: the masked loss equals the loss without the duplicate column
@@ -143,11 +160,11 @@ def test_duplicates_in_a_batch_keep_the_loss_finite_and_exact() -> None:
     d = torch.randn(4, 5, generator=gen)
     d[2] = d[0]
     texts = ["x", "y", "x", "z"]
-    masked = float(info_nce_loss(q, d, 5.0, duplicate_mask(texts, texts, torch.device("cpu"))))
+    masked = float(info_nce(q, d, 5.0, texts, texts))
     logits = 5.0 * (q @ d.T).double().numpy()
     logits[0, 2] = logits[2, 0] = -np.inf
     assert masked == pytest.approx(_cross_entropy(logits), rel=1e-5)
-    unmasked = float(info_nce_loss(q, d, 5.0))
+    unmasked = float(info_nce(q, d, 5.0))
     assert unmasked > masked  # unmasked, a duplicate counts as its own negative
 
 
@@ -160,7 +177,7 @@ def test_cosine_gives_documents_no_radial_gradient() -> None:
         sim = similarity.resolve(mode)
         q = torch_similarity.partial_normalize_torch(q_raw, sim.gamma_q)
         d = torch_similarity.partial_normalize_torch(d_raw, sim.gamma_d)
-        (grad,) = torch.autograd.grad(info_nce_loss(q, d, 20.0), d_raw)
+        (grad,) = torch.autograd.grad(info_nce(q, d, 20.0), d_raw)
         radial = (grad * d_raw.detach()).sum(dim=1) / d_raw.detach().norm(dim=1)
         if expect_radial:
             assert radial.abs().max() > 1e-2

@@ -1,4 +1,7 @@
-"""Helpers shared by CLI commands: output formatting."""
+"""Helpers shared by CLI commands: output formatting, shared options, loading a model.
+
+Commands import shared code from here (or the library), never from each other.
+"""
 
 from __future__ import annotations
 
@@ -89,3 +92,55 @@ def magnitude_options(func: Any) -> Any:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def _click_option(opt: Any) -> Any:
+    kind: Any = click.Choice(list(opt.choices)) if opt.choices else opt.type
+    return click.option(opt.cli, opt.name, type=kind, default=None, help=opt.help)
+
+
+def store_options(fn):  # type: ignore[no-untyped-def]
+    """The store options of every registered backend (magretrieve/stores/registry.py), as click options.
+
+    Build-time knobs shape a store when it is created; on reopen they must match what the
+    store was built with (or the store refuses them). Each backend refuses options it does
+    not take, naming them.
+    """
+    from magretrieve.stores.registry import cli_options
+
+    for opt in reversed(cli_options()):
+        fn = _click_option(opt)(fn)
+    return fn
+
+
+def search_store_options(fn):  # type: ignore[no-untyped-def]
+    """The search-time store knobs (``--ef-search``, ``--nprobe``, ...) for ``search``."""
+    from magretrieve.stores.registry import cli_options
+
+    for opt in reversed(cli_options(search_only=True)):
+        fn = _click_option(opt)(fn)
+    return fn
+
+
+def collect_store_options(**kw: object) -> dict[str, object]:
+    """The store options the user gave (unset click options arrive as None)."""
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def load_model(model: str, mode: str | None, device: str = "cpu") -> Any:
+    """An ONNX export folder loads with the runtime; anything else with the torch encoder."""
+    from pathlib import Path
+
+    if (Path(model) / "magretrieve.json").is_file():
+        from magretrieve.core.errors import ConfigError
+        from magretrieve.serving.runtime import OnnxEncoder
+
+        encoder = OnnxEncoder.load(model, device=device)
+        if mode is not None and mode != encoder.manifest.mode:
+            raise ConfigError(
+                f"{model}: an export is fixed to mode {encoder.manifest.mode!r}; re-export for {mode!r}"
+            )
+        return encoder
+    from magretrieve.train.encoder import Encoder
+
+    return Encoder.load(model, mode, device=device)

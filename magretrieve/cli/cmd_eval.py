@@ -35,11 +35,11 @@ def eval_command(model, data_specs, mode, batch_size, device, as_json):
     """Evaluate MODEL with exact search under its (or --mode's) similarity."""
     from pathlib import Path
 
-    from magretrieve.cli._common import print_json, print_table
+    from magretrieve.cli._common import load_model, print_json, print_table
     from magretrieve.data.readers import is_sentence_pair_file, load_beir, load_sentence_pairs
     from magretrieve.evaluation.retrieval import evaluate_retrieval, evaluate_sts
 
-    encoder = _load_any(model, mode, device)
+    encoder = load_model(model, mode, device)
     results = []
     for spec in data_specs:
         if is_sentence_pair_file(spec):
@@ -109,22 +109,3 @@ def eval_command(model, data_specs, mode, batch_size, device, as_json):
                 for r in sts
             ],
         )
-
-
-def _load_any(model: str, mode: str | None, device: str = "cpu"):
-    """An ONNX export folder loads with the runtime; anything else with the torch encoder."""
-    from pathlib import Path
-
-    if (Path(model) / "magretrieve.json").is_file():
-        from magretrieve.core.errors import ConfigError
-        from magretrieve.serving.runtime import OnnxEncoder
-
-        encoder = OnnxEncoder.load(model, device=device)
-        if mode is not None and mode != encoder.manifest.mode:
-            raise ConfigError(
-                f"{model}: an export is fixed to mode {encoder.manifest.mode!r}; re-export for {mode!r}"
-            )
-        return encoder
-    from magretrieve.train.encoder import Encoder
-
-    return Encoder.load(model, mode, device=device)

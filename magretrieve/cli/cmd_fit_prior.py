@@ -55,8 +55,7 @@ def fit_prior_command(model, train_spec, out, method, eval_specs, betas, k, as_j
     import json
     from pathlib import Path
 
-    from magretrieve.cli._common import print_json, print_table
-    from magretrieve.cli.cmd_eval import _load_any
+    from magretrieve.cli._common import load_model, print_json, print_table
     from magretrieve.core.errors import ConfigError
     from magretrieve.data.readers import load_beir
     from magretrieve.priors import HubPrior
@@ -78,7 +77,7 @@ def fit_prior_command(model, train_spec, out, method, eval_specs, betas, k, as_j
         grids["hub"] = [HubPrior(b.beta, k) for b in grid("hub")]
     train = load_beir(train_spec, default_split="train")
     evals = [load_beir(spec) for spec in eval_specs]  # bad specs fail before encoding
-    encoder = _load_any(model, None)
+    encoder = load_model(model, None)
     selection = fit_prior(encoder, train, method=method, grids=grids, progress=not as_json)
     written = selection.to_dict()
     from magretrieve.stores.base import atomic_write_bytes

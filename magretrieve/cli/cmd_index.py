@@ -2,46 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from magretrieve.cli._common import device_option
+from magretrieve.cli._common import collect_store_options, device_option, store_options
 from magretrieve.cli._group import main
-from magretrieve.engines import ENGINES
+from magretrieve.engines import ENGINES, engine_options, option_specs
 from magretrieve.serving.runtime import RUNTIMES
 
 
-def _click_option(opt: Any) -> Any:
-    kind: Any = click.Choice(list(opt.choices)) if opt.choices else opt.type
-    return click.option(opt.cli, opt.name, type=kind, default=None, help=opt.help)
-
-
-def store_options(fn):  # type: ignore[no-untyped-def]
-    """The store options of every registered backend (magretrieve/stores/registry.py), as click options.
-
-    Build-time knobs shape a store when it is created; on reopen they must match what the
-    store was built with (or the store refuses them). Each backend refuses options it does
-    not take, naming them.
-    """
-    from magretrieve.stores.registry import cli_options
-
-    for opt in reversed(cli_options()):
-        fn = _click_option(opt)(fn)
-    return fn
-
-
-def search_store_options(fn):  # type: ignore[no-untyped-def]
-    """The search-time store knobs (``--ef-search``, ``--nprobe``, ...) for ``search``."""
-    from magretrieve.stores.registry import cli_options
-
-    for opt in reversed(cli_options(search_only=True)):
-        fn = _click_option(opt)(fn)
-    return fn
-
-
-def collect_store_options(**kw: object) -> dict[str, object]:
-    return {k: v for k, v in kw.items() if v is not None}
+def engine_flags(fn):  # type: ignore[no-untyped-def]
+    """``--engine`` and the options every engine declares (magretrieve/engines), as click options."""
+    for opt in reversed(option_specs()):
+        fn = click.option(opt.flag, opt.name, type=opt.type, default=None, help=opt.help)(fn)
+    where = ", or ".join(e.help for e in ENGINES.values())
+    return click.option(
+        "--engine",
+        type=click.Choice(sorted(ENGINES)),
+        default="local",
+        show_default=True,
+        help=f"Where documents are encoded: {where}; either way this process writes the store.",
+    )(fn)
 
 
 @main.command("index")
@@ -88,22 +68,7 @@ def collect_store_options(**kw: object) -> dict[str, object]:
     help="Skip (and count) documents with empty title and text instead of refusing the corpus.",
 )
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
-@click.option(
-    "--engine",
-    type=click.Choice(sorted(ENGINES)),
-    default="local",
-    show_default=True,
-    help="Where documents are encoded: this process, or a Ray cluster (magretrieve[ray]); "
-    "either way this process writes the store.",
-)
-@click.option(
-    "--address",
-    default=None,
-    help="Ray cluster to join (e.g. auto, ray://head:10001); default: start a local Ray.",
-)
-@click.option(
-    "--workers", type=int, default=None, help="Ray encoding actors (default: one per CPU)."
-)
+@engine_flags
 @store_options
 def index_cmd(
     export_dir: str,
@@ -118,29 +83,17 @@ def index_cmd(
     skip_empty: bool,
     no_progress: bool,
     engine: str,
-    address: str | None,
-    workers: int | None,
-    **store_kw: object,
+    **options: object,
 ) -> None:
     """Encode CORPUS.jsonl with EXPORT_DIR's document graph into the store.
 
     Re-running skips ids the store already holds, so an interrupted run resumes.
     """
-    from magretrieve.core.errors import ConfigError
     from magretrieve.serving.indexing import check_corpus_file, index_corpus
     from magretrieve.stores.registry import check_spec_before_encoding
 
-    engine_options: dict[str, object] = {}
-    if engine == "ray":
-        engine_options = {"address": address, "workers": workers}
-        if threads is not None:
-            engine_options["threads"] = threads
-        if runtime is not None:
-            raise ConfigError(
-                "--runtime applies to --engine local (Ray workers use the export's own runtime)"
-            )
-    elif address is not None or workers is not None:
-        raise ConfigError("--address and --workers need --engine ray")
+    engine_kw = {o.name: options.pop(o.name) for o in option_specs()}
+    engine_kw = engine_options(engine, engine_kw, {"threads": threads, "runtime": runtime})
     from magretrieve.serving.retriever import Retriever
 
     # a spec naming a regular file, or a store that keeps nothing, fails before any encoding
@@ -155,7 +108,7 @@ def index_cmd(
         device=device,
         runtime=runtime,
         for_writing=True,
-        **collect_store_options(**store_kw),
+        **collect_store_options(**options),
     ) as retriever:
         report = index_corpus(
             retriever,
@@ -166,7 +119,7 @@ def index_cmd(
             skip_empty=skip_empty,
             total=documents,
             engine=engine,
-            **engine_options,
+            **engine_kw,
         )
         click.echo(
             f"{retriever.store.location}: {report.added} added, {report.skipped} already stored, "

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import click
 
-from magretrieve.cli._common import magnitude_options
+from magretrieve.cli._common import collect_store_options, magnitude_options, store_options
 from magretrieve.cli._group import main
-from magretrieve.cli.cmd_index import collect_store_options, store_options
 
 
 @main.command("rescale")

@@ -6,8 +6,8 @@ import json
 
 import click
 
+from magretrieve.cli._common import collect_store_options, search_store_options
 from magretrieve.cli._group import main
-from magretrieve.cli.cmd_index import collect_store_options, search_store_options
 from magretrieve.serving.retriever import DEFAULT_K
 
 

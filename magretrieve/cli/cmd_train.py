@@ -159,17 +159,12 @@ def train_command(
     DistributedDataParallel (gloo on CPU, NCCL on GPUs): each rank takes --batch-size pairs and
     the loss sees all N·batch in-batch negatives; rank 0 writes --out.
     """
+    from dataclasses import replace
     from pathlib import Path
 
     from magretrieve.cli._common import print_json, print_table
     from magretrieve.core.errors import ConfigError
-    from magretrieve.data.readers import (
-        is_sentence_pair_file,
-        load_beir,
-        load_pairs,
-        load_sentence_pairs,
-        parse_data_spec,
-    )
+    from magretrieve.data.readers import load_beir, read_training_data
     from magretrieve.train import trainer
 
     # under torchrun (WORLD_SIZE > 1): join the process group, one device per rank
@@ -186,19 +181,8 @@ def train_command(
     out_path = Path(out)
     if out_path.exists() and any(out_path.iterdir()) and not force:
         raise ConfigError(f"{out_path}: exists and is not empty (pass --force to overwrite)")
-    dataset = None
-    if is_sentence_pair_file(train_spec):
-        from magretrieve.data.readers import TrainingPair
-
-        pairs = [TrainingPair(p.a, p.b) for p in load_sentence_pairs(train_spec) if p.score >= 4.0]
-        if not pairs:
-            raise ConfigError(f"{train_spec}: no pairs with score >= 4.0 to use as positives")
-    elif str(train_spec).endswith(".jsonl"):
-        pairs = load_pairs(train_spec)
-    else:
-        folder, split = parse_data_spec(train_spec, default_split="train")
-        dataset = load_beir(f"{folder}:{split}")
-        pairs = dataset.training_pairs()
+    training = read_training_data(train_spec)
+    pairs, dataset = training.pairs, training.dataset
     reports = [load_beir(s) for s in eval_specs]
 
     from magretrieve.train.encoder import Encoder
@@ -230,7 +214,7 @@ def train_command(
                 "(or use --mode learnable)"
             )
         trainable = ["norm_head", "gamma_logits"]
-        encoder.config.extra["frozen_encoder"] = True
+        encoder.config.head = replace(encoder.config.head, frozen_encoder=True)
     if calibrate_scale:
         from magretrieve.train.calibration import calibrate
 
@@ -280,9 +264,7 @@ def train_command(
             encoder, pairs, cfg, validation=validation, report=reports, out_dir=out_path
         )
     if world_size > 1:
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
+        trainer.finish_distributed()
     if rank != 0:  # rank 0 wrote the run folder and prints the summary
         return
     log = result.log

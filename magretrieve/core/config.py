@@ -9,15 +9,17 @@ sentence-transformers folder's modules, pooling, max length and **prompts** (E5'
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from magretrieve.core import similarity
 from magretrieve.core.errors import ConfigError
+from magretrieve.core.norm_head import FROZEN_KEY, NormHeadSpec
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,21 @@ CONFIG_NAME = "magretrieve_config.json"
 CONFIG_VERSION = 1
 POOLINGS = ("mean", "cls", "last")
 SIDES = ("query", "document")
+#: The norm head's fields as configuration files spell them.
+HEAD_FIELDS = ("norm_head", "norm_head_hidden", "norm_head_bound")
+
+
+def _with_frozen_flag(extra: dict[str, Any], head: NormHeadSpec) -> dict[str, Any]:
+    """``extra`` as written on disk: ``frozen_encoder`` after ``removed_normalize`` (the order
+    ``train --freeze-encoder`` has always produced), absent when False."""
+    if not head.frozen_encoder:
+        return extra
+    out: dict[str, Any] = {}
+    if "removed_normalize" in extra:
+        out["removed_normalize"] = extra.pop("removed_normalize")
+    out[FROZEN_KEY] = True
+    out.update(extra)
+    return out
 
 
 @dataclass
@@ -53,17 +70,42 @@ class EncoderConfig:
     document_prefix: str = ""
     #: Raw pooled vectors are divided by this before partial normalization (norm calibration).
     norm_scale: float = 1.0
-    #: Document norm head (magretrieve.train.heads): "none", "linear" or "mlp"; the document vector
-    #: becomes d̂·exp(g(d̂)) with g zero at init (the model starts as cosine).
-    norm_head: str = "none"
-    #: Hidden width of the MLP head.
-    norm_head_hidden: int = 64
-    #: Bound g to ±bound via bound·tanh(g/bound); 0 leaves g unbounded.
-    norm_head_bound: float = 0.0
+    #: Document norm head (magretrieve.train.heads): the document vector becomes d̂·exp(g(d̂))
+    #: with g zero at init (the model starts as cosine). On disk it is the flat fields
+    #: ``norm_head``, ``norm_head_hidden``, ``norm_head_bound`` and ``extra.frozen_encoder``.
+    head: NormHeadSpec = field(default_factory=NormHeadSpec)
     #: Where the weights came from (a folder or hub name), for provenance only.
     base_model: str = ""
     version: int = CONFIG_VERSION
+    #: Free-form facts about how the weights were made (e.g. ``removed_normalize``,
+    #: ``norm_calibration``); nothing that changes a vector is read from here.
     extra: dict[str, Any] = field(default_factory=dict)
+
+    # The head's fields under their on-disk (and ``Encoder.load``/CLI option) names.
+
+    @property
+    def norm_head(self) -> str:
+        return self.head.kind
+
+    @norm_head.setter
+    def norm_head(self, kind: str) -> None:
+        self.head = replace(self.head, kind=kind)
+
+    @property
+    def norm_head_hidden(self) -> int:
+        return self.head.hidden
+
+    @norm_head_hidden.setter
+    def norm_head_hidden(self, hidden: int) -> None:
+        self.head = replace(self.head, hidden=hidden)
+
+    @property
+    def norm_head_bound(self) -> float:
+        return self.head.bound
+
+    @norm_head_bound.setter
+    def norm_head_bound(self, bound: float) -> None:
+        self.head = replace(self.head, bound=bound)
 
     def validate(self) -> None:
         sim = similarity.resolve(
@@ -82,17 +124,27 @@ class EncoderConfig:
                 raise ConfigError(f"{name} must be at least 2, got {getattr(self, name)}")
         if not (self.norm_scale > 0 and math.isfinite(self.norm_scale)):
             raise ConfigError(f"norm_scale must be a positive number, got {self.norm_scale}")
-        from magretrieve.core.norm_head import check_head_config
-
-        check_head_config(self.norm_head, self.norm_head_hidden, self.norm_head_bound)
-        if self.norm_head != "none" and self.gamma_d >= 1.0:
+        self.head.validate()
+        if self.head.enabled and self.gamma_d >= 1.0:
             raise ConfigError(
                 f"a norm head needs a mode that keeps document magnitude (qnorm, dot or learnable); "
                 f"mode {self.mode!r} normalizes documents and would erase what the head learns"
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSON form (``magretrieve_config.json``, a manifest's ``"encoder"``): flat head
+        fields in their historical place, ``frozen_encoder`` under ``extra``."""
+        data: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "head":
+                data["norm_head"] = self.head.kind
+                data["norm_head_hidden"] = self.head.hidden
+                data["norm_head_bound"] = self.head.bound
+            elif f.name == "extra":
+                data["extra"] = _with_frozen_flag(copy.deepcopy(self.extra), self.head)
+            else:
+                data[f.name] = getattr(self, f.name)
+        return data
 
     @classmethod
     def load(cls, folder: str | Path) -> EncoderConfig:
@@ -123,11 +175,22 @@ class EncoderConfig:
             raise ConfigError(
                 f"{source}: unknown config version {version} (this magretrieve reads {CONFIG_VERSION})"
             )
-        known = {f for f in cls.__dataclass_fields__}
+        known = {f for f in cls.__dataclass_fields__} - {"head"} | set(HEAD_FIELDS)
         unknown = set(data) - known
         if unknown:
             raise ConfigError(f"{source}: unknown config fields {sorted(unknown)}")
-        cfg = cls(**data)
+        values = {k: v for k, v in data.items() if k not in HEAD_FIELDS}
+        extra = dict(values.get("extra") or {})
+        frozen = extra.pop(FROZEN_KEY, False)
+        values["extra"] = extra
+        defaults = NormHeadSpec()
+        values["head"] = NormHeadSpec(
+            kind=data.get("norm_head", defaults.kind),
+            hidden=data.get("norm_head_hidden", defaults.hidden),
+            bound=data.get("norm_head_bound", defaults.bound),
+            frozen_encoder=bool(frozen),
+        )
+        cfg = cls(**values)
         cfg.validate()
         return cfg
 

@@ -18,15 +18,16 @@ This module is torch-free: serving reads it without training dependencies.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from magretrieve.core import similarity
+from magretrieve.core.config import SIDES, EncoderConfig
 from magretrieve.core.errors import ConfigError, ManifestError
+from magretrieve.core.files import is_plain_file_name, sha256_file, sha256_hex
 
 MANIFEST_NAME = "magretrieve.json"
 FORMAT = "magretrieve-export"
@@ -46,7 +47,6 @@ ENCODER_FIELDS = (
     "norm_scale",
     "base_model",
 )
-SIDES = ("query", "document")
 CONTRACTS = ("unit_norm", "magnitude_keeping")
 #: Key of the manifest's hash of its own content.
 CHECKSUM_KEY = "manifest_sha256"
@@ -74,7 +74,7 @@ def _canonical(data: dict[str, Any], leave_out: tuple[str, ...]) -> bytes:
 
 def content_checksum(data: dict[str, Any]) -> str:
     """sha256 of a manifest's canonical JSON without its own ``manifest_sha256``."""
-    return hashlib.sha256(_canonical(data, (CHECKSUM_KEY,))).hexdigest()
+    return sha256_hex(_canonical(data, (CHECKSUM_KEY,)))
 
 
 def model_fingerprint(data: dict[str, Any]) -> str:
@@ -82,7 +82,7 @@ def model_fingerprint(data: dict[str, Any]) -> str:
     encoder = data.get("encoder")
     if isinstance(encoder, dict):  # where the weights came from is provenance, not a setting
         data = {**data, "encoder": {k: v for k, v in encoder.items() if k != "base_model"}}
-    return hashlib.sha256(_canonical(data, NOT_FINGERPRINTED)).hexdigest()
+    return sha256_hex(_canonical(data, NOT_FINGERPRINTED))
 
 
 def seal(data: dict[str, Any]) -> dict[str, Any]:
@@ -99,28 +99,12 @@ def check_file_name(name: str, source: str, what: str) -> str:
     ``/etc/passwd`` would make loading read (and hash, and hand to onnxruntime) a file
     outside the folder the user chose.
     """
-    if (
-        not name
-        or name in (".", "..")
-        or "/" in name
-        or "\\" in name
-        or "\x00" in name
-        or Path(name).is_absolute()
-    ):
+    if not is_plain_file_name(name):
         raise ManifestError(
             f"{source}: {what} {name!r} is not a plain file name inside the export folder "
             "(paths with '/', '..' or absolute paths are refused)"
         )
     return name
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in chunks (graphs can be hundreds of MB)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 #: Inputs the runtime knows how to feed a graph.
@@ -183,17 +167,14 @@ class GraphSpec:
 
 @dataclass
 class Manifest:
-    """Parsed, validated ``magretrieve.json`` of an export folder."""
+    """Parsed, validated ``magretrieve.json`` of an export folder.
 
-    mode: str
-    gamma_q: float
-    gamma_d: float
-    pooling: str
-    max_query_length: int
-    max_document_length: int
-    query_prefix: str
-    document_prefix: str
-    norm_scale: float
+    The encoder's settings (mode, γ, pooling, lengths, prefixes, norm scale, head) have one
+    owner, :attr:`encoder`; the attributes of the same names are read-only views of it.
+    """
+
+    #: The exported model's configuration (magretrieve.core.config), written under "encoder".
+    encoder: EncoderConfig
     dimension: int
     graphs: dict[str, GraphSpec]
     tokenizer: str
@@ -210,12 +191,49 @@ class Manifest:
     #: Runtimes (magretrieve.serving.runtime.RUNTIMES names) that can run these graphs, the default
     #: first; None: any runtime that reads ONNX (fp32 exports). Static int8 is OpenVINO IR.
     runtimes: list[str] | None = None
-    base_model: str = ""
-    #: The whole EncoderConfig of the exported model (magretrieve.core.config), as a dict.
-    encoder: dict[str, Any] = field(default_factory=dict)
     folder: Path | None = None
 
     # ------------------------------------------------------------------ views
+
+    @property
+    def mode(self) -> str:
+        return self.encoder.mode
+
+    @property
+    def gamma_q(self) -> float:
+        return self.encoder.gamma_q
+
+    @property
+    def gamma_d(self) -> float:
+        return self.encoder.gamma_d
+
+    @property
+    def pooling(self) -> str:
+        return self.encoder.pooling
+
+    @property
+    def max_query_length(self) -> int:
+        return self.encoder.max_query_length
+
+    @property
+    def max_document_length(self) -> int:
+        return self.encoder.max_document_length
+
+    @property
+    def query_prefix(self) -> str:
+        return self.encoder.query_prefix
+
+    @property
+    def document_prefix(self) -> str:
+        return self.encoder.document_prefix
+
+    @property
+    def norm_scale(self) -> float:
+        return self.encoder.norm_scale
+
+    @property
+    def base_model(self) -> str:
+        return self.encoder.base_model
 
     @property
     def similarity(self) -> similarity.Similarity:
@@ -238,18 +256,15 @@ class Manifest:
             raise ManifestError("manifest has no folder; load it with Manifest.load(folder)")
         return self.folder / self.graphs[side].file
 
-    def encoder_config(self) -> Any:
-        """The exported model's :class:`magretrieve.core.config.EncoderConfig` (torch-free)."""
-        from magretrieve.core.config import EncoderConfig
-
-        data = {**self.encoder, **{name: getattr(self, name) for name in ENCODER_FIELDS}}
-        return EncoderConfig.from_dict(data, source=MANIFEST_NAME)
+    def encoder_config(self) -> EncoderConfig:
+        """The exported model's :class:`~magretrieve.core.config.EncoderConfig` (:attr:`encoder`)."""
+        return self.encoder
 
     def to_dict(self) -> dict[str, Any]:
         data = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "encoder": self.encoder_config().to_dict(),
+            "encoder": self.encoder.to_dict(),
             "dimension": self.dimension,
             "index_metric": self.index_metric,
             "graphs": {side: spec.to_dict() for side, spec in self.graphs.items()},
@@ -360,13 +375,14 @@ class Manifest:
             pad = data.get("pad_token_id", 0)
             if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
                 raise ManifestError(f"{source}: pad_token_id must be an integer ≥ 0, got {pad!r}")
-            from magretrieve.core.config import EncoderConfig
-
             try:
                 encoder = EncoderConfig.from_dict(raw_encoder, source=f"{source}: encoder")
             except ConfigError as exc:
                 raise ManifestError(str(exc)) from None
-            return cls(
+            # one owner, holding the fields as the strict checks above read them (a norm_scale
+            # written as 1 is the float 1.0 it always was when the manifest is written again)
+            encoder = replace(
+                encoder,
                 mode=sim.mode,
                 gamma_q=sim.gamma_q,
                 gamma_d=sim.gamma_d,
@@ -376,6 +392,10 @@ class Manifest:
                 query_prefix=str(data.get("query_prefix", "")),
                 document_prefix=str(data.get("document_prefix", "")),
                 norm_scale=float(data.get("norm_scale", 1.0)),
+                base_model=str(data.get("base_model", "")),
+            )
+            return cls(
+                encoder=encoder,
                 dimension=int(data["dimension"]),
                 graphs=graphs,
                 tokenizer=str(data["tokenizer"]),
@@ -389,8 +409,6 @@ class Manifest:
                 parity=dict(data.get("parity") or {}),
                 quantization_report=data.get("quantization_report"),
                 runtimes=None if runtimes is None else list(runtimes),
-                base_model=str(data.get("base_model", "")),
-                encoder=encoder.to_dict(),
             )
         except KeyError as exc:
             raise ManifestError(f"{source}: missing field {exc.args[0]!r}") from None

@@ -9,6 +9,7 @@ not, and live here.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,43 @@ def head_spec(kind: str, hidden: int, bound: float) -> dict[str, Any]:
         spec["hidden"] = int(hidden)
         spec["activation"] = "silu"
     return spec
+
+
+#: Key of :attr:`NormHeadSpec.frozen_encoder` in a configuration's ``extra`` on disk.
+FROZEN_KEY = "frozen_encoder"
+
+
+@dataclass(frozen=True)
+class NormHeadSpec:
+    """The document norm head of an encoder: what it is and how it was trained.
+
+    ``kind`` is ``"none"``, ``"linear"`` or ``"mlp"`` (``hidden`` units, SiLU); ``bound`` > 0
+    bounds ``g`` to ±bound via ``bound·tanh(g/bound)`` (0: unbounded). ``frozen_encoder``
+    records that only the head was trained (``train --freeze-encoder``): the encoder's unit
+    vectors are then the base model's, which is what lets ``rescale --head`` apply the head
+    to a cosine store built by that base model.
+    """
+
+    kind: str = "none"
+    hidden: int = DEFAULT_HIDDEN
+    bound: float = 0.0
+    frozen_encoder: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind != "none"
+
+    def validate(self) -> None:
+        """Refuse an unknown kind, a non-positive MLP width or a negative bound."""
+        check_head_config(self.kind, self.hidden, self.bound)
+
+    def manifest_entry(self) -> dict[str, Any]:
+        """The head as the export manifest describes it (``graphs.document.head``)."""
+        return head_spec(self.kind, self.hidden, self.bound)
+
+    def log_magnitude(self, unit: np.ndarray, weights: Mapping[str, np.ndarray]) -> np.ndarray:
+        """``g(d̂)`` of unit document vectors with this head's trained ``weights``."""
+        return log_magnitude_numpy(unit, weights, self.kind, self.bound)
 
 
 def load_head_weights(folder: str | Path) -> dict[str, np.ndarray]:

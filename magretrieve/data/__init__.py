@@ -8,6 +8,7 @@ from magretrieve.data.readers import (
     Document,
     RetrievalDataset,
     SentencePair,
+    TrainingData,
     TrainingPair,
     iter_corpus,
     load_beir,
@@ -19,12 +20,14 @@ from magretrieve.data.readers import (
     load_training_data,
     parse_data_spec,
     read_jsonl,
+    read_training_data,
 )
 
 __all__ = [
     "Document",
     "RetrievalDataset",
     "SentencePair",
+    "TrainingData",
     "TrainingPair",
     "iter_corpus",
     "load_beir",
@@ -36,4 +39,5 @@ __all__ = [
     "load_training_data",
     "parse_data_spec",
     "read_jsonl",
+    "read_training_data",
 ]

@@ -422,12 +422,50 @@ def load_pairs(path: str | Path) -> list[TrainingPair]:
     return pairs
 
 
+#: Gold score from which a sentence pair of an STS file counts as a positive for training.
+STS_POSITIVE_SCORE = 4.0
+
+
+@dataclass
+class TrainingData:
+    """Training pairs, and the BEIR split they came from (None for a pair file).
+
+    The split is what hard-negative mining, norm calibration and a validation hold-out need
+    beyond the pairs themselves.
+    """
+
+    pairs: list[TrainingPair]
+    dataset: RetrievalDataset | None = None
+
+
+def read_training_data(spec: str | Path) -> TrainingData:
+    """Training data from any of the three forms ``magretrieve train --train`` accepts.
+
+    An STS sentence-pair JSONL (``sentence1``, ``sentence2``, ``score``: pairs scoring at
+    least :data:`STS_POSITIVE_SCORE` are positives), a pair JSONL (``query``, ``positive``,
+    ``negatives``), or a BEIR ``DIR:split`` (default split ``train``).
+    """
+    if is_sentence_pair_file(spec):
+        pairs = [
+            TrainingPair(p.a, p.b)
+            for p in load_sentence_pairs(spec)
+            if p.score >= STS_POSITIVE_SCORE
+        ]
+        if not pairs:
+            raise DataError(
+                f"{spec}: no pairs with score >= {STS_POSITIVE_SCORE} to use as positives"
+            )
+        return TrainingData(pairs)
+    if str(spec).endswith(".jsonl"):
+        return TrainingData(load_pairs(spec))
+    folder, split = parse_data_spec(spec, default_split="train")
+    dataset = load_beir(f"{folder}:{split}")
+    return TrainingData(dataset.training_pairs(), dataset)
+
+
 def load_training_data(spec: str | Path) -> list[TrainingPair]:
-    """Training pairs from a ``.jsonl`` pair file or a BEIR ``DIR:split`` (default split ``train``)."""
-    text = str(spec)
-    if text.endswith(".jsonl") and Path(text).is_file():
-        return load_pairs(text)
-    return load_beir(text, default_split="train").training_pairs()
+    """Training pairs of :func:`read_training_data` (STS file, pair file or BEIR ``DIR:split``)."""
+    return read_training_data(spec).pairs
 
 
 def load_sentence_pairs(path: str | Path) -> list[SentencePair]:

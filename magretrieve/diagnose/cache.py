@@ -19,9 +19,8 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core import similarity
+from magretrieve.core.config import SIDES
 from magretrieve.core.errors import ConfigError
-
-SIDES = ("query", "document")
 
 
 class EmbeddingCache:

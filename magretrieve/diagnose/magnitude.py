@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core import metrics, similarity
+from magretrieve.core.topk import exact_search
 from magretrieve.data.readers import RetrievalDataset
 from magretrieve.diagnose.cache import EmbeddingCache
-from magretrieve.evaluation.retrieval import evaluate_retrieval, exact_search
+from magretrieve.evaluation.retrieval import evaluate_retrieval
 
 #: Cohen's d above which the paper reads "magnitude carries relevance".
 CARRIES_D = 0.5

@@ -1,33 +1,118 @@
-"""Indexing engines: where ``index_corpus`` runs its encoding.
+"""Indexing engines: where ``index_corpus`` runs its encoding, and the options each one takes.
 
-``local`` (the default) is :func:`magretrieve.serving.indexing.index_documents` in this process. Every
-other engine is one module here plus one entry in :data:`ENGINES` ("module:function"); the
-module is imported only when chosen, so its dependency (e.g. ``ray`` for ``engine="ray"``, the
-``magretrieve[ray]`` extra) is never imported on the default path.
+``local`` (the default) is :func:`magretrieve.serving.indexing.index_documents` in this
+process. Every other engine is one module here plus one :class:`Engine` entry in
+:data:`ENGINES`; the module is imported only when chosen, so its dependency (e.g. ``ray`` for
+``engine="ray"``, the ``magretrieve[ray]`` extra) is never imported on the default path.
 
-An engine function has the signature of :func:`magretrieve.serving.indexing.index_corpus` plus its own
-keyword options, and returns an :class:`~magretrieve.serving.indexing.IndexReport`.
+An engine declares its own options (:class:`EngineOption`); ``magretrieve index`` derives its
+flags from them, so the CLI names no engine. An engine function has the signature of
+:func:`magretrieve.serving.indexing.index_corpus` plus its own keyword options, and returns an
+:class:`~magretrieve.serving.indexing.IndexReport`.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from magretrieve.core.errors import ConfigError
 
-ENGINES: dict[str, str] = {
-    "local": "",
-    "ray": "magretrieve.engines.ray_engine:index_corpus_ray",
+__all__ = ["ENGINES", "Engine", "EngineOption", "engine_options", "get_engine", "option_specs"]
+
+
+@dataclass(frozen=True)
+class EngineOption:
+    """One keyword option of an engine and the CLI flag that sets it."""
+
+    name: str
+    flag: str
+    type: type
+    help: str
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An indexing engine: its function, its own options, and how it treats shared ones.
+
+    ``forwards``: options of ``magretrieve index`` itself (e.g. ``threads``) handed on to the
+    engine when set. ``refuses``: options of the local path it cannot honour, each with the
+    reason the user is told.
+    """
+
+    name: str
+    target: str
+    help: str
+    options: tuple[EngineOption, ...] = ()
+    forwards: tuple[str, ...] = ()
+    refuses: Mapping[str, str] | None = None
+
+
+ENGINES: dict[str, Engine] = {
+    "local": Engine("local", "", "this process"),
+    "ray": Engine(
+        "ray",
+        "magretrieve.engines.ray_engine:index_corpus_ray",
+        "a Ray cluster (magretrieve[ray])",
+        options=(
+            EngineOption(
+                "address",
+                "--address",
+                str,
+                "Ray cluster to join (e.g. auto, ray://head:10001); default: start a local Ray.",
+            ),
+            EngineOption(
+                "workers", "--workers", int, "Ray encoding actors (default: one per CPU)."
+            ),
+        ),
+        forwards=("threads",),
+        refuses={"runtime": "Ray workers use the export's own runtime"},
+    ),
 }
 
 
 def get_engine(name: str) -> Callable[..., Any]:
     """The indexing function of engine ``name`` (imported now, not before)."""
-    if name not in ENGINES or not ENGINES[name]:
+    engine = ENGINES.get(name)
+    if engine is None or not engine.target:
         raise ConfigError(
             f"unknown indexing engine {name!r}; choose one of {', '.join(sorted(ENGINES))}"
         )
-    module, _, func = ENGINES[name].partition(":")
+    module, _, func = engine.target.partition(":")
     return getattr(importlib.import_module(module), func)
+
+
+def option_specs() -> list[EngineOption]:
+    """Every engine's own options, each name once, in registry order (for the CLI)."""
+    seen: dict[str, EngineOption] = {}
+    for engine in ENGINES.values():
+        for opt in engine.options:
+            seen.setdefault(opt.name, opt)
+    return list(seen.values())
+
+
+def engine_options(
+    name: str, given: Mapping[str, Any], shared: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The keyword options to hand engine ``name``, checked against what the user set.
+
+    ``given`` holds every engine option from the CLI (None when unset); ``shared`` the index
+    options an engine may take over or refuse (None when unset). An option of another engine,
+    or a shared option the chosen engine refuses, is a ConfigError naming the flags.
+    """
+    engine = ENGINES[name]
+    own = {opt.name for opt in engine.options}
+    for other in ENGINES.values():
+        theirs = [opt for opt in other.options if opt.name not in own]
+        if other.name != name and any(given.get(opt.name) is not None for opt in theirs):
+            flags = " and ".join(opt.flag for opt in other.options)
+            raise ConfigError(f"{flags} need --engine {other.name}")
+    for option, reason in (engine.refuses or {}).items():
+        if shared.get(option) is not None:
+            flag = "--" + option.replace("_", "-")
+            raise ConfigError(f"{flag} applies to --engine local ({reason})")
+    options = {opt.name: given.get(opt.name) for opt in engine.options}
+    options.update({k: shared[k] for k in engine.forwards if shared.get(k) is not None})
+    return options

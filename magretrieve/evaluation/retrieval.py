@@ -11,24 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from magretrieve.core import metrics, similarity
+from magretrieve.core.topk import exact_search
 from magretrieve.data.readers import RetrievalDataset, SentencePair
-
-
-class VectorEncoder(Protocol):
-    """What evaluation needs from a model."""
-
-    def encode_queries(
-        self, texts: Sequence[str], batch_size: int = ..., progress: Any = ...
-    ) -> np.ndarray: ...
-
-    def encode_documents(
-        self, texts: Sequence[str], batch_size: int = ..., progress: Any = ...
-    ) -> np.ndarray: ...
 
 
 @dataclass
@@ -61,21 +50,54 @@ class RetrievalEval:
         return data
 
 
-def exact_search(
-    queries: np.ndarray, documents: np.ndarray, k: int, chunk: int = 256
-) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` inner-product search of stored vectors: (indices, scores), best first."""
-    k = min(k, documents.shape[0])
-    all_idx = np.zeros((queries.shape[0], k), dtype=np.int64)
-    all_scores = np.zeros((queries.shape[0], k), dtype=np.float32)
-    for start in range(0, queries.shape[0], chunk):
-        scores = queries[start : start + chunk] @ documents.T
-        part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-        part_scores = np.take_along_axis(scores, part, axis=1)
-        order = np.argsort(-part_scores, axis=1, kind="stable")
-        all_idx[start : start + chunk] = np.take_along_axis(part, order, axis=1)
-        all_scores[start : start + chunk] = np.take_along_axis(part_scores, order, axis=1)
-    return all_idx, all_scores
+def _run(
+    idx: np.ndarray, scores: np.ndarray, qids: Sequence[str], doc_ids: Sequence[str]
+) -> dict[str, dict[str, float]]:
+    return {
+        qid: {doc_ids[j]: float(s) for j, s in zip(idx[row], scores[row], strict=True)}
+        for row, qid in enumerate(qids)
+    }
+
+
+def exact_run(
+    queries: np.ndarray,
+    documents: np.ndarray,
+    qids: Sequence[str],
+    doc_ids: Sequence[str],
+    k: int = 100,
+) -> dict[str, dict[str, float]]:
+    """A run (query id → {document id: score}) of exact top-``k`` inner-product search.
+
+    Inner product is the index metric of every export, so stored vectors are searched as
+    an index would, without one.
+    """
+    idx, scores = exact_search(np.asarray(queries), np.asarray(documents), k)
+    return _run(idx, scores, qids, doc_ids)
+
+
+def evaluate_vectors(
+    encoder: Any, dataset: RetrievalDataset, batch_size: int = 32, label: str = ""
+) -> dict[str, float]:
+    """NDCG@10, Recall@100 and MRR@10 (:func:`magretrieve.core.metrics.retrieval_metrics`)
+    of the vectors ``encoder`` stores for ``dataset``, by exact search.
+
+    Used to compare two exports of one model (an int8 export with its fp32 twin): no
+    magnitude statistics, just what the vectors cost in ranking. ``label`` prefixes the
+    progress bars.
+    """
+    doc_ids = list(dataset.corpus)
+    qids = list(dataset.queries)
+    docs = encoder.encode_documents(
+        [dataset.corpus[d].full_text for d in doc_ids],
+        batch_size=batch_size,
+        progress=f"{label} documents".strip(),
+    )
+    queries = encoder.encode_queries(
+        [dataset.queries[q] for q in qids],
+        batch_size=batch_size,
+        progress=f"{label} queries".strip(),
+    )
+    return metrics.retrieval_metrics(dataset.qrels, exact_run(queries, docs, qids, doc_ids))
 
 
 def raw_document_norms(
@@ -157,10 +179,7 @@ def evaluate_retrieval(
         truncated = getattr(getattr(encoder, "encoder", None), "last_truncated", -1)
     q = np.asarray(q, dtype=np.float32)
     top_idx, top_scores = exact_search(q, stored, k)
-    run = {
-        qid: {doc_ids[j]: float(s) for j, s in zip(top_idx[row], top_scores[row], strict=True)}
-        for row, qid in enumerate(qids)
-    }
+    run = _run(top_idx, top_scores, qids, doc_ids)
     scores = metrics.retrieval_metrics(dataset.qrels, run)
     mags = magnitude_statistics(norms, top_idx, qids, doc_ids, dataset.qrels)
     return RetrievalEval(

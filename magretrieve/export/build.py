@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -153,16 +154,20 @@ def _write_manifest(
         )
         for side, gamma in (("query", sim.gamma_q), ("document", sim.gamma_d))
     }
-    manifest = Manifest(
+    # the exported settings: γ as trained (learnable γ lives in the weights, not the config)
+    exported = replace(
+        cfg,
         mode=sim.mode,
         gamma_q=sim.gamma_q,
         gamma_d=sim.gamma_d,
-        pooling=cfg.pooling,
         max_query_length=int(cfg.max_query_length),
         max_document_length=int(cfg.max_document_length),
-        query_prefix=cfg.query_prefix,
-        document_prefix=cfg.document_prefix,
         norm_scale=float(cfg.norm_scale),
+        extra=dict(cfg.extra),
+    )
+    exported.validate()
+    manifest = Manifest(
+        encoder=exported,
         dimension=dimension,
         graphs=graphs,
         tokenizer=TOKENIZER_FILE,
@@ -175,8 +180,6 @@ def _write_manifest(
         parity=parity,
         quantization_report=quantization_report,
         runtimes=list(runtimes) if runtimes else None,
-        base_model=cfg.base_model,
-        encoder=cfg.to_dict(),
         folder=folder,
     )
     manifest.save(folder)
@@ -564,7 +567,7 @@ def _build_int8(
     calibration: Calibration | None = None,
 ) -> Path:
     """Quantize the parity-checked fp32 graphs; report agreement (and NDCG@10) vs fp32."""
-    from magretrieve.export.evaluate import evaluate_export
+    from magretrieve.evaluation.retrieval import evaluate_vectors
     from magretrieve.serving.runtime import OnnxEncoder
 
     int8_dir.mkdir()
@@ -598,8 +601,8 @@ def _build_int8(
     }
     if dataset is not None:
         say(f"NDCG@10 on {dataset.name}:{dataset.split}: fp32 vs int8 (exact search)")
-        fp32 = evaluate_export(OnnxEncoder.load(fp32_dir), dataset, label="fp32")
-        int8 = evaluate_export(OnnxEncoder.load(int8_dir), dataset, label="int8")
+        fp32 = evaluate_vectors(OnnxEncoder.load(fp32_dir), dataset, label="fp32")
+        int8 = evaluate_vectors(OnnxEncoder.load(int8_dir), dataset, label="int8")
         report["eval"] = {
             "data": f"{dataset.name}:{dataset.split}",
             "fp32": fp32,

@@ -82,7 +82,7 @@ def head_recipe(run_dir: str | Path) -> dict[str, Any]:
     kind = cfg.norm_head
     if kind == "none":
         raise ConfigError(f"{cfg_path}: this run has no norm head (train with --norm-head)")
-    if not cfg.extra.get("frozen_encoder"):
+    if not cfg.head.frozen_encoder:
         raise ConfigError(
             f"{run}: the head was trained together with the encoder, so it expects that encoder's "
             "new vectors; rescaling vectors of the original encoder would be wrong. Re-index "

@@ -18,8 +18,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from magretrieve.core.batching import DEFAULT_BATCH_TOKENS, token_budget_batches
+from magretrieve.core.config import SIDES
 from magretrieve.core.errors import ConfigError, ManifestError, first_line
-from magretrieve.core.manifest import SIDES, Manifest
+from magretrieve.core.manifest import Manifest
 from magretrieve.core.similarity import Similarity
 
 #: Most documents per batch by default; the token budget usually closes a batch first.

@@ -70,7 +70,7 @@ class Encoder(nn.Module, similarity.SideVectors):
         from magretrieve.train.heads import build_head
 
         self.norm_head = build_head(
-            self.dim, config.norm_head, config.norm_head_hidden, config.norm_head_bound
+            self.dim, config.head.kind, config.head.hidden, config.head.bound
         )
         self.clamp_max_lengths()
 

@@ -19,7 +19,7 @@ import math
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -129,35 +129,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def info_nce_loss(
-    q: torch.Tensor,
-    d: torch.Tensor,
-    scale: float,
-    exclude: torch.Tensor | None = None,
-    symmetric: bool = False,
-) -> torch.Tensor:
-    """InfoNCE in this process (:class:`magretrieve.train.losses.InfoNCE`): query i's positive is
-    column i of ``d`` (B positives first, then hard negatives); ``exclude`` (B × N bool) masks
-    columns duplicating a query's positive; ``symmetric`` adds the document→query direction.
-    """
-    return InfoNCE(scale, symmetric=symmetric, gather=False)(q, d, exclude=exclude)
-
-
-def duplicate_mask(
-    positives: Sequence[str], columns: Sequence[str], device: torch.device
-) -> torch.Tensor:
-    """True where column j holds the same text as row i's positive (j != i): not a real negative."""
-    mask = torch.zeros(len(positives), len(columns), dtype=torch.bool)
-    where: dict[str, list[int]] = {}
-    for j, text in enumerate(columns):
-        where.setdefault(text, []).append(j)
-    for i, text in enumerate(positives):
-        for j in where.get(text, []):
-            if j != i:
-                mask[i, j] = True
-    return mask.to(device)
-
-
 def length_bucketed_batches(
     lengths: Sequence[int], batch_size: int, rng: random.Random, pool: int = 20
 ) -> list[list[int]]:
@@ -247,6 +218,12 @@ def init_distributed() -> tuple[int, int, str | None]:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank, size = world()
     return rank, size, device
+
+
+def finish_distributed() -> None:
+    """Leave the process group :func:`init_distributed` joined (nothing to do without one)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class ContrastiveModel(torch.nn.Module):
@@ -576,7 +553,7 @@ def train_frozen(
     pairs = list(pairs)
     if len(pairs) < 2:
         raise DataError(f"training needs at least 2 pairs with a positive, got {len(pairs)}")
-    encoder.config.extra["frozen_encoder"] = True
+    encoder.config.head = replace(encoder.config.head, frozen_encoder=True)
     started = time.perf_counter()
     losses = train_frozen_head(
         encoder,
@@ -659,7 +636,7 @@ def mine_hard_negatives(
     progress: bool = True,
 ) -> list[TrainingPair]:
     """Attach ``count`` hard negatives per pair: the starting model's top-``top`` non-relevant documents."""
-    from magretrieve.evaluation.retrieval import exact_search
+    from magretrieve.core.topk import exact_search
 
     doc_ids = list(dataset.corpus)
     docs = encoder.encode_documents(

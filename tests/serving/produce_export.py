@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +57,7 @@ def main(out: Path) -> None:
     with torch.no_grad():
         for param in head.norm_head.parameters():
             param.normal_(0.0, 0.5)
-    head.config.extra["frozen_encoder"] = True
+    head.config.head = replace(head.config.head, frozen_encoder=True)
     head.save(out / "head-run")
     docs = list(load_corpus(beir / "corpus.jsonl").values())
     units = cosine.encode_documents([d.full_text for d in docs])
