@@ -348,7 +348,7 @@ class Manifest:
                     raise ManifestError(
                         f"{source}: {name} must be a positive integer, got {value!r}"
                     )
-            runtimes = data.get("runtimes", LEGACY_RUNTIMES.get(data.get("quantization")))
+            runtimes = data.get("runtimes", LEGACY_RUNTIMES.get(str(data.get("quantization"))))
             if runtimes is not None and (
                 not isinstance(runtimes, list)
                 or not runtimes

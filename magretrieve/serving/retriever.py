@@ -478,7 +478,7 @@ class Retriever:
             else:
                 with self._serial:
                     results = self.store.search(q, k, with_vectors=with_vectors)
-        out = []
+        out: list[list[Hit]] = []
         for qv, hits in zip(q, results, strict=True):
             if not hits:
                 out.append([])

@@ -314,7 +314,8 @@ class OnnxEncoder:
             raise ConfigError(f"side must be 'query' or 'document', got {side!r}")
         prefix = self._prefix(side)
         try:
-            return self._tokenizers[side].encode_batch([prefix + t for t in texts])
+            encodings: list[Any] = self._tokenizers[side].encode_batch([prefix + t for t in texts])
+            return encodings
         except TypeError:  # tokenizers refuses non-str items and lone surrogates alike
             from magretrieve.data.readers import check_text
 
