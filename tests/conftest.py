@@ -66,7 +66,8 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """Import ``benchmarks/<name>.py`` (a folder of scripts, not a package) as a module.
+    """Import ``benchmarks/<name>.py`` (a folder of scripts, not a package) as a module;
+    ``name`` may name a study (``studies/data_size``).
 
     Registered in ``sys.modules`` first: dataclasses resolve annotations through it.
     """
@@ -75,7 +76,8 @@ def load_benchmark(name: str) -> ModuleType:
     # The folder holds no `magretrieve`, so the installed package is never shadowed.
     if str(BENCHMARKS) not in sys.path:
         sys.path.append(str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    module_name = "bench_" + name.replace("/", "_")
+    spec = importlib.util.spec_from_file_location(module_name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

@@ -84,7 +84,7 @@ def quantize_int8(
     fp32 (its quantized form cost most of int8's NDCG loss), the word-embedding table shrinks.
     ``DefaultTensorType`` lets the quantizer through fused com.microsoft operators that ONNX
     shape inference cannot type. ``operators=None`` quantizes every type the quantizer knows
-    (QAttention included), as ``benchmarks/int8_operators.py`` compares.
+    (QAttention included), as ``benchmarks/studies/int8_operators.py`` compares.
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
