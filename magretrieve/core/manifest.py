@@ -167,7 +167,7 @@ class GraphSpec:
     output: str
     gamma: float
     contract: str
-    #: Extra per-side computation baked into the graph (e.g. a norm head, issue 6); None today.
+    #: Extra per-side computation baked into the graph (e.g. a norm head); None today.
     head: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
