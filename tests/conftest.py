@@ -105,9 +105,12 @@ def pytest_configure(config: pytest.Config) -> None:
     registry's examples, and the pgvector example names this server (through the environment,
     so subprocesses of tests see it too). Unix socket only, in a fresh tmp folder; stopped and
     deleted at the end. Nothing is started where pgserver is not installed (the torch-free
-    serving venv); ``tests/test_backend_congruence.py`` requires it.
+    serving venv); ``tests/test_backend_congruence.py`` requires it. Nor is it in the unit
+    lane (``-m "not integration ..."``): every test that needs it is an integration test.
     """
     if os.environ.get(PG_URI_ENV) or importlib.util.find_spec("pgserver") is None:
+        return
+    if "not integration" in (config.option.markexpr or ""):
         return
     import pgserver
 
