@@ -137,8 +137,8 @@ def pg_uri() -> str:
 
 # --- test lanes -----------------------------------------------------------------------------
 # The unit lane is `pytest -m "not integration and not slow"`; the integration lane is
-# `-m integration`. Tests are put in the integration lane by what they use, not by name, so a
-# new test joins the right lane without an edit here:
+# `-m "integration or slow"` (scripts/test.sh runs both). Tests are put in the integration lane
+# by what they use, not by name, so a new test joins the right lane without an edit here:
 #: fixtures that start or need a real server (PostgreSQL, a local Ray cluster)
 SERVER_FIXTURES = frozenset({"pg_uri", "ray_local"})
 #: roots of client libraries of real servers: a test module importing one talks to a server
