@@ -12,7 +12,6 @@ path edits. Nothing here holds a path of a particular machine:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import os
@@ -126,22 +125,31 @@ def rotated(keys: list[str], round_no: int) -> list[str]:
     return keys[k:] + keys[:k]
 
 
-def encoder_benchmark_parser(description: str, name: str) -> argparse.ArgumentParser:
-    """An argparse parser with the options every encoder benchmark shares.
+def encoder_benchmark_options(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The click options every encoder benchmark shares (a decorator for its ``main``).
 
     ``--data``, ``--out`` and ``--lock`` are what :func:`run_and_write` reads; ``--model``,
     ``--split``, ``--mode`` and ``--threads`` are what every encoder run needs. Each benchmark
     adds its own (rounds, documents, ...).
     """
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--model", default="all-MiniLM-L6-v2", help="ST folder or alias")
-    parser.add_argument("--data", default=None, help="BEIR folder (default: data_dir()/scifact)")
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--mode", default="qnorm")
-    parser.add_argument("--threads", type=int, default=2, help="threads of every column")
-    parser.add_argument("--out", default=None, help=f"results stem (default results/{name})")
-    parser.add_argument("--lock", default="default", help="CPU lock file ('' for none)")
-    return parser
+    import click
+
+    options = [
+        click.option("--model", default="all-MiniLM-L6-v2", help="ST folder or alias"),
+        click.option("--data", default=None, help="BEIR folder (default: data_dir()/scifact)"),
+        click.option("--split", default="test"),
+        click.option("--mode", default="qnorm"),
+        click.option("--threads", type=int, default=2, help="threads of every column"),
+        click.option("--out", default=None, help=f"results stem (default results/{name})"),
+        click.option("--lock", default="default", help="CPU lock file ('' for none)"),
+    ]
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):  # --help lists them in the order above
+            func = option(func)
+        return func
+
+    return decorate
 
 
 def spread_sample(corpus: dict[str, Any], n: int) -> list[str]:
@@ -154,8 +162,8 @@ def spread_sample(corpus: dict[str, Any], n: int) -> list[str]:
 
 def encoder_run_header(args: Any, data: Path) -> dict[str, Any]:
     """The keys every encoder benchmark's result starts with: how to re-run it, where it ran,
-    and the options that shape every column (``args`` from :func:`encoder_benchmark_parser`,
-    plus ``rounds``)."""
+    and the options that shape every column (``args`` holds the options of
+    :func:`encoder_benchmark_options`, plus ``rounds``)."""
     return {
         "command": recorded_command(),
         "machine": machine_summary(),
@@ -188,7 +196,7 @@ def run_and_write(
     run: Callable[[Any, Path], dict[str, Any]],
     write_results: Callable[[dict[str, Any], Path], None],
 ) -> dict[str, Any]:
-    """The tail of an argparse benchmark's ``main``: resolve ``--data`` (default
+    """The tail of an encoder benchmark's ``main``: resolve ``--data`` (default
     ``data_dir()/scifact``) and ``--out`` (default ``results/NAME``), run under the CPU lock
     (``--lock``), write the results and return them."""
     data = Path(args.data) if args.data else data_dir() / "scifact"

@@ -1,7 +1,7 @@
 """Encode scifact (corpus + all queries) and cranfield once with one model (raw pooled vectors).
 
 Writes <cache>/<name>-<part>.npz with ids and raw float32 vectors; skips sets already cached.
-``benchmarks/norm_options.py`` reads these caches. Run it under the CPU lock:
+``benchmarks/studies/norm_options.py`` reads these caches. Run it under the CPU lock:
 
     flock .cache/cpu.lock nice -n 5 python benchmarks/_normhead_cache.py \
         .cache/normhead128 --max-doc-length 128

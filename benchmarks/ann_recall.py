@@ -24,7 +24,6 @@ one call per query (the serving case). The goal is recall@10 ≥ 0.99 at ≥ 10�
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -32,7 +31,10 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import click
 import numpy as np
 from _common import cpu_lock, machine_summary, markdown_table, recorded_command
 
@@ -181,7 +183,7 @@ def run_dataset(name, ids, docs, queries, target, tmp, single, only=None) -> lis
 # ----------------------------------------------------------------------------- report
 
 
-def report(rows: list[dict], args: argparse.Namespace, seconds: float) -> str:
+def report(rows: list[dict], args: Any, seconds: float) -> str:
     headers = [
         "data",
         "index",
@@ -232,19 +234,19 @@ def report(rows: list[dict], args: argparse.Namespace, seconds: float) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--target-recall", type=float, default=0.99)
-    ap.add_argument("--synthetic-n", type=int, default=50_000)
-    ap.add_argument("--synthetic-dim", type=int, default=128)
-    ap.add_argument("--queries", type=int, default=1000, help="synthetic queries")
-    ap.add_argument("--single", type=int, default=200, help="queries timed one at a time")
-    ap.add_argument("--data", default="0.05,0.3,1.0,minilm")
-    ap.add_argument("--stores", default="faiss,qdrant-edge")
-    ap.add_argument("--quick", action="store_true", help="tiny synthetic run, no MiniLM")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--no-lock", action="store_true", help="do not take the shared CPU lock")
-    args = ap.parse_args(argv)
+@click.command(help=__doc__.split("\n")[0])
+@click.option("--target-recall", type=float, default=0.99)
+@click.option("--synthetic-n", type=int, default=50_000)
+@click.option("--synthetic-dim", type=int, default=128)
+@click.option("--queries", type=int, default=1000, help="synthetic queries")
+@click.option("--single", type=int, default=200, help="queries timed one at a time")
+@click.option("--data", default="0.05,0.3,1.0,minilm")
+@click.option("--stores", default="faiss,qdrant-edge")
+@click.option("--quick", is_flag=True, help="tiny synthetic run, no MiniLM")
+@click.option("--out", type=click.Path(path_type=Path), default=RESULTS)
+@click.option("--no-lock", is_flag=True, help="do not take the shared CPU lock")
+def main(**options: Any) -> int:
+    args = SimpleNamespace(**options)
     if args.quick:
         args.synthetic_n, args.synthetic_dim, args.queries, args.single = 3000, 16, 200, 20
         args.data = "0.3"
@@ -275,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def write(rows: list[dict], args: argparse.Namespace, start: float) -> str:
+def write(rows: list[dict], args: Any, start: float) -> str:
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "ann_recall_quick" if args.quick else "ann_recall"
     text = report(rows, args, time.perf_counter() - start)
@@ -287,4 +289,4 @@ def write(rows: list[dict], args: argparse.Namespace, start: float) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

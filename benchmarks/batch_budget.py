@@ -19,18 +19,19 @@ multiple of the peer's, a table and a PNG.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import click
 import numpy as np
 from _common import (
     cache_dir,
-    encoder_benchmark_parser,
+    encoder_benchmark_options,
     encoder_run_header,
     encoder_versions,
     markdown_table,
@@ -53,21 +54,21 @@ DEFAULT_BUDGETS = "1024,2048,4096,8192"
 MAX_ROWS = 512
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = encoder_benchmark_parser(__doc__.splitlines()[0], "batch_budget")
-    parser.add_argument("--docs", type=int, default=768, help="documents, spread over the corpus")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--budgets", default=DEFAULT_BUDGETS, help="comma-separated tokens")
-    parser.add_argument(
-        "--calibration-data",
-        default=None,
-        help="BEIR folder calibrating the static int8 export (default: data_dir()/cranfield)",
-    )
-    args = parser.parse_args(argv)
-    return run_and_write(args, "batch_budget", run, write_results)
+@click.command(help=__doc__.splitlines()[0])
+@encoder_benchmark_options("batch_budget")
+@click.option("--docs", type=int, default=768, help="documents, spread over the corpus")
+@click.option("--rounds", type=int, default=3)
+@click.option("--budgets", default=DEFAULT_BUDGETS, help="comma-separated tokens")
+@click.option(
+    "--calibration-data",
+    default=None,
+    help="BEIR folder calibrating the static int8 export (default: data_dir()/cranfield)",
+)
+def main(**options: Any) -> dict[str, Any]:
+    return run_and_write(SimpleNamespace(**options), "batch_budget", run, write_results)
 
 
-def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
+def run(args: Any, data: Path) -> dict[str, Any]:
     import torch
     from sentence_transformers import SentenceTransformer
 

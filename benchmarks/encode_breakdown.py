@@ -22,19 +22,20 @@ very same batches; sentence-transformers sorts the same texts into its own batch
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import click
 import numpy as np
 from _common import (
     cache_dir,
-    encoder_benchmark_parser,
+    encoder_benchmark_options,
     encoder_run_header,
     encoder_versions,
     markdown_table,
@@ -167,21 +168,21 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = encoder_benchmark_parser(__doc__.splitlines()[0], "encode_breakdown")
-    parser.add_argument("--docs", type=int, default=512, help="documents, spread over the corpus")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument(
-        "--max-batch-tokens",
-        type=int,
-        default=None,
-        help="padded tokens per ONNX batch (default: the library's DEFAULT_BATCH_TOKENS)",
-    )
-    args = parser.parse_args(argv)
-    return run_and_write(args, "encode_breakdown", run, write_results)
+@click.command(help=__doc__.splitlines()[0])
+@encoder_benchmark_options("encode_breakdown")
+@click.option("--docs", type=int, default=512, help="documents, spread over the corpus")
+@click.option("--rounds", type=int, default=3)
+@click.option(
+    "--max-batch-tokens",
+    type=int,
+    default=None,
+    help="padded tokens per ONNX batch (default: the library's DEFAULT_BATCH_TOKENS)",
+)
+def main(**options: Any) -> dict[str, Any]:
+    return run_and_write(SimpleNamespace(**options), "encode_breakdown", run, write_results)
 
 
-def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
+def run(args: Any, data: Path) -> dict[str, Any]:
     import onnxruntime as ort
     import torch
     from sentence_transformers import SentenceTransformer

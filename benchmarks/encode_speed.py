@@ -22,18 +22,19 @@ the timed vectors (exact search, full corpus).
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import click
 import numpy as np
 from _common import (
     cache_dir,
-    encoder_benchmark_parser,
+    encoder_benchmark_options,
     encoder_run_header,
     encoder_versions,
     markdown_table,
@@ -122,22 +123,22 @@ def ratio(rows: dict[str, dict[str, float]], column: str, baseline: str, metric:
     return a / b if metric == "docs_s" else b / a
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = encoder_benchmark_parser(__doc__.splitlines()[0], "encode_speed")
-    parser.add_argument(
-        "--calibration-data",
-        default=None,
-        help="BEIR folder calibrating the static int8 export (default: data_dir()/cranfield, "
-        "another corpus than the one measured)",
-    )
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--queries", type=int, default=300, help="queries timed (0: all)")
-    parser.add_argument("--docs", type=int, default=0, help="documents encoded (0: all)")
-    args = parser.parse_args(argv)
-    return run_and_write(args, "encode_speed", run, write_results)
+@click.command(help=__doc__.splitlines()[0])
+@encoder_benchmark_options("encode_speed")
+@click.option(
+    "--calibration-data",
+    default=None,
+    help="BEIR folder calibrating the static int8 export (default: data_dir()/cranfield, "
+    "another corpus than the one measured)",
+)
+@click.option("--rounds", type=int, default=2)
+@click.option("--queries", type=int, default=300, help="queries timed (0: all)")
+@click.option("--docs", type=int, default=0, help="documents encoded (0: all)")
+def main(**options: Any) -> dict[str, Any]:
+    return run_and_write(SimpleNamespace(**options), "encode_speed", run, write_results)
 
 
-def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
+def run(args: Any, data: Path) -> dict[str, Any]:
     import torch
     from sentence_transformers import SentenceTransformer
 

@@ -30,7 +30,7 @@ import click
 import numpy as np
 from _common import REPO, cache_dir, cpu_lock, markdown_table, portable_path, recorded_command
 from _priors_vectors import VectorCache, encode_all, model_dir, split_texts, train_model
-from quality import train_settings
+from _quality import train_settings
 
 from magretrieve.data.readers import load_beir, load_training_data
 from magretrieve.priors import InvertedSoftmaxPrior, unit

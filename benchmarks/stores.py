@@ -15,21 +15,20 @@ compare ratios within the table, not across machines.
 
 from __future__ import annotations
 
-import argparse
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import click
 import numpy as np
+from _common import recorded_command
+from _store_data import load_vectors, passages
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import recorded_command  # noqa: E402
-from _store_data import load_vectors, passages  # noqa: E402
-
-from magretrieve.stores import _faiss_index, open_store  # noqa: E402
+from magretrieve.stores import _faiss_index, open_store
 
 K = 10
 RESULTS = Path(__file__).resolve().parent / "results" / "stores.md"
@@ -110,30 +109,30 @@ def end_to_end_rate(export_dir: Path, n: int, tmp: Path) -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--single", type=int, default=300, help="queries timed one at a time")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--quick", action="store_true", help="fewer configurations (smoke run)")
-    ap.add_argument(
-        "--export",
-        type=Path,
-        default=None,
-        help="an all-MiniLM-L6-v2 qnorm export: also time `magretrieve index` end to end",
-    )
-    ap.add_argument("--e2e-docs", type=int, default=2000)
-    ap.add_argument(
-        "--only",
-        default="",
-        help="comma-separated store kinds to run (e.g. pgvector,milvus), next to the exact "
-        "memory store as the reference row",
-    )
-    ap.add_argument(
-        "--no-servers",
-        action="store_true",
-        help="skip pgvector (starts PostgreSQL through pgserver) and Milvus Lite",
-    )
-    args = ap.parse_args()
+@click.command(help=__doc__.splitlines()[0])
+@click.option("--single", type=int, default=300, help="queries timed one at a time")
+@click.option("--out", type=click.Path(path_type=Path), default=RESULTS)
+@click.option("--quick", is_flag=True, help="fewer configurations (smoke run)")
+@click.option(
+    "--export",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="an all-MiniLM-L6-v2 qnorm export: also time `magretrieve index` end to end",
+)
+@click.option("--e2e-docs", type=int, default=2000)
+@click.option(
+    "--only",
+    default="",
+    help="comma-separated store kinds to run (e.g. pgvector,milvus), next to the exact "
+    "memory store as the reference row",
+)
+@click.option(
+    "--no-servers",
+    is_flag=True,
+    help="skip pgvector (starts PostgreSQL through pgserver) and Milvus Lite",
+)
+def main(**options: Any) -> None:
+    args = SimpleNamespace(**options)
 
     import faiss
 

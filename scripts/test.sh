@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Build the wheel, install it (not editable) into a fresh virtual environment, and run lint,
-# the torch-free serving check and the whole test suite against the INSTALLED package.
+# the type check, the torch-free serving check and the whole test suite against the INSTALLED
+# package, in two lanes: the unit lane (`-m "not integration and not slow"`, minutes) and then
+# the integration lane (`-m "integration or slow"`: PostgreSQL, Milvus, Ray, the wheel, the
+# benchmarks' smoke runs, the real encoder). tests/conftest.py puts each test in its lane.
 # This is the README's test command; .ci/run runs exactly this.
+#   MAGRETRIEVE_TEST_LANE=unit|integration|all (default all) runs one lane only;
+#   arguments (tests/test_x.py::name, -k ...) run those tests as one pytest call instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -20,9 +25,11 @@ WHEEL="$(bash scripts/build_wheel.sh "$VENV/bin/python")"
 "$VENV/bin/pip" install -q --no-deps --force-reinstall "$WHEEL"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
+# Type-check lane: files and strictness per layer are configured in pyproject.toml ([tool.mypy]).
+"$VENV/bin/mypy"
 # Serving must work without torch/transformers: a second venv with only the serving extras.
 bash scripts/check_serving.sh "$VENV/bin/python" "$WHEEL"
-# The whole suite last, so its summary is the closing line. It runs from outside the source
+# The test lanes last, so the closing line is a pytest summary. They run from outside the source
 # tree so that neither pytest nor any subprocess a test starts can import magretrieve from the
 # checkout: the installed wheel is what is tested (tests/test_wheel.py checks that too).
 # Arguments that name files of the checkout (tests/test_x.py::name) are made absolute.
@@ -30,10 +37,27 @@ ARGS=()
 for arg in "$@"; do
     if [ -e "${arg%%::*}" ]; then ARGS+=("$REPO/$arg"); else ARGS+=("$arg"); fi
 done
-[ ${#ARGS[@]} -eq 0 ] && ARGS=("$REPO/tests")
 RUN_DIR="$(mktemp -d)"
 trap 'rm -rf "$RUN_DIR"' EXIT
 cd "$RUN_DIR"
-MAGRETRIEVE_TEST_INSTALLED=1 MAGRETRIEVE_REPO="$REPO" \
-    MAGRETRIEVE_WHEEL="$WHEEL" "$VENV/bin/pytest" -q -p no:cacheprovider -c "$REPO/pyproject.toml" --rootdir "$REPO" \
-    "${ARGS[@]}"
+run_pytest() {
+    MAGRETRIEVE_TEST_INSTALLED=1 MAGRETRIEVE_REPO="$REPO" MAGRETRIEVE_WHEEL="$WHEEL" \
+        "$VENV/bin/pytest" -q -p no:cacheprovider -c "$REPO/pyproject.toml" --rootdir "$REPO" "$@"
+}
+if [ ${#ARGS[@]} -gt 0 ]; then
+    run_pytest "${ARGS[@]}"
+    exit
+fi
+LANE="${MAGRETRIEVE_TEST_LANE:-all}"
+case "$LANE" in
+    unit | integration | all) ;;
+    *) echo "MAGRETRIEVE_TEST_LANE must be unit, integration or all, got '$LANE'" >&2; exit 2 ;;
+esac
+if [ "$LANE" != integration ]; then
+    echo "== unit lane"
+    run_pytest -m "not integration and not slow" "$REPO/tests"
+fi
+if [ "$LANE" != unit ]; then
+    echo "== integration lane"
+    run_pytest -m "integration or slow" "$REPO/tests"
+fi

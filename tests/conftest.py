@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -65,7 +66,8 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """Import ``benchmarks/<name>.py`` (a folder of scripts, not a package) as a module.
+    """Import ``benchmarks/<name>.py`` (a folder of scripts, not a package) as a module;
+    ``name`` may name a study (``studies/data_size``).
 
     Registered in ``sys.modules`` first: dataclasses resolve annotations through it.
     """
@@ -74,7 +76,8 @@ def load_benchmark(name: str) -> ModuleType:
     # The folder holds no `magretrieve`, so the installed package is never shadowed.
     if str(BENCHMARKS) not in sys.path:
         sys.path.append(str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    module_name = "bench_" + name.replace("/", "_")
+    spec = importlib.util.spec_from_file_location(module_name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -102,9 +105,12 @@ def pytest_configure(config: pytest.Config) -> None:
     registry's examples, and the pgvector example names this server (through the environment,
     so subprocesses of tests see it too). Unix socket only, in a fresh tmp folder; stopped and
     deleted at the end. Nothing is started where pgserver is not installed (the torch-free
-    serving venv); ``tests/test_backend_congruence.py`` requires it.
+    serving venv); ``tests/test_backend_congruence.py`` requires it. Nor is it in the unit
+    lane (``-m "not integration ..."``): every test that needs it is an integration test.
     """
     if os.environ.get(PG_URI_ENV) or importlib.util.find_spec("pgserver") is None:
+        return
+    if "not integration" in (config.option.markexpr or ""):
         return
     import pgserver
 
@@ -127,3 +133,48 @@ def pg_uri() -> str:
     uri = os.environ.get(PG_URI_ENV)
     assert uri, "pgserver is not installed: pip install 'magretrieve[dev]' (it holds pgserver)"
     return uri
+
+
+# --- test lanes -----------------------------------------------------------------------------
+# The unit lane is `pytest -m "not integration and not slow"`; the integration lane is
+# `-m "integration or slow"` (scripts/test.sh runs both). Tests are put in the integration lane
+# by what they use, not by name, so a new test joins the right lane without an edit here:
+#: fixtures that start or need a real server (PostgreSQL, a local Ray cluster)
+SERVER_FIXTURES = frozenset({"pg_uri", "ray_local"})
+#: roots of client libraries of real servers: a test module importing one talks to a server
+SERVER_CLIENTS = frozenset({"psycopg", "pgserver", "pymilvus", "milvus_lite", "ray"})
+#: store backends whose tests run a server (parametrized ids naming them)
+SERVER_BACKENDS = re.compile(r"(^|[-\[])(pgvector|milvus)")
+#: test modules that build the wheel or run a benchmark script's smoke run
+INTEGRATION_MODULES = re.compile(r"^test_(wheel|.+_benchmark)\.py$")
+
+
+def _imports_server_client(module: ModuleType | None) -> bool:
+    if module is None:
+        return False
+    for value in vars(module).values():
+        name = (
+            value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
+        )
+        if isinstance(name, str) and name.split(".")[0] in SERVER_CLIENTS:
+            return True
+    return False
+
+
+def is_integration(item: pytest.Item) -> bool:
+    """Whether ``item`` needs a real server, the built wheel or a benchmark script."""
+    if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    if INTEGRATION_MODULES.match(item.path.name):
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and SERVER_BACKENDS.search(callspec.id):
+        return True
+    return _imports_server_client(getattr(item, "module", None))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that :func:`is_integration` recognizes with ``integration``."""
+    for item in items:
+        if is_integration(item) and item.get_closest_marker("integration") is None:
+            item.add_marker(pytest.mark.integration)

@@ -24,7 +24,7 @@ def test_synthetic_norms_have_the_asked_coefficient_of_variation():
 
 def test_quick_run_writes_measured_rows(tmp_path):
     bench = load_benchmark("ann_recall")
-    assert bench.main(["--quick", "--no-lock", "--out", str(tmp_path)]) == 0
+    assert bench.main(["--quick", "--no-lock", "--out", str(tmp_path)], standalone_mode=False) == 0
     data = json.loads((tmp_path / "ann_recall_quick.json").read_text())
     rows = data["rows"]
     assert [r["index"] for r in rows] == [

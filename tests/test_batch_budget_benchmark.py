@@ -26,7 +26,8 @@ def smoke(bench, tiny_st_dir: Path, tiny_beir_dir: Path, tmp_path_factory) -> tu
         result = bench.main(
             ["--model", str(tiny_st_dir), "--data", str(tiny_beir_dir),
              "--calibration-data", str(tiny_beir_dir), "--docs", "30", "--rounds", "2",
-             "--budgets", "16,64", "--threads", "1", "--lock", "", "--out", str(out)]
+             "--budgets", "16,64", "--threads", "1", "--lock", "", "--out", str(out)],
+            standalone_mode=False,  # click: return the result instead of exiting
         )  # fmt: skip
     return result, out
 

@@ -1,4 +1,4 @@
-"""benchmarks/data_size.py: weak pairs never come from eval-judged documents, samples are nested,
+"""benchmarks/studies/data_size.py: weak pairs never come from eval-judged documents, samples are nested,
 and a smoke run on the tiny BERT writes the table, JSON and chart, reuses a matching quality
 result for N = 0, and resumes from its cache."""
 
@@ -18,7 +18,7 @@ from magretrieve.data.readers import Document, RetrievalDataset
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_benchmark("data_size")
+    return load_benchmark("studies/data_size")
 
 
 def _doc(doc_id: str, topic: str) -> Document:

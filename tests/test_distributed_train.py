@@ -86,6 +86,7 @@ def assert_same(a: dict, b: dict) -> None:
         assert diff <= 1e-5 * (1 + float(g.abs().max())), (name, diff)
 
 
+@pytest.mark.integration  # real multi-process torch.distributed (gloo ranks)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_two_ranks_equal_one_process_with_the_doubled_batch(case, tiny_model_dir, tmp_path):
     mode, kw = CASES[case]
@@ -129,6 +130,7 @@ def test_no_duplicate_masking_changes_the_loss(tiny_model_dir):
     assert a != pytest.approx(b, rel=1e-3)
 
 
+@pytest.mark.integration  # torchrun starts two ranks of the CLI
 def test_torchrun_two_ranks_writes_one_run(tiny_model_dir, tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text(

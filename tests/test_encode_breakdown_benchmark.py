@@ -73,7 +73,8 @@ def test_smoke_run_reports_its_own_numbers(
         mp.setenv("MAGRETRIEVE_CACHE", str(tmp_path_factory.mktemp("cache")))
         result = bench.main(
             ["--model", str(tiny_st_dir), "--data", str(tiny_beir_dir), "--docs", "40",
-             "--rounds", "2", "--threads", "1", "--lock", "", "--out", str(out)]
+             "--rounds", "2", "--threads", "1", "--lock", "", "--out", str(out)],
+            standalone_mode=False,  # click: return the result instead of exiting
         )  # fmt: skip
     from magretrieve.serving.openvino_session import bf16_native
 

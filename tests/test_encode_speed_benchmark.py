@@ -37,7 +37,8 @@ def smoke(bench, tiny_st_dir: Path, tiny_beir_dir: Path, tmp_path_factory) -> tu
             "",
             "--out",
             str(out),
-        ]
+        ],
+        standalone_mode=False,  # click: return the result instead of exiting
     )
     return result, out
 

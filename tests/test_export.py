@@ -96,6 +96,7 @@ def test_parity_and_contract_every_mode(
     assert not np.allclose(raw_d, 1.0, atol=1e-2)  # the fixture's raw norms are not trivially 1
 
 
+@pytest.mark.slow  # the default (dynamo) exporter: slow by nature
 def test_cli_default_exporter_and_overwrite(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The default (auto → TorchScript, fused) path through the CLI; an existing target needs
     --overwrite."""
@@ -181,6 +182,7 @@ def test_parity_failure_writes_nothing_and_keeps_old_export(
     assert Manifest.load(target).model_fingerprint == fingerprint  # old export intact
 
 
+@pytest.mark.slow  # the dynamo exporter: slow by nature
 def test_auto_falls_back_when_torchscript_fails(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,4 +1,4 @@
-"""benchmarks/int8_operators.py at smoke size (tiny BERT, tiny BEIR): each variant is a valid
+"""benchmarks/studies/int8_operators.py at smoke size (tiny BERT, tiny BEIR): each variant is a valid
 int8 export whose graphs hold exactly the quantized operators it names, and the table's
 losses and ratios are computed from its own rows. No timing is asserted."""
 
@@ -14,14 +14,15 @@ from conftest import load_benchmark
 
 @pytest.fixture(scope="module")
 def smoke(tiny_st_dir: Path, tiny_beir_dir: Path, tmp_path_factory) -> tuple[dict, Path, Path]:
-    bench = load_benchmark("int8_operators")
+    bench = load_benchmark("studies/int8_operators")
     cache = tmp_path_factory.mktemp("cache")
     out = tmp_path_factory.mktemp("results") / "int8_operators"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MAGRETRIEVE_CACHE", str(cache))
         result = bench.main(
             ["--model", str(tiny_st_dir), "--data", str(tiny_beir_dir), "--threads", "1",
-             "--lock", "", "--out", str(out)]
+             "--lock", "", "--out", str(out)],
+            standalone_mode=False,  # click: return the result instead of exiting
         )  # fmt: skip
     return result, out, cache / "int8_operators" / "qnorm"
 
@@ -54,7 +55,7 @@ def test_variants_are_valid_exports_with_the_operators_they_name(smoke) -> None:
 def test_rows_losses_and_table_agree(smoke) -> None:
     result, out, _ = smoke
     rows = result["rows"]
-    assert list(rows) == ["fp32", *load_benchmark("int8_operators").VARIANTS]
+    assert list(rows) == ["fp32", *load_benchmark("studies/int8_operators").VARIANTS]
     for row in rows.values():
         assert 0.0 <= row["ndcg@10"] <= 1.0 and row["docs_s"] > 0
         assert row["ndcg_loss_points"] == pytest.approx(

@@ -1,11 +1,11 @@
-"""benchmarks/plugin_prefetch.py: the recall-by-prefetch computation on hand-checked cases."""
+"""benchmarks/studies/plugin_prefetch.py: the recall-by-prefetch computation on hand-checked cases."""
 
 from __future__ import annotations
 
 import numpy as np
 from conftest import load_benchmark
 
-bench = load_benchmark("plugin_prefetch")
+bench = load_benchmark("studies/plugin_prefetch")
 
 
 def test_recall_counts_only_what_the_cosine_prefetch_can_reach():

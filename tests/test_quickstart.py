@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+#: Integration lane: runs examples/quickstart.py end to end in a subprocess.
+pytestmark = pytest.mark.integration
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart.py"
 
 

@@ -21,6 +21,9 @@ from conftest import RUNTIME_TEXTS as TEXTS
 from magretrieve.cli import main
 from magretrieve.core.errors import ConfigError, DataError
 
+#: Slow lane: NNCF calibrates every export these tests build.
+pytestmark = pytest.mark.slow
+
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)

@@ -51,6 +51,7 @@ def test_wheel_holds_every_module_of_the_tree(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = tree_modules(("*.py", "*.json"))  # modules and the data files they read
     assert {"magretrieve/diagnose/evidence.json", "magretrieve/stores/base.py"} <= expected
+    expected.add("magretrieve/py.typed")  # PEP 561: type checkers read the package's hints
     missing = sorted(expected - names)
     assert not missing, f"{wheel.name} lacks {missing}"
     # and nothing of the tree's tests or benchmarks leaks into the wheel

@@ -122,7 +122,7 @@ def search_store_options(fn):  # type: ignore[no-untyped-def]
     return fn
 
 
-def collect_store_options(**kw: object) -> dict[str, object]:
+def collect_store_options(**kw: Any) -> dict[str, Any]:
     """The store options the user gave (unset click options arrive as None)."""
     return {k: v for k, v in kw.items() if v is not None}
 

@@ -14,13 +14,11 @@ import numpy as np
 
 from magretrieve.core.errors import ConfigError
 
-#: Default padded-token budget per batch, chosen by measurement (benchmarks/batch_budget.py):
-#: documents ran fastest at 2,048 tokens on PyTorch, onnxruntime and OpenVINO fp32/bf16 alike,
-#: up to 11 % faster than at 8,192 (32 texts of 256 tokens, the old default); static int8
-#: runs within 2 % at any budget. A layer's feed-forward activation is ``tokens ×
-#: intermediate × 4`` bytes: 12 MB for MiniLM at 2,048, which stays in a 32 MB last-level
-#: cache; 50 MB at 8,192 does not. Bigger models or smaller caches may want less;
-#: ``max_batch_tokens`` is the knob.
+#: Default padded-token budget per batch: the fastest budget for documents on every runtime
+#: measured (benchmarks/results/batch_budget.md). Why it is small: a layer's feed-forward
+#: activation is ``tokens × intermediate × 4`` bytes, and a batch whose activations fit the
+#: CPU's last-level cache runs faster than a bigger one that does not. Bigger models or smaller
+#: caches may want less; ``max_batch_tokens`` is the knob.
 DEFAULT_BATCH_TOKENS = 2048
 
 

@@ -63,7 +63,7 @@ class EncoderConfig:
     gamma_d: float = 1.0
     pooling: str = "mean"
     #: 0 (the default) means the model's own limit, resolved when the encoder is built: a
-    #: shorter default silently truncated long queries (issue 17) and cost quality.
+    #: shorter default silently truncated long queries and cost quality.
     max_query_length: int = 0
     max_document_length: int = 256
     query_prefix: str = ""

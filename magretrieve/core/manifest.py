@@ -151,7 +151,7 @@ class GraphSpec:
     output: str
     gamma: float
     contract: str
-    #: Extra per-side computation baked into the graph (e.g. a norm head, issue 6); None today.
+    #: Extra per-side computation baked into the graph (e.g. a norm head); None today.
     head: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -363,7 +363,7 @@ class Manifest:
                     raise ManifestError(
                         f"{source}: {name} must be a positive integer, got {value!r}"
                     )
-            runtimes = data.get("runtimes", LEGACY_RUNTIMES.get(data.get("quantization")))
+            runtimes = data.get("runtimes", LEGACY_RUNTIMES.get(str(data.get("quantization"))))
             if runtimes is not None and (
                 not isinstance(runtimes, list)
                 or not runtimes

@@ -8,9 +8,10 @@ to published numbers, and it ships wheels without extra dependencies.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 Run = Mapping[str, Mapping[str, float]]
 Qrels = Mapping[str, Mapping[str, int]]
@@ -21,7 +22,7 @@ def retrieval_metrics(qrels: Qrels, run: Run) -> dict[str, float]:
 
     Queries missing from ``run`` count as zero (trec_eval would silently skip them). Computed by
     trec_eval (``pytrec_eval``, the ``eval`` extra) where it is installed; a serving install
-    without it (pytrec_eval needs scipy, ~140 MB) uses :func:`numpy_retrieval_metrics`, which
+    without it (pytrec_eval needs scipy, a large install) uses :func:`numpy_retrieval_metrics`, which
     tests/test_metrics.py holds equal to trec_eval on random runs with ties.
     """
     qrels = {q: {d: int(r) for d, r in docs.items()} for q, docs in qrels.items()}
@@ -50,7 +51,7 @@ def _trec_order(docs: Mapping[str, float]) -> list[tuple[str, float]]:
 class _Desc(str):
     """A string that sorts in reverse (for the tie rule of trec_eval)."""
 
-    def __lt__(self, other: str) -> bool:  # type: ignore[override]
+    def __lt__(self, other: str) -> bool:
         return str.__gt__(self, other)
 
 
@@ -77,7 +78,7 @@ def numpy_retrieval_metrics(qrels: Qrels, run: Run) -> dict[str, float]:
     return {"ndcg@10": ndcg / n, "recall@100": recall / n, "mrr@10": mrr / n}
 
 
-def cohens_d(relevant: Sequence[float], nonrelevant: Sequence[float]) -> float:
+def cohens_d(relevant: ArrayLike, nonrelevant: ArrayLike) -> float:
     """(mean_rel − mean_non) / pooled standard deviation (sample variances, n−1).
 
     Above 0.5 the paper reads as "magnitude carries relevance"; NaN when undefined.
@@ -92,7 +93,7 @@ def cohens_d(relevant: Sequence[float], nonrelevant: Sequence[float]) -> float:
     return float((a.mean() - b.mean()) / math.sqrt(pooled))
 
 
-def coefficient_of_variation(values: Sequence[float]) -> float:
+def coefficient_of_variation(values: ArrayLike) -> float:
     """Population standard deviation over mean; the paper's CV of norms."""
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0 or x.mean() == 0:
@@ -100,7 +101,7 @@ def coefficient_of_variation(values: Sequence[float]) -> float:
     return float(x.std() / x.mean())
 
 
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+def spearman(x: ArrayLike, y: ArrayLike) -> float:
     """Spearman rank correlation (ties averaged), as STS benchmarks report it."""
     try:
         from scipy.stats import spearmanr

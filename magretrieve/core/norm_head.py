@@ -115,7 +115,7 @@ def log_magnitude_numpy(
         x = h / (1.0 + np.exp(-h))  # SiLU
     elif kind != "linear":
         raise ConfigError(f"unknown norm head {kind!r}")
-    g = (x @ np.asarray(weights["out.weight"], dtype=np.float64).T).reshape(-1) + float(
+    g: np.ndarray = (x @ np.asarray(weights["out.weight"], dtype=np.float64).T).reshape(-1) + float(
         np.asarray(weights["out.bias"]).reshape(-1)[0]
     )
     if bound > 0:

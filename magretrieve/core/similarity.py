@@ -122,9 +122,10 @@ def partial_normalize(x: np.ndarray, gamma: float) -> np.ndarray:
     """Return ``x / ‖x‖^γ`` row-wise (γ = 1 normalizes, γ = 0 returns ``x`` unchanged)."""
     x = np.asarray(x, dtype=np.float32)
     if gamma == 0.0:
-        return x.copy()
+        return np.array(x, copy=True)
     norms = np.linalg.norm(x, axis=-1, keepdims=True)
-    return (x / np.power(np.maximum(norms, EPS), gamma)).astype(np.float32)
+    out: np.ndarray = (x / np.power(np.maximum(norms, EPS), gamma)).astype(np.float32)
+    return out
 
 
 def query_vectors(q: np.ndarray, sim: Similarity) -> np.ndarray:
@@ -139,7 +140,8 @@ def document_vectors(d: np.ndarray, sim: Similarity) -> np.ndarray:
 
 def score_matrix(q: np.ndarray, d: np.ndarray, sim: Similarity) -> np.ndarray:
     """Scores of every query (rows) against every document (columns) from raw embeddings."""
-    return query_vectors(q, sim) @ document_vectors(d, sim).T
+    scores: np.ndarray = query_vectors(q, sim) @ document_vectors(d, sim).T
+    return scores
 
 
 def decompose(query_vec: np.ndarray, doc_vecs: np.ndarray) -> dict[str, np.ndarray]:

@@ -96,7 +96,7 @@ class EmbeddingCache:
         """Write the cached vectors to ``path`` (.npz) so a rerun encodes nothing twice."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        arrays: dict[str, np.ndarray] = {}
+        arrays: dict[str, Any] = {}
         texts: dict[str, list[str]] = {}
         for side in SIDES:
             texts[side] = list(self.store[side])

@@ -13,11 +13,11 @@ Search and the statistics come from :mod:`magretrieve.evaluation.retrieval`; not
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from magretrieve.core import metrics, similarity
 from magretrieve.core.topk import exact_search
@@ -69,9 +69,7 @@ class MagnitudeSignal:
         return data
 
 
-def norm_length_correlation(
-    norms: Sequence[float], lengths: Sequence[float]
-) -> tuple[float, float]:
+def norm_length_correlation(norms: ArrayLike, lengths: ArrayLike) -> tuple[float, float]:
     """(Pearson, Spearman) of document norm vs token length; NaN when either is constant."""
     x = np.asarray(lengths, dtype=np.float64)
     y = np.asarray(norms, dtype=np.float64)
@@ -141,7 +139,7 @@ def magnitude_signal(
     top = idx[:, :top_hits]
     cos = np.einsum("qd,qkd->qk", unit_q, unit_d[top])
 
-    ndcg = {}
+    ndcg: dict[str, float] = {}
     for name in ("cosine", "dot"):
         if name == sim.ranks_like:
             ndcg[name] = own.ndcg_at_10

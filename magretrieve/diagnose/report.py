@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from magretrieve.diagnose.evidence import load_evidence
 from magretrieve.diagnose.magnitude import ANTI_D, CARRIES_D
@@ -112,7 +112,7 @@ class Recommendation:
         return asdict(self)
 
 
-def _finite(x: Any) -> bool:
+def _finite(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 

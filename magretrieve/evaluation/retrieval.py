@@ -141,7 +141,8 @@ def magnitude_statistics(
     qrels: dict[str, dict[str, int]],
 ) -> dict[str, float]:
     """Cohen's d of norms (relevant vs non-relevant in each query's retrieved list) and corpus CV."""
-    rel, non = [], []
+    rel: list[float] = []
+    non: list[float] = []
     for row, qid in enumerate(qids):
         judged = qrels.get(qid, {})
         for j in top_idx[row]:
@@ -174,7 +175,7 @@ def evaluate_retrieval(
         batch_size=batch_size,
         progress="encoding queries" if progress else False,
     )
-    truncated = getattr(encoder, "last_truncated", None)
+    truncated: Any = getattr(encoder, "last_truncated", None)
     if truncated is None:
         truncated = getattr(getattr(encoder, "encoder", None), "last_truncated", -1)
     q = np.asarray(q, dtype=np.float32)

@@ -3,7 +3,7 @@
 The wrapped module calls the encoder's own ``forward`` (transformer + pooling + /norm_scale)
 and ``side_vectors`` (``x/‖x‖^γ`` via :func:`magretrieve.train.torch_similarity.partial_normalize_torch`),
 so the graph computes exactly what the PyTorch encoder computes, and anything the encoder
-adds on a side later (a norm head, issue 6) flows into the graph without changes here.
+adds on a side later (a norm head) flows into the graph without changes here.
 """
 
 from __future__ import annotations

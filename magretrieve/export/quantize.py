@@ -21,11 +21,11 @@ logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("int8",)
 #: Operators quantized to int8. The fused ``Attention`` stays fp32: quantized (QAttention) it
-#: cost 0.8–1.1 NDCG@10 points on the full scifact corpus, against about 0.2 without it, for
-#: ~20 % more document speed and no faster batch-1 queries (docs/export.md, "int8: which
-#: operators"). The embedding (``EmbedLayerNormalization``) is quantized: it holds half the
-#: weights; keeping it fp32 would leave the int8 graph at 66 MB instead of 31 MB for a difference
-#: inside int8's batch-to-batch spread. Unfused graphs have plain ``MatMul``/``Gather`` nodes.
+#: costs several times the NDCG@10 of the rest of int8 for a modest document speed-up and no
+#: faster batch-1 queries (docs/export.md, "int8: which operators"). The embedding
+#: (``EmbedLayerNormalization``) is quantized: it holds half the weights, and keeping it fp32
+#: would double the int8 graph's size for a difference inside int8's batch-to-batch spread.
+#: Unfused graphs have plain ``MatMul``/``Gather`` nodes.
 INT8_OPERATORS = ("MatMul", "EmbedLayerNormalization", "Gather")
 #: Model types the onnxruntime transformer optimizer knows for encoder-only models.
 BERT_LIKE = {"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "camembert"}
@@ -78,13 +78,12 @@ def quantize_int8(
 ) -> dict[str, Any]:
     """Dynamic int8 quantization: int8 weights per output channel, uint8 activations at run time.
 
-    Per-channel weights matter: on all-MiniLM-L6-v2 per-tensor int8 left a mean query cosine
-    of 0.958 to fp32 (document norms off by 4% on average); per-channel gives 0.993 and 1.2%
-    (docs/export.md). Only :data:`INT8_OPERATORS` are quantized: the fused attention stays
+    Per-channel weights matter: per-tensor int8 moves vectors and document norms several times
+    further from fp32 than per-channel does (docs/export.md). Only :data:`INT8_OPERATORS` are quantized: the fused attention stays
     fp32 (its quantized form cost most of int8's NDCG loss), the word-embedding table shrinks.
     ``DefaultTensorType`` lets the quantizer through fused com.microsoft operators that ONNX
     shape inference cannot type. ``operators=None`` quantizes every type the quantizer knows
-    (QAttention included), as ``benchmarks/int8_operators.py`` compares.
+    (QAttention included), as ``benchmarks/studies/int8_operators.py`` compares.
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic

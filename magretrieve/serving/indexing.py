@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from magretrieve.core.errors import ConfigError, DataError
 from magretrieve.data.readers import Document, is_empty, iter_corpus, read_error
@@ -101,7 +101,7 @@ class _Stop(Exception):
     """Raised inside a pipeline stage when the consumer has stopped (error or Ctrl-C)."""
 
 
-def _put(q: queue.Queue, item: object, stop: threading.Event) -> None:
+def _put(q: queue.Queue[object], item: object, stop: threading.Event) -> None:
     """Put into a bounded queue, giving up when the pipeline is stopping."""
     while not stop.is_set():
         try:
@@ -112,7 +112,7 @@ def _put(q: queue.Queue, item: object, stop: threading.Event) -> None:
     raise _Stop
 
 
-def _get(q: queue.Queue, stop: threading.Event) -> object:
+def _get(q: queue.Queue[object], stop: threading.Event) -> object:
     while not stop.is_set():
         try:
             return q.get(timeout=0.1)
@@ -162,8 +162,8 @@ def index_documents(
     empty_ids: list[str] = []
     empty = [0]  # counted by the reader thread
     stop = threading.Event()
-    read_q: queue.Queue = queue.Queue(maxsize=queue_size)
-    encoded_q: queue.Queue = queue.Queue(maxsize=queue_size)
+    read_q: queue.Queue[object] = queue.Queue(maxsize=queue_size)
+    encoded_q: queue.Queue[object] = queue.Queue(maxsize=queue_size)
 
     def pairs() -> Iterator[tuple[int | None, Document]]:
         for item in docs:
@@ -218,7 +218,7 @@ def index_documents(
                 if item is _END or isinstance(item, BaseException):
                     _put(encoded_q, item, stop)
                     return
-                batch, todo, tokens = item  # type: ignore[misc]
+                batch, todo, tokens = cast(tuple[list[Document], list[Document], Any], item)
                 vectors = retriever.encode_batch(todo, tokens) if todo else None
                 cut = int(getattr(retriever.encoder, "last_truncated", 0) or 0) if todo else 0
                 _put(encoded_q, (batch, todo, vectors, cut), stop)
@@ -242,7 +242,7 @@ def index_documents(
                 break
             if isinstance(item, BaseException):
                 raise item
-            batch, todo, vectors, cut = item  # type: ignore[misc]
+            batch, todo, vectors, cut = cast(tuple[list[Document], list[Document], Any, int], item)
             skipped += len(batch) - len(todo)
             if todo:
                 n = retriever.write_batch(todo, vectors)
@@ -308,7 +308,7 @@ def index_corpus(
         run = get_engine(engine)
         if total is None:
             check_corpus_file(corpus, skip_empty=skip_empty)
-        return run(
+        report: IndexReport = run(
             retriever,
             corpus,
             batch_size=batch_size,
@@ -317,6 +317,7 @@ def index_corpus(
             skip_empty=skip_empty,
             **engine_options,
         )
+        return report
     if engine_options:
         raise ConfigError(f"options {sorted(engine_options)} need a distributed engine")
     path = Path(corpus)

@@ -417,7 +417,7 @@ class Retriever:
         ids = [d.id for d in docs]
         meta = self.store.read_metadata()
         if meta and meta.get("magnitude"):
-            # a store rescaled after the fact (issue 6) records how its documents got their
+            # a store rescaled after the fact (`magretrieve rescale`) records how its documents got their
             # magnitude; new documents must get the same treatment to be comparable
             from magretrieve.priors.rescale import apply_recorded_magnitude
 
@@ -483,7 +483,7 @@ class Retriever:
             else:
                 with self._serial:
                     results = self.store.search(q, k, with_vectors=with_vectors)
-        out = []
+        out: list[list[Hit]] = []
         for qv, hits in zip(q, results, strict=True):
             if not hits:
                 out.append([])

@@ -75,9 +75,9 @@ def check_runtime(runtime: str | None, device: str, manifest: Manifest) -> str:
 
     Refused: an unknown runtime, OpenVINO asked to use CUDA (it runs on the CPU here), and a
     runtime the export does not list in ``Manifest.runtimes``. onnxruntime's dynamic int8
-    operators ran 1.9× slower on OpenVINO than on onnxruntime (12.8 s vs 6.9 s per 256
-    abstracts), slower than its fp32; static int8 exports are OpenVINO IR, which onnxruntime
-    cannot read.
+    operators run slower on OpenVINO than on onnxruntime (and than OpenVINO's own fp32), so a
+    dynamic int8 export lists only onnxruntime; static int8 exports are OpenVINO IR, which
+    onnxruntime cannot read.
     """
     if runtime is None:
         runtime = manifest.runtimes[0] if manifest.runtimes else "onnxruntime"
@@ -211,11 +211,10 @@ class OnnxEncoder:
     def _warm_query_lengths(self, side: str, session: Any) -> None:
         """On OpenVINO, run one batch-1 query of every length up to :data:`WARM_QUERY_TOKENS`.
 
-        OpenVINO prepares its kernels per input shape the first time it sees one; a query of
-        a length not seen before took several times the p50 (static int8 on scifact: p95
-        17.4 ms on a first pass over 300 claims, 6.7 ms on a second pass). Paying that for
+        OpenVINO prepares its kernels per input shape the first time it sees one, so a query
+        of a length not seen before takes several times the usual latency. Paying that for
         every length at open keeps it out of the first real queries' latency. Lengths past
-        :data:`WARM_QUERY_TOKENS` are rare in queries and costlier to warm (all 256 took 5.3 s).
+        :data:`WARM_QUERY_TOKENS` are rare in queries and costlier to warm.
         Documents are not warmed: their batches are long enough that preparation is a small
         share.
         """
@@ -315,7 +314,8 @@ class OnnxEncoder:
             raise ConfigError(f"side must be 'query' or 'document', got {side!r}")
         prefix = self._prefix(side)
         try:
-            return self._tokenizers[side].encode_batch([prefix + t for t in texts])
+            encodings: list[Any] = self._tokenizers[side].encode_batch([prefix + t for t in texts])
+            return encodings
         except TypeError:  # tokenizers refuses non-str items and lone surrogates alike
             from magretrieve.data.readers import check_text
 

@@ -13,7 +13,7 @@ explains each score as ``query_norm · doc_norm · cosine`` as with any store, a
 adds get their magnitude from the recipe recorded at annotation (like a rescaled store).
 
 The one approximation is the prefetch: a document outside the cosine top-``prefetch`` is never
-scored. ``benchmarks/plugin_prefetch.py`` measures recall@10 against exact ``cos·m(d)`` as a
+scored. ``benchmarks/studies/plugin_prefetch.py`` measures recall@10 against exact ``cos·m(d)`` as a
 function of the prefetch size; :data:`DEFAULT_PREFETCH` comes from that measurement.
 
 Points another pipeline adds after the annotation have no ``m``: they are scored with

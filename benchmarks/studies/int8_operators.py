@@ -8,22 +8,23 @@ a time); NDCG@10 comes from exact search over those vectors. Speed is documents/
 the fp32 graph *in this run*: the corpus is cut into one slice per round and round r runs slice
 r through every variant in a rotated order, so noise from the machine hits all alike.
 
-    python benchmarks/int8_operators.py --rounds 2
+    python benchmarks/study.py int8_operators --rounds 2
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import click
 import numpy as np
 from _common import (
     cache_dir,
-    encoder_benchmark_parser,
+    encoder_benchmark_options,
     machine_summary,
     markdown_table,
     recorded_command,
@@ -74,15 +75,15 @@ def graph_mb(folder: Path) -> float:
     return sum(p.stat().st_size for p in folder.glob("*.onnx")) / 2 / 1e6
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = encoder_benchmark_parser(__doc__.splitlines()[0], "int8_operators")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--docs", type=int, default=0, help="documents encoded (0: all)")
-    args = parser.parse_args(argv)
-    return run_and_write(args, "int8_operators", run, write_results)
+@click.command(help=__doc__.splitlines()[0])
+@encoder_benchmark_options("int8_operators")
+@click.option("--rounds", type=int, default=2)
+@click.option("--docs", type=int, default=0, help="documents encoded (0: all)")
+def main(**options: Any) -> dict[str, Any]:
+    return run_and_write(SimpleNamespace(**options), "int8_operators", run, write_results)
 
 
-def run(args: argparse.Namespace, data: Path) -> dict[str, Any]:
+def run(args: Any, data: Path) -> dict[str, Any]:
     from magretrieve.core.metrics import retrieval_metrics
     from magretrieve.data.readers import load_beir
     from magretrieve.evaluation.retrieval import exact_run

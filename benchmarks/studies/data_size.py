@@ -17,7 +17,7 @@ Each (N, mode, seed) run is cached as JSON under --work/results (an interrupted 
 runs with N = 0 can take the quality benchmark's result instead (--reuse) when its settings and
 step count match. Heavy runs take the CPU lock (--lock).
 
-    python benchmarks/data_size.py --model all-MiniLM-L6-v2 --train ../shared/data/scifact:train \
+    python benchmarks/study.py data_size --model all-MiniLM-L6-v2 --train ../shared/data/scifact:train \
         --eval ../shared/data/scifact:test --eval ../shared/data/cranfield:test \
         --sizes 0,2000,6000 --modes cosine,qnorm --seeds 42 --max-doc-length 128 \
         --reuse .cache/quality/results --out benchmarks/results --threads 2
@@ -34,20 +34,20 @@ from typing import Any
 
 import click
 import numpy as np
-from _common import cpu_lock, lock_option, recorded_command
-from quality import MODES, BenchConfig, run_ours, train_settings
+from _common import REPO, cpu_lock, lock_option, recorded_command
+from _quality import MODES, BenchConfig, run_ours, train_settings
 
-from magretrieve.core.errors import ConfigError  # noqa: E402
-from magretrieve.data.readers import (  # noqa: E402
+from magretrieve.core.errors import ConfigError
+from magretrieve.data.readers import (
     Document,
     RetrievalDataset,
     TrainingPair,
     load_beir,
     parse_data_spec,
 )
-from magretrieve.data.weak_pairs import KINDS, mine_weak_pairs  # noqa: E402
+from magretrieve.data.weak_pairs import KINDS, mine_weak_pairs
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = REPO / "benchmarks" / "results"
 
 
 # --------------------------------------------------------------------------- weak pairs

@@ -16,24 +16,26 @@ stores (an annotated Cosine collection in embedded Qdrant, and a pgvector table 
 ``vector_cosine_ops`` index on a PostgreSQL started here) for the prior β 0.03 on
 ``--store-queries`` queries, reporting recall and single-query q/s.
 
-    python benchmarks/plugin_prefetch.py        # writes benchmarks/results/plugin_prefetch.md
+    python benchmarks/study.py plugin_prefetch        # writes benchmarks/results/plugin_prefetch.md
 """
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import click
 import numpy as np
-from _common import cpu_lock, machine_summary, markdown_table, recorded_command
+from _common import REPO, cpu_lock, machine_summary, markdown_table, recorded_command
 from _store_data import load_vectors
 
 K = 10
 PREFETCH = (10, 20, 50, 100, 200, 500, 1000)
-RESULTS = Path(__file__).resolve().parent / "results" / "plugin_prefetch.md"
+RESULTS = REPO / "benchmarks" / "results" / "plugin_prefetch.md"
 
 
 def topk(scores: np.ndarray, k: int) -> np.ndarray:
@@ -131,14 +133,14 @@ def through_stores(
         server.cleanup()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--docs", type=int, default=0, help="first N passages only (0 = all)")
-    ap.add_argument("--store-queries", type=int, default=100)
-    ap.add_argument("--no-stores", action="store_true", help="numpy only")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--lock", default="default", help="CPU lock file ('' = none)")
-    args = ap.parse_args()
+@click.command(help=__doc__.splitlines()[0])
+@click.option("--docs", type=int, default=0, help="first N passages only (0 = all)")
+@click.option("--store-queries", type=int, default=100)
+@click.option("--no-stores", is_flag=True, help="numpy only")
+@click.option("--out", type=click.Path(path_type=Path), default=RESULTS)
+@click.option("--lock", default="default", help="CPU lock file ('' = none)")
+def main(**options: Any) -> None:
+    args = SimpleNamespace(**options)
 
     with cpu_lock(args.lock):
         _, _, docs, queries = load_vectors(lock=False)
