@@ -104,7 +104,7 @@ def decode_matrix(data: Any, source: str) -> np.ndarray:
     try:
         shape = tuple(as_int(x) for x in data["shape"])
         raw = base64.b64decode(data["float32_base64"], validate=True)
-        m = np.frombuffer(raw, dtype="<f4").reshape(shape).astype(np.float32)
+        m: np.ndarray = np.frombuffer(raw, dtype="<f4").reshape(shape).astype(np.float32)
     except (KeyError, TypeError, ValueError, binascii.Error) as exc:
         raise ConfigError(f"{source}: prior key 'queries' is malformed ({exc})") from None
     if m.ndim != 2 or not len(m) or not m.shape[1] or not np.isfinite(m).all():
