@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
+from collections.abc import Iterator
 
 import pytest
 
@@ -127,3 +128,21 @@ def pg_uri() -> str:
     uri = os.environ.get(PG_URI_ENV)
     assert uri, "pgserver is not installed: pip install 'magretrieve[dev]' (it holds pgserver)"
     return uri
+
+
+@pytest.fixture(scope="session")
+def milvus_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Milvus standalone server for this session (``milvus`` package), stopped at the end."""
+    from servers import milvus_server
+
+    with milvus_server(tmp_path_factory.mktemp("milvus-server") / "data") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def chroma_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Chroma server (``chroma run``) for this session, stopped at the end."""
+    from servers import chroma_server
+
+    with chroma_server(tmp_path_factory.mktemp("chroma-server") / "data") as url:
+        yield url

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -53,22 +54,34 @@ def exact_topk(queries: np.ndarray, docs: np.ndarray, k: int) -> tuple[np.ndarra
     return order, np.take_along_axis(scores, order, axis=1)
 
 
-def _open_example(name: str, tmp_path: Path):
+#: Backends on a server the tests start themselves (tests/servers.py, one per session): name ->
+#: (fixture giving the server's URL, spec of a fresh collection on it). Marked integration.
+SERVER_BACKENDS = {
+    "milvus-server": ("milvus_server_url", lambda url, name: f"milvus:{url}/{name}"),
+}
+SERVER_PARAMS = [pytest.param(n, marks=pytest.mark.integration) for n in sorted(SERVER_BACKENDS)]
+
+
+def _open_example(name: str, tmp_path: Path, request=None):
+    if name in SERVER_BACKENDS:
+        fixture, spec = SERVER_BACKENDS[name]
+        url = request.getfixturevalue(fixture)
+        return open_store(spec(url, f"t_{uuid.uuid4().hex[:16]}"), dimension=DIM)
     ex = example(name, tmp_path)
     return open_store(ex.spec, dimension=DIM, **ex.options)
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=BACKENDS + SERVER_PARAMS)
 def store(request, tmp_path):
-    s = _open_example(request.param, tmp_path)
+    s = _open_example(request.param, tmp_path, request)
     s.lossy = request.param in LOSSY  # vectors read back approximately (PQ codes)
     yield s
     s.close()
 
 
-@pytest.fixture(params=EXACT_BACKENDS)
+@pytest.fixture(params=EXACT_BACKENDS + SERVER_PARAMS)
 def exact_store(request, tmp_path):
-    s = _open_example(request.param, tmp_path)
+    s = _open_example(request.param, tmp_path, request)
     yield s
     s.close()
 

@@ -241,7 +241,8 @@ class MilvusStore(VectorStore):
                 vec = np.asarray(ent["vector"], dtype=np.float32) if with_vectors else None
                 row.append(
                     StoreHit(
-                        str(h["doc_id"]),
+                        # Milvus Lite names the primary key "doc_id", a server "id"
+                        str(h["doc_id"] if "doc_id" in h else h["id"]),
                         float(h["distance"]),
                         dict(ent["payload"] or {}),
                         vec,
