@@ -9,9 +9,9 @@ import importlib.util
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from collections.abc import Iterator
 
 import pytest
 

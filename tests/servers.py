@@ -72,7 +72,10 @@ def server_group(
     """Run ``cmd`` in a new process group until ``ready()`` holds; stop the group on exit."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
     try:
@@ -105,8 +108,15 @@ def milvus_server(data_dir: Path) -> Iterator[str]:
     one machine do not collide on Milvus' fixed defaults.
     """
     names = (
-        "proxy-port", "etcd-port", "root-coord-port", "proxy-internal-port", "query-coord-port",
-        "query-node-port", "index-coord-port", "index-node-port", "data-coord-port",
+        "proxy-port",
+        "etcd-port",
+        "root-coord-port",
+        "proxy-internal-port",
+        "query-coord-port",
+        "query-node-port",
+        "index-coord-port",
+        "index-node-port",
+        "data-coord-port",
         "data-node-port",
     )
     ports = free_ports(len(names))
@@ -139,8 +149,16 @@ def milvus_server(data_dir: Path) -> Iterator[str]:
 def chroma_server(path: Path) -> Iterator[str]:
     """A Chroma server (``chroma run``) persisting in ``path``; yields its URL."""
     port = free_ports(1)[0]
-    cmd = [_script("chroma"), "run", "--path", str(path), "--host", "127.0.0.1",
-           "--port", str(port)]
+    cmd = [
+        _script("chroma"),
+        "run",
+        "--path",
+        str(path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
