@@ -58,6 +58,7 @@ def exact_topk(queries: np.ndarray, docs: np.ndarray, k: int) -> tuple[np.ndarra
 #: (fixture giving the server's URL, spec of a fresh collection on it). Marked integration.
 SERVER_BACKENDS = {
     "milvus-server": ("milvus_server_url", lambda url, name: f"milvus:{url}/{name}"),
+    "chroma-server": ("chroma_server_url", lambda url, name: f"chroma:{url}/{name}"),
 }
 SERVER_PARAMS = [pytest.param(n, marks=pytest.mark.integration) for n in sorted(SERVER_BACKENDS)]
 

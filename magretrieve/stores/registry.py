@@ -57,6 +57,7 @@ BACKEND_MODULES: tuple[str, ...] = (
     "magretrieve.stores.memory_store",
     "magretrieve.stores.pgvector_store",
     "magretrieve.stores.milvus_store",
+    "magretrieve.stores.chroma_store",
 )
 
 
