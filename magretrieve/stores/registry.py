@@ -58,6 +58,7 @@ BACKEND_MODULES: tuple[str, ...] = (
     "magretrieve.stores.pgvector_store",
     "magretrieve.stores.milvus_store",
     "magretrieve.stores.chroma_store",
+    "magretrieve.stores.lancedb_store",
 )
 
 
@@ -227,6 +228,12 @@ OPTIONS: dict[str, StoreOption] = {
             minimum=1,
             maximum=100_000,
             search=True,
+        ),
+        _opt(
+            "force",
+            bool,
+            "LanceDB: keep a vector index whose measured recall is below the bar (IVF_PQ on "
+            "magnitude-keeping vectors); set by --force of magretrieve index.",
         ),
         _opt("full_scan_threshold", int, "Qdrant Edge: exact below this size (KB).", minimum=0),
         _opt("indexing_threshold", int, "Qdrant Edge: index segments above this size.", minimum=0),
