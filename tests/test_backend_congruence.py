@@ -1,7 +1,8 @@
 """One add / search / delete / reload sequence on every backend, compared with exact search.
 
 Backends: memory (persisted), FAISS (flat), Qdrant (embedded qdrant-client on disk, Qdrant
-Edge), pgvector (a real PostgreSQL started by the session, see conftest) and Milvus Lite. The
+Edge), pgvector (a real PostgreSQL started by the session, see conftest), Milvus Lite,
+LanceDB and Chroma (embedded). The
 list is written out here, not taken from the registry, so a missing extra fails instead of
 quietly shrinking the comparison. Every backend must return the same ids, in the same order,
 with the same scores as the exact inner product of the vectors still stored.
@@ -30,6 +31,9 @@ def specs(tmp, pg_uri) -> dict[str, tuple[str, dict]]:
         "qdrant-edge": (f"qdrant-edge:{tmp / 'edge'}", {}),
         "pgvector": (f"pgvector:{pg_uri}#c_{uuid.uuid4().hex[:10]}", {"index_type": "flat"}),
         "milvus-lite": (f"milvus:{tmp / 'milvus.db'}/docs", {}),
+        "lancedb": (f"lancedb:{tmp / 'lancedb'}/docs", {}),
+        # Chroma has only HNSW: an ef above the corpus size searches every vector here
+        "chroma": (f"chroma:{tmp / 'chroma'}/docs", {"ef_search": 512}),
     }
 
 
@@ -148,7 +152,7 @@ def test_optional_packages_are_not_imported_by_the_core_or_serving_path(tmp_path
         f"s = open_store('faiss:{tmp_path / 'f'}', dimension=4)\n"
         "s.add(['a'], np.ones((1, 4), dtype=np.float32)); s.search(np.ones((1, 4)), 1)\n"
         "bad = ('psycopg', 'pgvector', 'pymilvus', 'milvus_lite', 'langchain_core',\n"
-        "       'llama_index', 'haystack', 'pgserver', 'ray', 'torch')\n"
+        "       'llama_index', 'haystack', 'chromadb', 'lancedb', 'pgserver', 'ray', 'torch')\n"
         "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in bad)) or 'clean')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -145,3 +145,22 @@ def test_metadata_and_rows_survive_a_new_process(tmp_path):
         open_store(spec, dimension=8)
     with pytest.raises(StoreError, match="index_type 'hnsw' is not one of"):
         open_store(spec, index_type="hnsw")
+
+
+def test_retriever_force_reaches_the_store_that_takes_it(
+    tmp_path_factory, tiny_model_dir, tmp_path
+):
+    """``magretrieve index --force`` (Retriever.load(force=True)) is what keeps a poor index."""
+    from test_bad_input import tiny_export_dir
+
+    from magretrieve.serving.retriever import Retriever
+
+    export = tiny_export_dir(tmp_path_factory, tiny_model_dir)
+    spec = f"lancedb:{tmp_path / 'l'}/docs"
+    with Retriever.load(export, store=spec, index_type="IVF_PQ", nlist=2, force=True) as r:
+        assert r.store.force is True
+    with Retriever.load(export, store=spec) as r:
+        assert r.store.force is False
+    # a store without the option is opened as before under force
+    with Retriever.load(export, store=f"faiss:{tmp_path / 'f'}", force=True) as r:
+        assert r.store.kind == "faiss"
