@@ -138,7 +138,8 @@ OPTIONS: dict[str, StoreOption] = {
             str,
             "FAISS index: flat (exact, default), hnsw, ivf, or any faiss.index_factory string, "
             "e.g. 'IVF1024,PQ32' (inner product is always used; untrained indexes are trained "
-            "on the first vectors added).",
+            "on the first vectors added). Milvus: FLAT, HNSW, IVF_FLAT. LanceDB: IVF_HNSW_SQ, "
+            "IVF_PQ, ... (built after indexing, recall measured; exact scan when absent).",
             cli="--faiss-index",
         ),
         _opt(
