@@ -15,15 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import store_examples
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import open_store, parse_spec, registry
 from magretrieve.stores.faiss_store import FaissStore
 
 DIM = 16
-#: Every registered backend's example specs (magretrieve/stores/registry.py): a new store joins by
-#: registering, not by an edit here. Names only; the specs are rebuilt under tmp_path.
-EXAMPLES = {e.name: e for e in registry.examples(Path("EXAMPLE"))}
+#: Every registered backend's example specs (tests/store_examples.py, keyed by registry prefix):
+#: a new store joins by registering and naming an example. Names only; the specs are rebuilt
+#: under tmp_path.
+EXAMPLES = {e.name: e for e in store_examples.examples(Path("EXAMPLE"))}
 BACKENDS = sorted(EXAMPLES)
 EXACT_BACKENDS = sorted(n for n, e in EXAMPLES.items() if e.exact)
 LOSSY = {n for n, e in EXAMPLES.items() if e.lossy}
@@ -40,8 +42,8 @@ def make_data(n: int = 400, nq: int = 25, dim: int = DIM, seed: int = 0):
     return ids, docs, queries
 
 
-def example(backend: str, tmp: Path) -> registry.Example:
-    return {e.name: e for e in registry.examples(tmp)}[backend]
+def example(backend: str, tmp: Path) -> store_examples.Example:
+    return {e.name: e for e in store_examples.examples(tmp)}[backend]
 
 
 def spec_for(backend: str, tmp: Path) -> str:

@@ -312,7 +312,7 @@ class Retriever:
             warm("query")
             if for_writing:
                 warm("document")
-        if force and isinstance(store, str) and "force" in backend_for(store)[0].options:
+        if force and isinstance(store, str) and "force" in backend_for(store)[0].option_names:
             store_options.setdefault("force", True)  # a store that asks, e.g. a poor ANN index
         try:  # an existing store opens with its own dimension (d + 1 with a prior's offset)
             vs = open_store(store, dimension=None, **store_options)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +33,7 @@ import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import _ann_recall, registry
-from magretrieve.stores.base import (
-    StoreHit,
-    StoreRecord,
-    VectorStore,
-    check_batch,
-    check_k,
-    check_queries,
-    json_safe,
-    require,
-)
+from magretrieve.stores.base import Batch, StoreHit, StoreRecord, VectorStore, require
 
 #: Collection metadata key under which the building model is recorded (a JSON string).
 META_KEY = "magretrieve.metadata"
@@ -164,16 +155,13 @@ class ChromaStore(VectorStore):
             )
         self._dim = int(dim)
 
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        # chromadb's own errors, and what its HTTP client raises for an unreachable server
+        return (chromadb().errors.ChromaError, ValueError, RuntimeError, OSError)
+
     def _run(self, what: str, fn: Any) -> Any:
-        try:
+        with self._driver(what):
             return fn()
-        except StoreError:
-            raise
-        except Exception as exc:  # chromadb raises its own errors, httpx/grpc ones for a server
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise StoreError(
-                f"{self._location}: {what} failed ({type(exc).__name__}: {first})"
-            ) from None
 
     # ------------------------------------------------------------------ properties
 
@@ -202,47 +190,27 @@ class ChromaStore(VectorStore):
             self.client = self._reopen()
             self.col = self._run("open", lambda: self.client.get_collection(self.name))
 
-    # ------------------------------------------------------------------ protocol
+    # ------------------------------------------------------------------ primitives
 
-    def add(
-        self,
-        ids: Sequence[str],
-        vectors: np.ndarray,
-        payloads: Sequence[Mapping[str, Any]] | None = None,
-    ) -> int:
-        ids, arr, plist = check_batch(ids, vectors, payloads, self._dim, self._location)
-        if not ids:
-            return 0
+    def _upsert(self, batch: Batch) -> None:
         metas = [
-            {
-                "payload": json.dumps(json_safe(p, i), allow_nan=False),
-                "doc_norm": float(np.linalg.norm(v)),
-            }
-            for i, v, p in zip(ids, arr, plist, strict=True)
+            {"payload": json.dumps(payload, allow_nan=False), "doc_norm": norm}
+            for _, _, payload, norm in batch.rows()
         ]
-        for start in range(0, len(ids), PAGE):
+        for start in range(0, len(batch.ids), PAGE):
             end = start + PAGE
-            self._run(
-                "upsert",
-                lambda s=start, e=end: self.col.upsert(
-                    ids=ids[s:e], embeddings=arr[s:e], metadatas=metas[s:e]
-                ),
+            self.col.upsert(
+                ids=batch.ids[start:end],
+                embeddings=batch.vectors[start:end],
+                metadatas=metas[start:end],
             )
-        return len(ids)
 
-    def search(
-        self, queries: np.ndarray, k: int, *, with_vectors: bool = True
-    ) -> list[list[StoreHit]]:
-        q = check_queries(queries, self._dim, self._location)
-        k = check_k(k)
-        n = self.count()
+    def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
+        n = self._count()
         if n == 0 or len(q) == 0:
             return [[] for _ in range(len(q))]
         include = ["metadatas", "distances"] + (["embeddings"] if with_vectors else [])
-        res = self._run(
-            "search",
-            lambda: self.col.query(query_embeddings=q, n_results=min(k, n), include=include),
-        )
+        res = self.col.query(query_embeddings=q, n_results=min(k, n), include=include)
         out = []
         for row in range(len(q)):
             hits = []
@@ -262,56 +230,45 @@ class ChromaStore(VectorStore):
             out.append(hits)
         return out
 
-    def delete(self, ids: Sequence[str]) -> int:
-        present = sorted(self.existing(ids))
+    def _delete(self, ids: list[str]) -> int:
+        present = sorted(self._existing(ids))
         for start in range(0, len(present), PAGE):
-            chunk = present[start : start + PAGE]
-            self._run("delete", lambda c=chunk: self.col.delete(ids=c))
+            self.col.delete(ids=present[start : start + PAGE])
         return len(present)
 
-    def count(self) -> int:
-        return int(self._run("count", self.col.count))
+    def _count(self) -> int:
+        return int(self.col.count())
 
     def _get(self, ids: list[str], include: list[str]) -> dict[str, Any]:
         out: dict[str, list[Any]] = {"ids": [], "embeddings": [], "metadatas": []}
         for start in range(0, len(ids), PAGE):
-            chunk = ids[start : start + PAGE]
-            got = self._run("read", lambda c=chunk: self.col.get(ids=c, include=include))
+            got = self.col.get(ids=ids[start : start + PAGE], include=include)
             out["ids"].extend(got["ids"])
             for key in ("embeddings", "metadatas"):
                 if key in include:
                     out[key].extend(list(got[key]))
         return out
 
-    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
-        ids = [str(i) for i in ids]
-        if not ids:
-            return []
-        got = self._get(sorted(set(ids)), ["embeddings", "metadatas"])
-        found = {
-            doc_id: StoreRecord(
-                doc_id,
+    def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
+        got = self._get(ids, ["embeddings", "metadatas"])
+        return [
+            StoreRecord(
+                str(doc_id),
                 np.asarray(vec, dtype=np.float32),
                 json.loads((meta or {}).get("payload") or "{}"),
             )
             for doc_id, vec, meta in zip(
                 got["ids"], got["embeddings"], got["metadatas"], strict=True
             )
-        }
-        return [found.get(i) for i in ids]
+        ]
 
-    def existing(self, ids: Sequence[str]) -> set[str]:
-        ids = sorted({str(i) for i in ids})
-        if not ids:
-            return set()
-        return set(self._get(ids, [])["ids"])
+    def _existing(self, ids: list[str]) -> Iterable[str]:
+        return [str(i) for i in self._get(ids, [])["ids"]]
 
-    def iter_ids(self) -> Iterator[str]:
+    def _scan_ids(self) -> Iterator[str]:
         offset = 0
         while True:
-            page = self._run(
-                "read", lambda o=offset: self.col.get(limit=PAGE, offset=o, include=[])
-            )
+            page = self.col.get(limit=PAGE, offset=offset, include=[])
             if not page["ids"]:
                 return
             yield from (str(i) for i in page["ids"])
@@ -352,10 +309,10 @@ class ChromaStore(VectorStore):
         current[key] = json.dumps(dict(value or {}), sort_keys=True)
         self._run("write metadata", lambda: self.col.modify(metadata=current))
 
-    def read_metadata(self) -> dict[str, Any] | None:
+    def _read_meta(self) -> dict[str, Any] | None:
         return self._meta_value(META_KEY)
 
-    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+    def _write_meta(self, meta: dict[str, Any]) -> None:
         self._write_meta_value(META_KEY, meta)
 
     def foreign_points(self) -> int:
@@ -403,7 +360,7 @@ class ChromaStore(VectorStore):
         self._write_meta_value(RECALL_KEY, recall)
         return recall
 
-    def parameters(self) -> dict[str, Any]:
+    def _describe(self) -> dict[str, Any]:
         hnsw = dict((self.col.configuration or {}).get("hnsw") or {})
         out: dict[str, Any] = {
             "space": "ip",
@@ -482,17 +439,6 @@ def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -
     return open_chroma(loc, dimension, **options)
 
 
-def _examples(tmp: Path) -> list[registry.Example]:
-    import importlib.util
-
-    if importlib.util.find_spec("chromadb") is None:
-        return []
-    # HNSW with an ef above the test's 400 vectors searches them all: exact on this size
-    return [
-        registry.Example("chroma", f"chroma:{tmp / 'chroma'}/test", {"ef_search": 512}),
-    ]
-
-
 registry.register(
     registry.Backend(
         prefix="chroma",
@@ -500,8 +446,6 @@ registry.register(
         parse=parse_chroma,
         open=_open,
         options=("hnsw_m", "ef_construction", "ef_search", "target_recall"),
-        persists=lambda loc: True,
         extra="chroma",
-        examples=_examples,
     )
 )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +30,7 @@ import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import _ann_recall, registry
-from magretrieve.stores.base import (
-    StoreHit,
-    StoreRecord,
-    VectorStore,
-    check_batch,
-    check_k,
-    check_queries,
-    json_safe,
-    require,
-)
+from magretrieve.stores.base import Batch, StoreHit, StoreRecord, VectorStore, require
 
 FORM = "lancedb:PATH/TABLE"
 #: Keys of the ``vector`` field's metadata.
@@ -172,17 +163,14 @@ class LanceDBStore(VectorStore):
             )
         self._dim = int(dim)
 
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        # lance raises OSError/ValueError/RuntimeError; pyarrow its ArrowException
+        arrow = require("pyarrow", "pyarrow", "lancedb")
+        return (OSError, ValueError, RuntimeError, arrow.ArrowException)
+
     def _run(self, what: str, fn: Any) -> Any:
-        try:
+        with self._driver(what):
             return fn()
-        except StoreError:
-            raise
-        except Exception as exc:  # lance raises OSError/ValueError/RuntimeError with long texts
-            text = str(exc).strip()
-            first = text.splitlines()[0] if text else ""
-            raise StoreError(
-                f"{self._location}: {what} failed ({type(exc).__name__}: {first[:300]})"
-            ) from None
 
     # ------------------------------------------------------------------ field metadata
 
@@ -220,42 +208,27 @@ class LanceDBStore(VectorStore):
                 return idx
         return None
 
-    # ------------------------------------------------------------------ protocol
+    # ------------------------------------------------------------------ primitives
 
-    def add(
-        self,
-        ids: Sequence[str],
-        vectors: np.ndarray,
-        payloads: Sequence[Mapping[str, Any]] | None = None,
-    ) -> int:
-        ids, arr, plist = check_batch(ids, vectors, payloads, self._dim, self._location)
-        if not ids:
-            return 0
+    def _upsert(self, batch: Batch) -> None:
         pa = require("pyarrow", "pyarrow", "lancedb")
         data = pa.table(
             {
-                "doc_id": ids,
-                "vector": pa.FixedSizeListArray.from_arrays(pa.array(arr.ravel()), self._dim),
-                "payload": [
-                    json.dumps(json_safe(p, i), allow_nan=False)
-                    for i, p in zip(ids, plist, strict=True)
-                ],
-                "doc_norm": np.linalg.norm(arr, axis=1).astype(np.float32),
+                "doc_id": batch.ids,
+                "vector": pa.FixedSizeListArray.from_arrays(
+                    pa.array(batch.vectors.ravel()), self._dim
+                ),
+                "payload": [json.dumps(p, allow_nan=False) for p in batch.payloads],
+                "doc_norm": batch.norms.astype(np.float32),
             },
             schema=self.tbl.schema,
         )
-        self._run(
-            "upsert",
-            lambda: (
-                self.tbl.merge_insert("doc_id")
-                .when_matched_update_all()
-                .when_not_matched_insert_all()
-                .execute(data)
-            ),
-        )
-        return len(ids)
+        # one merge_insert = one new table version: all of the batch or none of it
+        self.tbl.merge_insert(
+            "doc_id"
+        ).when_matched_update_all().when_not_matched_insert_all().execute(data)
 
-    def _query(self, q: np.ndarray, k: int, columns: list[str], exact: bool) -> Any:
+    def _search(self, q: np.ndarray, k: int, columns: list[str], exact: bool) -> Any:
         s = self.tbl.search(q).distance_type("dot").limit(k).select([*columns, "_distance"])
         if exact or self._index() is None:
             return s.bypass_vector_index()
@@ -265,17 +238,13 @@ class LanceDBStore(VectorStore):
             s = s.ef(max(int(self.ef_search), k))
         return s
 
-    def search(
-        self, queries: np.ndarray, k: int, *, with_vectors: bool = True, exact: bool = False
-    ) -> list[list[StoreHit]]:
-        q = check_queries(queries, self._dim, self._location)
-        k = check_k(k)
+    def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
         columns = ["doc_id", "payload", "doc_norm"] + (["vector"] if with_vectors else [])
         out = []
         for row in q:
-            res = self._run("search", lambda r=row: self._query(r, k, columns, exact).to_arrow())
-            hits = []
+            res = self._search(row, k, columns, exact=False).to_arrow()
             cols = {name: res[name].to_pylist() for name in res.column_names}
+            hits = []
             for j, doc_id in enumerate(cols["doc_id"]):
                 vec = np.asarray(cols["vector"][j], dtype=np.float32) if with_vectors else None
                 hits.append(
@@ -295,42 +264,31 @@ class LanceDBStore(VectorStore):
         unique = sorted(set(ids))
         for start in range(0, len(unique), IDS_PER_EXPRESSION):
             chunk = unique[start : start + IDS_PER_EXPRESSION]
-            res = self._run(
-                "read",
-                lambda c=chunk: (
-                    self.tbl.search().where(_in_list(c)).select(columns).limit(len(c)).to_arrow()
-                ),
-            )
-            for rec in res.to_pylist():
+            res = self.tbl.search().where(_in_list(chunk)).select(columns).limit(len(chunk))
+            for rec in res.to_arrow().to_pylist():
                 found[str(rec["doc_id"])] = rec
         return found
 
-    def delete(self, ids: Sequence[str]) -> int:
-        present = sorted(self.existing(ids))
+    def _delete(self, ids: list[str]) -> int:
+        present = sorted(self._existing(ids))
         for start in range(0, len(present), IDS_PER_EXPRESSION):
-            chunk = present[start : start + IDS_PER_EXPRESSION]
-            self._run("delete", lambda c=chunk: self.tbl.delete(_in_list(c)))
+            self.tbl.delete(_in_list(present[start : start + IDS_PER_EXPRESSION]))
         return len(present)
 
-    def count(self) -> int:
-        return int(self._run("count", self.tbl.count_rows))
+    def _count(self) -> int:
+        return int(self.tbl.count_rows())
 
-    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
-        ids = [str(i) for i in ids]
+    def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
         found = self._rows(ids, ["doc_id", "vector", "payload"])
         return [
             StoreRecord(
-                i,
-                np.asarray(found[i]["vector"], dtype=np.float32),
-                json.loads(found[i]["payload"] or "{}"),
+                i, np.asarray(r["vector"], dtype=np.float32), json.loads(r["payload"] or "{}")
             )
-            if i in found
-            else None
-            for i in ids
+            for i, r in found.items()
         ]
 
-    def existing(self, ids: Sequence[str]) -> set[str]:
-        return set(self._rows([str(i) for i in ids], ["doc_id"]))
+    def _existing(self, ids: list[str]) -> Iterable[str]:
+        return list(self._rows(ids, ["doc_id"]))
 
     def _scan(self, columns: list[str]) -> Any:
         n = self.count()
@@ -338,13 +296,13 @@ class LanceDBStore(VectorStore):
             "read", lambda: self.tbl.search().select(columns).limit(max(n, 1)).to_arrow()
         )
 
-    def iter_ids(self) -> Iterator[str]:
+    def _scan_ids(self) -> Iterator[str]:
         return iter([str(i) for i in self._scan(["doc_id"])["doc_id"].to_pylist()])
 
-    def read_metadata(self) -> dict[str, Any] | None:
+    def _read_meta(self) -> dict[str, Any] | None:
         return self._field_meta(META_KEY)
 
-    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+    def _write_meta(self, meta: dict[str, Any]) -> None:
         self._write_field_meta(META_KEY, meta)
 
     # ------------------------------------------------------------------ index and recall
@@ -443,7 +401,7 @@ class LanceDBStore(VectorStore):
         self._write_field_meta(RECALL_KEY, recall)
         return recall
 
-    def parameters(self) -> dict[str, Any]:
+    def _describe(self) -> dict[str, Any]:
         idx = self._index()
         out: dict[str, Any] = {"distance": "dot", "index": "exact scan" if idx is None else ""}
         if idx is not None:
@@ -484,12 +442,14 @@ def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -
     return open_lancedb(loc, dimension, **options)
 
 
-def _examples(tmp: Path) -> list[registry.Example]:
-    import importlib.util
-
-    if importlib.util.find_spec("lancedb") is None:
-        return []
-    return [registry.Example("lancedb", f"lancedb:{tmp / 'lancedb'}/test")]
+#: Whether to keep an index below the recall bar: the backend's own option, set by
+#: ``Retriever.load(force=True)`` (``magretrieve index --force``).
+FORCE_OPTION = registry.StoreOption(
+    "force",
+    bool,
+    "LanceDB: keep a vector index whose measured recall is below the bar (IVF_PQ on "
+    "magnitude-keeping vectors); set by --force of magretrieve index.",
+)
 
 
 registry.register(
@@ -506,9 +466,8 @@ registry.register(
             "nlist",
             "nprobe",
             "target_recall",
-            "force",
+            FORCE_OPTION,
         ),
         extra="lancedb",
-        examples=_examples,
     )
 )
