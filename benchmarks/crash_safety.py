@@ -75,6 +75,8 @@ def spec_for(backend: str, folder: Path) -> str:
         "faiss": f"faiss:{folder}",
         "memory": f"memory:{folder}",
         "qdrant-edge": f"qdrant-edge:{folder}",
+        "chroma": f"chroma:{folder}/docs",
+        "lancedb": f"lancedb:{folder}/docs",
     }[backend]
 
 

@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -135,12 +136,30 @@ def pg_uri() -> str:
     return uri
 
 
+@pytest.fixture(scope="session")
+def milvus_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Milvus standalone server for this session (``milvus`` package), stopped at the end."""
+    from servers import milvus_server
+
+    with milvus_server(tmp_path_factory.mktemp("milvus-server") / "data") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def chroma_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Chroma server (``chroma run``) for this session, stopped at the end."""
+    from servers import chroma_server
+
+    with chroma_server(tmp_path_factory.mktemp("chroma-server") / "data") as url:
+        yield url
+
+
 # --- test lanes -----------------------------------------------------------------------------
 # The unit lane is `pytest -m "not integration and not slow"`; the integration lane is
 # `-m "integration or slow"` (scripts/test.sh runs both). Tests are put in the integration lane
 # by what they use, not by name, so a new test joins the right lane without an edit here:
 #: fixtures that start or need a real server (PostgreSQL, a local Ray cluster)
-SERVER_FIXTURES = frozenset({"pg_uri", "ray_local"})
+SERVER_FIXTURES = frozenset({"pg_uri", "ray_local", "milvus_server_url", "chroma_server_url"})
 #: roots of client libraries of real servers: a test module importing one talks to a server
 SERVER_CLIENTS = frozenset({"psycopg", "pgserver", "pymilvus", "milvus_lite", "ray"})
 #: store backends whose tests run a server (parametrized ids naming them)

@@ -218,7 +218,8 @@ def store_state(store: VectorStore) -> tuple[Any, ...]:
 
 
 def snapshot(target: Any) -> Any:
-    """State of a store given as a spec, a live store object, or ``files:DIR`` / ``qdrant-raw:DIR/c``."""
+    """State of a store given as a spec, a live store object, or ``files:DIR`` /
+    ``qdrant-raw:DIR/c`` / ``chroma-raw:DIR/c``."""
     if isinstance(target, VectorStore):
         return store_state(target)
     if target.startswith("files:"):
@@ -232,6 +233,21 @@ def snapshot(target: Any) -> Any:
             points, _ = client.scroll(collection, limit=100, with_vectors=True)
             info = client.get_collection(collection).config.params.vectors
             return sorted((str(p.id), list(p.vector)) for p in points), str(info.distance)
+        finally:
+            client.close()
+    if target.startswith("chroma-raw:"):  # Chroma's sqlite changes on every open: compare data
+        import chromadb
+
+        path, _, collection = target[11:].rpartition("/")
+        client = chromadb.PersistentClient(
+            path=path, settings=chromadb.Settings(anonymized_telemetry=False)
+        )
+        try:
+            col = client.get_collection(collection)
+            got = col.get(include=["embeddings", "metadatas"])
+            rows = zip(got["ids"], got["embeddings"], got["metadatas"], strict=True)
+            space = col.configuration["hnsw"]["space"]
+            return sorted((i, list(map(float, e)), m) for i, e, m in rows), space
         finally:
             client.close()
     store = open_store(target)
@@ -398,6 +414,45 @@ def qdrant_edge_cosine(env: Env) -> Built:
         env.index_args(env.corpus(), f"qdrant-edge:{env.tmp / 'edge'}"),
         [str(shard), "uses distance Cosine"],
         store=f"files:{env.tmp / 'edge'}",
+    )
+
+
+def chroma_cosine(env: Env) -> Built:
+    """An existing Chroma collection in space cosine (would rank by angle alone)."""
+    import chromadb
+
+    path = env.tmp / "chroma"
+    client = chromadb.PersistentClient(
+        path=str(path), settings=chromadb.Settings(anonymized_telemetry=False)
+    )
+    col = client.create_collection(
+        "scifact", configuration={"hnsw": {"space": "cosine"}}, embedding_function=None
+    )
+    col.add(ids=["theirs"], embeddings=np.ones((1, 32), dtype=np.float32))
+    client.close()
+    return Built(
+        env.index_args(env.corpus(), f"chroma:{path}/scifact"),
+        [f"chroma:{path}/scifact", "space 'cosine'", "needs 'ip'"],
+        store=f"chroma-raw:{path}/scifact",
+    )
+
+
+def lancedb_cosine_index(env: Env) -> Built:
+    """A LanceDB table whose vector index uses metric cosine."""
+    import lancedb
+    from lancedb.index import IvfFlat
+
+    path = env.tmp / "lance"
+    store = open_store(f"lancedb:{path}/scifact", dimension=32)
+    rng = np.random.default_rng(0)
+    store.add([f"d{i}" for i in range(300)], rng.normal(size=(300, 32)).astype(np.float32))
+    store.close()
+    table = lancedb.connect(str(path)).open_table("scifact")
+    table.create_index("vector", config=IvfFlat(distance_type="cosine", num_partitions=2))
+    return Built(
+        env.index_args(env.corpus(), f"lancedb:{path}/scifact"),
+        [f"lancedb:{path}/scifact", "metric COSINE", "needs dot"],
+        store=f"files:{path}",
     )
 
 
@@ -754,6 +809,8 @@ CASES: list[Case] = [
     Case("qdrant-collection-cosine", qdrant_distance("COSINE")),
     Case("qdrant-collection-euclid", qdrant_distance("EUCLID")),
     Case("qdrant-edge-shard-cosine", qdrant_edge_cosine),
+    Case("chroma-collection-cosine", chroma_cosine),
+    Case("lancedb-index-cosine", lancedb_cosine_index),
     Case("faiss-index-l2-on-disk", faiss_l2_on_disk),
     Case("faiss-index-half-written", faiss_half_written),
     Case("faiss-files-without-state", faiss_files_without_state),

@@ -152,14 +152,19 @@ def test_existing_connection_object(pg_uri):
 
 def test_a_failing_batch_leaves_the_table_unchanged(pg_uri):
     ids, docs, _ = data(n=20)
-    with open_store(spec(pg_uri, table()), dimension=DIM) as store:
+    name = table()
+    with open_store(spec(pg_uri, name), dimension=DIM) as store:
         store.add(ids[:10], docs[:10])
-        # jsonb refuses the NUL character: the server fails the *last* row of the batch
-        payloads = [{"ok": i} for i in range(9)] + [{"bad": "a\x00b"}]
-        with pytest.raises(StoreError, match="insert failed"):
-            store.add(ids[10:], docs[10:], payloads)
+        # a constraint the server checks row by row fails the *last* row of the batch
+        store.conn.execute(f"ALTER TABLE {name} ADD CONSTRAINT no19 CHECK (doc_id <> 'doc-19')")
+        with pytest.raises(StoreError, match="upsert failed .CheckViolation"):
+            store.add(ids[10:], docs[10:], [{"ok": i} for i in range(10)])
         assert store.count() == 10
         assert store.existing(ids[10:]) == set()
+        # NUL (which jsonb cannot hold) is refused before the server sees the batch
+        with pytest.raises(StoreError, match="NUL character"):
+            store.add(ids[10:12], docs[10:12], [{"ok": 1}, {"bad": "a\x00b"}])
+        assert store.count() == 10
 
 
 def test_metadata_and_rows_survive_a_new_process(pg_uri):

@@ -10,19 +10,22 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
+import store_examples
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import open_store, parse_spec, registry
 from magretrieve.stores.faiss_store import FaissStore
 
 DIM = 16
-#: Every registered backend's example specs (magretrieve/stores/registry.py): a new store joins by
-#: registering, not by an edit here. Names only; the specs are rebuilt under tmp_path.
-EXAMPLES = {e.name: e for e in registry.examples(Path("EXAMPLE"))}
+#: Every registered backend's example specs (tests/store_examples.py, keyed by registry prefix):
+#: a new store joins by registering and naming an example. Names only; the specs are rebuilt
+#: under tmp_path.
+EXAMPLES = {e.name: e for e in store_examples.examples(Path("EXAMPLE"))}
 BACKENDS = sorted(EXAMPLES)
 EXACT_BACKENDS = sorted(n for n, e in EXAMPLES.items() if e.exact)
 LOSSY = {n for n, e in EXAMPLES.items() if e.lossy}
@@ -39,8 +42,8 @@ def make_data(n: int = 400, nq: int = 25, dim: int = DIM, seed: int = 0):
     return ids, docs, queries
 
 
-def example(backend: str, tmp: Path) -> registry.Example:
-    return {e.name: e for e in registry.examples(tmp)}[backend]
+def example(backend: str, tmp: Path) -> store_examples.Example:
+    return {e.name: e for e in store_examples.examples(tmp)}[backend]
 
 
 def spec_for(backend: str, tmp: Path) -> str:
@@ -53,22 +56,35 @@ def exact_topk(queries: np.ndarray, docs: np.ndarray, k: int) -> tuple[np.ndarra
     return order, np.take_along_axis(scores, order, axis=1)
 
 
-def _open_example(name: str, tmp_path: Path):
+#: Backends on a server the tests start themselves (tests/servers.py, one per session): name ->
+#: (fixture giving the server's URL, spec of a fresh collection on it). Marked integration.
+SERVER_BACKENDS = {
+    "milvus-server": ("milvus_server_url", lambda url, name: f"milvus:{url}/{name}"),
+    "chroma-server": ("chroma_server_url", lambda url, name: f"chroma:{url}/{name}"),
+}
+SERVER_PARAMS = [pytest.param(n, marks=pytest.mark.integration) for n in sorted(SERVER_BACKENDS)]
+
+
+def _open_example(name: str, tmp_path: Path, request=None):
+    if name in SERVER_BACKENDS:
+        fixture, spec = SERVER_BACKENDS[name]
+        url = request.getfixturevalue(fixture)
+        return open_store(spec(url, f"t_{uuid.uuid4().hex[:16]}"), dimension=DIM)
     ex = example(name, tmp_path)
     return open_store(ex.spec, dimension=DIM, **ex.options)
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=BACKENDS + SERVER_PARAMS)
 def store(request, tmp_path):
-    s = _open_example(request.param, tmp_path)
+    s = _open_example(request.param, tmp_path, request)
     s.lossy = request.param in LOSSY  # vectors read back approximately (PQ codes)
     yield s
     s.close()
 
 
-@pytest.fixture(params=EXACT_BACKENDS)
+@pytest.fixture(params=EXACT_BACKENDS + SERVER_PARAMS)
 def exact_store(request, tmp_path):
-    s = _open_example(request.param, tmp_path)
+    s = _open_example(request.param, tmp_path, request)
     yield s
     s.close()
 

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 
 class MagRetrieveError(Exception):
-    """Base class of every user-facing error raised by magretrieve."""
+    """Base class of every user-facing error raised by magretrieve.
+
+    Messages are redacted on construction (:func:`magretrieve.core.redact.redact`): a
+    connection string quoted in an error never shows its password, token or API key.
+    """
+
+    def __init__(self, *args: object) -> None:
+        from magretrieve.core.redact import redact
+
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class DataError(MagRetrieveError):

@@ -35,6 +35,7 @@ from magretrieve.core.similarity import EPS, INDEX_METRIC
 from magretrieve.data.readers import Document, check_text, lone_surrogate
 from magretrieve.stores import VectorStore, open_store
 from magretrieve.stores.base import check_finite, check_queries
+from magretrieve.stores.registry import backend_for
 
 logger = logging.getLogger(__name__)
 
@@ -316,6 +317,8 @@ class Retriever:
             warm("query")
             if for_writing:
                 warm("document")
+        if force and isinstance(store, str) and "force" in backend_for(store)[0].option_names:
+            store_options.setdefault("force", True)  # a store that asks, e.g. a poor ANN index
         try:  # an existing store opens with its own dimension (d + 1 with a prior's offset)
             vs = open_store(store, dimension=None, **store_options)
         except StoreError:

@@ -71,6 +71,11 @@ class ClientAPI:
         self.thread_safe = not self.embedded  # embedded qdrant-client is not thread-safe
         self.models = client_models()
 
+    def errors(self) -> tuple[type[BaseException], ...]:
+        """What qdrant-client raises for server answers, timeouts and embedded-mode faults."""
+        exceptions = require("qdrant_client.http.exceptions", "qdrant-client", "qdrant")
+        return (exceptions.ApiException, ValueError, RuntimeError, OSError)
+
     def config(self) -> dict[str, Any] | None:
         if not self.client.collection_exists(self.collection):
             return None
@@ -231,6 +236,10 @@ class EdgeAPI:
         self.shard: Any = None
         self._write_lock = threading.Lock()
         self._closed = False
+
+    def errors(self) -> tuple[type[BaseException], ...]:
+        """Qdrant Edge reports faults as plain Python exceptions."""
+        return (ValueError, RuntimeError, OSError)
 
     def config(self) -> dict[str, Any] | None:
         config_file = self.shard_path / "edge_config.json"

@@ -18,7 +18,6 @@ from magretrieve.core.errors import StoreError
 from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
-    check_batch,
     check_payload_keys,
     json_safe,
     point_uuid,
@@ -35,6 +34,11 @@ def make_payload(doc_id: str, vector: np.ndarray, payload: Mapping[str, Any]) ->
     out["doc_id"] = doc_id
     out["doc_norm"] = float(np.linalg.norm(vector))
     return out
+
+
+def point_payload(doc_id: str, payload: dict[str, Any], norm: float) -> dict[str, Any]:
+    """The point payload of a checked batch row (reserved keys already refused)."""
+    return {**payload, "doc_id": doc_id, "doc_norm": float(norm)}
 
 
 def split_payload(payload: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
@@ -120,22 +124,6 @@ def search_params(
     if ef_search is None and quant is None:
         return None
     return api.SearchParams(hnsw_ef=ef_search, quantization=quant)
-
-
-def build_points(
-    ids: Sequence[str],
-    vectors: np.ndarray,
-    payloads: Sequence[Mapping[str, Any]] | None,
-    dimension: int,
-    where: str,
-    point: Callable[[str, list[float], dict[str, Any]], Any],
-) -> list[Any]:
-    """Validate one add/upsert batch and build its points with ``point(uuid, vector, payload)``."""
-    ids, arr, plist = check_batch(ids, vectors, payloads, dimension, where)
-    return [
-        point(point_uuid(i), v.tolist(), make_payload(i, v, p))
-        for i, v, p in zip(ids, arr, plist, strict=True)
-    ]
 
 
 def to_hits(

@@ -19,13 +19,15 @@ import tempfile
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from magretrieve.core.errors import StoreError
+from magretrieve.core.errors import StoreError, first_line
+from magretrieve.core.redact import redact_value
 
 #: The only metric a magretrieve store uses.
 METRIC = "inner_product"
@@ -61,23 +63,79 @@ class StoreRecord:
     payload: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Batch:
+    """One validated add/upsert batch, as a backend's ``_upsert`` receives it.
+
+    ``ids`` are distinct non-empty strings the backend can store, ``vectors`` a finite
+    float32 ``(n, dim)`` array, ``payloads`` strict-JSON copies without reserved keys, and
+    ``norms`` each vector's norm (what every store keeps beside the vector as ``doc_norm``).
+    """
+
+    ids: list[str]
+    vectors: np.ndarray
+    payloads: list[dict[str, Any]]
+    norms: np.ndarray
+
+    def rows(self) -> Iterator[tuple[str, np.ndarray, dict[str, Any], float]]:
+        """(id, vector, payload, norm) per document."""
+        for n, doc_id in enumerate(self.ids):
+            yield doc_id, self.vectors[n], self.payloads[n], float(self.norms[n])
+
+
+#: Payload keys no store accepts from a user: Qdrant keeps its own ``doc_id``/``doc_norm``
+#: beside the user's fields, and every store refuses them alike so a payload valid on one
+#: store is valid on all.
+RESERVED_PAYLOAD_KEYS = ("doc_id", "doc_norm")
+#: Largest magnitude of a payload integer: Qdrant and Milvus keep JSON integers as int64.
+INT64_RANGE = (-(2**63), 2**63 - 1)
+
+
 class VectorStore(ABC):
     """The protocol: add/upsert, batch search, delete, count, get by id, persist, describe.
 
-    Implementations: memory (numpy, exact; the congruence reference), FAISS, Qdrant
-    (server or embedded) and Qdrant Edge. ``thread_safe_search`` says whether concurrent
-    ``search`` calls are safe without a lock (the Retriever serializes them when not).
+    The public methods are written here, once: they validate ids, vectors, payloads, ``k``
+    and queries, compute the norms, turn the backend library's errors into one-line
+    :class:`StoreError` messages (secrets redacted) and order the results. A backend
+    implements only the primitives, which receive checked input:
+
+    ==========================  ==========================================================
+    ``_upsert(batch)``          write a :class:`Batch` (insert or replace), all or nothing
+    ``_query(q, k, vectors)``   top-``k`` :class:`StoreHit` lists per query row, best first
+    ``_delete(ids)``            remove those stored; return how many were removed
+    ``_fetch(ids)``             the stored :class:`StoreRecord` objects among ``ids``
+    ``_existing(ids)``          the stored subset of ``ids``
+    ``_count()``                number of live points
+    ``_scan_ids()``             every stored id
+    ``_read_meta()`` / ``_write_meta(meta)``  the model metadata (None for a fresh store)
+    ``_describe()``             index parameters worth reporting
+    ==========================  ==========================================================
+
+    plus the ``dimension`` and ``location`` properties and :meth:`_driver_errors` (the
+    library's exception classes). Class attributes declare a backend's limits:
+    ``max_id_bytes`` (longest id in UTF-8 bytes) and ``max_k``. ``thread_safe_search`` says
+    whether concurrent ``search`` calls are safe without a lock (the Retriever serializes
+    them when not).
     """
 
     #: Short backend name, e.g. ``"faiss"``.
     kind: str = "store"
     #: Whether ``search`` may run from several threads at once.
     thread_safe_search: bool = False
+    #: Longest document id in UTF-8 bytes (None: no limit of the backend's own).
+    max_id_bytes: int | None = None
+    #: Largest ``k`` the backend answers (None: no limit).
+    max_k: int | None = None
 
     @property
     @abstractmethod
     def dimension(self) -> int:
         """Vector dimension the store was created with."""
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Human-readable name of where the data lives (a path, URL/collection, ...)."""
 
     @property
     def metric(self) -> str:
@@ -88,14 +146,128 @@ class VectorStore(ABC):
         """True when the store rescales vectors on the way in (magnitude would be lost)."""
         return False
 
-    @abstractmethod
+    # ------------------------------------------------------------------ primitives
+
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        """Exception classes of the backend's library, reported as one-line StoreErrors."""
+        return ()
+
+    def _upsert(self, batch: Batch) -> None:
+        raise NotImplementedError
+
+    def _query(self, queries: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
+        raise NotImplementedError
+
+    def _delete(self, ids: list[str]) -> int:
+        raise NotImplementedError
+
+    def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
+        raise NotImplementedError
+
+    def _existing(self, ids: list[str]) -> Iterable[str]:
+        return [r.id for r in self._fetch(ids)]
+
+    def _count(self) -> int:
+        raise NotImplementedError
+
+    def _scan_ids(self) -> Iterator[str]:
+        raise NotImplementedError
+
+    def _read_meta(self) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def _write_meta(self, meta: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _describe(self) -> dict[str, Any]:
+        return {}
+
+    # ------------------------------------------------------------------ the checks, once
+
+    @contextmanager
+    def _driver(self, what: str) -> Iterator[None]:
+        """Run backend code, turning its library's errors into one StoreError line."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except self._driver_errors() as exc:
+            raise StoreError(
+                f"{self.location}: {what} failed ({type(exc).__name__}: {first_line(exc)})"
+            ) from None
+
+    def check_batch(
+        self,
+        ids: Sequence[str],
+        vectors: np.ndarray,
+        payloads: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Batch:
+        """The :class:`Batch` ``_upsert`` gets, or a StoreError naming the first fault."""
+        where = self.location
+        if isinstance(ids, (str, bytes)):
+            raise StoreError(f"{where}: pass a list of document ids, not one string {ids!r:.60}")
+        ids, arr, plist = check_batch(ids, vectors, payloads, self.dimension, where)
+        for doc_id in ids:
+            self._check_id_limit(doc_id)
+        for doc_id, payload in zip(ids, plist, strict=True):
+            check_payload_keys(payload, RESERVED_PAYLOAD_KEYS, doc_id, where)
+        norms = np.linalg.norm(arr.astype(np.float64), axis=1)
+        return Batch(ids, arr, plist, norms)
+
+    def _check_id_limit(self, doc_id: str) -> None:
+        limit = self.max_id_bytes
+        if limit is not None and len(doc_id.encode("utf-8")) > limit:
+            raise StoreError(
+                f"{self.location}: document id {doc_id[:40]!r}... is longer than {limit} bytes; "
+                f"nothing was written ({self.kind} keeps ids of at most {limit} bytes)"
+            )
+
+    def _lookup(self, ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        """(ids as given, the distinct ones a store could hold) for delete/get/existing.
+
+        An id no store accepts (empty, NUL, lone surrogate, over the backend's length) is
+        simply not stored: it never reaches the backend, so it cannot match anything else.
+        """
+        if isinstance(ids, (str, bytes)):
+            raise StoreError(
+                f"{self.location}: pass a list of document ids, not one string {ids!r:.60}"
+            )
+        given = list(ids)
+        for doc_id in given:
+            if not isinstance(doc_id, str):
+                raise StoreError(
+                    f"{self.location}: document ids must be strings, got {doc_id!r:.60}"
+                )
+        valid = []
+        seen: set[str] = set()
+        for doc_id in given:
+            if doc_id in seen or id_problem(doc_id) is not None:
+                continue
+            limit = self.max_id_bytes
+            if limit is not None and len(doc_id.encode("utf-8")) > limit:
+                continue
+            seen.add(doc_id)
+            valid.append(doc_id)
+        return given, valid
+
+    # ------------------------------------------------------------------ public protocol
+
     def add(
         self,
         ids: Sequence[str],
         vectors: np.ndarray,
         payloads: Sequence[Mapping[str, Any]] | None = None,
     ) -> int:
-        """Insert or replace (upsert) points; returns how many were written."""
+        """Insert or replace (upsert) points; returns how many were written.
+
+        The whole batch is checked before anything is written.
+        """
+        batch = self.check_batch(ids, vectors, payloads)
+        if not batch.ids:
+            return 0
+        with self._driver("upsert"):
+            self._upsert(batch)
+        return len(batch.ids)
 
     def upsert(
         self,
@@ -106,39 +278,79 @@ class VectorStore(ABC):
         """Alias of :meth:`add`: adding an existing id replaces it."""
         return self.add(ids, vectors, payloads)
 
-    @abstractmethod
     def search(
         self, queries: np.ndarray, k: int, *, with_vectors: bool = True
     ) -> list[list[StoreHit]]:
         """Top-``k`` hits by inner product for each row of ``queries`` (best first)."""
+        q = check_queries(queries, self.dimension, self.location)
+        k = check_k(k)
+        if self.max_k is not None and k > self.max_k:
+            raise StoreError(
+                f"{self.location}: {self.kind} returns at most {self.max_k} hits, asked {k}"
+            )
+        with self._driver("search"):
+            return self._query(q, k, with_vectors)
 
-    @abstractmethod
     def delete(self, ids: Sequence[str]) -> int:
         """Remove points; unknown ids are ignored. Returns how many were removed."""
+        _, valid = self._lookup(ids)
+        if not valid:
+            return 0
+        with self._driver("delete"):
+            return int(self._delete(valid))
 
-    @abstractmethod
-    def count(self) -> int:
-        """Number of live points."""
-
-    @abstractmethod
     def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
         """Records (vector + payload) by id, ``None`` where an id is not stored."""
+        given, valid = self._lookup(ids)
+        if not valid:
+            return [None] * len(given)
+        with self._driver("read"):
+            found = {r.id: r for r in self._fetch(valid)}
+        return [found.get(i) for i in given]
 
-    @abstractmethod
+    def fetch(self, ids: Sequence[str]) -> list[StoreRecord | None]:
+        """Alias of :meth:`get`."""
+        return self.get(ids)
+
     def existing(self, ids: Sequence[str]) -> set[str]:
         """The subset of ``ids`` already stored (what resumable indexing skips)."""
+        _, valid = self._lookup(ids)
+        if not valid:
+            return set()
+        with self._driver("read"):
+            return set(self._existing(valid)) & set(valid)
 
-    @abstractmethod
+    def count(self) -> int:
+        """Number of live points."""
+        with self._driver("count"):
+            return int(self._count())
+
     def iter_ids(self) -> Iterator[str]:
         """Every stored id (order unspecified)."""
+        with self._driver("read"):
+            it = iter(self._scan_ids())
+        while True:
+            with self._driver("read"):
+                try:
+                    doc_id = next(it)
+                except StopIteration:
+                    return
+            yield doc_id
 
-    @abstractmethod
     def read_metadata(self) -> dict[str, Any] | None:
         """The metadata recorded by :meth:`write_metadata`, or ``None`` for a fresh store."""
+        with self._driver("read metadata"):
+            return self._read_meta()
 
-    @abstractmethod
     def write_metadata(self, meta: Mapping[str, Any]) -> None:
-        """Record which model built the store (see :data:`META_KEYS`)."""
+        """Record which model built the store (see :data:`META_KEYS`); secrets are masked."""
+        with self._driver("write metadata"):
+            self._write_meta(redact_value(dict(meta)))
+
+    def parameters(self) -> dict[str, Any]:
+        """Index parameters worth reporting (type, M, ef, nlist, quantization, ...)."""
+        with self._driver("describe"):
+            return self._describe()
 
     def foreign_points(self) -> int:
         """Points that magretrieve did not write (an existing collection without its model
@@ -154,15 +366,6 @@ class VectorStore(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files and connections."""
 
-    @abstractmethod
-    def parameters(self) -> dict[str, Any]:
-        """Index parameters worth reporting (type, M, ef, nlist, quantization, ...)."""
-
-    @property
-    @abstractmethod
-    def location(self) -> str:
-        """Human-readable name of where the data lives (a path, URL/collection, ...)."""
-
     def get_vectors(self, ids: Sequence[str]) -> np.ndarray:
         """Stored vectors by id as a float32 ``(n, dim)`` array; unknown ids are an error."""
         records = self.get(ids)
@@ -176,17 +379,19 @@ class VectorStore(ABC):
         return np.stack([r.vector for r in records]).astype(np.float32)  # type: ignore[union-attr]
 
     def describe(self) -> dict[str, Any]:
-        """Metric, dimension, count, parameters and recorded metadata, for users and checks."""
-        return {
-            "kind": self.kind,
-            "location": self.location,
-            "metric": self.metric,
-            "dimension": self.dimension,
-            "count": self.count(),
-            "normalizes_vectors": self.normalizes_vectors,
-            "parameters": self.parameters(),
-            "metadata": self.read_metadata(),
-        }
+        """Metric, dimension, count, parameters and recorded metadata (secrets masked)."""
+        return redact_value(
+            {
+                "kind": self.kind,
+                "location": self.location,
+                "metric": self.metric,
+                "dimension": self.dimension,
+                "count": self.count(),
+                "normalizes_vectors": self.normalizes_vectors,
+                "parameters": self.parameters(),
+                "metadata": self.read_metadata(),
+            }
+        )
 
     def __enter__(self) -> VectorStore:
         return self
@@ -199,7 +404,7 @@ class VectorStore(ABC):
 
 
 class IdMapMixin:
-    """Id-map protocol methods for stores that keep ids and metadata in process.
+    """Id-map primitives for stores that keep ids and metadata in process.
 
     Used by the memory and FAISS stores: both map each live document id to a row in
     ``_row`` (insertion order) and hold the recorded model metadata in ``_meta`` until
@@ -209,17 +414,14 @@ class IdMapMixin:
     _row: dict[str, int]
     _meta: dict[str, Any] | None
 
-    def existing(self, ids: Sequence[str]) -> set[str]:
-        return {i for i in ids if i in self._row}
+    def _existing(self, ids: list[str]) -> Iterable[str]:
+        return [i for i in ids if i in self._row]
 
-    def iter_ids(self) -> Iterator[str]:
+    def _scan_ids(self) -> Iterator[str]:
         return iter(list(self._row))
 
-    def read_metadata(self) -> dict[str, Any] | None:
+    def _read_meta(self) -> dict[str, Any] | None:
         return dict(self._meta) if self._meta is not None else None
-
-    def write_metadata(self, meta: Mapping[str, Any]) -> None:
-        self._meta = dict(meta)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -239,15 +441,9 @@ def check_batch(
     """
     ids = list(ids)
     for doc_id in ids:
-        if not isinstance(doc_id, str) or not doc_id:
-            raise StoreError(f"{where}: document ids must be non-empty strings, got {doc_id!r}")
-        try:
-            doc_id.encode("utf-8")  # Qdrant hashes ids as UTF-8; a lone surrogate has none
-        except UnicodeEncodeError as exc:
-            raise StoreError(
-                f"{where}: document id {doc_id!r} holds a lone surrogate at position "
-                f"{exc.start} (not valid Unicode)"
-            ) from None
+        problem = id_problem(doc_id)
+        if problem is not None:
+            raise StoreError(f"{where}: {problem}; nothing of this batch was written")
     if len(set(ids)) != len(ids):
         seen: set[str] = set()
         dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
@@ -277,6 +473,29 @@ def check_batch(
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
 
+def id_problem(doc_id: Any) -> str | None:
+    """Why no store can hold ``doc_id`` (one line), or None for a valid id.
+
+    Valid: a non-empty string of Unicode scalar values without NUL (PostgreSQL text cannot
+    hold NUL, so no store accepts it and every store gives the same answer).
+    """
+    if not isinstance(doc_id, str) or not doc_id:
+        return f"document ids must be non-empty strings, got {doc_id!r:.60}"
+    if "\x00" in doc_id:
+        return (
+            f"document id {doc_id!r:.60} holds a NUL character at position "
+            f"{doc_id.index(chr(0))} (no store can keep NUL in an id)"
+        )
+    try:
+        doc_id.encode("utf-8")  # Qdrant hashes ids as UTF-8; a lone surrogate has none
+    except UnicodeEncodeError as exc:
+        return (
+            f"document id {doc_id!r:.60} holds a lone surrogate at position {exc.start} "
+            "(not valid Unicode)"
+        )
+    return None
+
+
 def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
     """A strict-JSON copy of one payload, or a StoreError naming the document and the field.
 
@@ -293,10 +512,18 @@ def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
             f"got {type(payload).__name__}; nothing of this batch was written"
         )
 
+    low, high = INT64_RANGE
+
     def walk(value: Any, path: str) -> Any:
-        if isinstance(value, bool) or value is None or isinstance(value, str):
+        if isinstance(value, bool) or value is None:
+            return value
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise _bad(path, "a NUL character (no store can keep NUL in a payload string)")
             return value
         if isinstance(value, int) and type(value) is int:
+            if not low <= value <= high:
+                raise _bad(path, f"the integer {value}, outside the 64-bit range stores keep")
             return value
         if isinstance(value, float) and type(value) is float:
             if not math.isfinite(value):
@@ -307,6 +534,8 @@ def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
             for key, item in value.items():
                 if not isinstance(key, str):
                     raise _bad(path, f"a non-string key {key!r}")
+                if "\x00" in key:
+                    raise _bad(path, f"the key {key!r}, which holds a NUL character")
                 out[key] = walk(item, f"{path}.{key}" if path else key)
             return out
         if isinstance(value, (list, tuple)):
@@ -360,12 +589,16 @@ def point_uuid(doc_id: str) -> str:
     return str(uuid.uuid5(ID_NAMESPACE, doc_id))
 
 
-def check_payload_keys(payload: Mapping[str, Any], reserved: Iterable[str], doc_id: str) -> None:
+def check_payload_keys(
+    payload: Mapping[str, Any], reserved: Iterable[str], doc_id: str, where: str = ""
+) -> None:
     """Refuse user payload keys that collide with the store's own bookkeeping keys."""
     clash = sorted(set(payload) & set(reserved))
     if clash:
+        prefix = f"{where}: " if where else ""
         raise StoreError(
-            f"document {doc_id!r}: payload key(s) {clash} are reserved by magretrieve stores"
+            f"{prefix}document {doc_id!r}: payload key(s) {clash} are reserved by magretrieve "
+            "stores; nothing of this batch was written"
         )
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +35,12 @@ from magretrieve.stores import _faiss_index as fx
 from magretrieve.stores._faiss_records import RecordTable
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
+    Batch,
     IdMapMixin,
     StoreHit,
     StoreRecord,
     VectorStore,
     atomic_write_json,
-    check_batch,
-    check_k,
-    check_queries,
 )
 
 logger = logging.getLogger(__name__)
@@ -515,15 +513,8 @@ class FaissStore(IdMapMixin, VectorStore):
 
     # ------------------------------------------------------------------ protocol
 
-    def add(
-        self,
-        ids: Sequence[str],
-        vectors: np.ndarray,
-        payloads: Sequence[Mapping[str, Any]] | None = None,
-    ) -> int:
-        ids, arr, plist = check_batch(ids, vectors, payloads, self._dim, self.location)
-        if not ids:
-            return 0
+    def _upsert(self, batch: Batch) -> None:
+        ids, arr = batch.ids, batch.vectors
         with self._lock:
             self._begin_write()
             if self._sequential:
@@ -536,7 +527,7 @@ class FaissStore(IdMapMixin, VectorStore):
             replaced = self._table.fids_of(ids)
             if replaced:
                 self._remove_fids(replaced)
-            fids = self._table.append(ids, plist, np.linalg.norm(arr, axis=1))
+            fids = self._table.append(ids, batch.payloads, batch.norms)
             if not self._is_trained():
                 self._pending.append((fids, arr))
                 self._flush_pending(final=False)
@@ -545,7 +536,6 @@ class FaissStore(IdMapMixin, VectorStore):
             else:
                 self._handle.index.add_with_ids(arr, fids)  # type: ignore[union-attr]
             self._dirty = True
-        return len(ids)
 
     def _remove_fids(self, fids: list[int]) -> None:
         sel = np.asarray(fids, dtype=np.int64)
@@ -564,7 +554,7 @@ class FaissStore(IdMapMixin, VectorStore):
             removed = True
         self._table.drop(fids, tombstone=not removed)
 
-    def delete(self, ids: Sequence[str]) -> int:
+    def _delete(self, ids: list[str]) -> int:
         with self._lock:
             fids = self._table.fids_of(ids)
             if fids:
@@ -573,13 +563,13 @@ class FaissStore(IdMapMixin, VectorStore):
                 self._dirty = True
             return len(fids)
 
-    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+    def _write_meta(self, meta: dict[str, Any]) -> None:
         with self._lock:
             self._begin_write()
             self._meta = dict(meta)
             self._dirty = True
 
-    def count(self) -> int:
+    def _count(self) -> int:
         return len(self._table)
 
     def _ready_for_search(self) -> None:
@@ -613,11 +603,10 @@ class FaissStore(IdMapMixin, VectorStore):
                 return v[int(hit[0])].copy()
         return self._handle.index.reconstruct(int(fid))  # type: ignore[union-attr]
 
-    def search(
-        self, queries: np.ndarray, k: int, *, with_vectors: bool = True
-    ) -> list[list[StoreHit]]:
-        q = check_queries(queries, self._dim, self.location)
-        k = check_k(k)
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        return (RuntimeError,)  # what FAISS's C++ exceptions become
+
+    def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
         self._ready_for_search()
         if self.count() == 0:
             return [[] for _ in range(len(q))]
@@ -680,19 +669,17 @@ class FaissStore(IdMapMixin, VectorStore):
             rec.append(float(np.linalg.norm(self._vector(fid))))
         return float(rec[2])  # type: ignore[index]
 
-    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
+    def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
         self._ready_for_search()
-        out: list[StoreRecord | None] = []
+        out = []
         for doc_id in ids:
             fid = self._table.row.get(doc_id)
-            if fid is None:
-                out.append(None)
-                continue
-            rec = self._table.records[fid]
-            out.append(StoreRecord(doc_id, self._vector(int(fid)), dict(rec[1])))  # type: ignore[index]
+            if fid is not None:
+                rec = self._table.records[fid]
+                out.append(StoreRecord(doc_id, self._vector(int(fid)), dict(rec[1])))  # type: ignore[index]
         return out
 
-    def parameters(self) -> dict[str, Any]:
+    def _describe(self) -> dict[str, Any]:
         kind = self._handle.kind if self._handle is not None else self.index_type
         out: dict[str, Any] = {"index": self.index_type, "factory": self.params.get("factory")}
         if kind == "hnsw":
@@ -804,30 +791,5 @@ registry.register(
         adopts=_adopts,
         adopt=_adopt_object,
         extra="faiss",
-        examples=lambda tmp: [
-            registry.Example("faiss-flat", f"faiss:{tmp / 'faiss'}"),
-            registry.Example(
-                "faiss-hnsw", f"faiss:{tmp / 'faiss-hnsw'}", {"index_type": "hnsw"}, exact=False
-            ),
-            registry.Example(
-                "faiss-ivf",
-                f"faiss:{tmp / 'faiss-ivf'}",
-                {"index_type": "ivf", "nlist": 4},
-                exact=False,
-            ),
-            registry.Example(
-                "faiss-factory-hnsw",
-                f"faiss:{tmp / 'faiss-fh'}",
-                {"index_type": "HNSW16,Flat"},
-                exact=False,
-            ),
-            registry.Example(
-                "faiss-ivfpq",
-                f"faiss:{tmp / 'faiss-ivfpq'}",
-                {"index_type": "IVF4,PQ4x4"},
-                exact=False,
-                lossy=True,
-            ),
-        ],
     )
 )

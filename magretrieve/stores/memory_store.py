@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +18,13 @@ from magretrieve.core.errors import StoreError
 from magretrieve.stores import registry
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
+    Batch,
     IdMapMixin,
     StoreHit,
     StoreRecord,
     VectorStore,
     atomic_write_bytes,
     atomic_write_json,
-    check_batch,
-    check_k,
-    check_queries,
     plain_file,
     read_state_file,
     sha256_file,
@@ -116,7 +114,7 @@ class MemoryStore(IdMapMixin, VectorStore):
                 self.__dict__.update(fresh.__dict__)
                 self._writer = writer
 
-    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+    def _write_meta(self, meta: dict[str, Any]) -> None:
         with self._lock:
             self._begin_write()
             self._meta = dict(meta)
@@ -134,18 +132,12 @@ class MemoryStore(IdMapMixin, VectorStore):
     def location(self) -> str:
         return f"memory:{self._path}" if self._path else "memory:"
 
-    def add(
-        self,
-        ids: Sequence[str],
-        vectors: np.ndarray,
-        payloads: Sequence[Mapping[str, Any]] | None = None,
-    ) -> int:
-        ids, arr, plist = check_batch(ids, vectors, payloads, self._dim, self.location)
+    def _upsert(self, batch: Batch) -> None:
         with self._lock:
             self._begin_write()
             self._dirty = True
             new_rows = []
-            for doc_id, vec, payload in zip(ids, arr, plist, strict=True):
+            for doc_id, vec, payload, _ in batch.rows():
                 row = self._row.get(doc_id)
                 if row is None:
                     self._row[doc_id] = len(self._ids)
@@ -157,13 +149,8 @@ class MemoryStore(IdMapMixin, VectorStore):
                     self._payloads[row] = payload
             if new_rows:
                 self._vectors = np.vstack([self._vectors, np.stack(new_rows)])
-        return len(ids)
 
-    def search(
-        self, queries: np.ndarray, k: int, *, with_vectors: bool = True
-    ) -> list[list[StoreHit]]:
-        q = check_queries(queries, self._dim, self.location)
-        k = check_k(k)
+    def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
         vectors, ids, payloads = self._vectors, self._ids, self._payloads
         n = vectors.shape[0]
         if n == 0:
@@ -190,7 +177,7 @@ class MemoryStore(IdMapMixin, VectorStore):
             )
         return out
 
-    def delete(self, ids: Sequence[str]) -> int:
+    def _delete(self, ids: list[str]) -> int:
         with self._lock:
             rows = sorted({self._row[i] for i in ids if i in self._row})
             if not rows:
@@ -204,21 +191,16 @@ class MemoryStore(IdMapMixin, VectorStore):
             self._row = {i: n for n, i in enumerate(self._ids)}
             return len(rows)
 
-    def count(self) -> int:
+    def _count(self) -> int:
         return len(self._ids)
 
-    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
-        out: list[StoreRecord | None] = []
+    def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
         for doc_id in ids:
             row = self._row.get(doc_id)
-            out.append(
-                None
-                if row is None
-                else StoreRecord(doc_id, self._vectors[row].copy(), dict(self._payloads[row]))
-            )
-        return out
+            if row is not None:
+                yield StoreRecord(doc_id, self._vectors[row].copy(), dict(self._payloads[row]))
 
-    def parameters(self) -> dict[str, Any]:
+    def _describe(self) -> dict[str, Any]:
         return {"index": "exact (numpy)"}
 
     def persist(self) -> None:
@@ -287,9 +269,5 @@ registry.register(
         open=_open,
         folder=True,
         persists=lambda loc: bool(loc["path"]),
-        examples=lambda tmp: [
-            registry.Example("memory", "memory:"),
-            registry.Example("memory-dir", f"memory:{tmp / 'memory'}"),
-        ],
     )
 )

@@ -16,10 +16,11 @@ Rules kept here, as in the other stores:
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,10 @@ import numpy as np
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import registry
 from magretrieve.stores.base import (
+    Batch,
     StoreHit,
     StoreRecord,
     VectorStore,
-    check_batch,
-    check_k,
-    check_queries,
-    json_safe,
     require,
 )
 
@@ -47,10 +45,47 @@ INDEX_TYPES = ("FLAT", "HNSW", "IVF_FLAT")
 #: Milvus' largest top-k.
 MAX_K = 16384
 FIELDS = ("doc_id", "vector", "payload", "doc_norm")
+#: Milvus collection names: a letter or underscore, then letters, digits and underscores, at
+#: most 255 characters; other names are refused before Milvus sees them.
+COLLECTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
+#: Ids per filter expression (delete/get/existing) so one expression stays small.
+IDS_PER_EXPRESSION = 512
 
 
 def pymilvus() -> Any:
-    return require("pymilvus", "pymilvus", "milvus")
+    mv = require("pymilvus", "pymilvus", "milvus")
+    # pymilvus logs every failed call at ERROR with its own traceback; magretrieve reports the
+    # failure itself in one line
+    logging.getLogger("pymilvus").setLevel(logging.CRITICAL)
+    return mv
+
+
+def milvus_string(value: str) -> str:
+    """``value`` as a Milvus expression string literal: double-quoted, ``"`` ``\\`` and line
+    breaks escaped, so no id can end the literal and add to the expression."""
+    escaped = (
+        value.replace("\\", "\\\\")
+        .replace('"', '\\"')
+        .replace("\n", "\\n")
+        .replace("\r", "\\r")
+        .replace("\t", "\\t")
+    )
+    return f'"{escaped}"'
+
+
+def ids_filter(ids: Iterable[str]) -> str:
+    """``doc_id in [...]`` with every id escaped (pymilvus' own ``ids=`` pastes them raw)."""
+    return "doc_id in [" + ", ".join(milvus_string(i) for i in ids) + "]"
+
+
+def check_collection_name(name: str, where: str) -> str:
+    """Refuse a collection name Milvus would reject or change, naming the rule."""
+    if not isinstance(name, str) or not COLLECTION_NAME.fullmatch(name):
+        raise StoreError(
+            f"{where}: collection name {name!r:.80} is not a Milvus name (a letter or '_', then "
+            "letters, digits and '_', at most 255 characters)"
+        )
+    return name
 
 
 class MilvusStore(VectorStore):
@@ -58,6 +93,8 @@ class MilvusStore(VectorStore):
 
     kind = "milvus"
     thread_safe_search = False
+    max_id_bytes = MAX_ID_LENGTH
+    max_k = MAX_K
 
     def __init__(
         self,
@@ -74,11 +111,11 @@ class MilvusStore(VectorStore):
         owns_client: bool = False,
         location: str | None = None,
     ) -> None:
+        self._location = location or f"milvus collection {collection!r}"
         self.client = client
-        self.collection = collection
+        self.collection = check_collection_name(collection, self._location)
         self._owns = owns_client
         self._lite_path: str | None = None  # set by open_milvus for a Milvus Lite file
-        self._location = location or f"milvus collection {collection!r}"
         self.ef_search = ef_search
         self.nprobe = nprobe
         index = (index_type or "FLAT").upper()
@@ -171,40 +208,21 @@ class MilvusStore(VectorStore):
     def location(self) -> str:
         return self._location
 
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        return (pymilvus().MilvusException,)
+
     def _run(self, what: str, fn: Any) -> Any:
-        try:
+        with self._driver(what):
             return fn()
-        except pymilvus().MilvusException as exc:
-            raise StoreError(f"{self._location}: {what} failed ({exc})") from None
 
-    # ------------------------------------------------------------------ protocol
+    # ------------------------------------------------------------------ primitives
 
-    def add(
-        self,
-        ids: Sequence[str],
-        vectors: np.ndarray,
-        payloads: Sequence[Mapping[str, Any]] | None = None,
-    ) -> int:
-        ids, arr, plist = check_batch(ids, vectors, payloads, self._dim, self._location)
-        rows = []
-        for doc_id, vec, payload in zip(ids, arr, plist, strict=True):
-            if len(doc_id.encode()) > MAX_ID_LENGTH:
-                raise StoreError(
-                    f"{self._location}: document id {doc_id[:40]!r}… is longer than "
-                    f"{MAX_ID_LENGTH} bytes; nothing was written"
-                )
-            rows.append(
-                {
-                    "doc_id": doc_id,
-                    "vector": vec.tolist(),
-                    "payload": json_safe(payload, doc_id),
-                    "doc_norm": float(np.linalg.norm(vec)),
-                }
-            )
-        if not rows:
-            return 0
-        self._run("upsert", lambda: self.client.upsert(self.collection, rows))
-        return len(rows)
+    def _upsert(self, batch: Batch) -> None:
+        rows = [
+            {"doc_id": i, "vector": v.tolist(), "payload": p, "doc_norm": n}
+            for i, v, p, n in batch.rows()
+        ]
+        self.client.upsert(self.collection, rows)
 
     def _search_params(self, k: int) -> dict[str, Any]:
         params: dict[str, Any] = {}
@@ -215,35 +233,26 @@ class MilvusStore(VectorStore):
             params["nprobe"] = int(self.nprobe)
         return {"metric_type": "IP", "params": params}
 
-    def search(
-        self, queries: np.ndarray, k: int, *, with_vectors: bool = True
-    ) -> list[list[StoreHit]]:
-        q = check_queries(queries, self._dim, self._location)
-        k = check_k(k)
-        if k > MAX_K:
-            raise StoreError(f"{self._location}: Milvus returns at most {MAX_K} hits, asked {k}")
-        fields = ["payload", "doc_norm"] + (["vector"] if with_vectors else [])
-        res = self._run(
-            "search",
-            lambda: self.client.search(
-                self.collection,
-                data=[row.tolist() for row in q],
-                limit=k,
-                output_fields=fields,
-                search_params=self._search_params(k),
-            ),
+    def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
+        fields = ["doc_id", "payload", "doc_norm"] + (["vector"] if with_vectors else [])
+        res = self.client.search(
+            self.collection,
+            data=[row.tolist() for row in q],
+            limit=k,
+            output_fields=fields,
+            search_params=self._search_params(k),
         )
         out = []
         for hits in res:
             row = []
             for h in hits:
-                ent = h["entity"]
+                ent = h.get("entity") or {}
                 vec = np.asarray(ent["vector"], dtype=np.float32) if with_vectors else None
                 row.append(
                     StoreHit(
-                        str(h["doc_id"]),
+                        hit_id(h),
                         float(h["distance"]),
-                        dict(ent["payload"] or {}),
+                        dict(ent.get("payload") or {}),
                         vec,
                         doc_norm=float(ent["doc_norm"]),
                     )
@@ -251,58 +260,46 @@ class MilvusStore(VectorStore):
             out.append(row)
         return out
 
-    def delete(self, ids: Sequence[str]) -> int:
-        present = sorted(self.existing(ids))
-        if present:
-            self._run("delete", lambda: self.client.delete(self.collection, ids=present))
+    def _query_ids(self, ids: list[str], fields: list[str]) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for n in range(0, len(ids), IDS_PER_EXPRESSION):
+            chunk = ids[n : n + IDS_PER_EXPRESSION]
+            rows.extend(
+                self.client.query(self.collection, filter=ids_filter(chunk), output_fields=fields)
+            )
+        return rows
+
+    def _delete(self, ids: list[str]) -> int:
+        present = sorted(self._existing(ids))
+        for n in range(0, len(present), IDS_PER_EXPRESSION):
+            chunk = present[n : n + IDS_PER_EXPRESSION]
+            self.client.delete(self.collection, filter=ids_filter(chunk))
         return len(present)
 
-    def count(self) -> int:
-        res = self._run(
-            "count",
-            lambda: self.client.query(self.collection, filter="", output_fields=["count(*)"]),
-        )
+    def _count(self) -> int:
+        res = self.client.query(self.collection, filter="", output_fields=["count(*)"])
         return int(res[0]["count(*)"])
 
-    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
-        ids = [str(i) for i in ids]
-        if not ids:
-            return []
-        rows = self._run(
-            "get",
-            lambda: self.client.get(
-                self.collection, ids=ids, output_fields=["doc_id", "vector", "payload"]
-            ),
-        )
-        found = {
-            str(r["doc_id"]): StoreRecord(
+    def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
+        return [
+            StoreRecord(
                 str(r["doc_id"]),
                 np.asarray(r["vector"], dtype=np.float32),
                 dict(r["payload"] or {}),
             )
-            for r in rows
-        }
-        return [found.get(i) for i in ids]
+            for r in self._query_ids(ids, ["doc_id", "vector", "payload"])
+        ]
 
-    def existing(self, ids: Sequence[str]) -> set[str]:
-        ids = [str(i) for i in ids]
-        if not ids:
-            return set()
-        rows = self._run(
-            "read", lambda: self.client.get(self.collection, ids=ids, output_fields=["doc_id"])
-        )
-        return {str(r["doc_id"]) for r in rows}
+    def _existing(self, ids: list[str]) -> Iterable[str]:
+        return [str(r["doc_id"]) for r in self._query_ids(ids, ["doc_id"])]
 
-    def iter_ids(self) -> Iterator[str]:
-        it = self._run(
-            "read",
-            lambda: self.client.query_iterator(
-                self.collection, batch_size=1024, filter="", output_fields=["doc_id"]
-            ),
+    def _scan_ids(self) -> Iterator[str]:
+        it = self.client.query_iterator(
+            self.collection, batch_size=1024, filter="", output_fields=["doc_id"]
         )
         try:
             while True:
-                page = self._run("read", it.next)
+                page = it.next()
                 if not page:
                     return
                 for r in page:
@@ -310,8 +307,8 @@ class MilvusStore(VectorStore):
         finally:
             it.close()
 
-    def read_metadata(self) -> dict[str, Any] | None:
-        props = self._run("read", lambda: self.client.describe_collection(self.collection))
+    def _read_meta(self) -> dict[str, Any] | None:
+        props = self.client.describe_collection(self.collection)
         raw = (props.get("properties") or {}).get(META_KEY)
         if not raw:
             return None
@@ -321,20 +318,15 @@ class MilvusStore(VectorStore):
             raise StoreError(f"{self._location}: property {META_KEY} is not JSON") from None
         return value if isinstance(value, dict) and value else None
 
-    def write_metadata(self, meta: Mapping[str, Any]) -> None:
-        text = json.dumps(dict(meta), sort_keys=True)
-        self._run(
-            "write metadata",
-            lambda: self.client.alter_collection_properties(
-                self.collection, properties={META_KEY: text}
-            ),
-        )
+    def _write_meta(self, meta: dict[str, Any]) -> None:
+        text = json.dumps(meta, sort_keys=True)
+        self.client.alter_collection_properties(self.collection, properties={META_KEY: text})
 
     def persist(self) -> None:
         """Seal what was written (``flush``) so it survives a restart."""
         self._run("flush", lambda: self.client.flush(self.collection))
 
-    def parameters(self) -> dict[str, Any]:
+    def _describe(self) -> dict[str, Any]:
         out = {"metric": "IP", **{k: v for k, v in self._index.items() if k != "metric_type"}}
         out.pop("field_name", None)
         out.pop("index_name", None)
@@ -352,8 +344,21 @@ class MilvusStore(VectorStore):
                 release_lite(self._lite_path)
 
 
+def hit_id(hit: Mapping[str, Any]) -> str:
+    """A search hit's document id: Milvus Lite names the primary key ``doc_id``, a Milvus
+    server returns it as ``id`` (and in the entity when asked for)."""
+    for source in (hit, hit.get("entity") or {}):
+        for key in ("doc_id", "id"):
+            if source.get(key) is not None:
+                return str(source[key])
+    raise StoreError(f"a Milvus search hit without a primary key ({sorted(hit)})")
+
+
 def open_milvus(
-    location: Mapping[str, str], dimension: int | None = None, **options: Any
+    location: Mapping[str, str],
+    dimension: int | None = None,
+    token: str | None = None,
+    **options: Any,
 ) -> MilvusStore:
     """Open (or create) the collection of a parsed ``milvus:`` spec."""
     mv = pymilvus()
@@ -367,7 +372,9 @@ def open_milvus(
         where = f"milvus:{path}/{location['collection']}"
     lite = None if "url" in location else os.path.abspath(uri)
     try:
-        client = mv.MilvusClient(uri)
+        token = token if token is not None else os.environ.get("MILVUS_TOKEN", "")
+        # a token authenticates against a server; Milvus Lite has no users
+        client = mv.MilvusClient(uri, token=token) if token and not lite else mv.MilvusClient(uri)
     except Exception as exc:  # connection refused, lite file locked by another process
         hint = (
             "; Milvus Lite opens a .db in one process at a time: is another process using it?"
@@ -422,10 +429,12 @@ def parse_milvus(rest: str, spec: str = "") -> dict[str, str]:
     if sep:
         host, _, collection = after.rstrip("/").rpartition("/")
         if host and collection:
+            check_collection_name(collection, f"store spec {spec or 'milvus:' + rest!r}")
             return {"url": f"{scheme}://{host}", "collection": collection}
     else:
         base, _, collection = rest.rstrip("/").rpartition("/")
         if base.endswith(".db") and collection:
+            check_collection_name(collection, f"store spec {spec or 'milvus:' + rest!r}")
             return {"path": base, "collection": collection}
     raise StoreError(
         f"store spec {spec or 'milvus:' + rest!r}: expected {FORM} (Milvus Lite) or "
@@ -450,15 +459,8 @@ def _adopt(
         raise StoreError("a MilvusClient needs collection='name'")
     backend, _ = registry.backend_for("milvus:x.db/x")
     opts = registry.check_options(backend, options, f"milvus collection {collection!r}")
+    opts.pop("token", None)  # the client is already authenticated
     return MilvusStore(client, collection, dimension, **opts)
-
-
-def _examples(tmp: Path) -> list[registry.Example]:
-    # Milvus Lite needs only the package; without the extra installed there is nothing to run
-    # (tests/test_backend_congruence.py requires it, so a missing extra fails there)
-    if importlib.util.find_spec("milvus_lite") is None:
-        return []
-    return [registry.Example("milvus-lite", f"milvus:{tmp / 'milvus.db'}/test")]
 
 
 registry.register(
@@ -467,10 +469,21 @@ registry.register(
         form=FORM,
         parse=parse_milvus,
         open=_open,
-        options=("index_type", "hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe"),
+        options=(
+            "index_type",
+            "hnsw_m",
+            "ef_construction",
+            "ef_search",
+            "nlist",
+            "nprobe",
+            registry.StoreOption(
+                "token",
+                str,
+                "Milvus server token, 'user:password' or an API key (default $MILVUS_TOKEN).",
+            ),
+        ),
         adopts=_adopts,
         adopt=_adopt,
         extra="milvus",
-        examples=_examples,
     )
 )

@@ -24,25 +24,22 @@ and written in one transaction, so a failed batch leaves the table as it was.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.redact import redact
 from magretrieve.stores import registry
 from magretrieve.stores.base import (
+    Batch,
     StoreHit,
     StoreRecord,
     VectorStore,
-    check_batch,
-    check_k,
-    check_queries,
-    json_safe,
     require,
 )
 
@@ -73,17 +70,38 @@ def register_vector(conn: Any) -> None:
     require("pgvector.psycopg", "pgvector", "pgvector").register_vector(conn)
 
 
-def redact(uri: str) -> str:
-    """The URI with any password replaced by ``***`` (locations end up in error messages)."""
-    return re.sub(r"(://[^:/@?#]*):[^@/?#]*@", r"\1:***@", uri)
+#: PostgreSQL keeps identifiers of at most NAMEDATALEN - 1 bytes and truncates longer ones
+#: silently (two long names sharing their first 63 bytes would name one table).
+MAX_IDENTIFIER_BYTES = 63
 
 
 def split_table(name: str, where: str) -> tuple[str, ...]:
-    """``table`` or ``schema.table`` as identifier parts; anything else is refused."""
+    """``table`` or ``schema.table`` as identifier parts; anything else is refused.
+
+    Names PostgreSQL would change are refused too: a part over 63 bytes (truncated) or one
+    holding a NUL character (not storable).
+    """
     parts = tuple(name.split("."))
     if not name or len(parts) > 2 or not all(parts):
         raise StoreError(f"{where}: table name {name!r} must be TABLE or SCHEMA.TABLE")
+    for part in parts:
+        size = len(part.encode("utf-8", "surrogatepass"))
+        if size > MAX_IDENTIFIER_BYTES:
+            raise StoreError(
+                f"{where}: table name {part[:20]!r}... is {size} bytes; PostgreSQL keeps at most "
+                f"{MAX_IDENTIFIER_BYTES} bytes per identifier and would truncate it silently"
+            )
+        if "\x00" in part or not _encodable(part):
+            raise StoreError(f"{where}: table name {part!r} holds a NUL or invalid character")
     return parts
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def connect(uri: str, where: str) -> Any:
@@ -212,6 +230,7 @@ class PgVectorStore(VectorStore):
     ) -> None:
         sql = _sql()
         self.conn = conn
+        self._lock = threading.RLock()
         self._owns = owns_connection
         self._name = split_table(table, location or "pgvector")
         self._location = location or f"pgvector table {table!r}"
@@ -326,32 +345,29 @@ class PgVectorStore(VectorStore):
     def location(self) -> str:
         return self._location
 
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        return (psycopg().Error,)
+
+    def _tx(self, fn: Any) -> Any:
+        """Run ``fn()`` in one transaction, holding the connection's lock.
+
+        One connection serves every thread of this store (indexing reads ``existing`` in a
+        reader thread while the writer adds): psycopg transactions on a shared connection
+        must not interleave.
+        """
+        with self._lock, self.conn.transaction():
+            return fn()
+
     def _run(self, what: str, fn: Any) -> Any:
-        return run_in_transaction(self.conn, self._location, what, fn)
+        with self._driver(what):
+            return self._tx(fn)
 
-    # ------------------------------------------------------------------ protocol
+    # ------------------------------------------------------------------ primitives
 
-    def add(
-        self,
-        ids: Sequence[str],
-        vectors: np.ndarray,
-        payloads: Sequence[Mapping[str, Any]] | None = None,
-    ) -> int:
+    def _upsert(self, batch: Batch) -> None:
         sql = _sql()
         types = require("psycopg.types.json", "psycopg", "pgvector")
-        ids, arr, plist = check_batch(ids, vectors, payloads, self._dim, self._location)
-        rows = []
-        for doc_id, vec, payload in zip(ids, arr, plist, strict=True):
-            rows.append(
-                (
-                    doc_id,
-                    vec,
-                    types.Jsonb(json_safe(payload, doc_id)),
-                    float(np.linalg.norm(vec)),
-                )
-            )
-        if not rows:
-            return 0
+        rows = [(i, v, types.Jsonb(p), n) for i, v, p, n in batch.rows()]
         stmt = sql.SQL(
             "INSERT INTO {} (doc_id, embedding, payload, doc_norm) VALUES (%s, %s, %s, %s) "
             "ON CONFLICT (doc_id) DO UPDATE SET embedding = EXCLUDED.embedding, "
@@ -362,22 +378,21 @@ class PgVectorStore(VectorStore):
             with self.conn.cursor() as cur:
                 cur.executemany(stmt, rows)
 
-        self._run("insert", write)
-        return len(rows)
+        self._tx(write)
 
     def _search_settings(self, cur: Any, k: int) -> None:
-        # SET LOCAL lasts until the end of the surrounding transaction
-        ef = max(int(self.ef_search or 40), k)
-        cur.execute(f"SET LOCAL hnsw.ef_search = {min(ef, 1000)}")
-        if self.nprobe is not None:
-            cur.execute(f"SET LOCAL ivfflat.probes = {int(self.nprobe)}")
-
-    def search(
-        self, queries: np.ndarray, k: int, *, with_vectors: bool = True
-    ) -> list[list[StoreHit]]:
+        # SET LOCAL lasts until the end of the surrounding transaction; values are integers
+        # (checked options), bound as literals
         sql = _sql()
-        q = check_queries(queries, self._dim, self._location)
-        k = check_k(k)
+        ef = min(max(int(self.ef_search or 40), k), 1000)
+        cur.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(ef)))
+        if self.nprobe is not None:
+            cur.execute(
+                sql.SQL("SET LOCAL ivfflat.probes = {}").format(sql.Literal(int(self.nprobe)))
+            )
+
+    def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
+        sql = _sql()
         cols = sql.SQL("doc_id, payload, doc_norm, -(embedding <#> %s) AS score")
         if with_vectors:
             cols = sql.SQL("{}, embedding").format(cols)
@@ -394,87 +409,62 @@ class PgVectorStore(VectorStore):
                     out.append([self._hit(r, with_vectors) for r in cur.fetchall()])
             return out
 
-        return self._run("search", run)
+        return self._tx(run)
 
     @staticmethod
     def _hit(r: Sequence[Any], with_vectors: bool) -> StoreHit:
         vec = as_array(r[4]) if with_vectors else None
         return StoreHit(str(r[0]), float(r[3]), dict(r[1] or {}), vec, doc_norm=float(r[2]))
 
-    def delete(self, ids: Sequence[str]) -> int:
-        sql = _sql()
-        ids = [str(i) for i in ids]
-        if not ids:
-            return 0
-        stmt = sql.SQL("DELETE FROM {} WHERE doc_id = ANY(%s)").format(self._table)
+    def _delete(self, ids: list[str]) -> int:
+        stmt = _sql().SQL("DELETE FROM {} WHERE doc_id = ANY(%s)").format(self._table)
 
         def run() -> int:
             with self.conn.cursor() as cur:
                 cur.execute(stmt, (ids,))
                 return int(cur.rowcount)
 
-        return self._run("delete", run)
+        return self._tx(run)
 
-    def count(self) -> int:
-        sql = _sql()
-        row = self._run(
-            "count",
-            lambda: self.conn.execute(
-                sql.SQL("SELECT count(*) FROM {}").format(self._table)
-            ).fetchone(),
-        )
-        return int(row[0])
+    def _count(self) -> int:
+        stmt = _sql().SQL("SELECT count(*) FROM {}").format(self._table)
+        return int(self._tx(lambda: self.conn.execute(stmt).fetchone())[0])
 
-    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
-        sql = _sql()
-        ids = list(ids)
-        if not ids:
-            return []
-        stmt = sql.SQL("SELECT doc_id, embedding, payload FROM {} WHERE doc_id = ANY(%s)").format(
-            self._table
-        )
-        rows = self._run(
-            "get", lambda: self.conn.execute(stmt, ([str(i) for i in ids],)).fetchall()
-        )
-        found = {str(r[0]): StoreRecord(str(r[0]), as_array(r[1]), dict(r[2] or {})) for r in rows}
-        return [found.get(i) for i in ids]
+    def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
+        stmt = _sql().SQL("SELECT doc_id, embedding, payload FROM {} WHERE doc_id = ANY(%s)")
+        rows = self._tx(lambda: self.conn.execute(stmt.format(self._table), (ids,)).fetchall())
+        return [StoreRecord(str(r[0]), as_array(r[1]), dict(r[2] or {})) for r in rows]
 
-    def existing(self, ids: Sequence[str]) -> set[str]:
-        sql = _sql()
-        ids = [str(i) for i in ids]
-        if not ids:
-            return set()
-        stmt = sql.SQL("SELECT doc_id FROM {} WHERE doc_id = ANY(%s)").format(self._table)
-        return {
-            str(r[0]) for r in self._run("read", lambda: self.conn.execute(stmt, (ids,)).fetchall())
-        }
+    def _existing(self, ids: list[str]) -> Iterable[str]:
+        stmt = _sql().SQL("SELECT doc_id FROM {} WHERE doc_id = ANY(%s)").format(self._table)
+        return [str(r[0]) for r in self._tx(lambda: self.conn.execute(stmt, (ids,)).fetchall())]
 
-    def iter_ids(self) -> Iterator[str]:
-        sql = _sql()
-        stmt = sql.SQL("SELECT doc_id FROM {} WHERE doc_id > %s ORDER BY doc_id LIMIT 4096").format(
-            self._table
+    def _scan_ids(self) -> Iterator[str]:
+        stmt = (
+            _sql()
+            .SQL("SELECT doc_id FROM {} WHERE doc_id > %s ORDER BY doc_id LIMIT 4096")
+            .format(self._table)
         )
         last = ""
         while True:
-            rows = self._run("read", lambda last=last: self.conn.execute(stmt, (last,)).fetchall())
+            rows = self._tx(lambda last=last: self.conn.execute(stmt, (last,)).fetchall())
             if not rows:
                 return
             for r in rows:
                 yield str(r[0])
             last = str(rows[-1][0])
 
-    def read_metadata(self) -> dict[str, Any] | None:
-        value = self._run("read", lambda: read_comment(self.conn, self._name)).get(META_KEY)
+    def _read_meta(self) -> dict[str, Any] | None:
+        value = self._tx(lambda: read_comment(self.conn, self._name)).get(META_KEY)
         return dict(value) if isinstance(value, dict) and value else None
 
-    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+    def _write_meta(self, meta: dict[str, Any]) -> None:
         sql = _sql()
-        text = json.dumps({META_KEY: dict(meta)}, sort_keys=True)
-        self._run(
-            "write metadata",
+        text = json.dumps({META_KEY: meta}, sort_keys=True)
+        self._tx(
             lambda: self.conn.execute(
                 sql.SQL("COMMENT ON TABLE {} IS {}").format(self._table, sql.Literal(text))
-            ),
+            )
         )
 
     def optimize(self) -> None:
@@ -488,8 +478,8 @@ class PgVectorStore(VectorStore):
             del self._pending_ivf
         self._run("analyze", lambda: self.conn.execute(sql.SQL("ANALYZE {}").format(self._table)))
 
-    def parameters(self) -> dict[str, Any]:
-        indexes = self._run("read", lambda: vector_indexes(self.conn, self._name, "embedding"))
+    def _describe(self) -> dict[str, Any]:
+        indexes = self._tx(lambda: vector_indexes(self.conn, self._name, "embedding"))
         out: dict[str, Any] = {
             "operator": "<#> (negative inner product)",
             "index": ", ".join(f"{m} ({o})" for _, m, o in indexes) or "exact (sequential scan)",
@@ -599,17 +589,6 @@ def _adopt(
     return store_for(conn, table, dimension, opts, owns=False, where=None)
 
 
-def _examples(tmp: Any) -> list[registry.Example]:
-    """The shared store tests run on a real server when the test session started one."""
-    uri = os.environ.get(TEST_URI_ENV)
-    if not uri:
-        return []
-    table = "t_" + hashlib.sha1(str(tmp).encode()).hexdigest()[:12]
-    return [registry.Example("pgvector", f"pgvector:{uri}#{table}", {"index_type": "flat"})]
-
-
-#: Set by the test session (tests/conftest.py) to the URI of the server it started.
-TEST_URI_ENV = "MAGRETRIEVE_TEST_PGVECTOR_URI"
 FORM = "pgvector:POSTGRES_URI#TABLE"
 
 registry.register(
@@ -630,6 +609,5 @@ registry.register(
         adopts=_adopts,
         adopt=_adopt,
         extra="pgvector",
-        examples=_examples,
     )
 )

@@ -19,7 +19,7 @@ from typing import Any
 
 from magretrieve.stores import registry
 from magretrieve.stores._qdrant_clients import META_FILE, SHARD_DIR, EdgeAPI
-from magretrieve.stores.qdrant_store import QdrantStore
+from magretrieve.stores.qdrant_store import QUANTIZATION_OPTIONS, QdrantStore
 
 __all__ = ["META_FILE", "SHARD_DIR", "QdrantEdgeStore"]
 
@@ -45,12 +45,13 @@ EDGE_OPTIONS = (
     "hnsw_m",
     "ef_construction",
     "ef_search",
-    "quantization",
-    "oversampling",
-    "rescore",
-    "query_scaling",
-    "full_scan_threshold",
-    "indexing_threshold",
+    *QUANTIZATION_OPTIONS,
+    registry.StoreOption(
+        "full_scan_threshold", int, "Qdrant Edge: exact below this size (KB).", minimum=0
+    ),
+    registry.StoreOption(
+        "indexing_threshold", int, "Qdrant Edge: index segments above this size.", minimum=0
+    ),
     "target_recall",
 )
 
@@ -63,6 +64,5 @@ registry.register(
         options=EDGE_OPTIONS,
         folder=True,
         extra="qdrant-edge",
-        examples=lambda tmp: [registry.Example("qdrant-edge", f"qdrant-edge:{tmp / 'edge'}")],
     )
 )

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +35,11 @@ from magretrieve.stores import _ann_recall, registry
 from magretrieve.stores._qdrant_clients import META_KEY, ClientAPI
 from magretrieve.stores._qdrant_common import (
     RESERVED,
-    build_points,
     check_vector_params,
     existing_ids,
     make_payload,
     mean_doc_norm,
+    point_payload,
     quantized_query_factors,
     records_in_order,
     scroll_doc_ids,
@@ -48,11 +48,10 @@ from magretrieve.stores._qdrant_common import (
     to_hits,
 )
 from magretrieve.stores.base import (
+    Batch,
     StoreHit,
     StoreRecord,
     VectorStore,
-    check_k,
-    check_queries,
     point_uuid,
     require,
 )
@@ -193,20 +192,14 @@ class QdrantStore(VectorStore):
 
     # ------------------------------------------------------------------ protocol
 
-    def add(
-        self,
-        ids: Sequence[str],
-        vectors: np.ndarray,
-        payloads: Sequence[Mapping[str, Any]] | None = None,
-    ) -> int:
-        points = build_points(
-            ids, vectors, payloads, self._dim, self.location, lambda u, v, p: (u, v, p)
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        return self.api.errors()
+
+    def _upsert(self, batch: Batch) -> None:
+        self.api.upsert(
+            [(point_uuid(i), v.tolist(), point_payload(i, p, n)) for i, v, p, n in batch.rows()]
         )
-        if not points:
-            return 0
-        self.api.upsert(points)
         self._norm_mean = None
-        return len(points)
 
     def _query_factors(self, q: np.ndarray) -> np.ndarray:
         if not self.quantization or self.embedded or not self.query_scaling:
@@ -216,11 +209,7 @@ class QdrantStore(VectorStore):
             self._norm_mean = mean_doc_norm(p.payload for p in points)
         return quantized_query_factors(q, self._norm_mean)
 
-    def search(
-        self, queries: np.ndarray, k: int, *, with_vectors: bool = True
-    ) -> list[list[StoreHit]]:
-        q = check_queries(queries, self._dim, self.location)
-        k = check_k(k)
+    def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
         factors = self._query_factors(q)
         q = q * factors[:, None]
         results = self.api.query(
@@ -228,23 +217,28 @@ class QdrantStore(VectorStore):
         )
         return to_hits(results, factors, with_vectors)
 
-    def delete(self, ids: Sequence[str]) -> int:
-        present = self.existing(ids)
+    def _delete(self, ids: list[str]) -> int:
+        present = list(self._existing(ids))
         if present:
             self.api.delete([point_uuid(i) for i in present])
         return len(present)
 
-    def count(self) -> int:
+    def _count(self) -> int:
         return self.api.count()
 
-    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
-        ids = list(ids)
-        return records_in_order(ids, self.api.retrieve([point_uuid(i) for i in ids], True, True))
+    def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
+        return [
+            r
+            for r in records_in_order(
+                ids, self.api.retrieve([point_uuid(i) for i in ids], True, True)
+            )
+            if r is not None
+        ]
 
-    def existing(self, ids: Sequence[str]) -> set[str]:
+    def _existing(self, ids: list[str]) -> Iterable[str]:
         return existing_ids(ids, lambda uuids: self.api.retrieve(uuids, False, False))
 
-    def iter_ids(self) -> Iterator[str]:
+    def _scan_ids(self) -> Iterator[str]:
         return scroll_doc_ids(lambda offset: self.api.scroll(offset, 1024, ["doc_id"], False))
 
     def foreign_points(self) -> int:
@@ -253,13 +247,13 @@ class QdrantStore(VectorStore):
             return 0
         return self.count()
 
-    def read_metadata(self) -> dict[str, Any] | None:
+    def _read_meta(self) -> dict[str, Any] | None:
         meta = self._doc().get("metadata")
         return dict(meta) if meta else None
 
-    def write_metadata(self, meta: Mapping[str, Any]) -> None:
+    def _write_meta(self, meta: dict[str, Any]) -> None:
         doc = self._doc()
-        self.api.write_doc({"metadata": dict(meta), "recall": doc.get("recall")})
+        self.api.write_doc({"metadata": meta, "recall": doc.get("recall")})
 
     @property
     def recall(self) -> dict[str, Any] | None:
@@ -322,7 +316,7 @@ class QdrantStore(VectorStore):
         self.api.write_doc({"metadata": self.read_metadata(), "recall": recall})
         return recall
 
-    def parameters(self) -> dict[str, Any]:
+    def _describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "distance": "Dot",
             "index": "exact (embedded mode)" if self.embedded else "hnsw",
@@ -348,20 +342,42 @@ class QdrantStore(VectorStore):
 
 # ----------------------------------------------------------------------------- registry entries
 
+#: Quantized search options, shared with Qdrant Edge.
+QUANTIZATION_OPTIONS = (
+    registry.StoreOption(
+        "quantization",
+        str,
+        "Qdrant / Edge scalar quantization (searched with rescoring).",
+        cli="--quantization",
+        choices=("int8",),
+    ),
+    registry.StoreOption(
+        "oversampling", float, "Qdrant quantized search oversampling.", minimum=1.0
+    ),
+    registry.StoreOption("rescore", bool, "Qdrant quantized search rescoring with full vectors."),
+    registry.StoreOption(
+        "query_scaling", bool, "Scale int8-quantized queries to the stored norms."
+    ),
+)
 QDRANT_OPTIONS = (
     "target_recall",
     "hnsw_m",
     "ef_construction",
     "ef_search",
-    "quantization",
-    "oversampling",
-    "rescore",
-    "query_scaling",
-    "shard_number",
-    "replication_factor",
-    "on_disk",
-    "api_key",
-    "timeout",
+    *QUANTIZATION_OPTIONS,
+    registry.StoreOption(
+        "shard_number", int, "Qdrant server: shards.", cli="--shard-number", minimum=1
+    ),
+    registry.StoreOption(
+        "replication_factor",
+        int,
+        "Qdrant server: replicas.",
+        cli="--replication-factor",
+        minimum=1,
+    ),
+    registry.StoreOption("on_disk", bool, "Qdrant server: keep vectors on disk."),
+    registry.StoreOption("api_key", str, "Qdrant server API key (default $QDRANT_API_KEY)."),
+    registry.StoreOption("timeout", int, "Qdrant server request timeout in seconds.", minimum=1),
     "prefetch",
 )
 _CLIENT_OPTIONS = ("api_key", "timeout")
@@ -507,9 +523,6 @@ registry.register(
         options=QDRANT_OPTIONS,
         folder=True,
         extra="qdrant",
-        examples=lambda tmp: [
-            registry.Example("qdrant-local", f"qdrant-local:{tmp / 'qdrant'}/test")
-        ],
     )
 )
 registry.register(
@@ -521,6 +534,5 @@ registry.register(
         options=QDRANT_OPTIONS,
         persists=lambda loc: False,
         extra="qdrant",
-        examples=lambda tmp: [registry.Example("qdrant-memory", "qdrant-memory:test")],
     )
 )

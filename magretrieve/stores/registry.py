@@ -1,40 +1,51 @@
 """The store registry: one entry per backend, from which everything store-shaped is derived.
 
 ``parse_spec``, ``open_store``, the ``magretrieve index/search/rescale`` store options
-and the backend list of ``tests/test_stores.py`` are all computed from the entries
+and the backend list of the shared store tests are all computed from the entries
 registered here, so a new vector store is **one file plus one line**.
 
 How to add a backend (say ``redis:URL/INDEX``)
 ----------------------------------------------
 
-1. Write ``magretrieve/stores/redis_store.py`` with a class implementing
-   :class:`magretrieve.stores.base.VectorStore` (import the client library lazily, inside
-   functions, with :func:`~magretrieve.stores.base.require` so a missing extra is one clear
-   error and ``import magretrieve.stores`` stays cheap). Validate every batch with
-   :func:`~magretrieve.stores.base.check_batch` (ids, dimension, NaN/inf, strict-JSON
-   payloads) *before* writing anything, and fill :attr:`StoreHit.doc_norm` in ``search``.
+1. Write ``magretrieve/stores/redis_store.py`` with a subclass of
+   :class:`magretrieve.stores.base.VectorStore` that implements only the *primitives*
+   (``_upsert``, ``_query``, ``_delete``, ``_fetch``, ``_existing``, ``_count``,
+   ``_scan_ids``, ``_read_meta``/``_write_meta``, ``_describe``), the ``dimension`` and
+   ``location`` properties and ``_driver_errors`` (the client library's exception classes).
+   The base class checks ids, vectors, payloads, ``k`` and queries, computes the norms
+   (``Batch.norms``: store them and return them as ``StoreHit.doc_norm``), turns the
+   library's errors into one-line messages with secrets masked, and orders results; the
+   primitives receive checked input only. Declare limits as class attributes
+   (``max_id_bytes``, ``max_k``), and pass ids and values to the client as bound
+   parameters (or escaped literals), never pasted into a query string. Import the client
+   library lazily with :func:`~magretrieve.stores.base.require` so a missing extra is one
+   clear error and ``import magretrieve.stores`` stays cheap.
 2. At the bottom of that file, register it::
 
        register(Backend(
            prefix="redis",
            form="redis:URL/INDEX",
            parse=parse_url_collection,  # rest-of-spec -> location dict (or your own)
-           open=_open,                         # (location, dimension, options) -> VectorStore
-           options=("hnsw_m", "ef_search"),    # names from OPTIONS (add new ones there)
-           extra="redis",                      # pip install 'magretrieve[redis]'
-           examples=lambda tmp: [...],         # specs the congruence tests run (may be [])
+           open=_open,                  # (location, dimension, options) -> VectorStore
+           options=(
+               "hnsw_m", "ef_search",   # shared knobs, declared in OPTIONS below
+               StoreOption("password", str, "Redis password."),  # the backend's own
+           ),
+           extra="redis",               # pip install 'magretrieve[redis]'
        ))
 
 3. Add the module name to :data:`BACKEND_MODULES` below (the one registry line), the client
    library to an extra in ``pyproject.toml``, and a row to ``docs/stores.md``.
 
 That is all: ``open_store("redis:...")``, spec errors listing the form, ``--hnsw-m`` being
-accepted for it on the CLI (and refused for stores that do not take it), and the shared
-congruence tests in ``tests/test_stores.py`` follow from the entry.
+accepted for it on the CLI (and refused for stores that do not take it) follow from the
+entry. The shared store tests (``tests/test_stores.py``, ``tests/test_backend_congruence.py``
+and the injection and secrets suites) run every registered backend; they fail until
+``tests/store_examples.py`` names an example spec for the new prefix.
 
-Options are declared once in :data:`OPTIONS` with their type, bounds and CLI flag, and
-checked here before any backend (or native library) sees them: ``--hnsw-m 0`` is a one-line
-error, not a SIGABRT inside FAISS.
+Options are declared once with their type, bounds and CLI flag, and checked here before
+any backend (or native library) sees them: ``--hnsw-m 0`` is a one-line error, not a
+SIGABRT inside FAISS.
 """
 
 from __future__ import annotations
@@ -42,7 +53,7 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +68,8 @@ BACKEND_MODULES: tuple[str, ...] = (
     "magretrieve.stores.memory_store",
     "magretrieve.stores.pgvector_store",
     "magretrieve.stores.milvus_store",
+    "magretrieve.stores.chroma_store",
+    "magretrieve.stores.lancedb_store",
 )
 
 
@@ -127,7 +140,9 @@ def _opt(name: str, typ: type, help: str, **kw: Any) -> StoreOption:
     return StoreOption(name, typ, help, **kw)
 
 
-#: Every option any backend accepts, declared once (a backend lists the names it takes).
+#: Every option any registered backend accepts. The knobs several backends share are declared
+#: here; a backend declares its own as :class:`StoreOption` objects in its entry, and
+#: ``register`` adds them (the CLI flags are derived from this table).
 OPTIONS: dict[str, StoreOption] = {
     o.name: o
     for o in (
@@ -136,7 +151,8 @@ OPTIONS: dict[str, StoreOption] = {
             str,
             "FAISS index: flat (exact, default), hnsw, ivf, or any faiss.index_factory string, "
             "e.g. 'IVF1024,PQ32' (inner product is always used; untrained indexes are trained "
-            "on the first vectors added).",
+            "on the first vectors added). Milvus: FLAT, HNSW, IVF_FLAT. LanceDB: IVF_HNSW_SQ, "
+            "IVF_PQ, ... (built after indexing, recall measured; exact scan when absent).",
             cli="--faiss-index",
         ),
         _opt(
@@ -192,32 +208,6 @@ OPTIONS: dict[str, StoreOption] = {
             exclusive_minimum=True,
         ),
         _opt(
-            "quantization",
-            str,
-            "Qdrant / Edge scalar quantization (searched with rescoring).",
-            cli="--quantization",
-            choices=("int8",),
-        ),
-        _opt("oversampling", float, "Qdrant quantized search oversampling.", minimum=1.0),
-        _opt("rescore", bool, "Qdrant quantized search rescoring with full vectors."),
-        _opt("query_scaling", bool, "Scale int8-quantized queries to the stored norms."),
-        _opt("shard_number", int, "Qdrant server: shards.", cli="--shard-number", minimum=1),
-        _opt(
-            "replication_factor",
-            int,
-            "Qdrant server: replicas.",
-            cli="--replication-factor",
-            minimum=1,
-        ),
-        _opt("on_disk", bool, "Qdrant server: keep vectors on disk."),
-        _opt("api_key", str, "Qdrant server API key (default $QDRANT_API_KEY)."),
-        _opt(
-            "timeout",
-            int,
-            "Qdrant server request timeout in seconds.",
-            minimum=1,
-        ),
-        _opt(
             "prefetch",
             int,
             "Annotated Cosine collection/table (magretrieve annotate): cosine candidates "
@@ -227,14 +217,12 @@ OPTIONS: dict[str, StoreOption] = {
             maximum=100_000,
             search=True,
         ),
-        _opt("full_scan_threshold", int, "Qdrant Edge: exact below this size (KB).", minimum=0),
-        _opt("indexing_threshold", int, "Qdrant Edge: index segments above this size.", minimum=0),
     )
 }
 
 
 def add_option(option: StoreOption) -> None:
-    """Declare a new option (a backend file may call this before ``register``)."""
+    """Declare an option (``register`` does it for the options a backend entry declares)."""
     known = OPTIONS.get(option.name)
     if known is not None and known != option:
         raise ValueError(f"store option {option.name!r} is already declared differently")
@@ -242,20 +230,6 @@ def add_option(option: StoreOption) -> None:
 
 
 # ----------------------------------------------------------------------------- backends
-
-
-@dataclass(frozen=True)
-class Example:
-    """A spec the shared store tests run against.
-
-    ``exact``: searched exactly; ``lossy``: vectors come back approximately (PQ/SQ codes).
-    """
-
-    name: str
-    spec: str
-    options: dict[str, Any] = field(default_factory=dict)
-    exact: bool = True
-    lossy: bool = False
 
 
 @dataclass(frozen=True)
@@ -267,28 +241,31 @@ class Backend:
     - ``parse(rest, spec)``: the part after ``prefix:`` -> location dict (``{"path": ...}``);
       raise StoreError for a malformed spec (the message should show ``form``).
     - ``open(location, dimension, options)``: the store (options already validated).
-    - ``options``: names from :data:`OPTIONS` the backend accepts; others are an error.
+    - ``options``: what the backend accepts: names of shared options (:data:`OPTIONS`) and
+      the backend's own :class:`StoreOption` declarations; other options are an error.
     - ``folder``: the location's ``path`` is a directory the store owns (a regular file there
       is refused before anything is encoded).
     - ``persists(location)``: whether what is added outlives the process (``memory:`` does not).
     - ``adopts(obj)`` / ``adopt(obj, dimension, collection, options)``: accept a live client
       or index object in ``open_store`` instead of a spec.
     - ``extra``: the pip extra that installs the backend's library.
-    - ``examples(tmp_path)``: specs for the shared congruence tests (an empty list when the
-      backend needs a service that is not configured).
     """
 
     prefix: str
     form: str
     parse: Callable[[str, str], dict[str, str]]
     open: Callable[[dict[str, str], int | None, dict[str, Any]], Any]
-    options: tuple[str, ...] = ()
+    options: tuple[str | StoreOption, ...] = ()
     folder: bool = False
     persists: Callable[[dict[str, str]], bool] = lambda loc: True
     adopts: Callable[[Any], bool] | None = None
     adopt: Callable[[Any, int | None, str | None, dict[str, Any]], Any] | None = None
     extra: str | None = None
-    examples: Callable[[Path], list[Example]] = lambda tmp: []
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        """Names of the options the backend accepts."""
+        return tuple(o.name if isinstance(o, StoreOption) else o for o in self.options)
 
 
 _BACKENDS: dict[str, Backend] = {}
@@ -300,9 +277,15 @@ def register(backend: Backend) -> Backend:
     prefix = backend.prefix.lower()
     if prefix in _BACKENDS and _BACKENDS[prefix] is not backend:
         raise ValueError(f"store prefix {prefix!r} is already registered")
-    unknown = sorted(set(backend.options) - set(OPTIONS))
+    for option in backend.options:
+        if isinstance(option, StoreOption):
+            add_option(option)
+    unknown = sorted(set(backend.option_names) - set(OPTIONS))
     if unknown:
-        raise ValueError(f"{prefix}: undeclared store option(s) {unknown}; add them to OPTIONS")
+        raise ValueError(
+            f"{prefix}: undeclared store option(s) {unknown}; declare them as StoreOption "
+            "objects in the entry"
+        )
     _BACKENDS[prefix] = backend
     return backend
 
@@ -344,7 +327,7 @@ def backend_for(spec: str) -> tuple[Backend, dict[str, str]]:
 def check_options(backend: Backend, options: dict[str, Any], where: str = "") -> dict[str, Any]:
     """Options with ``None`` dropped, each validated; options the backend does not take refused."""
     given = {k: v for k, v in options.items() if v is not None}
-    unknown = sorted(set(given) - set(backend.options))
+    unknown = sorted(set(given) - set(backend.option_names))
     if unknown:
         raise StoreError(f"option(s) {unknown} do not apply to {backend.prefix} stores")
     return {k: OPTIONS[k].check(v, where) for k, v in given.items()}
@@ -390,20 +373,12 @@ def check_spec_before_encoding(spec: str, *, must_persist: bool = True) -> None:
 def cli_options(search_only: bool = False) -> list[StoreOption]:
     """Options with a CLI flag (only search-time knobs when ``search_only``)."""
     _load()
-    used = {name for b in _BACKENDS.values() for name in b.options}
+    used = {name for b in _BACKENDS.values() for name in b.option_names}
     return [
         o
         for o in OPTIONS.values()
         if o.cli is not None and o.name in used and (o.search or not search_only)
     ]
-
-
-def examples(tmp_path: Path) -> list[Example]:
-    """Every backend's test specs (the list the shared store tests are parametrized over)."""
-    out = []
-    for b in backends():
-        out.extend(b.examples(tmp_path))
-    return out
 
 
 # ----------------------------------------------------------------------------- spec parsers

@@ -1,0 +1,451 @@
+"""Chroma collections searched by inner product: embedded (``PersistentClient``) or a server.
+
+Specs ``chroma:PATH/COLLECTION`` (embedded, persisted in the folder ``PATH``) and
+``chroma:http://HOST:PORT/COLLECTION`` (a ``chroma run`` server). One code path serves both;
+only the client differs.
+
+Rules kept here, as in the other stores:
+
+- collections are created with HNSW space ``ip``; Chroma reports the distance ``1 − q·d``,
+  which the store turns back into the inner product. An existing collection in space ``l2``
+  or ``cosine`` is refused (cosine ranks by angle alone, erasing the magnitude the model
+  keeps; l2 ranks by distance);
+- each record's metadata holds ``payload`` (the JSON payload as a string) and ``doc_norm``
+  (the stored vector's norm); which model built the collection is recorded in the
+  collection's own metadata;
+- Chroma always searches its HNSW graph: ``hnsw_m``/``ef_construction`` (creation) and
+  ``ef_search`` pass through, and after ``optimize()`` recall@10 is measured against exact
+  search. Chroma applies a changed ``ef_search`` only when it loads the collection again, so
+  tuning to ``target_recall`` reopens the embedded client for each value it tries; a server
+  reloads on its own schedule, so there ``target_recall`` is refused (give ``ef_search``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from magretrieve.core.errors import StoreError
+from magretrieve.stores import _ann_recall, registry
+from magretrieve.stores.base import Batch, StoreHit, StoreRecord, VectorStore, require
+
+#: Collection metadata key under which the building model is recorded (a JSON string).
+META_KEY = "magretrieve.metadata"
+#: Collection metadata key under which the last recall measurement is kept (a JSON string).
+RECALL_KEY = "magretrieve.recall"
+#: Chroma collection names: 3-512 characters of [a-zA-Z0-9._-], alphanumeric at both ends.
+COLLECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]")
+#: Records per Chroma request (its batch limit is larger; this keeps requests small).
+PAGE = 1000
+FORM = "chroma:PATH/COLLECTION"
+
+
+def chromadb() -> Any:
+    mod = require("chromadb", "chromadb", "chroma")
+    logging.getLogger("chromadb").setLevel(logging.ERROR)
+    return mod
+
+
+def _space(collection: Any) -> str:
+    """The collection's distance space (configuration first, legacy ``hnsw:space`` metadata)."""
+    config = getattr(collection, "configuration", None) or {}
+    for key in ("hnsw", "spann"):
+        section = config.get(key) if isinstance(config, Mapping) else None
+        if isinstance(section, Mapping) and section.get("space"):
+            return str(section["space"]).lower()
+    meta = collection.metadata or {}
+    return str(meta.get("hnsw:space", "l2")).lower()  # Chroma's default space is l2
+
+
+class ChromaStore(VectorStore):
+    """A Chroma collection in space ``ip``; scores are inner products (``1 − distance``)."""
+
+    kind = "chroma"
+    thread_safe_search = True
+
+    def __init__(
+        self,
+        client: Any,
+        collection: str,
+        dimension: int | None = None,
+        *,
+        hnsw_m: int | None = None,
+        ef_construction: int | None = None,
+        ef_search: int | None = None,
+        target_recall: float | None = None,
+        location: str | None = None,
+        reopen: Any = None,
+    ) -> None:
+        self.client = client
+        #: Makes a fresh embedded client (None for a server), so a new ef_search takes effect.
+        self._reopen = reopen
+        self.name = collection
+        self._location = location or f"chroma collection {collection!r}"
+        self.target_recall = target_recall
+        if target_recall is not None and reopen is None:
+            raise StoreError(
+                f"{self._location}: --target-recall needs the embedded Chroma (a server applies a "
+                "new ef_search only when it reloads the collection); give --ef-search instead"
+            )
+        if not COLLECTION_NAME.fullmatch(collection):
+            raise StoreError(
+                f"{self._location}: Chroma collection names are 3-512 characters of "
+                "letters, digits, '.', '_' and '-', starting and ending with a letter or digit"
+            )
+        existing = self._run("list collections", lambda: self._names())
+        if collection in existing:
+            self.col = self._run("open", lambda: client.get_collection(collection))
+            self._check_existing(dimension)
+            if ef_search is not None:
+                self._set_ef(ef_search)
+        else:
+            if dimension is None:
+                raise StoreError(
+                    f"{self._location}: collection does not exist; pass a dimension to create it"
+                )
+            hnsw: dict[str, Any] = {"space": "ip"}
+            for key, value in (
+                ("max_neighbors", hnsw_m),
+                ("ef_construction", ef_construction),
+                ("ef_search", ef_search),
+            ):
+                if value is not None:
+                    hnsw[key] = int(value)
+            self.col = self._run(
+                "create",
+                lambda: client.create_collection(
+                    collection,
+                    configuration={"hnsw": hnsw},
+                    metadata={"magretrieve.dimension": int(dimension)},
+                    embedding_function=None,
+                ),
+            )
+            self._dim = int(dimension)
+
+    def _names(self) -> set[str]:
+        cols = self.client.list_collections()
+        return {c if isinstance(c, str) else c.name for c in cols}
+
+    def _check_existing(self, dimension: int | None) -> None:
+        space = _space(self.col)
+        if space != "ip":
+            raise StoreError(
+                f"{self._location} uses distance space {space!r}; magretrieve needs 'ip' (cosine "
+                "ranks by angle and erases document magnitude; l2 ranks by distance). Create a "
+                "new collection"
+            )
+        meta = self.col.metadata or {}
+        dim = meta.get("magretrieve.dimension")
+        if dim is None:  # a collection created elsewhere: its first stored vector tells
+            first = self._run("read", lambda: self.col.get(limit=1, include=["embeddings"]))
+            emb = first.get("embeddings")
+            dim = len(emb[0]) if emb is not None and len(emb) else dimension
+        if dim is None:
+            raise StoreError(f"{self._location}: empty collection of unknown dimension")
+        if dimension is not None and int(dim) != int(dimension):
+            raise StoreError(
+                f"{self._location} has vector dimension {dim}, but the model produces "
+                f"dimension {dimension}"
+            )
+        self._dim = int(dim)
+
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        # chromadb's own errors, and what its HTTP client raises for an unreachable server
+        return (chromadb().errors.ChromaError, ValueError, RuntimeError, OSError)
+
+    def _run(self, what: str, fn: Any) -> Any:
+        with self._driver(what):
+            return fn()
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def dimension(self) -> int:
+        return self._dim
+
+    @property
+    def location(self) -> str:
+        return self._location
+
+    @property
+    def ef_search(self) -> int | None:
+        hnsw = (self.col.configuration or {}).get("hnsw") or {}
+        return hnsw.get("ef_search")
+
+    def _set_ef(self, value: int) -> None:
+        if self.ef_search == int(value):
+            return
+        self._run(
+            "set ef_search",
+            lambda: self.col.modify(configuration={"hnsw": {"ef_search": int(value)}}),
+        )
+        if self._reopen is not None:  # the loaded index keeps its ef until it is loaded again
+            self.client.close()
+            self.client = self._reopen()
+            self.col = self._run("open", lambda: self.client.get_collection(self.name))
+
+    # ------------------------------------------------------------------ primitives
+
+    def _upsert(self, batch: Batch) -> None:
+        metas = [
+            {"payload": json.dumps(payload, allow_nan=False), "doc_norm": norm}
+            for _, _, payload, norm in batch.rows()
+        ]
+        for start in range(0, len(batch.ids), PAGE):
+            end = start + PAGE
+            self.col.upsert(
+                ids=batch.ids[start:end],
+                embeddings=batch.vectors[start:end],
+                metadatas=metas[start:end],
+            )
+
+    def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
+        n = self._count()
+        if n == 0 or len(q) == 0:
+            return [[] for _ in range(len(q))]
+        include = ["metadatas", "distances"] + (["embeddings"] if with_vectors else [])
+        res = self.col.query(query_embeddings=q, n_results=min(k, n), include=include)
+        out = []
+        for row in range(len(q)):
+            hits = []
+            embs = res["embeddings"][row] if with_vectors else None
+            for j, doc_id in enumerate(res["ids"][row]):
+                meta = res["metadatas"][row][j] or {}
+                vec = np.asarray(embs[j], dtype=np.float32) if embs is not None else None
+                hits.append(
+                    StoreHit(
+                        str(doc_id),
+                        1.0 - float(res["distances"][row][j]),  # Chroma's ip distance: 1 − q·d
+                        json.loads(meta.get("payload") or "{}"),
+                        vec,
+                        doc_norm=float(meta["doc_norm"]) if "doc_norm" in meta else None,
+                    )
+                )
+            out.append(hits)
+        return out
+
+    def _delete(self, ids: list[str]) -> int:
+        present = sorted(self._existing(ids))
+        for start in range(0, len(present), PAGE):
+            self.col.delete(ids=present[start : start + PAGE])
+        return len(present)
+
+    def _count(self) -> int:
+        return int(self.col.count())
+
+    def _get(self, ids: list[str], include: list[str]) -> dict[str, Any]:
+        out: dict[str, list[Any]] = {"ids": [], "embeddings": [], "metadatas": []}
+        for start in range(0, len(ids), PAGE):
+            got = self.col.get(ids=ids[start : start + PAGE], include=include)
+            out["ids"].extend(got["ids"])
+            for key in ("embeddings", "metadatas"):
+                if key in include:
+                    out[key].extend(list(got[key]))
+        return out
+
+    def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
+        got = self._get(ids, ["embeddings", "metadatas"])
+        return [
+            StoreRecord(
+                str(doc_id),
+                np.asarray(vec, dtype=np.float32),
+                json.loads((meta or {}).get("payload") or "{}"),
+            )
+            for doc_id, vec, meta in zip(
+                got["ids"], got["embeddings"], got["metadatas"], strict=True
+            )
+        ]
+
+    def _existing(self, ids: list[str]) -> Iterable[str]:
+        return [str(i) for i in self._get(ids, [])["ids"]]
+
+    def _scan_ids(self) -> Iterator[str]:
+        offset = 0
+        while True:
+            page = self.col.get(limit=PAGE, offset=offset, include=[])
+            if not page["ids"]:
+                return
+            yield from (str(i) for i in page["ids"])
+            offset += len(page["ids"])
+
+    def _all_vectors(self) -> tuple[list[str], np.ndarray]:
+        ids: list[str] = []
+        vecs: list[np.ndarray] = []
+        offset = 0
+        while True:
+            page = self._run(
+                "read",
+                lambda o=offset: self.col.get(limit=PAGE, offset=o, include=["embeddings"]),
+            )
+            if not page["ids"]:
+                break
+            ids.extend(str(i) for i in page["ids"])
+            vecs.append(np.asarray(page["embeddings"], dtype=np.float32))
+            offset += len(page["ids"])
+        arr = np.concatenate(vecs) if vecs else np.zeros((0, self._dim), dtype=np.float32)
+        return ids, arr
+
+    def _meta_value(self, key: str) -> dict[str, Any] | None:
+        self.col = self._run("read", lambda: self.client.get_collection(self.name))
+        raw = (self.col.metadata or {}).get(key)
+        if not raw:
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            raise StoreError(f"{self._location}: collection metadata {key} is not JSON") from None
+        return value if isinstance(value, dict) and value else None
+
+    def _write_meta_value(self, key: str, value: Mapping[str, Any] | None) -> None:
+        current = dict(
+            self._run("read", lambda: self.client.get_collection(self.name)).metadata or {}
+        )
+        current[key] = json.dumps(dict(value or {}), sort_keys=True)
+        self._run("write metadata", lambda: self.col.modify(metadata=current))
+
+    def _read_meta(self) -> dict[str, Any] | None:
+        return self._meta_value(META_KEY)
+
+    def _write_meta(self, meta: dict[str, Any]) -> None:
+        self._write_meta_value(META_KEY, meta)
+
+    def foreign_points(self) -> int:
+        meta = self.col.metadata or {}
+        if "magretrieve.dimension" in meta or self.read_metadata() is not None:
+            return 0
+        return self.count()
+
+    @property
+    def recall(self) -> dict[str, Any] | None:
+        """The last recall@10 measurement, kept in the collection's metadata."""
+        return self._meta_value(RECALL_KEY)
+
+    def optimize(self) -> None:
+        """Measure the HNSW graph's recall (tuning ``ef_search`` to ``target_recall``)."""
+        if self.count():
+            self.measure_recall(target_recall=self.target_recall)
+
+    def measure_recall(
+        self, queries: np.ndarray | None = None, target_recall: float | None = None
+    ) -> dict[str, Any] | None:
+        """recall@10 of Chroma's HNSW search against exact search (see ``_ann_recall``)."""
+        if target_recall is not None:
+            target_recall = registry.OPTIONS["target_recall"].check(target_recall, self.location)
+        ids, vectors = self._all_vectors()
+        if not ids:
+            return None
+        knob = _ann_recall.Knob(
+            "ef_search", _ann_recall.HNSW_EF, self._set_ef, int(self.ef_search or 100)
+        )
+
+        def search(q: np.ndarray, k: int) -> list[list[str]]:
+            return [[h.id for h in row] for row in self.search(q, k, with_vectors=False)]
+
+        recall = _ann_recall.measure(
+            search,
+            ids,
+            vectors,
+            knob=knob,
+            target=target_recall,
+            queries=queries,
+            where=self.location,
+        )
+        self._set_ef(knob.current)
+        self._write_meta_value(RECALL_KEY, recall)
+        return recall
+
+    def _describe(self) -> dict[str, Any]:
+        hnsw = dict((self.col.configuration or {}).get("hnsw") or {})
+        out: dict[str, Any] = {
+            "space": "ip",
+            "index": "hnsw",
+            "hnsw_m": hnsw.get("max_neighbors"),
+            "ef_construction": hnsw.get("ef_construction"),
+            "ef_search": hnsw.get("ef_search"),
+        }
+        recall = self.recall
+        if recall:
+            out["recall"] = recall
+        return out
+
+    def close(self) -> None:
+        """Release the client (an embedded folder's engine stops with its last client)."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+
+# ----------------------------------------------------------------------------- registry entry
+
+
+def parse_chroma(rest: str, spec: str = "") -> dict[str, str]:
+    """``PATH/COLLECTION`` -> {"path", "collection"}; ``URL/COLLECTION`` -> {"url", ...}."""
+    if "://" in rest:
+        return registry.parse_url_collection(rest, spec or f"chroma:{rest}")
+    return registry.parse_path_collection(rest, spec or f"chroma:{rest}")
+
+
+def open_chroma(
+    location: Mapping[str, str], dimension: int | None = None, **options: Any
+) -> ChromaStore:
+    """Open (or create) the collection of a parsed ``chroma:`` spec."""
+    mod = chromadb()
+    settings = mod.Settings(anonymized_telemetry=False)
+    if "url" in location:
+        url = location["url"]
+        where = f"chroma:{url}/{location['collection']}"
+        scheme, _, hostport = url.partition("://")
+        host, _, port = hostport.rpartition(":")
+        if not host or not port.isdigit():
+            raise StoreError(f"{where}: expected chroma:http://HOST:PORT/COLLECTION")
+        try:
+            client = mod.HttpClient(
+                host=host, port=int(port), ssl=scheme == "https", settings=settings
+            )
+        except Exception as exc:  # connection refused, wrong server
+            raise StoreError(f"{where}: cannot reach the Chroma server ({exc})") from None
+    else:
+        path = Path(location["path"])
+        where = f"chroma:{path}/{location['collection']}"
+
+        def reopen() -> Any:
+            try:
+                return mod.PersistentClient(path=str(path), settings=settings)
+            except Exception as exc:
+                raise StoreError(f"{where}: cannot open the Chroma folder ({exc})") from None
+
+        client = reopen()
+        try:
+            return ChromaStore(
+                client, location["collection"], dimension, location=where, reopen=reopen, **options
+            )
+        except BaseException:
+            client.close()
+            raise
+    try:
+        return ChromaStore(client, location["collection"], dimension, location=where, **options)
+    except BaseException:
+        client.close()
+        raise
+
+
+def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> ChromaStore:
+    return open_chroma(loc, dimension, **options)
+
+
+registry.register(
+    registry.Backend(
+        prefix="chroma",
+        form=FORM,
+        parse=parse_chroma,
+        open=_open,
+        options=("hnsw_m", "ef_construction", "ef_search", "target_recall"),
+        extra="chroma",
+    )
+)

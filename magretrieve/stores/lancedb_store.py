@@ -1,0 +1,473 @@
+"""LanceDB tables searched by dot product: ``lancedb:PATH/TABLE`` (embedded, a folder).
+
+Rules kept here, as in the other stores:
+
+- every search uses distance ``dot``; LanceDB reports ``1 − q·d``, which the store turns back
+  into the inner product;
+- exact scan by default (no vector index); ``index_type`` builds a LanceDB vector index in
+  ``optimize()`` (after the bulk load), whose recall@10 is then measured against exact search
+  (``ef_search``/``nprobe`` tuned to ``target_recall`` when one is given). An index whose
+  measured recall is below :data:`~magretrieve.stores._ann_recall.WARN_BELOW` — IVF_PQ on
+  magnitude-keeping vectors, typically — is dropped and refused with the number, unless
+  ``force`` (``magretrieve index --force``) keeps it;
+- the table is ``doc_id`` (string), ``vector`` (fixed-size float32 list), ``payload`` (the JSON
+  payload as a string) and ``doc_norm`` (float32, the stored vector's norm); which model built
+  it, the index settings and the last recall measurement are kept in the ``vector`` field's
+  metadata, so they travel with the table's versions;
+- each add is one ``merge_insert`` on ``doc_id`` (an atomic new table version): a crash leaves
+  the previous version or the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from magretrieve.core.errors import StoreError
+from magretrieve.stores import _ann_recall, registry
+from magretrieve.stores.base import Batch, StoreHit, StoreRecord, VectorStore, require
+
+FORM = "lancedb:PATH/TABLE"
+#: Keys of the ``vector`` field's metadata.
+META_KEY, RECALL_KEY, INDEX_KEY = "magretrieve.metadata", "magretrieve.recall", "magretrieve.index"
+#: Index types this store builds (LanceDB names); ``flat`` is the exact scan (no index).
+INDEX_TYPES = (
+    "FLAT",
+    "IVF_HNSW_SQ",
+    "IVF_HNSW_FLAT",
+    "IVF_FLAT",
+    "IVF_SQ",
+    "IVF_PQ",
+    "IVF_HNSW_PQ",
+)
+FIELDS = ("doc_id", "vector", "payload", "doc_norm")
+#: Ids per filter expression (get/existing/delete).
+IDS_PER_EXPRESSION = 512
+
+
+def lancedb() -> Any:
+    mod = require("lancedb", "lancedb", "lancedb")
+    logging.getLogger("lancedb").setLevel(logging.ERROR)
+    return mod
+
+
+def sql_string(value: str) -> str:
+    """``value`` as a SQL string literal (single quotes doubled), so no id ends the literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _in_list(ids: Sequence[str]) -> str:
+    return f"doc_id IN ({', '.join(sql_string(i) for i in ids)})"
+
+
+class LanceDBStore(VectorStore):
+    """A LanceDB table searched by dot product (exact scan unless an index was asked for)."""
+
+    kind = "lancedb"
+    thread_safe_search = True
+
+    def __init__(
+        self,
+        db: Any,
+        table: str,
+        dimension: int | None = None,
+        *,
+        index_type: str | None = None,
+        hnsw_m: int | None = None,
+        ef_construction: int | None = None,
+        ef_search: int | None = None,
+        nlist: int | None = None,
+        nprobe: int | None = None,
+        target_recall: float | None = None,
+        force: bool = False,
+        location: str | None = None,
+    ) -> None:
+        self.db = db
+        self.name = table
+        self._location = location or f"lancedb table {table!r}"
+        self.target_recall = target_recall
+        self.force = force
+        self.ef_search, self.nprobe = ef_search, nprobe
+        self._build: dict[str, Any] = {}
+        if index_type is not None:
+            kind = index_type.upper()
+            if kind not in INDEX_TYPES:
+                raise StoreError(
+                    f"{self._location}: index_type {index_type!r} is not one of "
+                    f"{', '.join(t.lower() if t == 'FLAT' else t for t in INDEX_TYPES)}"
+                )
+            self._build = {"index_type": kind, "hnsw_m": hnsw_m, "ef_construction": ef_construction}
+            self._build["nlist"] = nlist
+        names = self._run("list tables", self._table_names)
+        if table in names:
+            self.tbl = self._run("open", lambda: db.open_table(table))
+            self._check_existing(dimension)
+        else:
+            if dimension is None:
+                raise StoreError(
+                    f"{self._location}: table does not exist; pass a dimension to create it"
+                )
+            pa = require("pyarrow", "pyarrow", "lancedb")
+            schema = pa.schema(
+                [
+                    pa.field("doc_id", pa.string(), nullable=False),
+                    pa.field("vector", pa.list_(pa.float32(), int(dimension))),
+                    pa.field("payload", pa.string()),
+                    pa.field("doc_norm", pa.float32()),
+                ]
+            )
+            self.tbl = self._run("create", lambda: db.create_table(table, schema=schema))
+            self._dim = int(dimension)
+        recorded = self._field_meta(INDEX_KEY) or {}
+        if not self._build and recorded:
+            self._build = recorded  # reopened: the index the table was built with
+        if recorded.get("tuned") and ef_search is None and nprobe is None:
+            self.ef_search, self.nprobe = recorded.get("ef_search"), recorded.get("nprobe")
+
+    def _table_names(self) -> list[str]:
+        listed = self.db.list_tables() if hasattr(self.db, "list_tables") else None
+        names = getattr(listed, "tables", listed)
+        if names is None:
+            names = self.db.table_names()
+        return list(names)
+
+    def _check_existing(self, dimension: int | None) -> None:
+        schema = self.tbl.schema
+        missing = [f for f in FIELDS if f not in schema.names]
+        if missing:
+            raise StoreError(
+                f"{self._location}: table lacks field(s) {missing}; it was not created by magretrieve"
+            )
+        dim = getattr(schema.field("vector").type, "list_size", None)
+        if not dim or dim < 1:
+            raise StoreError(f"{self._location}: 'vector' is not a fixed-size float list")
+        for idx in self._run("read indexes", self.tbl.list_indices):
+            if "vector" in list(getattr(idx, "columns", [])):
+                details = getattr(idx, "index_details", None) or {}
+                metric = str(details.get("metric_type", "DOT")).upper()
+                if metric != "DOT":
+                    raise StoreError(
+                        f"{self._location}: its vector index uses metric {metric}; magretrieve "
+                        "needs dot (cosine erases document magnitude; l2 ranks by distance). "
+                        "Drop that index or create a new table"
+                    )
+        if dimension is not None and int(dim) != int(dimension):
+            raise StoreError(
+                f"{self._location} has vector dimension {dim}, but the model produces "
+                f"dimension {dimension}"
+            )
+        self._dim = int(dim)
+
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        # lance raises OSError/ValueError/RuntimeError; pyarrow its ArrowException
+        arrow = require("pyarrow", "pyarrow", "lancedb")
+        return (OSError, ValueError, RuntimeError, arrow.ArrowException)
+
+    def _run(self, what: str, fn: Any) -> Any:
+        with self._driver(what):
+            return fn()
+
+    # ------------------------------------------------------------------ field metadata
+
+    def _field_meta(self, key: str) -> dict[str, Any] | None:
+        meta = self.tbl.schema.field("vector").metadata or {}
+        raw = meta.get(key.encode())
+        if not raw:
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            raise StoreError(f"{self._location}: vector field metadata {key} is not JSON") from None
+        return value if isinstance(value, dict) and value else None
+
+    def _write_field_meta(self, key: str, value: Mapping[str, Any] | None) -> None:
+        text = json.dumps(dict(value), sort_keys=True) if value else None  # None deletes the key
+        self._run(
+            "write metadata",
+            lambda: self.tbl.update_field_metadata({"path": "vector", "metadata": {key: text}}),
+        )
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def dimension(self) -> int:
+        return self._dim
+
+    @property
+    def location(self) -> str:
+        return self._location
+
+    def _index(self) -> Any:
+        for idx in self.tbl.list_indices():
+            if "vector" in list(getattr(idx, "columns", [])):
+                return idx
+        return None
+
+    # ------------------------------------------------------------------ primitives
+
+    def _upsert(self, batch: Batch) -> None:
+        pa = require("pyarrow", "pyarrow", "lancedb")
+        data = pa.table(
+            {
+                "doc_id": batch.ids,
+                "vector": pa.FixedSizeListArray.from_arrays(
+                    pa.array(batch.vectors.ravel()), self._dim
+                ),
+                "payload": [json.dumps(p, allow_nan=False) for p in batch.payloads],
+                "doc_norm": batch.norms.astype(np.float32),
+            },
+            schema=self.tbl.schema,
+        )
+        # one merge_insert = one new table version: all of the batch or none of it
+        self.tbl.merge_insert(
+            "doc_id"
+        ).when_matched_update_all().when_not_matched_insert_all().execute(data)
+
+    def _search(self, q: np.ndarray, k: int, columns: list[str], exact: bool) -> Any:
+        s = self.tbl.search(q).distance_type("dot").limit(k).select([*columns, "_distance"])
+        if exact or self._index() is None:
+            return s.bypass_vector_index()
+        if self.nprobe:
+            s = s.nprobes(int(self.nprobe))
+        if self.ef_search and "HNSW" in str(self._build.get("index_type", "")):
+            s = s.ef(max(int(self.ef_search), k))
+        return s
+
+    def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
+        columns = ["doc_id", "payload", "doc_norm"] + (["vector"] if with_vectors else [])
+        out = []
+        for row in q:
+            res = self._search(row, k, columns, exact=False).to_arrow()
+            cols = {name: res[name].to_pylist() for name in res.column_names}
+            hits = []
+            for j, doc_id in enumerate(cols["doc_id"]):
+                vec = np.asarray(cols["vector"][j], dtype=np.float32) if with_vectors else None
+                hits.append(
+                    StoreHit(
+                        str(doc_id),
+                        1.0 - float(cols["_distance"][j]),  # LanceDB's dot distance: 1 − q·d
+                        json.loads(cols["payload"][j] or "{}"),
+                        vec,
+                        doc_norm=float(cols["doc_norm"][j]),
+                    )
+                )
+            out.append(hits)
+        return out
+
+    def _rows(self, ids: Sequence[str], columns: list[str]) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        unique = sorted(set(ids))
+        for start in range(0, len(unique), IDS_PER_EXPRESSION):
+            chunk = unique[start : start + IDS_PER_EXPRESSION]
+            res = self.tbl.search().where(_in_list(chunk)).select(columns).limit(len(chunk))
+            for rec in res.to_arrow().to_pylist():
+                found[str(rec["doc_id"])] = rec
+        return found
+
+    def _delete(self, ids: list[str]) -> int:
+        present = sorted(self._existing(ids))
+        for start in range(0, len(present), IDS_PER_EXPRESSION):
+            self.tbl.delete(_in_list(present[start : start + IDS_PER_EXPRESSION]))
+        return len(present)
+
+    def _count(self) -> int:
+        return int(self.tbl.count_rows())
+
+    def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
+        found = self._rows(ids, ["doc_id", "vector", "payload"])
+        return [
+            StoreRecord(
+                i, np.asarray(r["vector"], dtype=np.float32), json.loads(r["payload"] or "{}")
+            )
+            for i, r in found.items()
+        ]
+
+    def _existing(self, ids: list[str]) -> Iterable[str]:
+        return list(self._rows(ids, ["doc_id"]))
+
+    def _scan(self, columns: list[str]) -> Any:
+        n = self.count()
+        return self._run(
+            "read", lambda: self.tbl.search().select(columns).limit(max(n, 1)).to_arrow()
+        )
+
+    def _scan_ids(self) -> Iterator[str]:
+        return iter([str(i) for i in self._scan(["doc_id"])["doc_id"].to_pylist()])
+
+    def _read_meta(self) -> dict[str, Any] | None:
+        return self._field_meta(META_KEY)
+
+    def _write_meta(self, meta: dict[str, Any]) -> None:
+        self._write_field_meta(META_KEY, meta)
+
+    # ------------------------------------------------------------------ index and recall
+
+    @property
+    def recall(self) -> dict[str, Any] | None:
+        """The last recall@10 measurement of the vector index (None for the exact scan)."""
+        return self._field_meta(RECALL_KEY)
+
+    def optimize(self) -> None:
+        """Build the requested vector index (if any), then measure and check its recall."""
+        kind = self._build.get("index_type")
+        if not kind or kind == "FLAT" or not self.count():
+            return
+        if self._index() is None:
+            self._create_index(kind)
+        self.measure_recall(target_recall=self.target_recall)
+
+    def _create_index(self, kind: str) -> None:
+        n = self.count()
+        nlist = self._build.get("nlist") or max(1, min(256, int(round(np.sqrt(n) / 2))))
+        args: dict[str, Any] = {"distance_type": "dot", "num_partitions": int(nlist)}
+        if "HNSW" in kind:
+            args["m"] = int(self._build.get("hnsw_m") or 20)
+            args["ef_construction"] = int(self._build.get("ef_construction") or 300)
+        if kind.endswith("PQ"):
+            args["num_sub_vectors"] = max(1, self._dim // 4 if self._dim % 4 == 0 else 1)
+        config_class = "".join(part.capitalize() for part in kind.split("_"))  # IVF_PQ -> IvfPq
+        config = getattr(require("lancedb.index", "lancedb", "lancedb"), config_class)(**args)
+        self._run(f"build {kind} index", lambda: self.tbl.create_index("vector", config=config))
+        self._write_field_meta(INDEX_KEY, {"index_type": kind, "nlist": int(nlist), **args})
+        self._build = self._field_meta(INDEX_KEY) or {}
+
+    def measure_recall(
+        self, queries: np.ndarray | None = None, target_recall: float | None = None
+    ) -> dict[str, Any] | None:
+        """recall@10 of the index against exact search; an index below the bar is refused.
+
+        Tunes ``ef_search`` (HNSW kinds) or ``nprobe`` (the others) to ``target_recall`` first.
+        Below :data:`_ann_recall.WARN_BELOW` without ``force`` the index is dropped (the table
+        stays, searched exactly) and a StoreError gives the measured recall.
+        """
+        if target_recall is not None:
+            target_recall = registry.OPTIONS["target_recall"].check(target_recall, self.location)
+        if self._index() is None:
+            return None
+        scan = self._scan(["doc_id", "vector"])
+        ids = [str(i) for i in scan["doc_id"].to_pylist()]
+        vectors = np.asarray(scan["vector"].to_pylist(), dtype=np.float32)
+        kind = str(self._build.get("index_type", ""))
+        if "HNSW" in kind:
+
+            def set_ef(value: int) -> None:
+                self.ef_search = int(value)
+
+            knob = _ann_recall.Knob("ef_search", _ann_recall.HNSW_EF, set_ef, self.ef_search or 0)
+        else:
+
+            def set_nprobe(value: int) -> None:
+                self.nprobe = int(value)
+
+            nlist = int(self._build.get("nlist") or 1)
+            knob = _ann_recall.Knob(
+                "nprobe", _ann_recall.nprobe_values(nlist), set_nprobe, self.nprobe or 0
+            )
+        tune = target_recall is not None
+
+        def search(q: np.ndarray, k: int) -> list[list[str]]:
+            return [[h.id for h in row] for row in self.search(q, k, with_vectors=False)]
+
+        recall = _ann_recall.measure(
+            search,
+            ids,
+            vectors,
+            knob=knob if tune else None,
+            target=target_recall,
+            queries=queries,
+            where=self.location,
+        )
+        recall["index_type"] = kind
+        value = recall[f"recall_at_{recall['k']}"]
+        if value < _ann_recall.WARN_BELOW and not self.force:
+            self._run("drop index", lambda: self.tbl.drop_index(self._index().name))
+            self._write_field_meta(INDEX_KEY, None)
+            self._write_field_meta(RECALL_KEY, None)
+            self._build = {}
+            raise StoreError(
+                f"{self._location}: {kind} measured recall@{recall['k']} {value:.3f} against "
+                f"exact search (< {_ann_recall.WARN_BELOW}) on these magnitude-keeping vectors; "
+                "the index was dropped and the table is searched exactly (pass --force to keep "
+                "it, or use IVF_HNSW_SQ / the exact scan)"
+            )
+        index_meta = dict(self._field_meta(INDEX_KEY) or {"index_type": kind})
+        index_meta.update({"ef_search": self.ef_search, "nprobe": self.nprobe, "tuned": tune})
+        self._write_field_meta(INDEX_KEY, index_meta)
+        self._write_field_meta(RECALL_KEY, recall)
+        return recall
+
+    def _describe(self) -> dict[str, Any]:
+        idx = self._index()
+        out: dict[str, Any] = {"distance": "dot", "index": "exact scan" if idx is None else ""}
+        if idx is not None:
+            out["index"] = str(self._build.get("index_type") or idx.index_type)
+            out["nlist"] = self._build.get("nlist")
+            if "HNSW" in out["index"]:
+                out["hnsw_m"] = self._build.get("m", self._build.get("hnsw_m"))
+                out["ef_construction"] = self._build.get("ef_construction")
+                out["ef_search"] = self.ef_search
+            out["nprobe"] = self.nprobe
+            recall = self.recall
+            if recall:
+                out["recall"] = recall
+        return out
+
+    def close(self) -> None:
+        """LanceDB tables hold no handle that needs closing (every write is a version)."""
+
+
+# ----------------------------------------------------------------------------- registry entry
+
+
+def open_lancedb(
+    location: Mapping[str, str], dimension: int | None = None, **options: Any
+) -> LanceDBStore:
+    """Open (or create) the table of a parsed ``lancedb:`` spec."""
+    mod = lancedb()
+    path = Path(location["path"])
+    where = f"lancedb:{path}/{location['collection']}"
+    try:
+        db = mod.connect(str(path))
+    except Exception as exc:
+        raise StoreError(f"{where}: cannot open the LanceDB folder ({exc})") from None
+    return LanceDBStore(db, location["collection"], dimension, location=where, **options)
+
+
+def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> LanceDBStore:
+    return open_lancedb(loc, dimension, **options)
+
+
+#: Whether to keep an index below the recall bar: the backend's own option, set by
+#: ``Retriever.load(force=True)`` (``magretrieve index --force``).
+FORCE_OPTION = registry.StoreOption(
+    "force",
+    bool,
+    "LanceDB: keep a vector index whose measured recall is below the bar (IVF_PQ on "
+    "magnitude-keeping vectors); set by --force of magretrieve index.",
+)
+
+
+registry.register(
+    registry.Backend(
+        prefix="lancedb",
+        form=FORM,
+        parse=registry.parse_path_collection,
+        open=_open,
+        options=(
+            "index_type",
+            "hnsw_m",
+            "ef_construction",
+            "ef_search",
+            "nlist",
+            "nprobe",
+            "target_recall",
+            FORCE_OPTION,
+        ),
+        extra="lancedb",
+    )
+)
