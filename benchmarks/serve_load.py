@@ -14,7 +14,7 @@ costs the 2-core machine as little as possible and the same for both servers:
   its own venv (``--infinity-python``), hub access off, telemetry off, the same threads;
 * a soak: ``--soak-clients`` clients mixing searches with upserts (every ``--upsert-every``-th
   request writes 4 new documents) for ``--soak-seconds``; then the server is stopped with
-  SIGTERM and every acknowledged write is looked up in the store (lost writes), with the
+  SIGTERM and every id written must hold its last acknowledged write (lost writes), with the
   count of 5xx answers and the server's RSS growth from the end of the first tenth to the end.
 
     MAGRETRIEVE_INFINITY_PYTHON=../venv-infinity/bin/python python benchmarks/serve_load.py
@@ -58,6 +58,9 @@ MODEL = "all-MiniLM-L6-v2"
 DOC_BATCH = 32
 #: Documents in the soak's store before it starts (searches then hit real vectors).
 SOAK_SEED_DOCS = 500
+#: Id slots per soak client: upserts cycle over them (4 documents each), so the store stays the
+#: same size after the first laps and RSS growth measures leaks, not a growing corpus.
+SOAK_SLOTS = 8
 #: Goals of the service, checked in the results.
 GOAL_CEILING = 0.8
 GOAL_PEER = 1.5
@@ -403,8 +406,8 @@ def soak(
     upsert_every: int,
     work: Path,
 ) -> dict[str, Any]:
-    """Mixed searches and upserts on a store the server writes; then every acknowledged write
-    is looked up after a SIGTERM stop."""
+    """Mixed searches and upserts on a store the server writes; after a SIGTERM stop every id
+    written must hold its last acknowledged write."""
     from magretrieve.serving.retriever import Retriever
     from magretrieve.stores import open_store
 
@@ -418,24 +421,32 @@ def soak(
         r.persist()
     texts = [d["text"] for d in seed_docs]
     server = ours(export, threads, work, "--store", f"faiss:{store}", key=KEY)
-    acknowledged: list[str] = []
-    attempted: list[str] = []
+    #: id -> sequence number of the last acknowledged upsert of it (each client writes its own
+    #: ids one request at a time, so the last acknowledgement is the state the store must hold)
+    last_ack: dict[str, int] = {}
+    writes = {"attempted": 0, "acknowledged": 0}
     rss: list[tuple[float, int]] = []
+
+    def upsert_ids(c: int, n: int) -> list[str]:
+        slot = (n // upsert_every) % SOAK_SLOTS
+        return [f"soak-{c}-{slot}-{j}" for j in range(4)]
 
     def make(c: int, n: int) -> tuple[str, bytes, int]:
         if n % upsert_every == upsert_every - 1:
             docs = [
-                {"_id": f"soak-{c}-{n}-{j}", "text": texts[(c + n + j) % len(texts)], "n": n}
-                for j in range(4)
+                {"_id": i, "text": texts[(c + n + j) % len(texts)], "n": n}
+                for j, i in enumerate(upsert_ids(c, n))
             ]
-            attempted.extend(d["_id"] for d in docs)
+            writes["attempted"] += 1
             return "/documents", json.dumps({"documents": docs}).encode(), 4
         body = {"query": queries[(c * 7919 + n) % len(queries)], "k": 10}
         return "/search", json.dumps(body).encode(), 1
 
     def on_answer(c: int, n: int, data: bytes) -> None:
         if data.startswith(b'{"upserted"'):
-            acknowledged.extend(json.loads(data)["ids"])
+            writes["acknowledged"] += 1
+            for i in json.loads(data)["ids"]:
+                last_ack[i] = n
 
     async def sample_rss() -> None:
         started = time.perf_counter()
@@ -456,11 +467,17 @@ def soak(
     code = server.stop()
     reopened = open_store(f"faiss:{store}")
     try:
-        present = reopened.existing(acknowledged)
+        ids = sorted(last_ack)
+        records = reopened.get(ids)
         count = reopened.count()
     finally:
         reopened.close()
-    lost = sorted(set(acknowledged) - set(present))
+    # lost: an acknowledged id missing, or holding an older write than the last acknowledged
+    lost = [
+        i
+        for i, rec in zip(ids, records, strict=True)
+        if rec is None or rec.payload.get("n") != last_ack[i]
+    ]
     # the baseline is taken once the first tenth has run (caches and allocator arenas warm)
     base = next((v for t, v in rss if t >= seconds / 10), rss[0][1])
     end = rss[-1][1]
@@ -469,8 +486,9 @@ def soak(
         {
             "seconds": seconds,
             "clients": clients,
-            "writes_acknowledged": len(acknowledged),
-            "writes_attempted": len(attempted),
+            "writes_acknowledged": writes["acknowledged"],
+            "writes_attempted": writes["attempted"],
+            "ids_written": len(last_ack),
             "lost_writes": len(lost),
             "store_count_after": count,
             "exit_code": code,
@@ -762,7 +780,8 @@ def write(r: dict[str, Any], stem: Path) -> None:
         s = r["soak"]
         lines.append(
             f"- soak ({s['seconds'] / 60:.0f} min, {s['clients']} clients, searches + upserts of 4 "
-            f"documents): {s['requests']} requests, {s['writes_acknowledged']} writes acknowledged, "
+            f"documents): {s['requests']} requests, {s['writes_acknowledged']} upserts acknowledged "
+            f"(over {s['ids_written']} ids, each checked for its last acknowledged write), "
             f"**{s['lost_writes']} lost**, {s['server_errors']} 5xx, {s['errors']} errors; RSS "
             f"{s['rss_base_mb']:.0f} → {s['rss_end_mb']:.0f} MB (**{s['rss_growth']:+.1%}**, max "
             f"{s['rss_max_mb']:.0f} MB); SIGTERM exit code {s['exit_code']}"
