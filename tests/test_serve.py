@@ -724,3 +724,28 @@ def test_schemathesis_finds_no_server_error_or_schema_break(
         code = srv.stop()
     assert proc.returncode == 0, proc.stdout[-6000:]
     assert code == 0 and "Traceback" not in srv.stderr()
+
+
+def test_create_app_in_process_and_the_body_limit(export_dir) -> None:
+    """The Python factory, run by Starlette's test client (besides the real servers above)."""
+    from fastapi.testclient import TestClient
+
+    from magretrieve.server import create_app
+    from magretrieve.server.settings import ServerSettings
+
+    app = create_app(export_dir, settings=ServerSettings(max_body_bytes=2000), api_key=KEY)
+    state = app.state.magretrieve
+    assert state.settings.api_key == KEY and state.settings.max_body_bytes == 2000
+    with TestClient(app) as client:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        ok = client.post(
+            "/v1/embeddings", json={"input": "x", "input_type": "query"}, headers=headers
+        )
+        assert ok.status_code == 200
+        big = client.post(
+            "/v1/embeddings", json={"input": "x" * 5000, "input_type": "query"}, headers=headers
+        )
+        assert_clean_error(big, 413, "the limit is 2000")
+        assert client.get("/ready").status_code == 200
+        assert client.post("/search", json={"query": "x"}, headers=headers).status_code == 404
+    assert not state.batcher.running and not state.ready  # the lifespan closed it
