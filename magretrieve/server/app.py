@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,7 @@ def create_app(
             raise MagRetrieveError("create_app needs an export folder (or an opened state)")
         settings = settings or ServerSettings(api_key=api_key)
         if api_key is not None and settings.api_key != api_key:
-            settings = ServerSettings(**{**settings.__dict__, "api_key": api_key})
+            settings = replace(settings, api_key=api_key)
         state = open_state(
             export,
             store,
