@@ -61,6 +61,12 @@ SOAK_SEED_DOCS = 500
 #: Id slots per soak client: upserts cycle over them (4 documents each), so the store stays the
 #: same size after the first laps and RSS growth measures leaks, not a growing corpus.
 SOAK_SLOTS = 8
+#: Our server's columns: name -> extra ``magretrieve serve`` flags.
+SERVER_COLUMNS = {
+    "batching": (),
+    "batching_spinning": ("--onnx-spinning",),
+    "no_batching": ("--no-batching",),
+}
 #: Goals of the service, checked in the results.
 GOAL_CEILING = 0.8
 GOAL_PEER = 1.5
@@ -139,6 +145,8 @@ class Tally:
     errors: int = 0
     server_errors: int = 0
     statuses: dict[int, int] = field(default_factory=dict)
+    #: Seconds from the start to the last tallied answer (the window of a fixed-work run).
+    elapsed: float = 0.0
 
     def summary(self, seconds: float) -> dict[str, Any]:
         lat = np.array(self.latencies) * 1000 if self.latencies else np.array([np.nan])
@@ -164,17 +172,25 @@ async def closed_loop(
     seconds: float,
     headers: dict[str, str],
     on_answer: Any = None,
+    per_client: int | None = None,
 ) -> Tally:
     """``clients`` connections, each sending ``make_request(client, n) -> (path, body, texts)``
-    in turn; requests finishing inside ``[warmup, warmup + seconds)`` are tallied."""
+    in turn; requests finishing inside ``[warmup, warmup + seconds)`` are tallied.
+
+    With ``per_client``, each client sends that many requests instead and all of them are
+    tallied over the time until the last answer (:attr:`Tally.elapsed`): for requests that
+    take seconds, where a window would count too few to be a measurement.
+    """
     tally = Tally()
     start = time.perf_counter()
     t0, t1 = start + warmup, start + warmup + seconds
+    if per_client is not None:
+        t0, t1 = start, float("inf")
 
     async def client(c: int) -> None:
         conn = Connection("127.0.0.1", port, headers)
         n = 0
-        while time.perf_counter() < t1:
+        while time.perf_counter() < t1 and (per_client is None or n < per_client):
             path, body, texts = make_request(c, n)
             n += 1
             sent = time.perf_counter()
@@ -187,6 +203,7 @@ async def closed_loop(
             if status == 200 and on_answer is not None:
                 on_answer(c, n - 1, data)
             if t0 <= done < t1:
+                tally.elapsed = max(tally.elapsed, done - start)
                 tally.statuses[status] = tally.statuses.get(status, 0) + 1
                 if status == 200:
                     tally.latencies.append(done - sent)
@@ -350,6 +367,7 @@ def measure_server(
     docs: list[str],
     clients: list[int],
     doc_clients: int,
+    doc_requests: int,
     warmup: float,
     seconds: float,
     headers: dict[str, str],
@@ -359,8 +377,10 @@ def measure_server(
         tally = run_loop(port, c, query_request(queries, peer), warmup, seconds, headers)
         out[f"query@{c}"] = tally.summary(seconds)
         click.echo(f"    query@{c}: {_line(out[f'query@{c}'])}", err=True)
-    tally = run_loop(port, doc_clients, document_request(docs, peer), warmup, seconds, headers)
-    out[f"documents@{doc_clients}"] = tally.summary(seconds)
+    tally = run_loop(
+        port, doc_clients, document_request(docs, peer), 0, 0, headers, per_client=doc_requests
+    )
+    out[f"documents@{doc_clients}"] = {**tally.summary(tally.elapsed), "seconds": tally.elapsed}
     click.echo(f"    documents@{doc_clients}: {_line(out[f'documents@{doc_clients}'])}", err=True)
     return out
 
@@ -567,6 +587,13 @@ def packaged_model_dir() -> Path:
     "--doc-clients", type=int, default=8, show_default=True, help="Clients of the 32-document cell."
 )
 @click.option(
+    "--doc-requests",
+    type=int,
+    default=3,
+    show_default=True,
+    help="32-document requests each of those clients sends (a fixed amount of work per cell).",
+)
+@click.option(
     "--seconds", type=float, default=20.0, show_default=True, help="Measured seconds per cell."
 )
 @click.option(
@@ -589,7 +616,7 @@ def packaged_model_dir() -> Path:
 )
 @click.option("--out", default=None, help="Results stem (default benchmarks/results/serve_load).")
 @lock_option
-def main(export_dir, model_dir, infinity_python, data, threads, clients, doc_clients, seconds,
+def main(export_dir, model_dir, infinity_python, data, threads, clients, doc_clients, doc_requests, seconds,
          warmup, soak_seconds, soak_clients, upsert_every, out, lock):  # type: ignore[no-untyped-def]  # fmt: skip
     """Throughput and latency of `magretrieve serve` over HTTP vs its ceiling and Infinity."""
     from magretrieve.data.readers import load_beir
@@ -608,6 +635,7 @@ def main(export_dir, model_dir, infinity_python, data, threads, clients, doc_cli
         "mode": "qnorm (fp32 export)",
         "data": f"{folder.name}: {len(queries)} queries, {len(docs)} documents",
         "seconds_per_cell": seconds,
+        "doc_requests": doc_requests,
         "warmup": warmup,
     }
     with cpu_lock(lock or None), tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
@@ -616,7 +644,7 @@ def main(export_dir, model_dir, infinity_python, data, threads, clients, doc_cli
         ensure_export(export, MODEL, threads)
         click.echo("ceiling (in-process OnnxEncoder)", err=True)
         result["ceiling"] = ceiling(export, threads, queries, docs, seconds)
-        for name, args in (("batching", ()), ("no_batching", ("--no-batching",))):
+        for name, args in SERVER_COLUMNS.items():
             click.echo(f"magretrieve serve ({name})", err=True)
             server = ours(export, threads, work, *args)
             try:
@@ -627,6 +655,7 @@ def main(export_dir, model_dir, infinity_python, data, threads, clients, doc_cli
                     docs,
                     client_counts,
                     doc_clients,
+                    doc_requests,
                     warmup,
                     seconds,
                     {},
@@ -650,6 +679,7 @@ def main(export_dir, model_dir, infinity_python, data, threads, clients, doc_cli
                     docs,
                     client_counts,
                     doc_clients,
+                    doc_requests,
                     warmup,
                     seconds,
                     {},
@@ -675,6 +705,10 @@ def main(export_dir, model_dir, infinity_python, data, threads, clients, doc_cli
     click.echo(f"wrote {stem}.md / .json", err=True)
 
 
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("inf") if a else float("nan")
+
+
 def goals(r: dict[str, Any], clients: list[int], doc_clients: int) -> dict[str, Any]:
     g: dict[str, Any] = {}
     b = r["batching"]
@@ -686,17 +720,18 @@ def goals(r: dict[str, Any], clients: list[int], doc_clients: int) -> dict[str, 
         b[f"documents@{doc_clients}"]["texts_per_s"] / r["ceiling"]["documents"]
     )
     if "infinity" in r:
-        g["vs_infinity"] = ours_32 / r["infinity"][f"query@{at}"]["texts_per_s"]
-        g["documents_vs_infinity"] = (
-            b[f"documents@{doc_clients}"]["texts_per_s"]
-            / r["infinity"][f"documents@{doc_clients}"]["texts_per_s"]
+        g["vs_infinity"] = _ratio(ours_32, r["infinity"][f"query@{at}"]["texts_per_s"])
+        g["documents_vs_infinity"] = _ratio(
+            b[f"documents@{doc_clients}"]["texts_per_s"],
+            r["infinity"][f"documents@{doc_clients}"]["texts_per_s"],
         )
     tail_at = 8 if 8 in clients else clients[0]
-    g["p99_over_p50"] = b[f"query@{tail_at}"]["p99_ms"] / b[f"query@{tail_at}"]["p50_ms"]
-    g["batching_vs_off"] = ours_32 / r["no_batching"][f"query@{at}"]["texts_per_s"]
+    g["p99_over_p50"] = _ratio(b[f"query@{tail_at}"]["p99_ms"], b[f"query@{tail_at}"]["p50_ms"])
+    g["batching_vs_off"] = _ratio(ours_32, r["no_batching"][f"query@{at}"]["texts_per_s"])
     g["errors"] = sum(
         cell["errors"]
-        for key in ("batching", "no_batching")
+        for key in SERVER_COLUMNS
+        if key in r
         for name, cell in r[key].items()
         if isinstance(cell, dict)
     )
@@ -724,7 +759,12 @@ def goals(r: dict[str, Any], clients: list[int], doc_clients: int) -> dict[str, 
 def write(r: dict[str, Any], stem: Path) -> None:
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(r, indent=2) + "\n")
-    columns = [("batching", "serve, batching on"), ("no_batching", "serve, batching off")]
+    columns = [
+        ("batching", "serve, batching on"),
+        ("batching_spinning", "serve, batching on, onnxruntime threads spinning"),
+        ("no_batching", "serve, batching off"),
+    ]
+    columns = [(key, label) for key, label in columns if key in r]
     if "infinity" in r:
         columns.append(("infinity", f"Infinity {r.get('infinity_version', '')}"))
     cells = list(r["batching"].keys() - {"exit_code"})
@@ -755,7 +795,9 @@ def write(r: dict[str, Any], stem: Path) -> None:
         f"- machine: {r['machine']}; threads of every server and the ceiling: {r['threads']}; "
         "the load generator runs on the same cores",
         f"- model: {r['model']}, {r['mode']}; texts: {r['data']}",
-        f"- each cell: {r['warmup']:.0f} s warm-up, then {r['seconds_per_cell']:.0f} s measured; "
+        f"- query cells: {r['warmup']:.0f} s warm-up, then {r['seconds_per_cell']:.0f} s measured; "
+        f"document cells: each client sends {r.get('doc_requests', 3)} requests, timed to the last "
+        "answer; "
         "closed-loop clients on keep-alive HTTP/1.1; float JSON vectors",
         f"- ceiling (in-process `OnnxEncoder`, batched as the library does): "
         f"queries {r['ceiling']['query']:.0f} texts/s, documents {r['ceiling']['documents']:.0f} texts/s",

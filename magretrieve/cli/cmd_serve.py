@@ -51,6 +51,13 @@ from magretrieve.server.settings import API_KEY_ENV, ServerSettings, key_from_en
 @click.option(
     "--max-text-chars", type=int, default=32_768, show_default=True, help="Characters per text."
 )
+@click.option(
+    "--onnx-spinning/--no-onnx-spinning",
+    default=False,
+    show_default=True,
+    help="Let onnxruntime's threads spin-wait between runs (off: they leave the cores to the "
+    "event loop).",
+)
 @click.option("--force", is_flag=True, help="Serve a store built by another model.")
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
 @search_store_options
@@ -69,6 +76,7 @@ def serve_cmd(
     max_queue: int,
     max_inputs: int,
     max_text_chars: int,
+    onnx_spinning: bool,
     force: bool,
     access_log: bool,
     **store_kw: object,
@@ -93,6 +101,7 @@ def serve_cmd(
         max_wait_ms=max_wait_ms,
         max_queue=max_queue,
         batching=not no_batching,
+        onnx_spinning=onnx_spinning,
     )
     if not 0 < port < 65536:
         raise ConfigError(f"--port {port}: not a TCP port (1..65535)")

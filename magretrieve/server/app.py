@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from magretrieve import __version__
-from magretrieve.core.errors import MagRetrieveError
+from magretrieve.core.errors import MagRetrieveError, StoreError
 from magretrieve.server import routes_embed, routes_ops, routes_store
 from magretrieve.server.errors import ApiError, error_response, validation_message
 from magretrieve.server.middleware import ServerMiddleware
@@ -47,26 +47,36 @@ def open_state(
     force: bool = False,
     **store_options: Any,
 ) -> ServerState:
-    """Load the export (sha256-verified) and open the store; nothing listens yet."""
+    """Load the export (sha256-verified) and open the store; nothing listens yet.
+
+    The graphs are checked against the manifest before the store is opened (or created), as
+    :meth:`~magretrieve.serving.retriever.Retriever.load` does, so a broken export never
+    creates a store.
+    """
+    from magretrieve.server.encoder import ServingEncoder
     from magretrieve.serving.retriever import Retriever
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.stores import open_store
 
     settings = settings or ServerSettings()
+    encoder = ServingEncoder.load(export, threads=threads, runtime=runtime)
+    encoder.spinning = settings.onnx_spinning
+    for side in ("query", "document"):
+        encoder.session(side)
     retriever = None
     if store is not None:
-        retriever = Retriever.load(
-            export,
-            store=store,
-            force=force,
-            threads=threads,
-            runtime=runtime,
-            create=settings.writes_enabled,
-            for_writing=settings.writes_enabled,
-            **store_options,
-        )
-        encoder = retriever.encoder
-    else:
-        encoder = OnnxEncoder.load(export, threads=threads, runtime=runtime)
+        try:  # an existing store opens with its own dimension (d + 1 with a prior's offset)
+            vs = open_store(store, dimension=None, **store_options)
+        except StoreError:
+            if not settings.writes_enabled:
+                raise
+            vs = open_store(store, dimension=encoder.manifest.dimension, **store_options)
+        try:
+            retriever = Retriever(encoder, vs, force=force)
+            if settings.writes_enabled:
+                retriever._check_not_foreign()
+        except BaseException:
+            vs.close()
+            raise
     return ServerState(encoder, settings, retriever=retriever, store_spec=store)
 
 

@@ -25,6 +25,8 @@ class ServerSettings:
     the first request of a batch for others to join; ``batching=False`` encodes every request
     on its own (the baseline the benchmark compares against). ``max_queue`` bounds requests
     waiting for the encoder: past it a request gets 503 with ``Retry-After``.
+    ``onnx_spinning`` lets onnxruntime's threads spin-wait between runs
+    (:mod:`magretrieve.server.encoder` says why the server turns it off).
     """
 
     api_key: str | None = None
@@ -38,6 +40,7 @@ class ServerSettings:
     max_queue: int = 512
     batching: bool = True
     retry_after_s: int = 1
+    onnx_spinning: bool = False
 
     def __post_init__(self) -> None:
         for name in (
