@@ -15,4 +15,10 @@ if [ ! -x "$VENV/bin/magretrieve" ]; then
 fi
 # the checkout as it is now, installed as users install it (a wheel, not an editable link)
 "$VENV/bin/pip" install -q --no-deps --force-reinstall "$(bash scripts/build_wheel.sh "$VENV/bin/python")"
-exec "$VENV/bin/python" examples/quickstart.py --data "$DATA" --work quickstart-out "$@"
+"$VENV/bin/python" examples/quickstart.py --data "$DATA" --work quickstart-out "$@"
+# how to put the export and its store behind HTTP (docs/serve.md); the store is the default
+# --store qdrant-edge one (faiss:quickstart-out/index with --store faiss)
+echo
+echo "serve this export over HTTP (OpenAI- and TEI-shaped embeddings, search; docs/serve.md):"
+echo "  $VENV/bin/pip install -q \"\$(bash scripts/build_wheel.sh $VENV/bin/python)[server]\""
+echo "  MAGRETRIEVE_API_KEY=change-me $VENV/bin/magretrieve serve quickstart-out/exported --store qdrant-edge:quickstart-out/index --port 8080"

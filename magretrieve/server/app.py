@@ -1,0 +1,158 @@
+"""``create_app``: the FastAPI application over one export (and optionally one store).
+
+The encoder and store are opened when the app is created, so a broken export or store is a
+one-line error before anything listens; the graphs are probed and the batcher's thread
+started at startup, and shutdown (uvicorn's SIGTERM handling) lets in-flight requests finish,
+drains the batcher, persists and closes the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from magretrieve import __version__
+from magretrieve.core.errors import MagRetrieveError, StoreError
+from magretrieve.server import routes_embed, routes_ops, routes_store
+from magretrieve.server.errors import ApiError, error_response, validation_message
+from magretrieve.server.middleware import ServerMiddleware
+from magretrieve.server.settings import ServerSettings
+from magretrieve.server.state import ServerState
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION = (
+    "Embeddings and search that keep magnitude: query vectors from the export's query graph, "
+    "document vectors from its document graph with their norm. OpenAI (/v1/embeddings) and "
+    "text-embeddings-inference (/embed) shapes; see docs/serve.md."
+)
+
+
+def open_state(
+    export: str | Path,
+    store: str | None = None,
+    *,
+    settings: ServerSettings | None = None,
+    threads: int | None = None,
+    runtime: str | None = None,
+    force: bool = False,
+    **store_options: Any,
+) -> ServerState:
+    """Load the export (sha256-verified) and open the store; nothing listens yet.
+
+    The graphs are checked against the manifest before the store is opened (or created), as
+    :meth:`~magretrieve.serving.retriever.Retriever.load` does, so a broken export never
+    creates a store.
+    """
+    from magretrieve.server.encoder import ServingEncoder
+    from magretrieve.serving.retriever import Retriever
+    from magretrieve.stores import open_store
+
+    settings = settings or ServerSettings()
+    encoder = ServingEncoder.load(export, threads=threads, runtime=runtime)
+    encoder.spinning = settings.onnx_spinning
+    for side in ("query", "document"):
+        encoder.session(side)
+    retriever = None
+    if store is not None:
+        try:  # an existing store opens with its own dimension (d + 1 with a prior's offset)
+            vs = open_store(store, dimension=None, **store_options)
+        except StoreError:
+            if not settings.writes_enabled:
+                raise
+            vs = open_store(store, dimension=encoder.manifest.dimension, **store_options)
+        try:
+            retriever = Retriever(encoder, vs, force=force)
+            if settings.writes_enabled:
+                retriever._check_not_foreign()
+        except BaseException:
+            vs.close()
+            raise
+    return ServerState(encoder, settings, retriever=retriever, store_spec=store)
+
+
+def create_app(
+    export: str | Path | None = None,
+    store: str | None = None,
+    *,
+    api_key: str | None = None,
+    settings: ServerSettings | None = None,
+    state: ServerState | None = None,
+    threads: int | None = None,
+    runtime: str | None = None,
+    force: bool = False,
+    **store_options: Any,
+) -> FastAPI:
+    """The ASGI app serving ``export`` (an export folder) and ``store`` (a store spec).
+
+    ``api_key`` turns on the write endpoints and requires ``Authorization: Bearer KEY`` on
+    every route but ``/health``, ``/ready``, ``/info`` and ``/metrics``; it may also come in
+    ``settings``. Pass ``state`` (from :func:`open_state`) to reuse an opened export.
+    """
+    if state is None:
+        if export is None:
+            raise MagRetrieveError("create_app needs an export folder (or an opened state)")
+        settings = settings or ServerSettings(api_key=api_key)
+        if api_key is not None and settings.api_key != api_key:
+            settings = replace(settings, api_key=api_key)
+        state = open_state(
+            export,
+            store,
+            settings=settings,
+            threads=threads,
+            runtime=runtime,
+            force=force,
+            **store_options,
+        )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.start()
+        try:
+            yield
+        finally:
+            state.stop()
+
+    app = FastAPI(
+        title="magretrieve",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        debug=False,
+    )
+    app.state.magretrieve = state
+    for module in (routes_embed, routes_store, routes_ops):
+        app.include_router(module.router)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> Response:
+        return error_response(exc.status, exc.message, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        return error_response(422, validation_message(exc.errors()))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> Response:
+        message = exc.detail if isinstance(exc.detail, str) else "request refused"
+        if exc.status_code == 404:
+            message = f"no route {request.url.path}; see /docs for the routes"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        return error_response(exc.status_code, message, getattr(exc, "headers", None))
+
+    @app.exception_handler(MagRetrieveError)
+    async def _user_error(request: Request, exc: MagRetrieveError) -> Response:
+        return error_response(422, state.public(str(exc)))
+
+    app.add_middleware(ServerMiddleware, state=state)
+    return app

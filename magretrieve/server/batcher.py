@@ -1,0 +1,185 @@
+"""Dynamic batching: concurrent requests merged into token-budget batches on one worker thread.
+
+The graphs run fastest on batches (one graph run of 32 short queries costs a few single runs),
+and a CPU replica has one set of cores to give them, so every encode goes through one worker
+thread that runs one graph call at a time with every intra-op thread. The worker takes the
+oldest waiting request and merges the requests of the same side queued behind it while the
+merged batch stays within the padded-token budget (rows × longest, the rule of
+:func:`magretrieve.core.batching.token_budget_batches`) and the row cap, holding the first one
+at most ``max_wait_ms`` for others to join. Under load the queue fills while a batch runs, so
+batches grow without waiting; alone, a request waits at most ``max_wait_ms``.
+
+The queue is bounded: past ``max_queue`` waiting requests :meth:`DynamicBatcher.submit` raises
+:class:`QueueFull` (the server answers 503 with ``Retry-After``). :meth:`DynamicBatcher.close`
+refuses new requests and finishes every queued one before the thread ends, so a SIGTERM drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from magretrieve.core.manifest import SIDES
+from magretrieve.server.metrics import Metrics
+from magretrieve.server.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+#: ``encode(encodings, side) -> (n, dim) float32``: the graph run of one merged batch.
+EncodeFn = Callable[[Sequence[Any], str], np.ndarray]
+
+
+class QueueFull(Exception):
+    """More requests are waiting for the encoder than the server's ``max_queue``."""
+
+
+class Draining(Exception):
+    """The server is shutting down and takes no new encode requests."""
+
+
+@dataclass
+class _Job:
+    side: str
+    encodings: Sequence[Any]
+    longest: int
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+def _resolve(future: asyncio.Future, value: Any, error: BaseException | None) -> None:
+    if future.done():  # the client went away and its handler was cancelled
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+class DynamicBatcher:
+    """One worker thread, one queue per side; see the module docstring."""
+
+    def __init__(
+        self, encode: EncodeFn, settings: ServerSettings, metrics: Metrics | None = None
+    ) -> None:
+        self._encode = encode
+        self.settings = settings
+        self.metrics = metrics
+        self._queues: dict[str, deque[_Job]] = {side: deque() for side in SIDES}
+        self._waiting = 0
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting for the encoder (not counting the batch running now)."""
+        return self._waiting
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._closing
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="magretrieve-batcher", daemon=True
+            )
+            self._thread.start()
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Refuse new requests, finish the queued ones, stop the thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    async def submit(self, side: str, encodings: Sequence[Any]) -> np.ndarray:
+        """The vectors of ``encodings`` (one request's texts, in order) once their batch ran."""
+        loop = asyncio.get_running_loop()
+        job = _Job(
+            side,
+            encodings,
+            max((len(e.ids) for e in encodings), default=1),
+            loop.create_future(),
+            loop,
+        )
+        with self._cond:
+            if self._closing:
+                raise Draining()
+            if self._waiting >= self.settings.max_queue:
+                if self.metrics is not None:
+                    self.metrics.rejected.inc()
+                raise QueueFull()
+            self._queues[side].append(job)
+            self._waiting += 1
+            self._cond.notify()
+        return await job.future
+
+    # ------------------------------------------------------------------ worker
+
+    def _take(self) -> list[_Job] | None:
+        """The next merged batch (None: closing and nothing left). Holds the lock only here."""
+        s = self.settings
+        with self._cond:
+            while not self._waiting and not self._closing:
+                self._cond.wait()
+            if not self._waiting:
+                return None
+            side = min((q[0].enqueued, name) for name, q in self._queues.items() if q)[1]
+            queue = self._queues[side]
+            jobs = [queue.popleft()]
+            self._waiting -= 1
+            if s.batching:
+                rows, longest = len(jobs[0].encodings), jobs[0].longest
+                deadline = jobs[0].enqueued + s.max_wait_ms / 1000.0
+                while True:
+                    full = False
+                    while queue:
+                        nxt = queue[0]
+                        r, n = rows + len(nxt.encodings), max(longest, nxt.longest)
+                        if r > s.max_batch_rows or r * n > s.max_batch_tokens:
+                            full = True
+                            break
+                        jobs.append(queue.popleft())
+                        self._waiting -= 1
+                        rows, longest = r, n
+                    remaining = deadline - time.monotonic()
+                    if full or self._closing or remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+            if self.metrics is not None:
+                self.metrics.queue_depth.set(self._waiting)
+        return jobs
+
+    def _run(self) -> None:
+        while True:
+            jobs = self._take()
+            if jobs is None:
+                return
+            side = jobs[0].side
+            encodings = [e for job in jobs for e in job.encodings]
+            try:
+                vectors = self._encode(encodings, side)
+            except BaseException as exc:  # handed to every waiting request, never lost
+                logger.exception("encoding a batch of %d %s texts failed", len(encodings), side)
+                for job in jobs:
+                    job.loop.call_soon_threadsafe(_resolve, job.future, None, exc)
+                continue
+            if self.metrics is not None:
+                self.metrics.batch_texts.labels(side).observe(len(encodings))
+                self.metrics.batch_requests.labels(side).observe(len(jobs))
+            start = 0
+            for job in jobs:
+                stop = start + len(job.encodings)
+                job.loop.call_soon_threadsafe(_resolve, job.future, vectors[start:stop], None)
+                start = stop

@@ -1,0 +1,73 @@
+"""Prometheus metrics of one server, in a registry of its own (several apps per process in tests).
+
+Requests and their latency per route template (never the raw URL, whose cardinality a client
+controls), the batches the dynamic batcher runs (texts and requests per batch), the queue
+depth, and tokens and truncations per side.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class Metrics:
+    """The server's counters, gauges and histograms."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "magretrieve_requests",
+            "HTTP requests answered",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "magretrieve_request_seconds",
+            "Time from request to response",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_texts = Histogram(
+            "magretrieve_batch_texts",
+            "Texts per merged batch",
+            ["side"],
+            buckets=_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.batch_requests = Histogram(
+            "magretrieve_batch_requests",
+            "Requests merged into one batch",
+            ["side"],
+            buckets=_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "magretrieve_queue_depth", "Requests waiting for the encoder", registry=r
+        )
+        self.tokens = Counter("magretrieve_tokens", "Tokens encoded", ["side"], registry=r)
+        self.truncated = Counter(
+            "magretrieve_truncated_texts",
+            "Texts cut at the side's max length",
+            ["side"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "magretrieve_rejected", "Requests refused because the queue was full", registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,154 @@
+"""Request and response bodies (pydantic), in the shapes clients already speak.
+
+``/v1/embeddings`` is OpenAI's shape plus ``input_type`` (the asymmetric-encoder convention,
+Cohere's ``search_query``/``search_document`` included); ``/embed`` is text-embeddings-inference's;
+``/search`` answers what ``magretrieve search --json`` prints. Response models document the
+answers in the OpenAPI schema; the handlers write the bytes themselves (orjson) for speed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Accepted ``input_type`` values and the side each one names.
+INPUT_TYPES = {
+    "query": "query",
+    "search_query": "query",
+    "document": "document",
+    "search_document": "document",
+}
+InputType = Literal["query", "document", "search_query", "search_document"]
+Scalar = str | int | float | bool | None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EmbeddingsRequest(_Strict):
+    input: str | list[str] = Field(description="One text or a list of texts.")
+    model: str | None = Field(None, description="Any value; echoed back (one export per server).")
+    input_type: InputType | None = Field(
+        None,
+        description="Which graph encodes the texts: query (query graph) or document (document "
+        "graph, magnitude kept). Required: the two sides are different functions.",
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="float: JSON numbers; base64: little-endian float32 bytes."
+    )
+    dimensions: int | None = Field(
+        None, description="Refused: cutting a vector changes its norm, which carries relevance."
+    )
+    normalize: bool | None = Field(
+        None, description="Refused for documents (it would drop their magnitude)."
+    )
+    truncate: bool = Field(
+        True,
+        description="Cut texts past the side's max length (reported per item), or refuse them.",
+    )
+    user: str | None = Field(None, description="Accepted and ignored (OpenAI compatibility).")
+
+
+class EmbeddingItem(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+    norm: float = Field(description="L2 norm of the vector as returned (its magnitude).")
+    truncated: bool = Field(description="The text was cut at the side's max length.")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingItem]
+    model: str
+    input_type: Literal["query", "document"]
+    usage: Usage
+
+
+class EmbedRequest(_Strict):
+    """text-embeddings-inference's ``/embed`` body, plus the side."""
+
+    inputs: str | list[str] = Field(description="One text or a list of texts.")
+    truncate: bool = Field(
+        False, description="TEI's default: a text past the max length is refused (413)."
+    )
+    normalize: bool | None = Field(
+        None,
+        description="Unset: vectors as the side's graph gives them. true is refused for "
+        "documents; for queries it only rescales every score of a query alike.",
+    )
+    input_type: InputType | None = Field(None, description="query or document (required).")
+    prompt_name: InputType | None = Field(None, description="Alias of input_type (TEI's field).")
+    truncation_direction: Literal["right", "Right"] | None = Field(
+        None, description="Only right truncation, as the graphs' tokenizer cuts."
+    )
+
+
+class SearchRequest(_Strict):
+    query: str | None = Field(None, description="One query text (answer: one result).")
+    queries: list[str] | None = Field(None, description="Several queries (answer: a list).")
+    k: int = Field(10, ge=1, description="Hits per query.")
+    filter: dict[str, Scalar] | None = Field(
+        None,
+        description="Keep only hits whose payload field equals the value, for every field "
+        "given (applied to the store's exact candidates; see docs/serve.md).",
+    )
+
+
+class Hit(BaseModel):
+    rank: int
+    id: str
+    score: float
+    doc_norm: float
+    cosine: float
+    query_norm: float
+    multiplier: float
+    offset: float
+    payload: dict[str, Any]
+
+
+class SearchResult(BaseModel):
+    query: str
+    truncated: bool
+    hits: list[Hit]
+
+
+class DocumentsRequest(_Strict):
+    documents: list[dict[str, Any]] = Field(
+        description="Corpus JSONL lines: _id, title, text; other fields are kept as payload."
+    )
+
+
+class DocumentsResponse(BaseModel):
+    upserted: int
+    ids: list[str]
+    truncated: list[str] = Field(description="Ids whose text was cut at max_document_length.")
+
+
+class DeleteRequest(_Strict):
+    ids: list[str]
+
+
+class DeleteResponse(BaseModel):
+    deleted: int
+
+
+class Status(BaseModel):
+    status: str
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: int
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

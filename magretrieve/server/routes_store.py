@@ -1,0 +1,179 @@
+"""``POST /search``, ``POST /documents`` (upsert) and ``DELETE /documents`` over the server's store.
+
+Search answers what ``magretrieve search --json`` prints. Writes need the API key (a server
+without one has them off), are validated and encoded whole before anything is written, and
+go to the store in one call under the Retriever's write lock (so no search sees half a
+request) and the store's own folder writer lock; the store is persisted before the answer,
+so an acknowledged write survives a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from magretrieve.core.errors import StoreError
+from magretrieve.server.errors import ApiError
+from magretrieve.server.models import (
+    DeleteRequest,
+    DeleteResponse,
+    DocumentsRequest,
+    DocumentsResponse,
+    SearchRequest,
+    SearchResult,
+)
+from magretrieve.server.responses import STORE, json_response
+from magretrieve.server.state import ServerState
+from magretrieve.stores.base import check_finite
+
+router = APIRouter()
+logger = logging.getLogger(__name__)
+
+#: Candidates fetched per query when a payload filter is given, as a multiple of k (all of
+#: them for stores up to FILTER_EXACT_UP_TO points, so the filtered top-k is exact there).
+FILTER_FETCH = 20
+FILTER_EXACT_UP_TO = 20_000
+
+
+def _retriever(request: Request) -> tuple[ServerState, Any]:
+    state: ServerState = request.app.state.magretrieve
+    if state.retriever is None:
+        raise ApiError(404, "this server has no store: start it with --store SPEC to search")
+    return state, state.retriever
+
+
+def _writable(request: Request) -> tuple[ServerState, Any]:
+    state, retriever = _retriever(request)
+    if not state.settings.writes_enabled:
+        raise ApiError(
+            403,
+            "write endpoints are off: this server was started without an API key "
+            "(--api-key or MAGRETRIEVE_API_KEY)",
+        )
+    return state, retriever
+
+
+def _matches(payload: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    return all(payload.get(key) == value for key, value in wanted.items())
+
+
+def _search(retriever: Any, vectors: np.ndarray, k: int, wanted: dict[str, Any] | None) -> list:
+    if not wanted:
+        return retriever.search_vectors(vectors, k=k)
+    count = int(retriever.store.count())
+    fetch = count if count <= FILTER_EXACT_UP_TO else k * FILTER_FETCH
+    out = []
+    for hits in retriever.search_vectors(vectors, k=max(1, min(max(fetch, k), max(count, 1)))):
+        kept = [h for h in hits if _matches(h.payload, wanted)][:k]
+        for rank, hit in enumerate(kept, start=1):
+            hit.rank = rank
+        out.append(kept)
+    return out
+
+
+@router.post(
+    "/search",
+    response_model=SearchResult | list[SearchResult],
+    responses=STORE,
+    summary="Top-k documents per query with each score split into norms and cosine",
+)
+async def search(body: SearchRequest, request: Request) -> Response:
+    state, retriever = _retriever(request)
+    if (body.query is None) == (body.queries is None):
+        raise ApiError(422, "send exactly one of query (one text) or queries (a list of texts)")
+    if body.k > state.settings.max_k:
+        raise ApiError(422, f"k={body.k} is more than this server's max_k={state.settings.max_k}")
+    texts = [body.query] if body.query is not None else list(body.queries or [])
+    what = "query" if body.query is not None else "queries"
+    out = await state.embed(texts, "query", what=what)
+    try:
+        hits = await run_in_threadpool(_search, retriever, out.vectors, body.k, body.filter)
+    except StoreError as exc:
+        raise ApiError(422, state.public(str(exc))) from None
+    results = [
+        {"query": t, "truncated": cut, "hits": [h.to_dict() for h in hs]}
+        for t, cut, hs in zip(texts, out.truncated, hits, strict=True)
+    ]
+    return json_response(results[0] if body.query is not None else results)
+
+
+@router.post(
+    "/documents",
+    response_model=DocumentsResponse,
+    responses=STORE,
+    summary="Upsert documents (corpus JSONL line shape); needs the API key",
+)
+async def upsert(body: DocumentsRequest, request: Request) -> Response:
+    from magretrieve.serving.retriever import _as_document, check_documents
+
+    state, retriever = _writable(request)
+    try:
+        docs = [_as_document(doc, n) for n, doc in enumerate(body.documents)]
+        check_documents(docs)
+    except StoreError as exc:
+        raise ApiError(422, state.public(str(exc))) from None
+    ids = [d.id for d in docs]
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+        raise ApiError(422, f"document id {dup!r} appears twice in this request")
+    out = await state.embed([d.full_text for d in docs], "document", what="documents")
+    try:
+        check_finite(out.vectors, ids, "encoding")
+        await run_in_threadpool(_write, retriever, docs, out.vectors)
+    except StoreError as exc:
+        raise _store_error(state, exc) from None
+    cut = [d.id for d, c in zip(docs, out.truncated, strict=True) if c]
+    return json_response({"upserted": len(docs), "ids": ids, "truncated": cut})
+
+
+def _store_error(state: ServerState, exc: StoreError) -> ApiError:
+    """422 for a refused write; 409 when another process holds the store's writer lock (its
+    pid and command line stay in the server's log, not in the answer)."""
+    if "another writer" in str(exc):
+        logger.warning("write refused: %s", exc)
+        return ApiError(
+            409,
+            "another process holds the store's writer lock; retry once it has finished "
+            "(searching is unaffected)",
+        )
+    return ApiError(422, state.public(str(exc)))
+
+
+def _write(retriever: Any, docs: list, vectors: np.ndarray) -> None:
+    retriever.write_batch(docs, vectors)
+    retriever.persist()
+
+
+def _delete(retriever: Any, ids: list[str]) -> int:
+    n = retriever.delete(ids)
+    if n:
+        retriever.persist()
+    return n
+
+
+@router.delete(
+    "/documents",
+    response_model=DeleteResponse,
+    responses=STORE,
+    summary="Delete documents by id; needs the API key",
+)
+async def delete(body: DeleteRequest, request: Request) -> Response:
+    state, retriever = _writable(request)
+    if not body.ids:
+        raise ApiError(422, "ids is empty: name at least one document id")
+    if len(body.ids) > state.settings.max_inputs:
+        raise ApiError(
+            413,
+            f"ids holds {len(body.ids)} ids; this server takes at most {state.settings.max_inputs}",
+        )
+    try:
+        deleted = await run_in_threadpool(_delete, retriever, list(body.ids))
+    except StoreError as exc:
+        raise _store_error(state, exc) from None
+    return json_response({"deleted": deleted})

@@ -1,0 +1,76 @@
+"""The knobs of one server: limits, dynamic batching, auth; validated once at start.
+
+Every limit is a refusal the client can read (413/422/503), never a crash or an unbounded
+queue; the defaults suit one CPU replica serving a MiniLM-sized export.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from magretrieve.core.batching import DEFAULT_BATCH_TOKENS
+from magretrieve.core.errors import ConfigError
+
+#: Environment variable that holds the API key when ``--api-key`` is not given.
+API_KEY_ENV = "MAGRETRIEVE_API_KEY"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What a server accepts and how it batches.
+
+    ``max_batch_tokens`` is the padded-token budget of one merged batch (rows × longest);
+    ``max_batch_rows`` caps texts per graph run; ``max_wait_ms`` is how long the batcher holds
+    the first request of a batch for others to join; ``batching=False`` encodes every request
+    on its own (the baseline the benchmark compares against). ``max_queue`` bounds requests
+    waiting for the encoder: past it a request gets 503 with ``Retry-After``.
+    ``onnx_spinning`` lets onnxruntime's threads spin-wait between runs
+    (:mod:`magretrieve.server.encoder` says why the server turns it off).
+    """
+
+    api_key: str | None = None
+    max_inputs: int = 256
+    max_text_chars: int = 32_768
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_k: int = 1000
+    max_batch_tokens: int = DEFAULT_BATCH_TOKENS
+    max_batch_rows: int = 64
+    max_wait_ms: float = 2.0
+    max_queue: int = 512
+    batching: bool = True
+    retry_after_s: int = 1
+    onnx_spinning: bool = False
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_inputs",
+            "max_text_chars",
+            "max_body_bytes",
+            "max_k",
+            "max_batch_tokens",
+            "max_batch_rows",
+            "max_queue",
+            "retry_after_s",
+        ):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(
+                    f"server setting {name} must be at least 1, got {getattr(self, name)}"
+                )
+        if not 0 <= self.max_wait_ms <= 10_000:
+            raise ConfigError(f"max_wait_ms must be within 0..10000, got {self.max_wait_ms}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("the API key is empty; pass a non-empty --api-key or unset it")
+
+    @property
+    def writes_enabled(self) -> bool:
+        """Write endpoints answer only on a server that has a key."""
+        return self.api_key is not None
+
+
+def key_from_env(given: str | None) -> str | None:
+    """``given``, else ``$MAGRETRIEVE_API_KEY``, else None (no key: write endpoints off)."""
+    if given is not None:
+        return given
+    value = os.environ.get(API_KEY_ENV)
+    return value if value else None

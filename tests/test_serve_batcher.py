@@ -1,0 +1,166 @@
+"""The dynamic batcher on its own, with a counting fake encoder: merging, budgets, the bounded
+queue, draining on close, and errors handed to every waiting request."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from magretrieve.server.batcher import Draining, DynamicBatcher, QueueFull
+from magretrieve.server.settings import ServerSettings
+
+
+def enc(n_tokens: int, value: float) -> SimpleNamespace:
+    """A fake tokenizer encoding: ``n_tokens`` ids, all equal to ``value``."""
+    return SimpleNamespace(ids=[value] * n_tokens)
+
+
+class FakeEncoder:
+    """Returns each text's first id as a 2-d vector [id, rows of its batch]; records batches."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.batches: list[tuple[str, int]] = []
+        self.delay = delay
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, encodings, side):  # noqa: ANN001
+        self.gate.wait(5)
+        time.sleep(self.delay)
+        self.batches.append((side, len(encodings)))
+        return np.array([[e.ids[0], len(encodings)] for e in encodings], dtype=np.float32)
+
+
+def run(coro):  # noqa: ANN001
+    return asyncio.run(coro)
+
+
+def test_concurrent_requests_merge_into_one_batch_in_order() -> None:
+    fake = FakeEncoder()
+    b = DynamicBatcher(fake, ServerSettings(max_wait_ms=200))
+    b.start()
+
+    async def go():
+        return await asyncio.gather(
+            *(b.submit("query", [enc(5, 10 * i + j) for j in range(2)]) for i in range(4))
+        )
+
+    try:
+        out = run(go())
+    finally:
+        b.close()
+    # four requests of two texts: one graph run of 8 rows, each request gets its own rows back
+    assert fake.batches == [("query", 8)]
+    for i, vecs in enumerate(out):
+        assert vecs[:, 0].tolist() == [10 * i, 10 * i + 1]
+        assert vecs[:, 1].tolist() == [8, 8]
+
+
+def test_token_budget_and_row_cap_close_a_batch() -> None:
+    fake = FakeEncoder()
+    fake.gate.clear()  # hold the worker so that every request is queued before merging
+    b = DynamicBatcher(fake, ServerSettings(max_wait_ms=0, max_batch_tokens=100, max_batch_rows=64))
+    b.start()
+
+    async def go():
+        tasks = [asyncio.ensure_future(b.submit("document", [enc(30, i)])) for i in range(7)]
+        await asyncio.sleep(0.2)
+        fake.gate.set()
+        return await asyncio.gather(*tasks)
+
+    try:
+        out = run(go())
+    finally:
+        b.close()
+    # rows × longest ≤ 100 with 30-token texts: 3 rows per batch (90); 7 requests -> 1 + 3 + 3
+    # (the first was taken alone while the worker was held, with nothing queued yet)
+    assert sum(n for _, n in fake.batches) == 7
+    assert max(n for _, n in fake.batches) == 3
+    assert [v[0, 0] for v in out] == list(range(7))
+
+
+def test_no_batching_runs_each_request_alone() -> None:
+    fake = FakeEncoder()
+    b = DynamicBatcher(fake, ServerSettings(batching=False, max_wait_ms=50))
+    b.start()
+
+    async def go():
+        return await asyncio.gather(*(b.submit("query", [enc(3, i)]) for i in range(5)))
+
+    try:
+        run(go())
+    finally:
+        b.close()
+    assert fake.batches == [("query", 1)] * 5
+
+
+def test_sides_never_share_a_batch() -> None:
+    fake = FakeEncoder()
+    b = DynamicBatcher(fake, ServerSettings(max_wait_ms=100))
+    b.start()
+
+    async def go():
+        return await asyncio.gather(
+            b.submit("query", [enc(3, 1)]),
+            b.submit("document", [enc(3, 2)]),
+            b.submit("query", [enc(3, 3)]),
+        )
+
+    try:
+        q1, d, q2 = run(go())
+    finally:
+        b.close()
+    assert sorted(fake.batches) == [("document", 1), ("query", 2)]
+    assert (q1[0, 0], d[0, 0], q2[0, 0]) == (1, 2, 3)
+
+
+def test_full_queue_refuses_and_close_drains_the_rest() -> None:
+    fake = FakeEncoder()
+    fake.gate.clear()
+    b = DynamicBatcher(fake, ServerSettings(max_queue=2, max_wait_ms=0))
+    b.start()
+
+    async def go():
+        first = asyncio.ensure_future(b.submit("query", [enc(3, 0)]))
+        await asyncio.sleep(0.1)  # the worker holds it (held at the gate)
+        queued = [asyncio.ensure_future(b.submit("query", [enc(3, i)])) for i in (1, 2)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(QueueFull):
+            await b.submit("query", [enc(3, 9)])
+        closer = threading.Thread(target=b.close)
+        closer.start()  # close while two requests wait: they must still be answered
+        await asyncio.sleep(0.05)
+        with pytest.raises(Draining):
+            await b.submit("query", [enc(3, 9)])
+        fake.gate.set()
+        out = await asyncio.gather(first, *queued)
+        closer.join(5)
+        return out
+
+    out = run(go())
+    assert [v[0, 0] for v in out] == [0, 1, 2]
+    assert not b.running
+
+
+def test_an_encoder_error_reaches_every_request_of_the_batch() -> None:
+    def broken(encodings, side):  # noqa: ANN001
+        raise RuntimeError("graph failed")
+
+    b = DynamicBatcher(broken, ServerSettings(max_wait_ms=100))
+    b.start()
+
+    async def go():
+        return await asyncio.gather(
+            *(b.submit("query", [enc(3, i)]) for i in range(3)), return_exceptions=True
+        )
+
+    try:
+        out = run(go())
+    finally:
+        b.close()
+    assert all(isinstance(e, RuntimeError) and str(e) == "graph failed" for e in out)
