@@ -18,6 +18,7 @@ from magretrieve.core.errors import (
     SymmetryError,
 )
 from magretrieve.core.similarity import MODES, Similarity
+from magretrieve.core.version import __version__
 from magretrieve.data import (
     Document,
     RetrievalDataset,
@@ -29,8 +30,6 @@ from magretrieve.data import (
     load_sentence_pairs,
     load_training_data,
 )
-
-__version__ = "0.1.0"
 
 # Public names whose modules are imported on first use (torch, onnxruntime, faiss, qdrant
 # are heavy or optional; serving must not pay for training).

@@ -6,8 +6,8 @@ import signal
 
 import click
 
+from magretrieve.cli._common import collect_store_options, search_store_options
 from magretrieve.cli._group import main
-from magretrieve.cli.cmd_index import collect_store_options, search_store_options
 from magretrieve.core.batching import DEFAULT_BATCH_TOKENS
 from magretrieve.core.errors import ConfigError
 from magretrieve.server.settings import API_KEY_ENV, ServerSettings, key_from_env

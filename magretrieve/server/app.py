@@ -20,8 +20,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from magretrieve import __version__
 from magretrieve.core.errors import MagRetrieveError, StoreError
+from magretrieve.core.version import __version__
 from magretrieve.server import routes_embed, routes_ops, routes_store
 from magretrieve.server.errors import ApiError, error_response, validation_message
 from magretrieve.server.middleware import ServerMiddleware
@@ -59,6 +59,7 @@ def open_state(
 
     settings = settings or ServerSettings()
     encoder = ServingEncoder.load(export, threads=threads, runtime=runtime)
+    assert isinstance(encoder, ServingEncoder)  # load() builds the class it is called on
     encoder.spinning = settings.onnx_spinning
     for side in ("query", "document"):
         encoder.session(side)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.core.manifest import SIDES
+from magretrieve.core.config import SIDES
 from magretrieve.server.metrics import Metrics
 from magretrieve.server.settings import ServerSettings
 
