@@ -180,11 +180,23 @@ def _imports_server_client(module: ModuleType | None) -> bool:
     return False
 
 
+def _loads_a_benchmark(item: pytest.Item) -> bool:
+    """Whether the test, or a fixture it uses, calls :func:`load_benchmark`: it runs part of a
+    benchmark script (a smoke run), whatever module it sits in."""
+    functions = [getattr(item, "function", None)]
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    for defs in getattr(fixture_info, "name2fixturedefs", {}).values():
+        functions += [d.func for d in defs]
+    return any(
+        "load_benchmark" in getattr(getattr(f, "__code__", None), "co_names", ()) for f in functions
+    )
+
+
 def is_integration(item: pytest.Item) -> bool:
     """Whether ``item`` needs a real server, the built wheel or a benchmark script."""
     if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
         return True
-    if INTEGRATION_MODULES.match(item.path.name):
+    if INTEGRATION_MODULES.match(item.path.name) or _loads_a_benchmark(item):
         return True
     callspec = getattr(item, "callspec", None)
     if callspec is not None and SERVER_BACKENDS.search(callspec.id):
