@@ -1287,7 +1287,7 @@ def export_read_only_parent(env: Env) -> Built:
 
 def unreadable_export_file(name: str) -> Callable[[Env], Built]:
     def build(env: Env) -> Built:
-        import magretrieve.core.manifest as manifest_mod
+        import magretrieve.core.files as files_mod
 
         real = open
         path = env.export / name
@@ -1301,7 +1301,7 @@ def unreadable_export_file(name: str) -> Callable[[Env], Built]:
             env.search_args(),
             [str(path), "cannot read", "Permission denied"],
             store=f"files:{env.store}",
-            patches=[(manifest_mod, "open", fake_open)],
+            patches=[(files_mod, "open", fake_open)],
         )
 
     return build

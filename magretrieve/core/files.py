@@ -18,7 +18,7 @@ __all__ = ["sha256_file", "sha256_hex", "is_plain_file_name"]
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     """Hex sha256 of a file's content, read in chunks (graphs can be hundreds of MB)."""
     digest = hashlib.sha256()
-    with Path(path).open("rb") as handle:
+    with open(path, "rb") as handle:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
