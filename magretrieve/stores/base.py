@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.core.errors import StoreError, first_line
+from magretrieve.core.errors import StoreError
 from magretrieve.core.redact import redact_value
 
 #: The only metric a magretrieve store uses.
@@ -193,7 +193,7 @@ class VectorStore(ABC):
             raise
         except self._driver_errors() as exc:
             raise StoreError(
-                f"{self.location}: {what} failed ({type(exc).__name__}: {first_line(exc)})"
+                f"{self.location}: {what} failed ({type(exc).__name__}: {one_line(exc)})"
             ) from None
 
     def check_batch(
@@ -550,6 +550,12 @@ def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
         )
 
     return walk(payload, "")  # type: ignore[no-any-return]
+
+
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """A driver exception's whole message on one line (libpq puts hints on later lines)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:limit]
 
 
 def check_finite(arr: np.ndarray, ids: Sequence[str], where: str) -> None:

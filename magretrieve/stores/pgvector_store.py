@@ -40,6 +40,7 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
+    one_line,
     require,
 )
 
@@ -110,13 +111,15 @@ def connect(uri: str, where: str) -> Any:
     try:
         conn = pg.connect(uri, autocommit=True)
     except pg.Error as exc:
-        raise StoreError(f"{where}: cannot connect to PostgreSQL ({exc})".strip()) from None
+        raise StoreError(f"{where}: cannot connect to PostgreSQL ({one_line(exc)})") from None
     try:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         register_vector(conn)
     except pg.Error as exc:
         conn.close()
-        raise StoreError(f"{where}: the pgvector extension is not available ({exc})") from None
+        raise StoreError(
+            f"{where}: the pgvector extension is not available ({one_line(exc)})"
+        ) from None
     return conn
 
 
@@ -204,7 +207,9 @@ def run_in_transaction(conn: Any, location: str, what: str, fn: Any) -> Any:
         with conn.transaction():
             return fn()
     except pg.Error as exc:
-        raise StoreError(f"{location}: {what} failed ({type(exc).__name__}: {exc})") from None
+        raise StoreError(
+            f"{location}: {what} failed ({type(exc).__name__}: {one_line(exc)})"
+        ) from None
 
 
 class PgVectorStore(VectorStore):
@@ -255,7 +260,7 @@ class PgVectorStore(VectorStore):
                         int(dimension), index_type or "hnsw", hnsw_m, ef_construction, nlist
                     )
         except psycopg().Error as exc:
-            raise StoreError(f"{self._location}: {type(exc).__name__}: {exc}") from None
+            raise StoreError(f"{self._location}: {type(exc).__name__}: {one_line(exc)}") from None
 
     # ------------------------------------------------------------------ setup
 
