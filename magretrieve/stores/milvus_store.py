@@ -34,6 +34,7 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
+    metric_refusal,
     one_line,
     require,
 )
@@ -159,10 +160,8 @@ class MilvusStore(VectorStore):
             )
         metric = self._metric()
         if metric != "IP":
-            raise StoreError(
-                f"{self._location} is indexed with metric {metric}; magretrieve needs IP (COSINE "
-                "normalizes vectors and would erase document magnitude; L2 ranks by distance). "
-                "Create a new collection"
+            raise metric_refusal(
+                self._location, f"metric {metric}", "IP", ". Create a new collection"
             )
         dim = int(fields["vector"]["params"]["dim"])
         if dimension is not None and dim != int(dimension):

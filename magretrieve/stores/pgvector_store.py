@@ -40,6 +40,7 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
+    metric_refusal,
     one_line,
     require,
 )
@@ -293,10 +294,11 @@ class PgVectorStore(VectorStore):
     def _check_indexes(self) -> None:
         for name, method, opclass in vector_indexes(self.conn, self._name, "embedding"):
             if opclass in OTHER_OPCLASSES:
-                raise StoreError(
-                    f"{self._location}: index {name!r} ({method}, {opclass}) ranks by "
-                    f"{OTHER_OPCLASSES[opclass]}; magretrieve needs inner product "
-                    "(vector_ip_ops): cosine would erase document magnitude. Create a new table"
+                raise metric_refusal(
+                    self._location,
+                    f"index {name!r} ({method}, {opclass}, ranking by {OTHER_OPCLASSES[opclass]})",
+                    "vector_ip_ops",
+                    ". Create a new table",
                 )
 
     def _create(

@@ -142,7 +142,6 @@ class QdrantStore(VectorStore):
                 cfg["distance"],
                 cfg["size"],
                 dimension,
-                **({} if edge else {"cosine": "normalizes vectors at upload"}),
                 advice=""
                 if edge
                 else ". Create a new collection, or rank this Cosine one by cos·m(d) after "
