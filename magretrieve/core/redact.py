@@ -41,9 +41,10 @@ _NAMES = "|".join(sorted((re.escape(n) for n in SECRET_NAMES), key=len, reverse=
 _ASSIGN = re.compile(
     rf"(?i)(?<![\w-])({_NAMES})(\s*=\s*)('(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|[^\s&;#,)'\"]*)"
 )
-# a mapping repr or JSON: 'api_key': 'KEY' / "token": "KEY" / api_key: KEY
+# a mapping repr or JSON: 'api_key': 'KEY' / "token": "KEY" (the name quoted, so prose such
+# as "unknown key: 'x'" is left alone)
 _ITEM = re.compile(
-    rf"(?i)(['\"]?)(?<![\w-])({_NAMES})\1(\s*:\s*)('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s,}}\]]+)"
+    rf"(?i)(['\"])({_NAMES})\1(\s*:\s*)('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s,}}\]]+)"
 )
 # scheme://user:PASSWORD@host (up to the last '@' before the path: a password may hold '@')
 _USERINFO = re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^:/@?#\s]*):[^/\s]*@")
