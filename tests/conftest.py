@@ -95,7 +95,7 @@ def set_manifest_field(manifest: dict, key: str, value: object) -> None:
         manifest[key] = value
 
 
-PG_URI_ENV = "MAGRETRIEVE_TEST_PGVECTOR_URI"  # = magretrieve.stores.pgvector_store.TEST_URI_ENV
+PG_URI_ENV = "MAGRETRIEVE_TEST_PGVECTOR_URI"  # = tests/store_examples.PG_URI_ENV
 _PG_SERVER: list = []
 
 
@@ -103,7 +103,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """Start a real PostgreSQL + pgvector (``pgserver``, works as root) for this session.
 
     Started before collection because the shared store tests take their backend list from the
-    registry's examples, and the pgvector example names this server (through the environment,
+    registry and tests/store_examples.py, whose pgvector example names this server (through the environment,
     so subprocesses of tests see it too). Unix socket only, in a fresh tmp folder; stopped and
     deleted at the end. Nothing is started where pgserver is not installed (the torch-free
     serving venv); ``tests/test_backend_congruence.py`` requires it. Nor is it in the unit

@@ -18,7 +18,7 @@ import pytest
 import store_examples
 
 from magretrieve.core.errors import StoreError
-from magretrieve.stores import open_store, parse_spec, registry
+from magretrieve.stores import VectorStore, open_store, parse_spec, registry
 from magretrieve.stores.faiss_store import FaissStore
 
 DIM = 16
@@ -966,3 +966,109 @@ def test_unreachable_target_is_reported_not_hidden(tmp_path, caplog):
     from magretrieve.stores._ann_recall import warning_line
 
     assert "NOT reached" in warning_line(rec)
+
+
+class _DriverFault(Exception):
+    """What a toy client library raises."""
+
+
+class _DictStore(VectorStore):
+    """A whole backend in primitives only: the base class supplies every check."""
+
+    kind = "dict"
+    max_id_bytes = 16
+
+    def __init__(self, dimension: int, where: str) -> None:
+        self._dim, self._where = dimension, where
+        self.rows: dict = {}
+        self.meta = None
+        self.fail = False
+
+    dimension = property(lambda self: self._dim)
+    location = property(lambda self: self._where)
+
+    def _driver_errors(self):
+        return (_DriverFault,)
+
+    def _upsert(self, batch):
+        if self.fail:
+            raise _DriverFault("server said no\nsecond line with token=SECRET99")
+        for doc_id, vec, payload, norm in batch.rows():
+            self.rows[doc_id] = (vec.copy(), payload, norm)
+
+    def _query(self, queries, k, with_vectors):
+        from magretrieve.stores import StoreHit
+
+        out = []
+        for q in queries:
+            scored = sorted(self.rows.items(), key=lambda kv: -float(q @ kv[1][0]))[:k]
+            out.append(
+                [
+                    StoreHit(i, float(q @ v), dict(p), v if with_vectors else None, n)
+                    for i, (v, p, n) in scored
+                ]
+            )
+        return out
+
+    def _delete(self, ids):
+        return sum(self.rows.pop(i, None) is not None for i in ids)
+
+    def _fetch(self, ids):
+        from magretrieve.stores import StoreRecord
+
+        return [
+            StoreRecord(i, self.rows[i][0], dict(self.rows[i][1])) for i in ids if i in self.rows
+        ]
+
+    def _count(self):
+        return len(self.rows)
+
+    def _scan_ids(self):
+        return iter(list(self.rows))
+
+    def _read_meta(self):
+        return self.meta
+
+    def _write_meta(self, meta):
+        self.meta = meta
+
+
+def test_a_store_of_primitives_gets_every_check_from_the_base(monkeypatch):
+    toy = registry.Backend(
+        prefix="dict",
+        form="dict:NAME",
+        parse=registry.parse_collection,
+        open=lambda loc, dimension, options: _DictStore(dimension, f"dict:{loc['collection']}"),
+        options=(registry.StoreOption("secret_knob", str, "A toy option of its own."),),
+    )
+    monkeypatch.setitem(registry._BACKENDS, "dict", toy)
+    monkeypatch.setitem(registry.OPTIONS, "secret_knob", toy.options[0])
+    store = open_store("dict:x", dimension=3, secret_knob="v")
+    v = np.array([[1.0, 0, 0], [0, 2.0, 0]], dtype=np.float32)
+    assert store.add(["a", "b"], v, [{"t": 1}, None]) == 2
+    assert store.get(["b", "zz"])[0].payload == {} and store.get(["b", "zz"])[1] is None
+    hit = store.search(np.array([0, 1.0, 0]), 1)[0][0]
+    assert (hit.id, hit.score, hit.doc_norm) == ("b", 2.0, 2.0)  # the base computed the norm
+    for ids, vecs, payloads, message in [
+        (["n"], [[np.nan, 0, 0]], None, "NaN or inf"),
+        (["a\x00"], v[:1], None, "NUL character"),
+        (["x" * 17], v[:1], None, "longer than 16 bytes"),
+        (["c", "c"], v, None, "duplicate document id"),
+        (["c"], v[:1], [{"doc_norm": 1}], "reserved"),
+        (["c"], v[:1], [{"n": 2**70}], "64-bit"),
+        (["c"], v[:1, :2], None, "dimension 2"),
+    ]:
+        with pytest.raises(StoreError, match=message):
+            store.add(ids, np.asarray(vecs, dtype=np.float32), payloads)
+    assert store.count() == 2
+    with pytest.raises(StoreError, match="k must be a positive integer"):
+        store.search(v[:1], 0)
+    store.fail = True
+    with pytest.raises(
+        StoreError, match=r"dict:x: upsert failed \(_DriverFault: server said no"
+    ) as info:
+        store.add(["c"], v[:1])
+    assert "\n" not in str(info.value) and "SECRET99" not in str(info.value)
+    store.write_metadata({"model_fingerprint": "f", "api_key": "K"})
+    assert store.describe()["metadata"] == {"model_fingerprint": "f", "api_key": "***"}
+    assert store.delete(["a", "a", "nope"]) == 1 and set(store.iter_ids()) == {"b"}

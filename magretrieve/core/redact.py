@@ -41,19 +41,52 @@ _NAMES = "|".join(sorted((re.escape(n) for n in SECRET_NAMES), key=len, reverse=
 _ASSIGN = re.compile(
     rf"(?i)(?<![\w-])({_NAMES})(\s*=\s*)('(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|[^\s&;#,)'\"]*)"
 )
-# a mapping repr or JSON: 'api_key': 'KEY' / "token": "KEY" / api_key: KEY
+# a mapping repr or JSON: 'api_key': 'KEY' / "token": "KEY" (the name quoted, so prose such
+# as "unknown key: 'x'" is left alone)
 _ITEM = re.compile(
-    rf"(?i)(['\"]?)(?<![\w-])({_NAMES})\1(\s*:\s*)('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s,}}\]]+)"
+    rf"(?i)(['\"])({_NAMES})\1(\s*:\s*)('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s,}}\]]+)"
 )
 # scheme://user:PASSWORD@host (up to the last '@' before the path: a password may hold '@')
 _USERINFO = re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^:/@?#\s]*):[^/\s]*@")
+_USERINFO_PASSWORD = re.compile(r"(?i)[a-z][a-z0-9+.-]*://[^:/@?#\s]*:([^/\s]*)@")
+
+
+#: Secrets seen in specs and options of this process (see :func:`remember_secrets`): a
+#: driver may quote part of one in a form no pattern knows (libpq names the "host" it failed
+#: to resolve after splitting ``u:pa@ss@host`` at the first ``@``).
+_KNOWN: set[str] = set()
+#: Shorter values are not remembered (masking every "ab" would garble messages).
+MIN_REMEMBERED = 4
+
+
+def remember_secrets(text: str | None = None, options: Mapping[str, Any] | None = None) -> None:
+    """Remember the credentials in a spec / connection string and in secret-named options, so
+    :func:`redact` masks them wherever they (or their ``@``-separated parts) appear later."""
+    found: list[str] = []
+    if isinstance(text, str):
+        for m in _USERINFO_PASSWORD.finditer(text):
+            found.append(m.group(1))
+            found.extend(m.group(1).split("@"))
+        for m in _ASSIGN.finditer(text):
+            value = m.group(3).strip("'\"")
+            found.append(value)
+            found.extend(value.replace("\\'", "'").split())
+    for key, value in (options or {}).items():
+        if is_secret_name(key) and isinstance(value, str):
+            found.append(value)
+            found.extend(value.split(":"))
+    _KNOWN.update(f for f in found if len(f) >= MIN_REMEMBERED)
 
 
 def redact(text: str) -> str:
     """``text`` with every credential it contains replaced by ``***``."""
     if not isinstance(text, str) or not text:
         return text
-    out = _USERINFO.sub(rf"\1:{MASK}@", text)
+    out = text
+    for known in sorted(_KNOWN, key=len, reverse=True):
+        if known in out:
+            out = out.replace(known, MASK)
+    out = _USERINFO.sub(rf"\1:{MASK}@", out)
     out = _ASSIGN.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}" if m.group(3) else m[0], out)
     return _ITEM.sub(lambda m: f"{m[1]}{m[2]}{m[1]}{m[3]}{_quoted_mask(m[4])}", out)
 

@@ -251,18 +251,21 @@ class EdgeAPI:
             if set(vectors) != {""}:
                 return {"named": sorted(vectors)}
             params = vectors[""]
+            size = params["size"]
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"vector size {size!r} is not a positive integer")
+            return {
+                "named": None,
+                "distance": str(params.get("distance")),
+                "size": size,
+                "quantized": bool(cfg.get("quantization_config")),
+                "hnsw": dict(cfg.get("hnsw_config") or {}),
+                "shards": None,
+            }
         except Exception as exc:  # a damaged config: name it, no traceback
             raise StoreError(
                 f"{self.shard_path}: cannot open the Qdrant Edge shard ({type(exc).__name__}: {exc})"
             ) from None
-        return {
-            "named": None,
-            "distance": params.get("distance"),
-            "size": params["size"],
-            "quantized": bool(cfg.get("quantization_config")),
-            "hnsw": cfg.get("hnsw_config") or {},
-            "shards": None,
-        }
 
     def open(self) -> None:
         """Load the existing shard (after its config passed the store's checks)."""

@@ -20,6 +20,7 @@ from magretrieve.stores.base import (
     StoreRecord,
     check_payload_keys,
     json_safe,
+    metric_refusal,
     point_uuid,
 )
 
@@ -88,7 +89,6 @@ def check_vector_params(
     size: Any,
     dimension: int | None,
     *,
-    cosine: str = "normalizes vectors",
     advice: str = "",
 ) -> int:
     """Refuse a collection/shard that is not searched by Dot or has the wrong size.
@@ -97,10 +97,7 @@ def check_vector_params(
     the collection's vector size.
     """
     if distance != "Dot":
-        raise StoreError(
-            f"{where} uses distance {distance}; magretrieve needs Dot (Cosine {cosine} and "
-            "would erase document magnitude; Euclid/Manhattan rank by distance)" + advice
-        )
+        raise metric_refusal(where, f"distance {distance}", "Dot", advice)
     if dimension is not None and int(size) != int(dimension):
         raise StoreError(
             f"{where} has vector size {size}, but the model produces dimension {dimension}"

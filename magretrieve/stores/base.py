@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.core.errors import StoreError, first_line
+from magretrieve.core.errors import StoreError
 from magretrieve.core.redact import redact_value
 
 #: The only metric a magretrieve store uses.
@@ -193,7 +193,7 @@ class VectorStore(ABC):
             raise
         except self._driver_errors() as exc:
             raise StoreError(
-                f"{self.location}: {what} failed ({type(exc).__name__}: {first_line(exc)})"
+                f"{self.location}: {what} failed ({type(exc).__name__}: {one_line(exc)})"
             ) from None
 
     def check_batch(
@@ -550,6 +550,23 @@ def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
         )
 
     return walk(payload, "")  # type: ignore[no-any-return]
+
+
+def metric_refusal(where: str, found: str, native: str, advice: str = "") -> StoreError:
+    """The one refusal of a collection, shard or index ranked by anything but the inner
+    product: ``found`` names what it uses (``distance Cosine``), ``native`` the backend's
+    spelling of the inner product (``Dot``)."""
+    return StoreError(
+        f"{where} uses {found}; magretrieve needs {native}, the inner product (cosine "
+        "normalizes vectors and would erase document magnitude; L2, Euclid and Manhattan rank "
+        f"by distance){advice}"
+    )
+
+
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """A driver exception's whole message on one line (libpq puts hints on later lines)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:limit]
 
 
 def check_finite(arr: np.ndarray, ids: Sequence[str], where: str) -> None:

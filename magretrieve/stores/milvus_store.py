@@ -27,12 +27,15 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.redact import redact
 from magretrieve.stores import registry
 from magretrieve.stores.base import (
     Batch,
     StoreHit,
     StoreRecord,
     VectorStore,
+    metric_refusal,
+    one_line,
     require,
 )
 
@@ -50,13 +53,22 @@ FIELDS = ("doc_id", "vector", "payload", "doc_norm")
 COLLECTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 #: Ids per filter expression (delete/get/existing) so one expression stays small.
 IDS_PER_EXPRESSION = 512
+#: Ids per page when listing every stored id.
+SCAN_PAGE = 1024
+
+
+#: Loggers of pymilvus and of the gRPC server inside Milvus Lite.
+DRIVER_LOGGERS = ("pymilvus", "grpc._server", "milvus_lite")
 
 
 def pymilvus() -> Any:
     mv = require("pymilvus", "pymilvus", "milvus")
-    # pymilvus logs every failed call at ERROR with its own traceback; magretrieve reports the
-    # failure itself in one line
-    logging.getLogger("pymilvus").setLevel(logging.CRITICAL)
+    # pymilvus logs every failed call at ERROR with its own traceback, and Milvus Lite's
+    # embedded gRPC server (a child process that inherits this logging setup) logs the calls
+    # it does not implement: driver noise, kept out of the user's terminal. magretrieve
+    # reports real failures itself, in one line.
+    for name in DRIVER_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     return mv
 
 
@@ -135,7 +147,7 @@ class MilvusStore(VectorStore):
                 self._create(int(dimension), index, hnsw_m, ef_construction, nlist)
             client.load_collection(collection)
         except pymilvus().MilvusException as exc:
-            raise StoreError(f"{self._location}: Milvus request failed ({exc})") from None
+            raise StoreError(f"{self._location}: Milvus request failed ({one_line(exc)})") from None
 
     def _open_existing(self, dimension: int | None) -> None:
         desc = self.client.describe_collection(self.collection)
@@ -148,10 +160,8 @@ class MilvusStore(VectorStore):
             )
         metric = self._metric()
         if metric != "IP":
-            raise StoreError(
-                f"{self._location} is indexed with metric {metric}; magretrieve needs IP (COSINE "
-                "normalizes vectors and would erase document magnitude; L2 ranks by distance). "
-                "Create a new collection"
+            raise metric_refusal(
+                self._location, f"metric {metric}", "IP", ". Create a new collection"
             )
         dim = int(fields["vector"]["params"]["dim"])
         if dimension is not None and dim != int(dimension):
@@ -294,18 +304,26 @@ class MilvusStore(VectorStore):
         return [str(r["doc_id"]) for r in self._query_ids(ids, ["doc_id"])]
 
     def _scan_ids(self) -> Iterator[str]:
-        it = self.client.query_iterator(
-            self.collection, batch_size=1024, filter="", output_fields=["doc_id"]
-        )
-        try:
-            while True:
-                page = it.next()
-                if not page:
-                    return
-                for r in page:
-                    yield str(r["doc_id"])
-        finally:
-            it.close()
+        # pages by primary key, ``doc_id > last`` with ``last`` escaped (pymilvus' own
+        # query_iterator pastes the last key raw, so an id holding a quote or a line break
+        # would break, or extend, its expression); the iterator flags its queries send make
+        # Milvus return the smallest keys first
+        last: str | None = None
+        while True:
+            expr = "" if last is None else f"doc_id > {milvus_string(last)}"
+            page = self.client.query(
+                self.collection,
+                filter=expr,
+                limit=SCAN_PAGE,
+                output_fields=["doc_id"],
+                iterator="True",
+                reduce_stop_for_best="True",
+            )
+            ids = sorted(str(r["doc_id"]) for r in page)
+            yield from ids
+            if len(ids) < SCAN_PAGE:
+                return
+            last = ids[-1]
 
     def _read_meta(self) -> dict[str, Any] | None:
         props = self.client.describe_collection(self.collection)
@@ -364,7 +382,7 @@ def open_milvus(
     mv = pymilvus()
     if "url" in location:
         uri = location["url"]
-        where = f"milvus:{uri}/{location['collection']}"
+        where = f"milvus:{redact(uri)}/{location['collection']}"
     else:
         path = Path(location["path"])
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -382,7 +400,7 @@ def open_milvus(
             else ""
         )
         raise StoreError(
-            f"{where}: cannot open Milvus ({type(exc).__name__}: {exc}){hint}"
+            f"{where}: cannot open Milvus ({type(exc).__name__}: {one_line(exc)}){hint}"
         ) from None
     if lite is not None:
         _LITE_USERS[lite] = _LITE_USERS.get(lite, 0) + 1

@@ -40,6 +40,8 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
+    metric_refusal,
+    one_line,
     require,
 )
 
@@ -110,13 +112,15 @@ def connect(uri: str, where: str) -> Any:
     try:
         conn = pg.connect(uri, autocommit=True)
     except pg.Error as exc:
-        raise StoreError(f"{where}: cannot connect to PostgreSQL ({exc})".strip()) from None
+        raise StoreError(f"{where}: cannot connect to PostgreSQL ({one_line(exc)})") from None
     try:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         register_vector(conn)
     except pg.Error as exc:
         conn.close()
-        raise StoreError(f"{where}: the pgvector extension is not available ({exc})") from None
+        raise StoreError(
+            f"{where}: the pgvector extension is not available ({one_line(exc)})"
+        ) from None
     return conn
 
 
@@ -204,7 +208,9 @@ def run_in_transaction(conn: Any, location: str, what: str, fn: Any) -> Any:
         with conn.transaction():
             return fn()
     except pg.Error as exc:
-        raise StoreError(f"{location}: {what} failed ({type(exc).__name__}: {exc})") from None
+        raise StoreError(
+            f"{location}: {what} failed ({type(exc).__name__}: {one_line(exc)})"
+        ) from None
 
 
 class PgVectorStore(VectorStore):
@@ -255,7 +261,7 @@ class PgVectorStore(VectorStore):
                         int(dimension), index_type or "hnsw", hnsw_m, ef_construction, nlist
                     )
         except psycopg().Error as exc:
-            raise StoreError(f"{self._location}: {type(exc).__name__}: {exc}") from None
+            raise StoreError(f"{self._location}: {type(exc).__name__}: {one_line(exc)}") from None
 
     # ------------------------------------------------------------------ setup
 
@@ -288,10 +294,11 @@ class PgVectorStore(VectorStore):
     def _check_indexes(self) -> None:
         for name, method, opclass in vector_indexes(self.conn, self._name, "embedding"):
             if opclass in OTHER_OPCLASSES:
-                raise StoreError(
-                    f"{self._location}: index {name!r} ({method}, {opclass}) ranks by "
-                    f"{OTHER_OPCLASSES[opclass]}; magretrieve needs inner product "
-                    "(vector_ip_ops): cosine would erase document magnitude. Create a new table"
+                raise metric_refusal(
+                    self._location,
+                    f"index {name!r} ({method}, {opclass}, ranking by {OTHER_OPCLASSES[opclass]})",
+                    "vector_ip_ops",
+                    ". Create a new table",
                 )
 
     def _create(

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.redact import redact
 from magretrieve.stores import _ann_recall, registry
 from magretrieve.stores._qdrant_clients import META_KEY, ClientAPI
 from magretrieve.stores._qdrant_common import (
@@ -52,6 +53,7 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
+    one_line,
     point_uuid,
     require,
 )
@@ -140,7 +142,6 @@ class QdrantStore(VectorStore):
                 cfg["distance"],
                 cfg["size"],
                 dimension,
-                **({} if edge else {"cosine": "normalizes vectors at upload"}),
                 advice=""
                 if edge
                 else ". Create a new collection, or rank this Cosine one by cos·m(d) after "
@@ -433,9 +434,15 @@ def _open_with_client(
     annotating: bool = False,
 ):
     client_opts = {k: opts.pop(k) for k in _CLIENT_OPTIONS if k in opts}
-    client = make_client(
-        require("qdrant_client", "qdrant-client", "qdrant").QdrantClient, client_opts
-    )
+    client_cls = require("qdrant_client", "qdrant-client", "qdrant").QdrantClient
+    try:
+        client = make_client(client_cls, client_opts)
+    except StoreError:
+        raise
+    except Exception as exc:  # a URL or option the client cannot use
+        raise StoreError(
+            f"{where}: cannot open Qdrant ({type(exc).__name__}: {one_line(exc)})"
+        ) from None
     try:
         return _store_for(
             client, collection, dimension, opts, owns=True, where=where, annotating=annotating
@@ -445,7 +452,9 @@ def _open_with_client(
         raise
     except Exception as exc:  # connection refused, auth, server-side errors
         client.close()
-        raise StoreError(f"{where}: Qdrant request failed ({type(exc).__name__}: {exc})") from exc
+        raise StoreError(
+            f"{where}: Qdrant request failed ({type(exc).__name__}: {one_line(exc)})"
+        ) from None
 
 
 def _open_server(
@@ -455,7 +464,7 @@ def _open_server(
         client_opts.setdefault("api_key", os.environ.get("QDRANT_API_KEY"))
         return client_cls(url=loc["url"], **client_opts)
 
-    where = f"qdrant:{loc['url']}/{loc['collection']}"
+    where = f"qdrant:{redact(loc['url'])}/{loc['collection']}"
     return _open_with_client(make, where, loc["collection"], dimension, dict(opts), annotating)
 
 
@@ -482,6 +491,65 @@ def _open_memory(
     )
 
 
+#: Characters a Qdrant collection name may not hold (the server refuses them; embedded Qdrant
+#: on disk would use the name as a folder name).
+FORBIDDEN_IN_NAMES = set('<>:"/\\|?*\x00')
+#: Longest collection name Qdrant accepts.
+MAX_COLLECTION_NAME = 255
+
+
+def check_collection_name(name: str, where: str) -> str:
+    """Refuse a collection name Qdrant would reject or store under another name."""
+    bad = sorted(set(name) & FORBIDDEN_IN_NAMES)
+    if (
+        not name
+        or bad
+        or name in (".", "..")
+        or name != name.strip()
+        or len(name) > MAX_COLLECTION_NAME
+    ):
+        raise StoreError(
+            f"{where}: collection name {name[:60]!r} is not a Qdrant name (1-"
+            f"{MAX_COLLECTION_NAME} characters, no surrounding spaces, none of "
+            "< > : \" / \\ | ? * NUL, not '.' or '..')"
+        )
+    return name
+
+
+def parse_server(rest: str, spec: str) -> dict[str, str]:
+    """``URL/COLLECTION`` with a URL Qdrant's client can use; anything else is one line."""
+    from urllib.parse import urlsplit
+
+    loc = registry.parse_url_collection(rest, spec)
+    url = loc["url"]
+    shown = redact(spec)
+    try:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise StoreError(
+            f"store spec {shown!r}: {redact(url)!r} is not a Qdrant server URL (expected "
+            "qdrant:http(s)://HOST[:PORT]/COLLECTION, e.g. qdrant:http://localhost:6333/scifact)"
+        )
+    check_collection_name(loc["collection"], f"store spec {shown!r}")
+    return loc
+
+
+def parse_local(rest: str, spec: str) -> dict[str, str]:
+    loc = registry.parse_path_collection(rest, spec)
+    check_collection_name(loc["collection"], f"store spec {spec!r}")
+    return loc
+
+
+def parse_memory(rest: str, spec: str) -> dict[str, str]:
+    loc = registry.parse_collection(rest, spec)
+    check_collection_name(loc["collection"], f"store spec {spec!r}")
+    return loc
+
+
 def _adopts(obj: Any) -> bool:
     return (type(obj).__module__ or "").startswith("qdrant_client")
 
@@ -506,7 +574,7 @@ registry.register(
     registry.Backend(
         prefix="qdrant",
         form="qdrant:URL/COLLECTION",
-        parse=registry.parse_url_collection,
+        parse=parse_server,
         open=_open_server,
         options=QDRANT_OPTIONS,
         adopts=_adopts,
@@ -518,7 +586,7 @@ registry.register(
     registry.Backend(
         prefix="qdrant-local",
         form="qdrant-local:DIR/COLLECTION",
-        parse=registry.parse_path_collection,
+        parse=parse_local,
         open=_open_local,
         options=QDRANT_OPTIONS,
         folder=True,
@@ -529,7 +597,7 @@ registry.register(
     registry.Backend(
         prefix="qdrant-memory",
         form="qdrant-memory:COLLECTION",
-        parse=registry.parse_collection,
+        parse=parse_memory,
         open=_open_memory,
         options=QDRANT_OPTIONS,
         persists=lambda loc: False,

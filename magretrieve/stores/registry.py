@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.redact import remember_secrets
 
 #: Modules that register the built-in backends (imported on first use of the registry).
 #: Adding a backend = adding its module here.
@@ -313,7 +314,11 @@ def _not_understood(spec: Any) -> StoreError:
 
 
 def backend_for(spec: str) -> tuple[Backend, dict[str, str]]:
-    """The backend a spec names and its parsed location; errors list the accepted forms."""
+    """The backend a spec names and its parsed location; errors list the accepted forms.
+
+    The spec's credentials are remembered first, so no later message can show them.
+    """
+    remember_secrets(spec if isinstance(spec, str) else None)
     if not isinstance(spec, str) or ":" not in spec:
         raise _not_understood(spec)
     prefix, rest = spec.split(":", 1)
@@ -327,6 +332,7 @@ def backend_for(spec: str) -> tuple[Backend, dict[str, str]]:
 def check_options(backend: Backend, options: dict[str, Any], where: str = "") -> dict[str, Any]:
     """Options with ``None`` dropped, each validated; options the backend does not take refused."""
     given = {k: v for k, v in options.items() if v is not None}
+    remember_secrets(options=given)
     unknown = sorted(set(given) - set(backend.option_names))
     if unknown:
         raise StoreError(f"option(s) {unknown} do not apply to {backend.prefix} stores")
