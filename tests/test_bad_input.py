@@ -464,7 +464,7 @@ def faiss_l2_on_disk(env: Env) -> Built:
     """A store folder whose index file is an L2 index (checksums made consistent)."""
     import faiss
 
-    from magretrieve.stores.base import sha256_file
+    from magretrieve.core.files import sha256_file
 
     state = _state(env.store)
     index_file = env.store / state["index_file"]
@@ -1434,7 +1434,7 @@ def faiss_state_edit(
     """Edit the FAISS state and record files consistently (checksums updated)."""
 
     def build(env: Env) -> Built:
-        from magretrieve.stores.base import sha256_file
+        from magretrieve.core.files import sha256_file
 
         state = _state(env.store)
         rec_file = env.store / state["records_file"]
@@ -1487,7 +1487,7 @@ def _other_index(folder: Path, state: dict, records: dict) -> None:
 
 
 def memory_store_disagree(env: Env) -> Built:
-    from magretrieve.stores.base import sha256_file
+    from magretrieve.core.files import sha256_file
 
     folder = env.tmp / "mem"
     store = open_store(f"memory:{folder}", dimension=32)

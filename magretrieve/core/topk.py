@@ -57,14 +57,21 @@ def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return (idx[0], values[0]) if one_row else (idx, values)
 
 
+#: Scores held at once by :func:`exact_search` when no chunk is given (64 MB of float32).
+SCORE_BUDGET = 1 << 24
+
+
 def exact_search(
-    queries: np.ndarray, vectors: np.ndarray, k: int, chunk: int = 256
+    queries: np.ndarray, vectors: np.ndarray, k: int, chunk: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` inner-product search: (row indices int64, scores float32), best first.
 
     Queries are scored ``chunk`` at a time so memory stays at ``chunk × len(vectors)``
-    scores; ``k`` beyond the number of vectors returns them all, ranked.
+    scores (default: as many queries as fit :data:`SCORE_BUDGET` scores, at least one);
+    ``k`` beyond the number of vectors returns them all, ranked.
     """
+    if chunk is None:
+        chunk = max(1, SCORE_BUDGET // max(1, vectors.shape[0]))
     k = min(int(k), vectors.shape[0])
     all_idx = np.zeros((queries.shape[0], k), dtype=np.int64)
     all_scores = np.zeros((queries.shape[0], k), dtype=np.float32)

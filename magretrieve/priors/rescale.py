@@ -1,7 +1,7 @@
 """Give the documents of a cosine-built store a magnitude without re-encoding any text.
 
-A store built with a cosine export holds unit vectors ``d̂``. Both magnitudes of issue 6 are
-functions of ``d̂`` alone, so they can be applied to what is stored:
+A store built with a cosine export holds unit vectors ``d̂``. Both kinds of document
+magnitude it offers are functions of ``d̂`` alone, so they can be applied to what is stored:
 
 * a **frozen-encoder norm head** (``magretrieve train --norm-head linear --freeze-encoder``):
   ``d̂ · exp(g(d̂))`` with the head's weights (read torch-free from ``norm_head.safetensors``);

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import ConfigError, DataError
+from magretrieve.core.topk import top_k
 from magretrieve.priors.base import DocumentPrior, query_vectors, stored_vectors, unit
 from magretrieve.priors.combined import CombinedPrior
 from magretrieve.priors.none import NoPrior
@@ -56,8 +57,7 @@ def ndcg_at_10(
     """NDCG@10 (trec_eval) of a score matrix (queries × documents)."""
     from magretrieve.core import metrics
 
-    depth = min(10, scores.shape[1])
-    top = np.argpartition(-scores, depth - 1, axis=1)[:, :depth]
+    top, _ = top_k(scores, 10)
     run = {q: {doc_ids[j]: float(scores[r, j]) for j in top[r]} for r, q in enumerate(qids)}
     return metrics.retrieval_metrics({q: dict(qrels[q]) for q in qids}, run)["ndcg@10"]
 

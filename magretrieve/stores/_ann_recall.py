@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from magretrieve.core.topk import exact_search
+
 logger = logging.getLogger(__name__)
 
 #: Below this recall@k the store warns (and ``magretrieve index`` prints the warning).
@@ -55,27 +57,6 @@ class Knob:
     values: Sequence[int]
     set: Callable[[int], None]
     current: int
-
-
-def exact_topk(queries: np.ndarray, vectors: np.ndarray, k: int, chunk: int = 65536) -> np.ndarray:
-    """Row indices of the exact top-``k`` inner products (chunked, so memory stays bounded)."""
-    n = vectors.shape[0]
-    k = min(k, n)
-    best_s = np.full((len(queries), 0), -np.inf, dtype=np.float32)
-    best_i = np.zeros((len(queries), 0), dtype=np.int64)
-    for start in range(0, n, chunk):
-        s = queries @ vectors[start : start + chunk].T
-        idx = np.arange(start, start + s.shape[1], dtype=np.int64)
-        cand_s = np.concatenate([best_s, s], axis=1)
-        cand_i = np.concatenate([best_i, np.broadcast_to(idx, s.shape)], axis=1)
-        top = np.argpartition(-cand_s, k - 1, axis=1)[:, :k] if cand_s.shape[1] > k else None
-        if top is not None:
-            best_s = np.take_along_axis(cand_s, top, axis=1)
-            best_i = np.take_along_axis(cand_i, top, axis=1)
-        else:
-            best_s, best_i = cand_s, cand_i
-    order = np.argsort(-best_s, axis=1, kind="stable")
-    return np.take_along_axis(best_i, order, axis=1)
 
 
 def recall_at_k(found: Sequence[Sequence[str]], truth: Sequence[Sequence[str]]) -> float:
@@ -122,13 +103,13 @@ def measure(
     half = max(1, len(q) // 2) if len(q) > 1 else 1
     tune_q, eval_q = (q[:half], q[half:]) if len(q) > 1 else (q, q)
     t0 = time.perf_counter()
-    truth_rows = exact_topk(eval_q, vectors, k)
+    truth_rows = exact_search(eval_q, vectors, k)[0]
     exact_qps = len(eval_q) / max(time.perf_counter() - t0, 1e-9)
     ids_arr = np.asarray(ids, dtype=object)
     truth = [list(ids_arr[row]) for row in truth_rows]
     out: dict[str, Any] = {"k": k, "queries": len(eval_q), "ground_truth": ground_truth}
     if knob is not None and target is not None:
-        tune_truth = [list(ids_arr[row]) for row in exact_topk(tune_q, vectors, k)]
+        tune_truth = [list(ids_arr[row]) for row in exact_search(tune_q, vectors, k)[0]]
         chosen, reached = knob.values[-1], False
         # half the remaining gap as a margin: the tuning sample is small, and a setting that
         # only just reaches the target there lands below it on other queries about half the time

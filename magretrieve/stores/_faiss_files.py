@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.files import sha256_file
 from magretrieve.stores.base import (
     atomic_write_bytes,
     atomic_write_json,
     plain_file,
     read_state_file,
-    sha256_file,
     state_metadata,
 )
 

@@ -4,14 +4,13 @@ A store keeps *stored* vectors (``d / ‖d‖^γd``, see :mod:`magretrieve.core.
 string ids with a JSON payload, and is searched by inner product. Magnitude is the point of
 this project, so a store never normalizes, and every store refuses NaN/inf before it writes.
 
-Store metadata (:data:`META_KEYS`) records the model that built the store (the manifest's
+Store metadata records the model that built the store (the manifest's
 ``model_fingerprint``, mode, γ values, dimension) so a :class:`~magretrieve.serving.retriever.Retriever`
 can refuse to mix models.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -27,12 +26,11 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.files import is_plain_file_name
 from magretrieve.core.redact import redact_value
 
 #: The only metric a magretrieve store uses.
 METRIC = "inner_product"
-#: Keys written into a store's metadata by the Retriever.
-META_KEYS = ("model_fingerprint", "mode", "gamma_q", "gamma_d", "dimension", "metric")
 #: Namespace of the deterministic point ids (uuid5 of the document id) used by Qdrant stores.
 ID_NAMESPACE = uuid.UUID("6f1c3f0e-8a57-5b7e-9a43-3d2b1c0e9f10")
 
@@ -343,7 +341,7 @@ class VectorStore(ABC):
             return self._read_meta()
 
     def write_metadata(self, meta: Mapping[str, Any]) -> None:
-        """Record which model built the store (see :data:`META_KEYS`); secrets are masked."""
+        """Record which model built the store (fingerprint, mode, γ, dimension); secrets are masked."""
         with self._driver("write metadata"):
             self._write_meta(redact_value(dict(meta)))
 
@@ -630,27 +628,13 @@ def json_safe(value: Any, doc_id: str) -> Any:
 # ----------------------------------------------------------------------------- files
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with Path(path).open("rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def plain_file(folder: Path, name: Any, where: str) -> Path:
     """``folder / name`` for a plain file name; a state file naming ``../x`` or ``/x`` is refused.
 
     Store state files are data: a name leading out of the store folder would make loading
     read (and hand to FAISS/numpy) a file the user never pointed at.
     """
-    if (
-        not isinstance(name, str)
-        or name in ("", ".", "..")
-        or "/" in name
-        or "\\" in name
-        or "\x00" in name
-    ):
+    if not is_plain_file_name(name):
         raise StoreError(
             f"{folder / where}: file name {name!r} is not a plain file name inside {folder}"
         )

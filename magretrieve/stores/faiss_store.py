@@ -15,8 +15,8 @@ writer out. This module is the store that ties them together.
 Rules kept here: an L2 index is refused, the index stores vectors as given (a normalizing
 pre-transform is reported by ``normalizes_vectors`` so the Retriever refuses it for
 magnitude-keeping models), every option is validated before any native call, and
-single-query search runs with one OpenMP thread (measured faster than two on this machine;
-see benchmarks/stores.py).
+single-query search runs with one OpenMP thread (faster than two for one query: see
+benchmarks/results/stores.md).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.topk import top_k
 from magretrieve.stores import _ann_recall, _faiss_files, registry
 from magretrieve.stores import _faiss_index as fx
 from magretrieve.stores._faiss_records import RecordTable
@@ -590,11 +591,11 @@ class FaissStore(IdMapMixin, VectorStore):
         fids = np.concatenate([f for f, _ in self._pending])
         vecs = np.concatenate([v for _, v in self._pending])
         scores = q @ vecs.T
-        out = []
-        for row in scores:
-            top = np.argsort(-row, kind="stable")[:k]
-            out.append([(int(fids[j]), float(row[j])) for j in top])
-        return out
+        rows, _ = top_k(scores, k)
+        return [
+            [(int(fids[j]), float(row[j])) for j in top]
+            for row, top in zip(scores, rows, strict=True)
+        ]
 
     def _vector(self, fid: int) -> np.ndarray:
         for f, v in self._pending:

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.files import sha256_file
+from magretrieve.core.topk import top_k
 from magretrieve.stores import registry
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
@@ -27,7 +29,6 @@ from magretrieve.stores.base import (
     atomic_write_json,
     plain_file,
     read_state_file,
-    sha256_file,
     state_metadata,
 )
 
@@ -156,12 +157,9 @@ class MemoryStore(IdMapMixin, VectorStore):
         if n == 0:
             return [[] for _ in range(len(q))]
         scores = q @ vectors.T
-        kk = min(k, n)
+        rows, _ = top_k(scores, k)  # ties broken by insertion order, like a stable exact scan
         out = []
-        for row in scores:
-            top = np.argpartition(-row, kk - 1)[:kk] if kk < n else np.arange(n)
-            # ties broken by insertion order, like a stable exact scan
-            top = top[np.lexsort((top, -row[top]))]
+        for row, top in zip(scores, rows, strict=True):
             norms = np.linalg.norm(vectors[top], axis=1)
             out.append(
                 [
