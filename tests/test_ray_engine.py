@@ -272,7 +272,31 @@ def test_start_ray_tries_a_cluster_address_once(monkeypatch) -> None:
     from magretrieve.engines import ray_engine
 
     fake = _FlakyRay(failures=1)
+    probed: list[tuple[str, float]] = []
     monkeypatch.setattr(ray_engine, "_ray", lambda: fake)
+    monkeypatch.setattr(ray_engine, "probe_address", lambda a, t: probed.append((a, t)))
     with pytest.raises(ConfigError, match=r"^Ray at ray://head:10001 did not start: "):
-        ray_engine.start_ray("ray://head:10001")
+        ray_engine.start_ray("ray://head:10001", connect_timeout=4.0)
     assert len(fake.inits) == 1
+    assert probed == [("ray://head:10001", 4.0)]  # the address was probed before ray.init
+
+
+def test_probe_fails_fast_on_a_dead_port_and_leaves_auto_to_ray() -> None:
+    import socket
+    import time
+
+    from magretrieve.engines.ray_engine import probe_address
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.monotonic()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(ConfigError, match=rf"^Ray at {address} did not answer within 3 s"):
+            probe_address(address, 3.0)
+    assert time.monotonic() - started < 3.0
+    with socket.socket() as live:  # a listening port passes
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        probe_address(f"127.0.0.1:{live.getsockname()[1]}", 3.0)
+    probe_address("auto", 0.001)  # no host:port: Ray resolves it, nothing probed
