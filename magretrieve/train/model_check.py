@@ -71,6 +71,7 @@ def check_config_matches_weights(folder: Path) -> None:
                 f"{list(have)} in the safetensors file but {list(shape)} by config.json "
                 "(was config.json edited or copied from another model?)"
             )
+    # buffers (``position_ids``) are rebuilt from the config: old checkpoints store them
     buffers = {k for k, _ in model.named_buffers()}
     missing = [
         k
@@ -78,7 +79,11 @@ def check_config_matches_weights(folder: Path) -> None:
         if k not in found and k not in buffers and not k.startswith(OPTIONAL_PREFIXES)
     ]
     children = {name for name, _ in model.named_children()}
-    extra = [k for k in found if k not in expected and k.split(".", 1)[0] in children]
+    extra = [
+        k
+        for k in found
+        if k not in expected and k not in buffers and k.split(".", 1)[0] in children
+    ]
     if extra:
         raise ConfigError(
             f"{folder}: config.json disagrees with the weights: {len(extra)} tensor(s) in the "
