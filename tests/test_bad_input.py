@@ -2071,6 +2071,28 @@ def test_client_library_warnings_stay_out_of_the_terminal(env: Env) -> None:
     )
 
 
+def test_warning_routing_logs_libraries_and_shows_our_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Library warnings: one redacted DEBUG line; magretrieve's own: shown as Python does."""
+    import warnings
+
+    from magretrieve.cli._warnings import route_library_warnings
+
+    caplog.set_level("DEBUG", logger="magretrieve.cli")
+    sources = (("somelib.client", "postgresql://u:hunter2@h/db\nfailed"), ("magretrieve.x", "ours"))
+    with pytest.warns(UserWarning) as shown:
+        warnings.simplefilter("always")
+        route_library_warnings()
+        route_library_warnings()  # idempotent: still one handler
+        for module, text in sources:
+            code = compile(f"import warnings\nwarnings.warn({text!r})", "m.py", "exec")
+            exec(code, {"__name__": module})
+    assert [str(w.message) for w in shown] == ["ours"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "magretrieve.cli"]
+    assert logged == ["UserWarning: postgresql://u:***@h/db failed (from somelib.client)"]
+
+
 # ----------------------------------------------------------------------------- round 2 acceptances
 
 

@@ -4,7 +4,7 @@ Database clients warn about their own affairs (``qdrant_client``: "Api key is us
 insecure connection", "Failed to obtain server version"), printed by Python as two lines with
 the source line that raised them. The command's own one-line error or result already says
 what the user needs; the library's remarks are kept, one line each, in the ``magretrieve.cli``
-log at DEBUG level (shown with ``magretrieve -v``). Warnings raised by magretrieve itself
+log at DEBUG level (shown with ``magretrieve -v``), connection secrets masked. Warnings raised by magretrieve itself
 (deprecations) are shown as before.
 """
 
@@ -14,6 +14,8 @@ import logging
 import sys
 import warnings
 from typing import Any
+
+from magretrieve.core.redact import redact
 
 log = logging.getLogger("magretrieve.cli")
 
@@ -49,7 +51,7 @@ def route_library_warnings() -> None:
         if raiser == _OWN or raiser.startswith(_OWN + "."):
             current(message, category, filename, lineno, file, line)
             return
-        text = " ".join(str(message).split()) or category.__name__
+        text = redact(" ".join(str(message).split())) or category.__name__
         log.debug("%s: %s (from %s)", category.__name__, text, raiser or filename)
 
     show._magretrieve_route = True  # type: ignore[attr-defined]
