@@ -1801,6 +1801,137 @@ ROUND2: list[Case] = [
 CASES += ROUND2
 
 
+# ============================================================================= round 3 (issue 26)
+# The remaining plug-in surfaces: a Ray cluster nobody answers at, FAISS factory strings a
+# store cannot serve, model folders whose config.json does not describe their weights.
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ray_dead_address(*extra: str) -> Callable[[Env], Built]:
+    """``--engine ray --address`` at a port nobody listens on: one line, in bounded time."""
+
+    def build(env: Env) -> Built:
+        import time
+
+        address = f"127.0.0.1:{_free_port()}"
+        new = env.tmp / "ray-new"
+        args = [*env.index_args(env.corpus(), f"faiss:{new}"), "--engine", "ray"]
+        started = time.monotonic()
+
+        def after() -> None:
+            assert time.monotonic() - started < 60, "a dead Ray address was not given up on"
+            _gone(new)()
+
+        return Built(
+            [*args, "--address", address, *extra],
+            [f"Ray at {address}", "did not answer", "is the cluster running"],
+            after=after,
+        )
+
+    return build
+
+
+def faiss_factory(factory: str, *needles: str, patches: bool = False) -> Callable[[Env], Built]:
+    """A new FAISS store with ``--faiss-index factory``: refused, no folder left behind."""
+
+    def build(env: Env) -> Built:
+        import magretrieve.stores.base as base
+
+        new = env.tmp / "fx" / "new"
+        args = [*env.index_args(env.corpus(), f"faiss:{new}"), "--faiss-index", factory]
+        fail = [(base.os, "fsync", _failing(_os_error(28, "No space left on device")))]
+        return Built(
+            args,
+            [str(new), *needles],
+            after=_gone(env.tmp / "fx"),
+            patches=fail if patches else [],
+        )
+
+    return build
+
+
+def _config(**values: Any) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        config.update(values)
+        (folder / "config.json").write_text(json.dumps(config))
+
+    return edit
+
+
+def model_config_case(command: str, edit: Callable[[Path], None], *needles: str):
+    """A model folder whose config.json disagrees with its weights, via train/export/eval."""
+
+    def build(env: Env) -> Built:
+        folder = _model_copy(env, "edited-model")
+        edit(folder)
+        out = env.tmp / "out"
+        if command == "export":
+            args = ["export", str(folder), str(out), "--exporter", "torchscript"]
+        elif command == "train":
+            args = env.train_args(f"{env.beir}:test")
+            args[args.index("--model") + 1] = str(folder)
+            out = env.tmp / "run"
+        else:
+            args = ["eval", "--model", str(folder), "--data", f"{env.beir}:test", "--json"]
+        return Built(
+            args,
+            [str(folder), "config.json disagrees with the weights", *needles],
+            after=_gone(out),
+        )
+
+    return build
+
+
+ROUND3: list[Case] = [
+    Case("index-ray-dead-address", ray_dead_address("--connect-timeout", "2")),
+    Case("index-ray-dead-address-default-timeout", ray_dead_address()),
+    Case(
+        "faiss-factory-pca-without-refine",
+        faiss_factory("PCA8,Flat", "PCAMatrix", "changes inner products", "'PCA8,Flat,RFlat'"),
+    ),
+    Case(
+        "faiss-factory-opq-projection-without-refine",
+        faiss_factory("OPQ4_16,IVF4,PQ4", "OPQMatrix", "changes inner products", ",RFlat"),
+    ),
+    Case("faiss-factory-nsg", faiss_factory("NSG32,Flat", "NSG", "cannot add vectors later")),
+    Case(
+        "faiss-new-store-disk-full-leaves-no-folder",
+        faiss_factory("HNSW16,Flat", "No space left on device", patches=True),
+    ),
+    Case(
+        "model-config-hidden-size-export",
+        model_config_case(
+            "export", _config(hidden_size=48), "embeddings.word_embeddings.weight", ", 32]"
+        ),
+    ),
+    Case(
+        "model-config-hidden-size-train",
+        model_config_case("train", _config(hidden_size=48), ", 48] by config.json"),
+    ),
+    Case(
+        "model-config-hidden-size-eval",
+        model_config_case("eval", _config(hidden_size=48), ", 48] by config.json"),
+    ),
+    Case(
+        "model-config-more-layers-than-weights",
+        model_config_case("export", _config(num_hidden_layers=3), "encoder.layer.2."),
+    ),
+    Case(
+        "model-config-fewer-layers-than-weights",
+        model_config_case("export", _config(num_hidden_layers=1), "encoder.layer.1."),
+    ),
+]
+CASES += ROUND3
+
+
 def test_catalogue_is_large_and_ids_are_unique() -> None:
     ids = [c.id for c in CASES]
     assert len(ids) == len(set(ids))
@@ -1913,6 +2044,53 @@ def test_a_real_cli_process_prints_one_line_and_no_traceback(env: Env) -> None:
         f"Error: {corpus}:4: duplicate document id 'n0' (first on line 1)"
     ]
     assert snapshot(env.spec)[0] == 12
+
+
+def test_client_library_warnings_stay_out_of_the_terminal(env: Env) -> None:
+    """qdrant_client warns about an API key over http: stderr keeps only our one line.
+
+    With ``-v`` the library's remark is in the log, on one line.
+    """
+    exe = Path(sys.executable).parent / "magretrieve"
+    cmd = [str(exe)] if exe.is_file() else [sys.executable, "-m", "magretrieve"]
+    spec = f"qdrant:http://127.0.0.1:{_free_port()}/c"
+    run_env = {**os.environ, "QDRANT_API_KEY": "not-a-real-key"}
+    args = ["search", str(env.export), "statins", "--store", spec]
+    quiet = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120, env=run_env)
+    assert quiet.returncode == 1, quiet.stderr
+    assert len(quiet.stderr.strip().splitlines()) == 1, quiet.stderr
+    assert quiet.stderr.startswith(f"Error: {spec}: ")
+    assert "Warning" not in quiet.stderr and "not-a-real-key" not in quiet.stderr
+    verbose = subprocess.run(
+        [*cmd, "-v", *args], capture_output=True, text=True, timeout=120, env=run_env
+    )
+    assert verbose.returncode == 1
+    assert (
+        "DEBUG magretrieve.cli: UserWarning: Api key is used with an insecure connection. "
+        "(from qdrant_client." in verbose.stderr
+    )
+
+
+def test_warning_routing_logs_libraries_and_shows_our_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Library warnings: one redacted DEBUG line; magretrieve's own: shown as Python does."""
+    import warnings
+
+    from magretrieve.cli._warnings import route_library_warnings
+
+    caplog.set_level("DEBUG", logger="magretrieve.cli")
+    sources = (("somelib.client", "postgresql://u:hunter2@h/db\nfailed"), ("magretrieve.x", "ours"))
+    with pytest.warns(UserWarning) as shown:
+        warnings.simplefilter("always")
+        route_library_warnings()
+        route_library_warnings()  # idempotent: still one handler
+        for module, text in sources:
+            code = compile(f"import warnings\nwarnings.warn({text!r})", "m.py", "exec")
+            exec(code, {"__name__": module})
+    assert [str(w.message) for w in shown] == ["ours"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "magretrieve.cli"]
+    assert logged == ["UserWarning: postgresql://u:***@h/db failed (from somelib.client)"]
 
 
 # ----------------------------------------------------------------------------- round 2 acceptances

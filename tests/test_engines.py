@@ -14,6 +14,7 @@ def test_the_schema_lists_each_engine_option_once_with_its_flag() -> None:
     assert [(o.name, o.flag, o.type) for o in specs] == [
         ("address", "--address", str),
         ("workers", "--workers", int),
+        ("connect_timeout", "--connect-timeout", float),
     ]
     assert sorted(ENGINES) == ["local", "ray"]
 
@@ -22,14 +23,16 @@ def test_local_takes_nothing_and_refuses_another_engines_options() -> None:
     unset = {"address": None, "workers": None}
     assert engine_options("local", unset, {"threads": 4, "runtime": "openvino"}) == {}
     with pytest.raises(ConfigError, match=r"^--address and --workers need --engine ray$"):
-        engine_options("local", {"address": None, "workers": 2}, {})
+        engine_options("local", {"address": "auto", "workers": 2}, {})
+    with pytest.raises(ConfigError, match=r"^--connect-timeout needs --engine ray$"):
+        engine_options("local", {"address": None, "connect_timeout": 5.0}, {})
 
 
 def test_ray_gets_its_options_and_the_forwarded_threads() -> None:
     got = engine_options("ray", {"address": "auto", "workers": None}, {"threads": None})
-    assert got == {"address": "auto", "workers": None}
+    assert got == {"address": "auto", "workers": None, "connect_timeout": None}
     got = engine_options("ray", {"address": None, "workers": 3}, {"threads": 2})
-    assert got == {"address": None, "workers": 3, "threads": 2}
+    assert got == {"address": None, "workers": 3, "connect_timeout": None, "threads": 2}
     with pytest.raises(ConfigError, match=r"^--runtime applies to --engine local \(Ray workers"):
         engine_options("ray", {}, {"runtime": "openvino"})
 

@@ -113,6 +113,57 @@ def test_ray_serves_a_static_int8_export_on_its_own_runtime(
     assert_same_store(f"faiss:{tmp_path / 'local'}", f"faiss:{tmp_path / 'ray'}")
 
 
+#: Raw Unicode line breaks inside JSON strings: ``str.splitlines`` splits at each of them.
+BREAKS = ["\u2028", "\u2029", "\x85", "\x1c", "\x1d", "\x1e", "\x0b", "\x0c"]
+
+
+def write_separator_corpus(path: Path) -> Path:
+    """Documents whose id, title and text carry raw line breaks; a CRLF line; blank lines.
+
+    The control characters (``\\x1c``, ``\\x0b``, ...) must be escaped in JSON, so they
+    appear as escapes; the Unicode separators appear raw (``ensure_ascii=False``).
+    """
+    rows = [
+        {"_id": f"s{i}{ch}", "title": f"t{ch}{i}", "text": f"alpha{ch}beta gamma {i}{ch}"}
+        for i, ch in enumerate(BREAKS)
+    ]
+    lines = [json.dumps(r, ensure_ascii=False) for r in rows]
+    lines[1] += "\r"  # a CRLF line ending: JSON whitespace, the same line for both engines
+    lines.insert(3, "")
+    path.write_bytes(("\n".join(lines) + "\n").encode("utf-8"))
+    return path
+
+
+def test_ray_reads_lines_exactly_as_the_local_reader(tmp_path) -> None:
+    """Byte ranges cut at ``\\n`` and split on ``\\n``: the local reader's lines, any chunk."""
+    from magretrieve.data.readers import read_jsonl
+    from magretrieve.engines.ray_engine import line_ranges, read_lines
+
+    corpus = write_separator_corpus(tmp_path / "sep.jsonl")
+    expected = [obj for _, obj in read_jsonl(corpus)]
+    assert len(expected) == len(BREAKS)
+    for chunk in (1, 7, 64, 1 << 20):
+        ranges = line_ranges(corpus, chunk)
+        assert ranges[0][0] == 0 and ranges[-1][1] == corpus.stat().st_size
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+        rows = [
+            r for a, b in ranges for r in read_lines({"path": str(corpus), "start": a, "end": b})
+        ]
+        assert [json.loads(r["text"]) for r in rows] == expected, chunk
+
+
+def test_ray_indexes_unicode_line_breaks_like_the_local_engine(
+    ray_local, export_dir, tmp_path
+) -> None:
+    corpus = write_separator_corpus(tmp_path / "sep.jsonl")
+    local = index(export_dir, f"faiss:{tmp_path / 'local'}", corpus)
+    distributed = index(export_dir, f"faiss:{tmp_path / 'ray'}", corpus, engine="ray", workers=2)
+    assert local.added == distributed.added == len(BREAKS)
+    assert_same_store(f"faiss:{tmp_path / 'local'}", f"faiss:{tmp_path / 'ray'}")
+    stored = records(f"faiss:{tmp_path / 'ray'}")
+    assert sorted(stored) == sorted(f"s{i}{ch}" for i, ch in enumerate(BREAKS))
+
+
 def test_ray_resumes_skipping_stored_ids(ray_local, export_dir, tmp_path) -> None:
     corpus = write_corpus(tmp_path / "corpus.jsonl")
     first = write_corpus(tmp_path / "first.jsonl", n=15)  # a run that stopped after 15 docs
@@ -145,7 +196,7 @@ def test_cli_engine_ray(ray_local, export_dir, tmp_path) -> None:
     assert result.exit_code == 0, result.output
     assert "12 added, 0 already stored, 12 in store" in result.output
     bad = CliRunner().invoke(main, [*args, "--workers", "2"])
-    assert bad.exit_code == 1 and "--address and --workers need --engine ray" in bad.output
+    assert bad.exit_code == 1 and "--workers needs --engine ray" in bad.output
 
 
 def test_unknown_engine_and_stray_options(export_dir, tmp_path) -> None:
@@ -221,7 +272,31 @@ def test_start_ray_tries_a_cluster_address_once(monkeypatch) -> None:
     from magretrieve.engines import ray_engine
 
     fake = _FlakyRay(failures=1)
+    probed: list[tuple[str, float]] = []
     monkeypatch.setattr(ray_engine, "_ray", lambda: fake)
+    monkeypatch.setattr(ray_engine, "probe_address", lambda a, t: probed.append((a, t)))
     with pytest.raises(ConfigError, match=r"^Ray at ray://head:10001 did not start: "):
-        ray_engine.start_ray("ray://head:10001")
+        ray_engine.start_ray("ray://head:10001", connect_timeout=4.0)
     assert len(fake.inits) == 1
+    assert probed == [("ray://head:10001", 4.0)]  # the address was probed before ray.init
+
+
+def test_probe_fails_fast_on_a_dead_port_and_leaves_auto_to_ray() -> None:
+    import socket
+    import time
+
+    from magretrieve.engines.ray_engine import probe_address
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.monotonic()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(ConfigError, match=rf"^Ray at {address} did not answer within 3 s"):
+            probe_address(address, 3.0)
+    assert time.monotonic() - started < 3.0
+    with socket.socket() as live:  # a listening port passes
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        probe_address(f"127.0.0.1:{live.getsockname()[1]}", 3.0)
+    probe_address("auto", 0.001)  # no host:port: Ray resolves it, nothing probed

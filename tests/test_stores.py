@@ -682,6 +682,10 @@ FAISS_FORMS = [
     ("factory-ivfpq", {"index_type": "IVF16,PQ16x8", "nprobe": 16}, 0.5),
     ("factory-opq", {"index_type": "OPQ4,IVF16,PQ4x4", "nprobe": 16}, 0.2),
     ("factory-sq8", {"index_type": "SQ8"}, 0.9),
+    # a projection is served behind a refine stage on the original vectors (alone: refused)
+    ("factory-pca-refined", {"index_type": "PCA16,Flat,RFlat"}, 0.5),
+    # a refine stage over IVF (no add_with_ids of its own) is ID-mapped
+    ("factory-ivfpq-refined", {"index_type": "IVF16,PQ4x4,Refine(Flat)", "nprobe": 16}, 0.3),
 ]
 
 

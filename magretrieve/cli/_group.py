@@ -7,6 +7,7 @@ import logging
 import click
 
 from magretrieve import __version__
+from magretrieve.cli._warnings import route_library_warnings
 from magretrieve.core.errors import MagRetrieveError
 
 
@@ -45,3 +46,4 @@ def main(verbose: bool) -> None:
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    route_library_warnings()

@@ -66,6 +66,12 @@ ENGINES: dict[str, Engine] = {
             EngineOption(
                 "workers", "--workers", int, "Ray encoding actors (default: one per CPU)."
             ),
+            EngineOption(
+                "connect_timeout",
+                "--connect-timeout",
+                float,
+                "Seconds the --address cluster gets to answer (default: 30).",
+            ),
         ),
         forwards=("threads",),
         refuses={"runtime": "Ray workers use the export's own runtime"},
@@ -106,9 +112,10 @@ def engine_options(
     own = {opt.name for opt in engine.options}
     for other in ENGINES.values():
         theirs = [opt for opt in other.options if opt.name not in own]
-        if other.name != name and any(given.get(opt.name) is not None for opt in theirs):
-            flags = " and ".join(opt.flag for opt in other.options)
-            raise ConfigError(f"{flags} need --engine {other.name}")
+        stray = [opt.flag for opt in theirs if given.get(opt.name) is not None]
+        if other.name != name and stray:
+            verb = "needs" if len(stray) == 1 else "need"
+            raise ConfigError(f"{' and '.join(stray)} {verb} --engine {other.name}")
     for option, reason in (engine.refuses or {}).items():
         if shared.get(option) is not None:
             flag = "--" + option.replace("_", "-")

@@ -6,7 +6,9 @@ Layout of a run (``magretrieve index EXPORT CORPUS --store SPEC --engine ray``):
    (:func:`magretrieve.data.readers.iter_corpus`) and duplicate ids are refused naming their lines, so
    bad input fails before anything is encoded or stored. The ids the store already holds are
    looked up (``store.existing``): a re-run skips them, exactly like the local engine.
-2. **Encode, on the cluster**: Ray Data reads the JSONL in blocks (``read_text``); an actor pool
+2. **Encode, on the cluster**: Ray Data reads the JSONL in byte ranges cut at ``\\n`` and splits
+   them on ``\\n`` only, exactly as the local reader does (``read_text`` would also split inside
+   JSON strings at U+2028, U+0085 and the other Unicode line breaks); an actor pool
    of ``workers`` actors, each holding one :class:`~magretrieve.serving.runtime.OnnxEncoder` session
    (1 CPU, 1 onnxruntime thread by default), parses each line and encodes the documents not yet
    stored.
@@ -25,6 +27,7 @@ filesystem, or the same files copied to each node).
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +44,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: Ids per ``store.existing`` call when looking up what a re-run may skip.
 EXISTING_CHUNK = 4096
+#: Bytes of corpus per Ray read task (cut at the next newline).
+READ_CHUNK = 4 << 20
+#: Seconds to wait for a cluster address to answer before giving up.
+CONNECT_TIMEOUT = 30.0
 
 
 def _ray() -> Any:
@@ -51,7 +58,32 @@ def _ray() -> Any:
     return ray
 
 
-def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
+def probe_address(address: str, timeout: float) -> None:
+    """Fail in ``timeout`` seconds, in one line, if nothing listens at ``host:port``.
+
+    ``ray.init`` keeps retrying an address nobody answers on for minutes; a TCP connection
+    attempt tells a dead or unreachable address at once. ``auto`` and other forms without a
+    port are left to Ray.
+    """
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        cause = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise ConfigError(
+            f"Ray at {address} did not answer within {timeout:g} s ({cause}); is the cluster "
+            "running? (--connect-timeout sets the wait)"
+        ) from None
+
+
+def start_ray(
+    address: str | None = None,
+    num_cpus: int | None = None,
+    connect_timeout: float = CONNECT_TIMEOUT,
+) -> bool:
     """Connect to the Ray cluster at ``address``, or start a local node; True if this call did.
 
     A local node's raylet sometimes misses Ray's fixed 30 s registration window on a small,
@@ -66,6 +98,8 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
     if num_cpus is not None:
         options["num_cpus"] = num_cpus
+    if address:
+        probe_address(address, connect_timeout)
     tries = 1 if address else 2
     for attempt in range(1, tries + 1):
         try:
@@ -111,6 +145,30 @@ def check_corpus(
     if not seen:
         raise DataError(f"{path}: no document to index")
     return len(seen), stored, empty
+
+
+def line_ranges(path: Path, chunk: int) -> list[tuple[int, int]]:
+    """Byte ranges of about ``chunk`` bytes covering ``path``, each ending after a ``\\n``."""
+    size = path.stat().st_size
+    ranges: list[tuple[int, int]] = []
+    start = 0
+    with path.open("rb") as fh:
+        while start < size:
+            fh.seek(min(start + chunk, size))
+            fh.readline()  # on to the end of the line the cut falls in
+            end = min(fh.tell(), size)
+            ranges.append((start, end))
+            start = end
+    return ranges
+
+
+def read_lines(row: dict[str, Any]) -> list[dict[str, str]]:
+    """The non-blank lines of one byte range, split on ``\\n`` only (as the local reader)."""
+    with open(row["path"], "rb") as fh:
+        fh.seek(int(row["start"]))
+        data = fh.read(int(row["end"]) - int(row["start"]))
+    lines = (raw.decode("utf-8") for raw in data.split(b"\n"))
+    return [{"text": line} for line in lines if line.strip()]
 
 
 class EncodeActor:
@@ -166,12 +224,14 @@ def index_corpus_ray(
     address: str | None = None,
     workers: int | None = None,
     threads: int = 1,
+    connect_timeout: float | None = None,
 ) -> IndexReport:
     """Index ``corpus`` with ``workers`` Ray actors encoding and this process writing.
 
     ``address``: a running cluster (``ray://host:10001`` or ``auto``); None joins the Ray
     instance this process already started, or starts a local one. ``workers``: encoding actors
     (default: the cluster's CPUs divided by ``threads``). ``skip_empty`` as in the local engine.
+    ``connect_timeout``: seconds an ``address`` gets to answer (default 30).
     """
     from tqdm.auto import tqdm
 
@@ -181,6 +241,10 @@ def index_corpus_ray(
         raise ConfigError(f"workers must be at least 1, got {workers}")
     if threads < 1:
         raise ConfigError(f"threads must be at least 1, got {threads}")
+    if connect_timeout is None:
+        connect_timeout = CONNECT_TIMEOUT
+    if not connect_timeout > 0:
+        raise ConfigError(f"connect timeout must be positive, got {connect_timeout}")
     folder = getattr(retriever.manifest, "folder", None)
     if folder is None:
         raise ConfigError("engine 'ray' needs a retriever loaded from an export folder")
@@ -191,7 +255,7 @@ def index_corpus_ray(
     todo = total - len(stored)
     if todo:
         ray = _ray()
-        started = start_ray(address)
+        started = start_ray(address, connect_timeout=connect_timeout)
         try:
             added, truncated = _run(
                 ray,
@@ -247,11 +311,12 @@ def _run(
         workers = max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)
     # reading is light next to encoding; at 0 CPUs it never waits for the actors, which hold
     # every CPU (with a 1-CPU read task on a 2-CPU cluster and 2 actors, nothing would run)
-    ds = ray.data.read_text(
-        str(path.resolve()),
-        encoding="utf-8",
-        drop_empty_lines=True,
-        ray_remote_args={"num_cpus": 0},
+    # a few ranges per worker, so every actor gets input from the first blocks on
+    source = str(path.resolve())
+    chunk = max(1, min(READ_CHUNK, path.stat().st_size // (4 * workers)))
+    ranges = [{"path": source, "start": a, "end": b} for a, b in line_ranges(path, chunk)]
+    ds = ray.data.from_items(ranges, override_num_blocks=len(ranges)).flat_map(
+        read_lines, num_cpus=0
     )
     encoded = ds.map_batches(
         EncodeActor,

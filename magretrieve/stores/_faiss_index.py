@@ -110,7 +110,7 @@ def inspect_index(index: Any) -> dict[str, Any]:
     """
     faiss = faiss_module()
     top = faiss.downcast_index(index)
-    normalizes = False
+    normalizes = refined = False
     core = top
     while True:
         if isinstance(core, faiss.IndexPreTransform):
@@ -122,6 +122,7 @@ def inspect_index(index: Any) -> dict[str, Any]:
         elif isinstance(core, (faiss.IndexIDMap, faiss.IndexIDMap2)):
             core = faiss.downcast_index(core.index)
         elif isinstance(core, faiss.IndexRefine):
+            refined = True
             core = faiss.downcast_index(core.base_index)
         else:
             break
@@ -145,7 +146,8 @@ def inspect_index(index: Any) -> dict[str, Any]:
         "kind": kind,
         "lossy": lossy,
         "has_id_map": isinstance(top, (faiss.IndexIDMap, faiss.IndexIDMap2)),
-        "native_ids": isinstance(core, faiss.IndexIVF),
+        # a refine stage adds without ids (IndexRefine has no add_with_ids): ID-map it
+        "native_ids": isinstance(core, faiss.IndexIVF) and not refined,
     }
 
 
@@ -161,8 +163,59 @@ def check_inner_product(info: dict[str, Any], where: str) -> None:
 _FACTORY_OK = re.compile(r"^[A-Za-z0-9_,.:+\-=()/]+$")
 
 
+def _keeps_inner_products(vt: Any) -> bool:
+    """True for a transform under which inner products (and so rankings) are unchanged.
+
+    Only square orthogonal rotations (random rotation, OPQ without a dimension cut) qualify;
+    normalization is told apart by :func:`inspect_index`. PCA centres and cuts dimensions,
+    ITQ centres, a dimension remap drops coordinates: each changes which document wins.
+    """
+    faiss = faiss_module()
+    rotation = isinstance(vt, (faiss.RandomRotationMatrix, faiss.OPQMatrix))
+    return isinstance(vt, faiss.NormalizationTransform) or (rotation and vt.d_in == vt.d_out)
+
+
+def check_factory_index(index: Any, factory: str, where: str) -> None:
+    """Refuse what a magretrieve store cannot serve: IP-changing transforms, NSG graphs.
+
+    A transform that changes inner products is accepted behind a refine stage (``,RFlat``),
+    which re-scores the candidates on the original vectors. NSG builds its graph once, on
+    the first ``add``: a second batch (every resumed or incremental index) fails.
+    """
+    faiss = faiss_module()
+    core = faiss.downcast_index(index)
+    refined = False
+    while True:
+        if isinstance(core, faiss.IndexRefine):
+            refined = True
+            core = faiss.downcast_index(core.base_index)
+        elif isinstance(core, faiss.IndexPreTransform):
+            for i in range(core.chain.size()):
+                vt = faiss.downcast_VectorTransform(core.chain.at(i))
+                if not refined and not _keeps_inner_products(vt):
+                    raise StoreError(
+                        f"{where}: FAISS index type {factory!r}: its {type(vt).__name__} "
+                        "transform changes inner products, so rankings ignore the magnitude "
+                        "the model keeps; add a refine stage on the original vectors "
+                        f"(e.g. '{factory},RFlat')"
+                    )
+            core = faiss.downcast_index(core.index)
+        elif isinstance(core, (faiss.IndexIDMap, faiss.IndexIDMap2)):
+            core = faiss.downcast_index(core.index)
+        else:
+            break
+    if isinstance(core, faiss.IndexNSG):
+        raise StoreError(
+            f"{where}: FAISS index type {factory!r}: an NSG graph is built once and cannot "
+            "add vectors later (a resumed or incremental index would fail); use 'HNSW32,Flat'"
+        )
+
+
 def make_factory_index(dimension: int, factory: str, where: str) -> Any:
-    """``faiss.index_factory(d, factory, METRIC_INNER_PRODUCT)``, its error as a StoreError."""
+    """``faiss.index_factory(d, factory, METRIC_INNER_PRODUCT)``, its error as a StoreError.
+
+    Index types a store cannot serve correctly are refused (:func:`check_factory_index`).
+    """
     faiss = faiss_module()
     if not factory or not _FACTORY_OK.match(factory):
         raise StoreError(
@@ -179,13 +232,15 @@ def make_factory_index(dimension: int, factory: str, where: str) -> Any:
             except StoreError as exc:
                 raise StoreError(f"{exc} (in the factory string {factory!r})") from None
     try:
-        return faiss.index_factory(int(dimension), factory, faiss.METRIC_INNER_PRODUCT)
+        index = faiss.index_factory(int(dimension), factory, faiss.METRIC_INNER_PRODUCT)
     except (RuntimeError, ValueError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StoreError(
             f"{where}: unknown FAISS index type {factory!r}: use flat, hnsw, ivf or a "
             f"faiss.index_factory string ({first})"
         ) from None
+    check_factory_index(index, factory, where)
+    return index
 
 
 def wrap(index: Any, where: str, *, allow_filled: bool = False) -> IndexHandle:

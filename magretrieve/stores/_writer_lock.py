@@ -55,6 +55,8 @@ class WriterLock:
         self.folder = Path(folder)
         self.where = where
         self._fd: int | None = None
+        #: Folders ``acquire`` created (deepest first): removed again by ``discard_empty``.
+        self.created: list[Path] = []
 
     @property
     def held(self) -> bool:
@@ -63,7 +65,9 @@ class WriterLock:
     def acquire(self) -> None:
         if self._fd is not None or fcntl is None:
             return
+        missing = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.created = missing
         fd = os.open(self.folder, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -79,6 +83,13 @@ class WriterLock:
     def __del__(self) -> None:  # an unclosed store must not keep its folder locked forever
         with contextlib.suppress(Exception):  # interpreter shutdown
             self.release()
+
+    def discard_empty(self) -> None:
+        """Remove the folders ``acquire`` created if they are still empty (a failed create)."""
+        for folder in self.created:
+            with contextlib.suppress(OSError):  # not empty, or gone: leave it
+                folder.rmdir()
+        self.created = []
 
     def release(self) -> None:
         if self._fd is not None:

@@ -698,8 +698,11 @@ class FaissStore(IdMapMixin, VectorStore):
         return out
 
     def close(self) -> None:
+        """Release the writer lock; a folder this object created but never saved is removed."""
         if self._writer is not None:
             self._writer.release()
+            if self._path is not None and not _faiss_files.has_state(self._path):
+                self._writer.discard_empty()
 
 
 # ----------------------------------------------------------------------------- consistency

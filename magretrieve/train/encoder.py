@@ -34,6 +34,7 @@ from magretrieve.core.config import (  # noqa: F401  (re-exported: the encoder's
 from magretrieve.core.errors import ConfigError
 from magretrieve.core.models import resolve_model_path
 from magretrieve.train import torch_similarity
+from magretrieve.train.model_check import check_config_matches_weights
 
 logger = logging.getLogger(__name__)
 
@@ -201,6 +202,8 @@ class Encoder(nn.Module, similarity.SideVectors):
                 "config.json beside its weights (copy the whole folder)"
             )
         try:
+            if local.is_dir():
+                check_config_matches_weights(local)
             tokenizer = AutoTokenizer.from_pretrained(str(transformer_dir))
             transformer = AutoModel.from_pretrained(str(transformer_dir), use_safetensors=True)
         except OSError as exc:
