@@ -1,25 +1,32 @@
-"""Mean cosine to the ``k`` nearest other documents, exact or by approximate k-NN (FAISS IVF/HNSW).
+"""Mean cosine to the ``k`` nearest other documents, exact or by approximate k-NN.
 
 This is the hub score of the hub prior (:mod:`magretrieve.priors.hub`). Exactly it costs
-O(n²·dim): every document against every other, about 7 minutes at 200,000 MiniLM vectors on two
-cores and growing fourfold with each doubling. The approximate path builds an inverted-file index
-(FAISS ``IVF(4√n),Flat``, inner product) and asks it for each document's ``k + 1`` neighbours,
-dropping the document itself; it costs about O(n^1.5·dim) and its memory is the index (the
-vectors once, or a quarter of that with ``SQ8`` codes) plus one chunk of results — never the
-n×n similarity matrix nor an n×chunk slab of it.
+O(n²·dim): every document against every other, growing fourfold with each doubling of n.
 
-Vectors may arrive as one array or *streamed*: ``chunks`` is a callable returning a fresh
-iterator of row blocks (e.g. read from a store), read twice — once to train and fill the index,
-once to search it — so a corpus larger than memory needs only the index resident.
+The default approximate path (``grouped``) finds each document's neighbours among the members
+of its ``nprobe`` nearest inverted lists (spherical k-means cells, ≈4√n of them), the candidates
+an IVF search (FAISS ``IndexIVFFlat``, inner product) would scan, but computes them list by
+list: all documents probing one list meet its members in one matrix product, so every list is
+read once per block of documents instead of once per document, and the document-to-centroid
+products are computed once (an ``IndexIVFFlat`` computes them when adding and again when
+searching). Its cost is the k-means on a sample, one n×nlist product and the list products,
+O(n^1.5·dim), all at BLAS speed; its memory is the vectors plus ``k`` candidates per probe.
+
+``ivf`` searches a FAISS ``IndexIVFFlat`` per document instead (same candidates, slower: each
+query scans its lists from memory); it also takes a *streamed* source (``chunks``: a callable
+returning a fresh iterator of row blocks, read twice), so a corpus larger than memory needs
+only the index resident. ``blocked`` and ``hnsw`` are kept as options.
 
 Which path runs: ``method="auto"`` takes the exact one below :data:`EXACT_MAX` documents (where
-it is fast and there is nothing to approximate) and FAISS ``IndexIVFFlat`` above it; without
-faiss installed it warns and stays exact. ``benchmarks/corpus_prior_scale.py`` measures the agreement (Spearman of
-the z-scores, NDCG@10 of the prior) and the speed-up.
+it is fast and there is nothing to approximate) and ``grouped`` above it; without faiss
+installed it warns and stays exact. ``benchmarks/corpus_prior_scale.py`` measures the
+agreement (Spearman of the z-scores, NDCG@10 of the prior) and the speed-up.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator
@@ -32,11 +39,24 @@ logger = logging.getLogger(__name__)
 
 #: Below this many documents ``method="auto"`` computes the hub score exactly.
 EXACT_MAX = 20_000
-METHODS = ("auto", "exact", "blocked", "ivf", "hnsw")
+METHODS = ("auto", "exact", "grouped", "blocked", "ivf", "hnsw")
 #: Vectors used to train the IVF coarse quantizer (k-means), at most this many per list.
 TRAIN_PER_LIST = 64
 
 Chunks = Callable[[], Iterable[np.ndarray]]
+
+_PROGRESS: contextvars.ContextVar[bool] = contextvars.ContextVar("hub_progress", default=False)
+
+
+@contextlib.contextmanager
+def progress_shown(show: bool = True) -> Iterator[None]:
+    """Show tqdm progress of the approximate paths inside this block (e.g. when a prior's
+    ``fit_corpus`` computes the hub score of a large store, which takes minutes)."""
+    token = _PROGRESS.set(bool(show))
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
 
 
 def _as_unit_f32(block: np.ndarray) -> np.ndarray:
@@ -247,6 +267,114 @@ def blocked_mean_knn(
     return out
 
 
+#: Rows of one matrix product of the ``grouped`` path (bounds its working memory).
+GROUPED_BLOCK = 4096
+
+
+def kmeans_centroids(x: np.ndarray, nlist: int, *, seed: int = 1234) -> np.ndarray:
+    """Unit centroids of spherical k-means (FAISS) on a random sample of ``x``.
+
+    At most :data:`TRAIN_PER_LIST` vectors per list are used (FAISS samples them at random, so
+    a corpus stored in sorted order gives the same quality as a shuffled one).
+    """
+    faiss = _faiss()
+    if faiss is None:
+        raise ConfigError("approximate k-NN needs faiss; pip install 'magretrieve[faiss]'")
+    km = faiss.Kmeans(
+        x.shape[1],
+        nlist,
+        niter=KMEANS_ITERATIONS,
+        spherical=True,
+        max_points_per_centroid=TRAIN_PER_LIST,
+        seed=seed,
+    )
+    km.train(x)
+    return np.ascontiguousarray(km.centroids, dtype=np.float32)
+
+
+def nearest_lists(
+    x: np.ndarray, centroids: np.ndarray, nprobe: int, block: int = 65536
+) -> np.ndarray:
+    """Each row's ``nprobe`` nearest centroids by inner product, nearest first (int64)."""
+    faiss = _faiss()
+    index = faiss.IndexFlatIP(centroids.shape[1])
+    index.add(centroids)
+    out = np.empty((x.shape[0], nprobe), dtype=np.int64)
+    for start in range(0, x.shape[0], block):
+        _, out[start : start + block] = index.search(x[start : start + block], nprobe)
+    return out
+
+
+def grouped_mean_knn(
+    unit_docs: np.ndarray,
+    k: int,
+    *,
+    nprobe: int = NPROBE,
+    nlist: int | None = None,
+    progress: bool = False,
+) -> np.ndarray:
+    """Mean cosine to the ``k`` nearest other documents among those of each one's IVF probes.
+
+    The candidates of a document are those of an inverted-file search: the members of the
+    ``nprobe`` lists (spherical k-means cells, ``nlist`` ≈ 4√n by default) whose centroids are
+    nearest to it, its own cell first. The work is grouped by list instead of by document: all
+    documents that probe a list are compared with its members in one matrix product (blocks of
+    :data:`GROUPED_BLOCK` documents), so the scan runs at BLAS speed. Each document keeps its
+    ``k`` best per probed list; the ``k`` best of those are its neighbours (fewer when all its
+    lists together hold fewer). The document itself is never its own neighbour.
+    """
+    from tqdm.auto import tqdm
+
+    x = _as_unit_f32(unit_docs)
+    n = x.shape[0]
+    k = min(int(k), n - 1)
+    nlist = min(n, nlist or default_nlist(n))
+    nprobe = max(1, min(int(nprobe), nlist))
+    steps = tqdm(total=2, desc="hub score: k-means, probes", unit="step", disable=not progress)
+    centroids = kmeans_centroids(x, nlist)
+    steps.update(1)
+    probes = nearest_lists(x, centroids, nprobe)
+    steps.update(1)
+    steps.close()
+    own = probes[:, 0]
+    members_order = np.argsort(own, kind="stable")
+    member_bounds = np.searchsorted(own[members_order], np.arange(nlist + 1))
+    # position of each document inside its own list (to mask it out of its own row)
+    position = np.empty(n, dtype=np.int64)
+    position[members_order] = np.arange(n) - member_bounds[own[members_order]]
+    flat = probes.ravel()
+    pair_order = np.argsort(flat, kind="stable")  # (document, probe rank) pairs by list
+    pair_bounds = np.searchsorted(flat[pair_order], np.arange(nlist + 1))
+    best = np.full((n, nprobe, k), -np.inf, dtype=np.float32)
+    bar = tqdm(total=n * nprobe, desc="hub score (grouped ivf)", unit="probe", disable=not progress)
+    for lst in range(nlist):
+        members = members_order[member_bounds[lst] : member_bounds[lst + 1]]
+        pairs = pair_order[pair_bounds[lst] : pair_bounds[lst + 1]]
+        if not len(members) or not len(pairs):
+            bar.update(len(pairs))
+            continue
+        cand = x[members].T
+        size = len(members)
+        kk = min(k, size)
+        for start in range(0, len(pairs), GROUPED_BLOCK):
+            part = pairs[start : start + GROUPED_BLOCK]
+            docs, rank = part // nprobe, part % nprobe
+            sims = x[docs] @ cand
+            mine = np.flatnonzero(rank == 0)  # rank 0 is the document's own list
+            sims[mine, position[docs[mine]]] = -np.inf
+            if size > kk:
+                sims = np.partition(sims, size - kk, axis=1)[:, size - kk :]
+            best[docs, rank, :kk] = sims
+        bar.update(len(pairs))
+    bar.close()
+    flat_best = best.reshape(n, nprobe * k)
+    del best
+    top = np.partition(flat_best, flat_best.shape[1] - k, axis=1)[:, flat_best.shape[1] - k :]
+    valid = np.isfinite(top)  # fewer than k candidates in all probed lists
+    total = np.where(valid, top, 0.0).sum(axis=1, dtype=np.float64)
+    return total / np.maximum(valid.sum(axis=1), 1)
+
+
 def mean_knn_similarity(
     unit_docs: np.ndarray,
     k: int,
@@ -257,9 +385,10 @@ def mean_knn_similarity(
 ) -> np.ndarray:
     """Mean cosine of each row to its ``k`` nearest other rows: exact or approximate (see module).
 
-    ``method``: ``auto`` (exact below :data:`EXACT_MAX` rows, else ``ivf``), ``exact``,
-    ``blocked`` (:func:`blocked_mean_knn`), ``ivf`` or ``hnsw`` (a FAISS index searched per
-    document; these two also take a streamed source, see :func:`approximate_mean_knn`).
+    ``method``: ``auto`` (exact below :data:`EXACT_MAX` rows, else ``grouped``), ``exact``,
+    ``grouped`` (:func:`grouped_mean_knn`), ``blocked`` (:func:`blocked_mean_knn`), ``ivf`` or
+    ``hnsw`` (a FAISS index searched per document; these two also take a streamed source, see
+    :func:`approximate_mean_knn`). ``progress`` (or :func:`progress_shown`) shows tqdm bars.
     """
     if method not in METHODS:
         raise ConfigError(f"unknown k-NN method {method!r}; choose one of {', '.join(METHODS)}")
@@ -271,7 +400,7 @@ def mean_knn_similarity(
     if k < 1:
         raise ConfigError(f"k must be at least 1, got {k}")
     if method == "auto":
-        method = "exact" if n < EXACT_MAX else "ivf"
+        method = "exact" if n < EXACT_MAX else "grouped"
         if method != "exact" and _faiss() is None:
             logger.warning(
                 "hub score of %d documents computed exactly (O(n²)); install faiss-cpu "
@@ -279,8 +408,11 @@ def mean_knn_similarity(
                 n,
             )
             method = "exact"
+    progress = progress or _PROGRESS.get()
     if method == "exact":
         return exact_mean_knn(d, k, chunk)
+    if method == "grouped":
+        return grouped_mean_knn(d, k, progress=progress)
     if method == "blocked":
         return blocked_mean_knn(d, k, progress=progress)
     return approximate_mean_knn(d, k, method=method, progress=progress)
