@@ -387,10 +387,13 @@ def rescale_store(
     finally:
         if isinstance(source, str):
             src.close()
+    del src  # an opened source (a memory store holds every vector) is not needed any more
     if not ids:
         raise StoreError(f"{where}: the store is empty; nothing to rescale")
     check_unit_norm(ids, vectors, where)
     units = unit(vectors)
+    if recipe is None:
+        del vectors  # only the head's encoder check reads the raw vectors again
     if recipe is not None:
         check = "skipped (--skip-encoder-check)"
         if not skip_encoder_check:
