@@ -60,12 +60,14 @@ def test_auto_switches_to_the_approximate_path_above_the_threshold(monkeypatch) 
     assert calls == [1200]  # exact below the threshold
 
 
-def test_grouped_by_hand_two_lists() -> None:
-    """Two far-apart pairs, two lists, one probe: each document's only candidate is its
+def test_grouped_by_hand_two_lists(monkeypatch) -> None:
+    """Two far-apart pairs, one list each, one probe: each document's only candidate is its
     partner (itself excluded), so the score is their cosine; probing both lists is exact."""
     a, b = np.array([1.0, 0.0, 0.0]), np.array([0.0, 0.0, 1.0])
     tilt = np.array([0.0, 0.6, 0.0])
     x = unit(np.stack([a, a + tilt, b, b + tilt]).astype(np.float32))
+    lists = unit(np.stack([a + tilt / 2, b + tilt / 2]).astype(np.float32))
+    monkeypatch.setattr(neighbors, "kmeans_centroids", lambda *_a, **_k: lists)
     cos_pair = float(x[0] @ x[1])  # 1 / sqrt(1.36)
     got = neighbors.grouped_mean_knn(x, 1, nprobe=1, nlist=2)
     np.testing.assert_allclose(got, [cos_pair] * 4, rtol=1e-6)
@@ -76,6 +78,22 @@ def test_grouped_by_hand_two_lists() -> None:
     np.testing.assert_allclose(
         neighbors.grouped_mean_knn(x, 2, nprobe=2, nlist=2), exact, atol=1e-6
     )
+
+
+def test_kmeans_finds_separated_clusters() -> None:
+    """Three tight, far-apart clusters: every list holds one cluster, its centroid the
+    normalized mean of the members."""
+    rng = np.random.default_rng(3)
+    centres = np.eye(16, dtype=np.float32)[:3]
+    x = unit(np.repeat(centres, 60, axis=0) + 0.01 * rng.normal(size=(180, 16)))  # all trained
+    found = neighbors.kmeans_centroids(x, 3)
+    assign = np.argmax(x @ found.T, axis=1)
+    assert sorted(np.bincount(assign, minlength=3)) == [60, 60, 60]
+    for c in range(3):
+        members = x[assign == c]
+        np.testing.assert_allclose(found[c], unit(members.sum(0, keepdims=True))[0], atol=1e-5)
+    probes = neighbors.nearest_lists(x[:1], found, 3)
+    np.testing.assert_array_equal(np.argsort(-(x[:1] @ found.T), axis=1), probes)
 
 
 def test_grouped_probing_every_list_is_exact() -> None:

@@ -4,7 +4,8 @@ This is the hub score of the hub prior (:mod:`magretrieve.priors.hub`). Exactly 
 O(n²·dim): every document against every other, growing fourfold with each doubling of n.
 
 The default approximate path (``grouped``) finds each document's neighbours among the members
-of its ``nprobe`` nearest inverted lists (spherical k-means cells, ≈4√n of them), the candidates
+of its ``nprobe`` nearest inverted lists (spherical k-means cells, ≈4√n of them, trained by
+matrix products on a random sample), the candidates
 an IVF search (FAISS ``IndexIVFFlat``, inner product) would scan, but computes them list by
 list: all documents probing one list meet its members in one matrix product, so every list is
 read once per block of documents instead of once per document, and the document-to-centroid
@@ -18,8 +19,8 @@ returning a fresh iterator of row blocks, read twice), so a corpus larger than m
 only the index resident. ``blocked`` and ``hnsw`` are kept as options.
 
 Which path runs: ``method="auto"`` takes the exact one below :data:`EXACT_MAX` documents (where
-it is fast and there is nothing to approximate) and ``grouped`` above it; without faiss
-installed it warns and stays exact. ``benchmarks/corpus_prior_scale.py`` measures the
+it is fast and there is nothing to approximate) and ``grouped`` above it (numpy only; the
+``ivf``, ``blocked`` and ``hnsw`` options need faiss). ``benchmarks/corpus_prior_scale.py`` measures the
 agreement (Spearman of the z-scores, NDCG@10 of the prior) and the speed-up.
 """
 
@@ -29,7 +30,10 @@ import contextlib
 import contextvars
 import logging
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -271,38 +275,79 @@ def blocked_mean_knn(
 GROUPED_BLOCK = 4096
 
 
-def kmeans_centroids(x: np.ndarray, nlist: int, *, seed: int = 1234) -> np.ndarray:
-    """Unit centroids of spherical k-means (FAISS) on a random sample of ``x``.
+def _workers() -> int:
+    """Threads of the grouped scan: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - macOS / Windows
+        return max(1, os.cpu_count() or 1)
 
-    At most :data:`TRAIN_PER_LIST` vectors per list are used (FAISS samples them at random, so
-    a corpus stored in sorted order gives the same quality as a shuffled one).
+
+def _single_threaded_blas() -> contextlib.AbstractContextManager[Any]:
+    """BLAS limited to one thread inside the block (threadpoolctl), when installed."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - depends on the install
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
+
+
+def _blocks_on_pool(fn: Callable[[int], Any], n: int, block: int) -> list[Any]:
+    """``fn(start)`` for every block start of ``range(n)``, on worker threads (one BLAS
+    thread each), results in block order."""
+    with _single_threaded_blas(), ThreadPoolExecutor(_workers()) as pool:
+        return list(pool.map(fn, range(0, n, block)))
+
+
+def _nearest_centroid(x: np.ndarray, centroids: np.ndarray, block: int = 8192) -> np.ndarray:
+    def one(start: int) -> np.ndarray:
+        return np.argmax(x[start : start + block] @ centroids.T, axis=1)
+
+    return np.concatenate(_blocks_on_pool(one, len(x), block))
+
+
+def kmeans_centroids(x: np.ndarray, nlist: int, *, seed: int = 1234) -> np.ndarray:
+    """Unit centroids of spherical k-means on a random sample of ``x`` (unit rows).
+
+    At most :data:`TRAIN_PER_LIST` random vectors per list, :data:`KMEANS_ITERATIONS` Lloyd
+    iterations from ``nlist`` random sample points; a list left empty restarts at a random
+    sample point. Assignments are matrix products on worker threads, so a million-document
+    corpus trains in minutes.
     """
-    faiss = _faiss()
-    if faiss is None:
-        raise ConfigError("approximate k-NN needs faiss; pip install 'magretrieve[faiss]'")
-    km = faiss.Kmeans(
-        x.shape[1],
-        nlist,
-        niter=KMEANS_ITERATIONS,
-        spherical=True,
-        max_points_per_centroid=TRAIN_PER_LIST,
-        seed=seed,
-    )
-    km.train(x)
-    return np.ascontiguousarray(km.centroids, dtype=np.float32)
+    rng = np.random.default_rng(seed)
+    n = len(x)
+    take = min(n, TRAIN_PER_LIST * nlist)
+    sample = x if take == n else x[np.sort(rng.choice(n, take, replace=False))]
+    centroids = sample[rng.choice(len(sample), nlist, replace=False)].copy()
+    for _ in range(KMEANS_ITERATIONS):
+        assign = _nearest_centroid(sample, centroids)
+        order = np.argsort(assign, kind="stable")
+        counts = np.bincount(assign, minlength=nlist)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        filled = counts > 0
+        sums = np.add.reduceat(sample[order], starts[filled], axis=0)
+        centroids[filled] = sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
+        empty = np.flatnonzero(~filled)
+        if len(empty):
+            centroids[empty] = sample[rng.choice(len(sample), len(empty), replace=False)]
+    return np.ascontiguousarray(centroids, dtype=np.float32)
 
 
 def nearest_lists(
-    x: np.ndarray, centroids: np.ndarray, nprobe: int, block: int = 65536
+    x: np.ndarray, centroids: np.ndarray, nprobe: int, block: int = 8192
 ) -> np.ndarray:
     """Each row's ``nprobe`` nearest centroids by inner product, nearest first (int64)."""
-    faiss = _faiss()
-    index = faiss.IndexFlatIP(centroids.shape[1])
-    index.add(centroids)
-    out = np.empty((x.shape[0], nprobe), dtype=np.int64)
-    for start in range(0, x.shape[0], block):
-        _, out[start : start + block] = index.search(x[start : start + block], nprobe)
-    return out
+
+    def one(start: int) -> np.ndarray:
+        sims = x[start : start + block] @ centroids.T
+        if nprobe < sims.shape[1]:
+            top = np.argpartition(-sims, nprobe - 1, axis=1)[:, :nprobe]
+        else:
+            top = np.broadcast_to(np.arange(sims.shape[1]), sims.shape)
+        order = np.argsort(-np.take_along_axis(sims, top, axis=1), axis=1, kind="stable")
+        return np.take_along_axis(top, order, axis=1).astype(np.int64)
+
+    return np.concatenate(_blocks_on_pool(one, len(x), block))
 
 
 def grouped_mean_knn(
@@ -346,13 +391,13 @@ def grouped_mean_knn(
     pair_order = np.argsort(flat, kind="stable")  # (document, probe rank) pairs by list
     pair_bounds = np.searchsorted(flat[pair_order], np.arange(nlist + 1))
     best = np.full((n, nprobe, k), -np.inf, dtype=np.float32)
-    bar = tqdm(total=n * nprobe, desc="hub score (grouped ivf)", unit="probe", disable=not progress)
-    for lst in range(nlist):
+
+    def scan(lst: int) -> int:
+        """Compare the documents probing list ``lst`` with its members; keep k best each."""
         members = members_order[member_bounds[lst] : member_bounds[lst + 1]]
         pairs = pair_order[pair_bounds[lst] : pair_bounds[lst + 1]]
         if not len(members) or not len(pairs):
-            bar.update(len(pairs))
-            continue
+            return len(pairs)
         cand = x[members].T
         size = len(members)
         kk = min(k, size)
@@ -364,11 +409,18 @@ def grouped_mean_knn(
             sims[mine, position[docs[mine]]] = -np.inf
             if size > kk:
                 sims = np.partition(sims, size - kk, axis=1)[:, size - kk :]
-            best[docs, rank, :kk] = sims
-        bar.update(len(pairs))
+            best[docs, rank, :kk] = sims  # each (document, probe) belongs to one list only
+        return len(pairs)
+
+    # Lists run on worker threads, each product on one BLAS thread: the products are small
+    # (hundreds of rows), where BLAS's own threads cost more than they save, and numpy
+    # releases the GIL inside them, so the workers keep every core busy.
+    bar = tqdm(total=n * nprobe, desc="hub score (grouped ivf)", unit="probe", disable=not progress)
+    with _single_threaded_blas(), ThreadPoolExecutor(_workers()) as pool:
+        for done in pool.map(scan, range(nlist)):
+            bar.update(done)
     bar.close()
     flat_best = best.reshape(n, nprobe * k)
-    del best
     top = np.partition(flat_best, flat_best.shape[1] - k, axis=1)[:, flat_best.shape[1] - k :]
     valid = np.isfinite(top)  # fewer than k candidates in all probed lists
     total = np.where(valid, top, 0.0).sum(axis=1, dtype=np.float64)
@@ -400,14 +452,7 @@ def mean_knn_similarity(
     if k < 1:
         raise ConfigError(f"k must be at least 1, got {k}")
     if method == "auto":
-        method = "exact" if n < EXACT_MAX else "grouped"
-        if method != "exact" and _faiss() is None:
-            logger.warning(
-                "hub score of %d documents computed exactly (O(n²)); install faiss-cpu "
-                "(magretrieve[faiss]) for the approximate path",
-                n,
-            )
-            method = "exact"
+        method = "exact" if n < EXACT_MAX else "grouped"  # numpy only: no faiss needed
     progress = progress or _PROGRESS.get()
     if method == "exact":
         return exact_mean_knn(d, k, chunk)
