@@ -68,14 +68,24 @@ class PriorTerms:
         return (q @ self.direction.T.astype(np.float64)) * self.multiplier + self.offset
 
 
+#: Rows computed at a time by :func:`stored_vectors` (its float64 products stay small).
+STORED_BLOCK = 65536
+
+
 def stored_vectors(terms: PriorTerms, with_offset: bool) -> np.ndarray:
-    """What the store holds: ``m·v`` or ``[m·v ; b]`` (float32)."""
-    scaled = terms.direction.astype(np.float64) * terms.multiplier[:, None]
-    if with_offset:
-        scaled = np.hstack([scaled, terms.offset[:, None]])
-    elif np.any(terms.offset != 0):
+    """What the store holds: ``m·v`` or ``[m·v ; b]`` (float32; products in float64, in
+    blocks of rows so a million documents never need a float64 copy of the corpus)."""
+    if not with_offset and np.any(terms.offset != 0):
         raise ConfigError("this prior has an offset; its store needs the extra coordinate")
-    return scaled.astype(np.float32)
+    n, dim = terms.direction.shape
+    out = np.empty((n, dim + (1 if with_offset else 0)), dtype=np.float32)
+    multiplier = np.asarray(terms.multiplier, dtype=np.float64)
+    for start in range(0, n, STORED_BLOCK):
+        rows = slice(start, start + STORED_BLOCK)
+        out[rows, :dim] = terms.direction[rows].astype(np.float64) * multiplier[rows, None]
+    if with_offset:
+        out[:, dim] = terms.offset
+    return out
 
 
 def query_vectors(query_units: np.ndarray, with_offset: bool) -> np.ndarray:

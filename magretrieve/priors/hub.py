@@ -10,7 +10,9 @@ existed (``magretrieve.CorpusPrior``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -43,9 +45,31 @@ def hub_scores(
     return mean_knn_similarity(unit_docs, k, method=method, chunk=chunk)
 
 
+_REUSED: contextvars.ContextVar[tuple[np.ndarray, dict[int, np.ndarray]] | None] = (
+    contextvars.ContextVar("reused_hub_scores", default=None)
+)
+
+
+@contextlib.contextmanager
+def hub_scores_reused(units: np.ndarray) -> Iterator[None]:
+    """Inside this block the hub scores of ``units`` (this very array) are computed once per
+    ``k`` and reused: choosing a prior refits every candidate on the same corpus, and at a
+    million documents each hub score takes minutes. The array must not change inside."""
+    token = _REUSED.set((units, {}))
+    try:
+        yield
+    finally:
+        _REUSED.reset(token)
+
+
 def corpus_hub_scores(units: np.ndarray, k: int) -> np.ndarray:
     """The hub score of every document of an indexed corpus (one code path for all priors)."""
-    return hub_scores(units, k)
+    reused = _REUSED.get()
+    if reused is None or reused[0] is not units:
+        return hub_scores(units, k)
+    if k not in reused[1]:
+        reused[1][k] = hub_scores(units, k)
+    return reused[1][k].copy()
 
 
 class HubPrior(DocumentPrior):

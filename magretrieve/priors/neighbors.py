@@ -1,28 +1,39 @@
-"""Mean cosine to the ``k`` nearest other documents, exact or by approximate k-NN (FAISS IVF/HNSW).
+"""Mean cosine to the ``k`` nearest other documents, exact or by approximate k-NN.
 
 This is the hub score of the hub prior (:mod:`magretrieve.priors.hub`). Exactly it costs
-O(n²·dim): every document against every other, about 7 minutes at 200,000 MiniLM vectors on two
-cores and growing fourfold with each doubling. The approximate path builds an inverted-file index
-(FAISS ``IVF(4√n),Flat``, inner product) and asks it for each document's ``k + 1`` neighbours,
-dropping the document itself; it costs about O(n^1.5·dim) and its memory is the index (the
-vectors once, or a quarter of that with ``SQ8`` codes) plus one chunk of results — never the
-n×n similarity matrix nor an n×chunk slab of it.
+O(n²·dim): every document against every other, growing fourfold with each doubling of n.
 
-Vectors may arrive as one array or *streamed*: ``chunks`` is a callable returning a fresh
-iterator of row blocks (e.g. read from a store), read twice — once to train and fill the index,
-once to search it — so a corpus larger than memory needs only the index resident.
+The default approximate path (``grouped``) finds each document's neighbours among the members
+of its ``nprobe`` nearest inverted lists (spherical k-means cells, ≈4√n of them, trained by
+matrix products on a random sample), the candidates
+an IVF search (FAISS ``IndexIVFFlat``, inner product) would scan, but computes them list by
+list: all documents probing one list meet its members in one matrix product, so every list is
+read once per block of documents instead of once per document, and the document-to-centroid
+products are computed once (an ``IndexIVFFlat`` computes them when adding and again when
+searching). Its cost is the k-means on a sample, one n×nlist product and the list products,
+O(n^1.5·dim), all at BLAS speed; its memory is the vectors plus ``k`` candidates per probe.
+
+``ivf`` searches a FAISS ``IndexIVFFlat`` per document instead (same candidates, slower: each
+query scans its lists from memory); it also takes a *streamed* source (``chunks``: a callable
+returning a fresh iterator of row blocks, read twice), so a corpus larger than memory needs
+only the index resident. ``blocked`` and ``hnsw`` are kept as options.
 
 Which path runs: ``method="auto"`` takes the exact one below :data:`EXACT_MAX` documents (where
-it is fast and there is nothing to approximate) and FAISS ``IndexIVFFlat`` above it; without
-faiss installed it warns and stays exact. ``benchmarks/corpus_prior_scale.py`` measures the agreement (Spearman of
-the z-scores, NDCG@10 of the prior) and the speed-up.
+it is fast and there is nothing to approximate) and ``grouped`` above it (numpy only; the
+``ivf``, ``blocked`` and ``hnsw`` options need faiss). ``benchmarks/corpus_prior_scale.py`` measures the
+agreement (Spearman of the z-scores, NDCG@10 of the prior) and the speed-up.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -32,11 +43,24 @@ logger = logging.getLogger(__name__)
 
 #: Below this many documents ``method="auto"`` computes the hub score exactly.
 EXACT_MAX = 20_000
-METHODS = ("auto", "exact", "blocked", "ivf", "hnsw")
+METHODS = ("auto", "exact", "grouped", "blocked", "ivf", "hnsw")
 #: Vectors used to train the IVF coarse quantizer (k-means), at most this many per list.
 TRAIN_PER_LIST = 64
 
 Chunks = Callable[[], Iterable[np.ndarray]]
+
+_PROGRESS: contextvars.ContextVar[bool] = contextvars.ContextVar("hub_progress", default=False)
+
+
+@contextlib.contextmanager
+def progress_shown(show: bool = True) -> Iterator[None]:
+    """Show tqdm progress of the approximate paths inside this block (e.g. when a prior's
+    ``fit_corpus`` computes the hub score of a large store, which takes minutes)."""
+    token = _PROGRESS.set(bool(show))
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
 
 
 def _as_unit_f32(block: np.ndarray) -> np.ndarray:
@@ -247,6 +271,162 @@ def blocked_mean_knn(
     return out
 
 
+#: Rows of one matrix product of the ``grouped`` path (bounds its working memory).
+GROUPED_BLOCK = 4096
+
+
+def _workers() -> int:
+    """Threads of the grouped scan: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - macOS / Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def _single_threaded_blas() -> contextlib.AbstractContextManager[Any]:
+    """BLAS limited to one thread inside the block (threadpoolctl), when installed."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - depends on the install
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
+
+
+def _blocks_on_pool(fn: Callable[[int], Any], n: int, block: int) -> list[Any]:
+    """``fn(start)`` for every block start of ``range(n)``, on worker threads (one BLAS
+    thread each), results in block order."""
+    with _single_threaded_blas(), ThreadPoolExecutor(_workers()) as pool:
+        return list(pool.map(fn, range(0, n, block)))
+
+
+def _nearest_centroid(x: np.ndarray, centroids: np.ndarray, block: int = 8192) -> np.ndarray:
+    def one(start: int) -> np.ndarray:
+        return np.argmax(x[start : start + block] @ centroids.T, axis=1)
+
+    return np.concatenate(_blocks_on_pool(one, len(x), block))
+
+
+def kmeans_centroids(x: np.ndarray, nlist: int, *, seed: int = 1234) -> np.ndarray:
+    """Unit centroids of spherical k-means on a random sample of ``x`` (unit rows).
+
+    At most :data:`TRAIN_PER_LIST` random vectors per list, :data:`KMEANS_ITERATIONS` Lloyd
+    iterations from ``nlist`` random sample points; a list left empty restarts at a random
+    sample point. Assignments are matrix products on worker threads, so a million-document
+    corpus trains in minutes.
+    """
+    rng = np.random.default_rng(seed)
+    n = len(x)
+    take = min(n, TRAIN_PER_LIST * nlist)
+    sample = x if take == n else x[np.sort(rng.choice(n, take, replace=False))]
+    centroids = sample[rng.choice(len(sample), nlist, replace=False)].copy()
+    for _ in range(KMEANS_ITERATIONS):
+        assign = _nearest_centroid(sample, centroids)
+        order = np.argsort(assign, kind="stable")
+        counts = np.bincount(assign, minlength=nlist)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        filled = counts > 0
+        sums = np.add.reduceat(sample[order], starts[filled], axis=0)
+        centroids[filled] = sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
+        empty = np.flatnonzero(~filled)
+        if len(empty):
+            centroids[empty] = sample[rng.choice(len(sample), len(empty), replace=False)]
+    return np.ascontiguousarray(centroids, dtype=np.float32)
+
+
+def nearest_lists(
+    x: np.ndarray, centroids: np.ndarray, nprobe: int, block: int = 8192
+) -> np.ndarray:
+    """Each row's ``nprobe`` nearest centroids by inner product, nearest first (int64)."""
+
+    def one(start: int) -> np.ndarray:
+        sims = x[start : start + block] @ centroids.T
+        if nprobe < sims.shape[1]:
+            top = np.argpartition(-sims, nprobe - 1, axis=1)[:, :nprobe]
+        else:
+            top = np.broadcast_to(np.arange(sims.shape[1]), sims.shape)
+        order = np.argsort(-np.take_along_axis(sims, top, axis=1), axis=1, kind="stable")
+        return np.take_along_axis(top, order, axis=1).astype(np.int64)
+
+    return np.concatenate(_blocks_on_pool(one, len(x), block))
+
+
+def grouped_mean_knn(
+    unit_docs: np.ndarray,
+    k: int,
+    *,
+    nprobe: int = NPROBE,
+    nlist: int | None = None,
+    progress: bool = False,
+) -> np.ndarray:
+    """Mean cosine to the ``k`` nearest other documents among those of each one's IVF probes.
+
+    The candidates of a document are those of an inverted-file search: the members of the
+    ``nprobe`` lists (spherical k-means cells, ``nlist`` ≈ 4√n by default) whose centroids are
+    nearest to it, its own cell first. The work is grouped by list instead of by document: all
+    documents that probe a list are compared with its members in one matrix product (blocks of
+    :data:`GROUPED_BLOCK` documents), so the scan runs at BLAS speed. Each document keeps its
+    ``k`` best per probed list; the ``k`` best of those are its neighbours (fewer when all its
+    lists together hold fewer). The document itself is never its own neighbour.
+    """
+    from tqdm.auto import tqdm
+
+    x = _as_unit_f32(unit_docs)
+    n = x.shape[0]
+    k = min(int(k), n - 1)
+    nlist = min(n, nlist or default_nlist(n))
+    nprobe = max(1, min(int(nprobe), nlist))
+    steps = tqdm(total=2, desc="hub score: k-means, probes", unit="step", disable=not progress)
+    centroids = kmeans_centroids(x, nlist)
+    steps.update(1)
+    probes = nearest_lists(x, centroids, nprobe)
+    steps.update(1)
+    steps.close()
+    own = probes[:, 0]
+    members_order = np.argsort(own, kind="stable")
+    member_bounds = np.searchsorted(own[members_order], np.arange(nlist + 1))
+    # position of each document inside its own list (to mask it out of its own row)
+    position = np.empty(n, dtype=np.int64)
+    position[members_order] = np.arange(n) - member_bounds[own[members_order]]
+    flat = probes.ravel()
+    pair_order = np.argsort(flat, kind="stable")  # (document, probe rank) pairs by list
+    pair_bounds = np.searchsorted(flat[pair_order], np.arange(nlist + 1))
+    best = np.full((n, nprobe, k), -np.inf, dtype=np.float32)
+
+    def scan(lst: int) -> int:
+        """Compare the documents probing list ``lst`` with its members; keep k best each."""
+        members = members_order[member_bounds[lst] : member_bounds[lst + 1]]
+        pairs = pair_order[pair_bounds[lst] : pair_bounds[lst + 1]]
+        if not len(members) or not len(pairs):
+            return len(pairs)
+        cand = x[members].T
+        size = len(members)
+        kk = min(k, size)
+        for start in range(0, len(pairs), GROUPED_BLOCK):
+            part = pairs[start : start + GROUPED_BLOCK]
+            docs, rank = part // nprobe, part % nprobe
+            sims = x[docs] @ cand
+            mine = np.flatnonzero(rank == 0)  # rank 0 is the document's own list
+            sims[mine, position[docs[mine]]] = -np.inf
+            if size > kk:
+                sims = np.partition(sims, size - kk, axis=1)[:, size - kk :]
+            best[docs, rank, :kk] = sims  # each (document, probe) belongs to one list only
+        return len(pairs)
+
+    # Lists run on worker threads, each product on one BLAS thread: the products are small
+    # (hundreds of rows), where BLAS's own threads cost more than they save, and numpy
+    # releases the GIL inside them, so the workers keep every core busy.
+    bar = tqdm(total=n * nprobe, desc="hub score (grouped ivf)", unit="probe", disable=not progress)
+    with _single_threaded_blas(), ThreadPoolExecutor(_workers()) as pool:
+        for done in pool.map(scan, range(nlist)):
+            bar.update(done)
+    bar.close()
+    flat_best = best.reshape(n, nprobe * k)
+    top = np.partition(flat_best, flat_best.shape[1] - k, axis=1)[:, flat_best.shape[1] - k :]
+    valid = np.isfinite(top)  # fewer than k candidates in all probed lists
+    total = np.where(valid, top, 0.0).sum(axis=1, dtype=np.float64)
+    return total / np.maximum(valid.sum(axis=1), 1)
+
+
 def mean_knn_similarity(
     unit_docs: np.ndarray,
     k: int,
@@ -257,9 +437,10 @@ def mean_knn_similarity(
 ) -> np.ndarray:
     """Mean cosine of each row to its ``k`` nearest other rows: exact or approximate (see module).
 
-    ``method``: ``auto`` (exact below :data:`EXACT_MAX` rows, else ``ivf``), ``exact``,
-    ``blocked`` (:func:`blocked_mean_knn`), ``ivf`` or ``hnsw`` (a FAISS index searched per
-    document; these two also take a streamed source, see :func:`approximate_mean_knn`).
+    ``method``: ``auto`` (exact below :data:`EXACT_MAX` rows, else ``grouped``), ``exact``,
+    ``grouped`` (:func:`grouped_mean_knn`), ``blocked`` (:func:`blocked_mean_knn`), ``ivf`` or
+    ``hnsw`` (a FAISS index searched per document; these two also take a streamed source, see
+    :func:`approximate_mean_knn`). ``progress`` (or :func:`progress_shown`) shows tqdm bars.
     """
     if method not in METHODS:
         raise ConfigError(f"unknown k-NN method {method!r}; choose one of {', '.join(METHODS)}")
@@ -271,16 +452,12 @@ def mean_knn_similarity(
     if k < 1:
         raise ConfigError(f"k must be at least 1, got {k}")
     if method == "auto":
-        method = "exact" if n < EXACT_MAX else "ivf"
-        if method != "exact" and _faiss() is None:
-            logger.warning(
-                "hub score of %d documents computed exactly (O(n²)); install faiss-cpu "
-                "(magretrieve[faiss]) for the approximate path",
-                n,
-            )
-            method = "exact"
+        method = "exact" if n < EXACT_MAX else "grouped"  # numpy only: no faiss needed
+    progress = progress or _PROGRESS.get()
     if method == "exact":
         return exact_mean_knn(d, k, chunk)
+    if method == "grouped":
+        return grouped_mean_knn(d, k, progress=progress)
     if method == "blocked":
         return blocked_mean_knn(d, k, progress=progress)
     return approximate_mean_knn(d, k, method=method, progress=progress)

@@ -47,6 +47,12 @@ META_KEY = "magnitude"
 UNIT_TOLERANCE = 1e-3
 #: Cosine a re-encoded sample must reach against the stored vector.
 ENCODER_AGREEMENT = 0.999
+#: Stores that live in this process: written in batches of :data:`IN_PROCESS_BATCH` points
+#: (a memory store appends by copying its matrix, so small batches cost O(n²) at a million).
+IN_PROCESS_KINDS = ("memory", "faiss")
+IN_PROCESS_BATCH = 65536
+#: Ids read per ``get`` call from the source store.
+READ_BATCH = 8192
 
 
 @dataclass
@@ -308,19 +314,30 @@ def check_encoder(
 # ----------------------------------------------------------------------------- the operation
 
 
-def read_all(store: Any, batch: int = 1024) -> tuple[list[str], np.ndarray, list[dict[str, Any]]]:
-    """Every (id, vector, payload) of a store, ids sorted for a deterministic order."""
+def read_all(
+    store: Any, batch: int = READ_BATCH, progress: bool = False
+) -> tuple[list[str], np.ndarray, list[dict[str, Any]]]:
+    """Every (id, vector, payload) of a store, ids sorted for a deterministic order.
+
+    The vectors go straight into one preallocated float32 matrix (no per-row arrays to stack).
+    """
+    from tqdm.auto import tqdm
+
     ids = sorted(store.iter_ids())
-    vecs, pays = [], []
+    dim = int(store.dimension)
+    vectors = np.empty((len(ids), dim), dtype=np.float32)
+    pays: list[dict[str, Any]] = []
+    bar = tqdm(total=len(ids), desc="reading", unit="doc", disable=not progress)
     for start in range(0, len(ids), batch):
         chunk = ids[start : start + batch]
-        for doc_id, rec in zip(chunk, store.get(chunk), strict=True):
+        for row, (doc_id, rec) in enumerate(zip(chunk, store.get(chunk), strict=True), start):
             if rec is None:
                 raise StoreError(f"{store.location}: id {doc_id!r} listed but not readable")
-            vecs.append(np.asarray(rec.vector, dtype=np.float32))
-            pays.append(dict(rec.payload))
-    dim = int(store.dimension)
-    return ids, (np.stack(vecs) if vecs else np.zeros((0, dim), np.float32)), pays
+            vectors[row] = rec.vector
+            pays.append(rec.payload if isinstance(rec.payload, dict) else dict(rec.payload))
+        bar.update(len(chunk))
+    bar.close()
+    return ids, vectors, pays
 
 
 def rescale_store(
@@ -366,14 +383,17 @@ def rescale_store(
     try:
         meta = src.read_metadata()
         check_source_metadata(meta, where, force)
-        ids, vectors, payloads = read_all(src)
+        ids, vectors, payloads = read_all(src, progress=progress)
     finally:
         if isinstance(source, str):
             src.close()
+    del src  # an opened source (a memory store holds every vector) is not needed any more
     if not ids:
         raise StoreError(f"{where}: the store is empty; nothing to rescale")
     check_unit_norm(ids, vectors, where)
     units = unit(vectors)
+    if recipe is None:
+        del vectors  # only the head's encoder check reads the raw vectors again
     if recipe is not None:
         check = "skipped (--skip-encoder-check)"
         if not skip_encoder_check:
@@ -383,7 +403,10 @@ def rescale_store(
         assert prior is not None
         prior.check_dimension(units.shape[1], prior.source)
         prior = prior_from_dict(prior.to_dict(), prior.source)  # a fresh copy: the caller's stays
-        prior.fit_corpus(units)
+        from magretrieve.priors.neighbors import progress_shown
+
+        with progress_shown(progress):
+            prior.fit_corpus(units)
         terms = prior.terms(units)
         mags = terms.multiplier
         offset = prior.has_offset
@@ -417,6 +440,8 @@ def rescale_store(
         # refuses ("incomplete"), and re-running this command resumes it.
         dst.write_metadata({**new_meta, INCOMPLETE_KEY: marker})
         dst.persist()
+        if getattr(dst, "kind", "") in IN_PROCESS_KINDS:
+            batch_size = max(batch_size, IN_PROCESS_BATCH)
         bar = tqdm(total=len(ids), desc="rescaling", unit="doc", disable=not progress)
         for start in range(0, len(ids), batch_size):
             end = start + batch_size

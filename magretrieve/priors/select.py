@@ -48,6 +48,28 @@ def auto_methods() -> list[str]:
     return [m for m in REGISTRY if m != "none"]
 
 
+#: Queries scored per matrix product when ranking a corpus (bounds memory at millions of
+#: documents: one block of scores, never the whole queries × documents matrix).
+QUERY_BLOCK = 128
+
+
+def _top10_run(
+    scores: np.ndarray, qids: Sequence[str], doc_ids: Sequence[str]
+) -> dict[str, dict[str, float]]:
+    top, _ = top_k(scores, 10)
+    return {q: {doc_ids[j]: float(scores[r, j]) for j in top[r]} for r, q in enumerate(qids)}
+
+
+def _ndcg_of_run(
+    run: Mapping[str, Mapping[str, float]],
+    qids: Sequence[str],
+    qrels: Mapping[str, Mapping[str, int]],
+) -> float:
+    from magretrieve.core import metrics
+
+    return metrics.retrieval_metrics({q: dict(qrels[q]) for q in qids}, dict(run))["ndcg@10"]
+
+
 def ndcg_at_10(
     scores: np.ndarray,
     qids: Sequence[str],
@@ -55,11 +77,31 @@ def ndcg_at_10(
     qrels: Mapping[str, Mapping[str, int]],
 ) -> float:
     """NDCG@10 (trec_eval) of a score matrix (queries × documents)."""
-    from magretrieve.core import metrics
+    run: dict[str, dict[str, float]] = {}
+    for start in range(0, len(qids), QUERY_BLOCK):
+        rows = slice(start, start + QUERY_BLOCK)
+        run.update(_top10_run(scores[rows], qids[rows], doc_ids))
+    return _ndcg_of_run(run, qids, qrels)
 
-    top, _ = top_k(scores, 10)
-    run = {q: {doc_ids[j]: float(scores[r, j]) for j in top[r]} for r, q in enumerate(qids)}
-    return metrics.retrieval_metrics({q: dict(qrels[q]) for q in qids}, run)["ndcg@10"]
+
+def served_ndcg_at_10(
+    prior: DocumentPrior,
+    queries: np.ndarray,
+    docs: np.ndarray,
+    qids: Sequence[str],
+    doc_ids: Sequence[str],
+    qrels: Mapping[str, Mapping[str, int]],
+) -> float:
+    """NDCG@10 of :func:`served_scores`, ranked a block of queries at a time (same result,
+    without the queries × documents matrix)."""
+    prior.fit_corpus(docs)
+    stored = stored_vectors(prior.terms(docs), prior.has_offset)
+    qv = query_vectors(queries, prior.has_offset)
+    run: dict[str, dict[str, float]] = {}
+    for start in range(0, len(qids), QUERY_BLOCK):
+        rows = slice(start, start + QUERY_BLOCK)
+        run.update(_top10_run(qv[rows] @ stored.T, qids[rows], doc_ids))
+    return _ndcg_of_run(run, qids, qrels)
 
 
 def served_scores(prior: DocumentPrior, queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
@@ -80,7 +122,7 @@ def training_score(
 ) -> float:
     """NDCG@10 of the training queries with ``prior`` (cross-fitted when it has a query bank)."""
     if not prior.uses_query_bank:
-        return ndcg_at_10(served_scores(prior, queries, docs), qids, doc_ids, qrels)
+        return served_ndcg_at_10(prior, queries, docs, qids, doc_ids, qrels)
     n = len(queries)
     if n < 2:
         raise DataError("a query-bank prior needs at least 2 training queries to cross-fit")
@@ -136,11 +178,33 @@ def choose_prior(
     always keeps plain cosine as a candidate. ``memo`` (label -> training NDCG@10) lets repeated
     calls on the same training data skip candidates already scored.
     """
-    from tqdm.auto import tqdm
-
     if not len(qids):
         raise DataError("choosing a prior needs at least one judged training query")
     q, d = unit(query_units), unit(doc_units)
+    from magretrieve.priors.hub import hub_scores_reused
+    from magretrieve.priors.neighbors import progress_shown
+
+    # every candidate is refitted on the same corpus: its hub scores are computed once per k
+    with hub_scores_reused(d), progress_shown(progress):
+        return _choose(q, d, qids, doc_ids, qrels, method, chosen_on, progress, grids,
+                       include_none, memo)  # fmt: skip
+
+
+def _choose(
+    q: np.ndarray,
+    d: np.ndarray,
+    qids: Sequence[str],
+    doc_ids: Sequence[str],
+    qrels: Mapping[str, Mapping[str, int]],
+    method: str,
+    chosen_on: str,
+    progress: bool,
+    grids: Mapping[str, Sequence[DocumentPrior]] | None,
+    include_none: bool,
+    memo: dict[str, float] | None,
+) -> Selection:
+    from tqdm.auto import tqdm
+
     scored: dict[str, float] = {}
     ranked: list[tuple[float, DocumentPrior]] = []
 
