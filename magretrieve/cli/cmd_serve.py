@@ -9,8 +9,8 @@ import click
 from magretrieve.cli._common import collect_store_options, search_store_options
 from magretrieve.cli._group import main
 from magretrieve.core.batching import DEFAULT_BATCH_TOKENS
+from magretrieve.core.env import API_KEY_ENV
 from magretrieve.core.errors import ConfigError
-from magretrieve.server.settings import API_KEY_ENV, ServerSettings, key_from_env
 
 
 @main.command("serve")
@@ -83,15 +83,12 @@ def serve_cmd(
 ) -> None:
     """Serve EXPORT_DIR over HTTP: /v1/embeddings, /embed, /info, and with --store /search and
     /documents. Document vectors keep their magnitude. Stops cleanly on SIGTERM."""
-    try:
-        import uvicorn
+    # without the server extra, importing magretrieve.server refuses in one line naming it
+    import uvicorn
 
-        from magretrieve.server.app import create_app, open_state
-    except ImportError as exc:
-        raise ConfigError(
-            f"the server needs the server extra ({exc.name} is missing): "
-            "pip install 'magretrieve[server]'"
-        ) from None
+    from magretrieve.server.app import create_app, open_state
+    from magretrieve.server.settings import ServerSettings, key_from_env
+
     settings = ServerSettings(
         api_key=key_from_env(api_key),
         max_inputs=max_inputs,

@@ -10,9 +10,27 @@ Torch-free like the rest of serving: FastAPI + uvicorn + pydantic around
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
+from magretrieve.core.errors import ConfigError
+
 __all__ = ["create_app"]
+
+#: (module, PyPI package) of the ``server`` extra; without them the layer refuses in one line.
+REQUIRED = (
+    ("fastapi", "fastapi"),
+    ("starlette", "starlette"),
+    ("pydantic", "pydantic"),
+    ("uvicorn", "uvicorn"),
+    ("orjson", "orjson"),
+    ("prometheus_client", "prometheus-client"),
+)
+_missing = [package for module, package in REQUIRED if importlib.util.find_spec(module) is None]
+if _missing:
+    raise ConfigError(
+        f"magretrieve serve needs {', '.join(_missing)}: pip install 'magretrieve[server]'"
+    )
 
 
 def create_app(*args: Any, **kwargs: Any) -> Any:

@@ -10,10 +10,10 @@ import os
 from dataclasses import dataclass
 
 from magretrieve.core.batching import DEFAULT_BATCH_TOKENS
+from magretrieve.core.env import API_KEY_ENV
 from magretrieve.core.errors import ConfigError
 
 #: Environment variable that holds the API key when ``--api-key`` is not given.
-API_KEY_ENV = "MAGRETRIEVE_API_KEY"
 
 
 @dataclass(frozen=True)
