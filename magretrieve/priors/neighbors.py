@@ -119,7 +119,7 @@ def default_nlist(n: int, per_sqrt_n: float = LISTS_PER_SQRT_N) -> int:
     return int(min(65536, max(1, round(per_sqrt_n * math.sqrt(n)))))
 
 
-def _faiss():  # type: ignore[no-untyped-def]
+def _faiss() -> Any:
     try:
         import faiss
     except ImportError:  # pragma: no cover - depends on the install
@@ -137,8 +137,8 @@ def _blocks(source: np.ndarray | Chunks, chunk: int) -> Iterator[np.ndarray]:
 
 
 def _build_index(
-    faiss, source: np.ndarray | Chunks, n: int, dim: int, method: str, chunk: int, codes: str
-):  # type: ignore[no-untyped-def]
+    faiss: Any, source: np.ndarray | Chunks, n: int, dim: int, method: str, chunk: int, codes: str
+) -> Any:
     if method == "hnsw":
         index = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efConstruction = 80

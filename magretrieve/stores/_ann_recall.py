@@ -127,24 +127,24 @@ def measure(
     t0 = time.perf_counter()
     found = search(eval_q, k)
     qps = len(eval_q) / max(time.perf_counter() - t0, 1e-9)
-    value = recall_at_k(found, truth)
+    measured = recall_at_k(found, truth)
     out.update(
         {
-            f"recall_at_{k}": round(value, 4),
+            f"recall_at_{k}": round(measured, 4),
             "qps": round(qps, 1),
             "exact_qps": round(exact_qps, 1),
         }
     )
-    if value < WARN_BELOW:
+    if measured < WARN_BELOW:
         logger.warning(
             "%s: ANN recall@%d is %.3f (< %.2f) against exact search%s",
             where,
             k,
-            value,
+            measured,
             WARN_BELOW,
             "; raise --target-recall or use an exact index" if target else "; try --target-recall",
         )
-        out["warning"] = f"recall@{k} {value:.3f} below {WARN_BELOW}"
+        out["warning"] = f"recall@{k} {measured:.3f} below {WARN_BELOW}"
     return out
 
 

@@ -547,7 +547,7 @@ def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
             "nothing of this batch was written"
         )
 
-    return walk(payload, "")  # type: ignore[no-any-return]
+    return walk(payload, "")
 
 
 def metric_refusal(where: str, found: str, native: str, advice: str = "") -> StoreError:

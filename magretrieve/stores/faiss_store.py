@@ -128,7 +128,7 @@ class FaissStore(IdMapMixin, VectorStore):
         self._dirty = False
         self.single_query_threads = threads
         self.recall: dict[str, Any] | None = None
-        self.target_recall: float | None = getattr(self, "target_recall", None)
+        self.target_recall = getattr(self, "target_recall", None)
 
     # ------------------------------------------------------------------ construction
 
@@ -263,7 +263,11 @@ class FaissStore(IdMapMixin, VectorStore):
 
     @classmethod
     def _from_saved(
-        cls, path: Path, saved: _faiss_files.Saved, dimension: int | None, options: dict
+        cls,
+        path: Path,
+        saved: _faiss_files.Saved,
+        dimension: int | None,
+        options: dict[str, Any],
     ) -> FaissStore:
         state = saved.state
         where = f"faiss:{path}"
@@ -315,7 +319,9 @@ class FaissStore(IdMapMixin, VectorStore):
         return store
 
     @staticmethod
-    def _check_reopen(where: str, stored_type: str, params: dict, options: dict) -> None:
+    def _check_reopen(
+        where: str, stored_type: str, params: dict[str, Any], options: dict[str, Any]
+    ) -> None:
         """Build-time options on reopen must match what the index was built with."""
         asked = options.get("index_type")
         if asked is not None:
@@ -421,6 +427,7 @@ class FaissStore(IdMapMixin, VectorStore):
             if not final and n < fx.POINTS_PER_CENTROID * 256:
                 return
             factory = fx.alias_factory("ivf", self.params, n)
+            assert factory is not None  # nlist is known once n is given
             self._handle = fx.wrap(fx.make_factory_index(self._dim, factory, where), where)
             self.params["factory"] = factory
             self.params.update(fx.read_parameters(self._handle))
@@ -467,7 +474,7 @@ class FaissStore(IdMapMixin, VectorStore):
             return None
         with self._lock:
             fids = np.fromiter(self._table.row.values(), dtype=np.int64)
-            ids = [self._table.records[f][0] for f in fids]  # type: ignore[index]
+            ids = [self._table.records[f][0] for f in fids]
             vectors = np.concatenate(
                 [
                     self._handle.index.reconstruct_batch(fids[i : i + 65536])
@@ -666,9 +673,10 @@ class FaissStore(IdMapMixin, VectorStore):
     def _norm(self, fid: int) -> float:
         """The stored vector's norm, kept in the record table (records of format 1 lack it)."""
         rec = self._table.records[fid]
-        if len(rec) < 3:  # type: ignore[arg-type]
+        assert rec is not None  # a live record: callers pass ids found by a search
+        if len(rec) < 3:
             rec.append(float(np.linalg.norm(self._vector(fid))))
-        return float(rec[2])  # type: ignore[index]
+        return float(rec[2])
 
     def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
         self._ready_for_search()

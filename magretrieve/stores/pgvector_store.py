@@ -577,7 +577,7 @@ def parse_pgvector(rest: str, spec: str) -> dict[str, str]:
     return {"uri": uri, "table": name}
 
 
-def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> PgVectorStore:
+def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> VectorStore:
     return open_pgvector(loc["uri"], loc["table"], dimension, **options)
 
 
@@ -587,7 +587,7 @@ def _adopts(obj: Any) -> bool:
 
 def _adopt(
     conn: Any, dimension: int | None, table: str | None, options: dict[str, Any]
-) -> PgVectorStore:
+) -> VectorStore:
     if not table:
         raise StoreError("a psycopg connection needs collection='table'")
     backend, _ = registry.backend_for(f"pgvector:x#{table}")

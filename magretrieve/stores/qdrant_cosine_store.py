@@ -203,7 +203,9 @@ class QdrantCosineStore(VectorStore):
     def location(self) -> str:
         return self._location
 
-    def _payload_out(self, payload: Mapping[str, Any] | None, point_id: Any) -> tuple[str, dict]:
+    def _payload_out(
+        self, payload: Mapping[str, Any] | None, point_id: Any
+    ) -> tuple[str, dict[str, Any]]:
         """(document id, user payload, m) of a stored point; foreign points use their own id."""
         payload = dict(payload or {})
         doc_id = payload.pop("doc_id", None)

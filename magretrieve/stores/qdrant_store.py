@@ -388,7 +388,7 @@ def _store_for(
     client: Any,
     collection: str,
     dimension: Any,
-    opts: dict,
+    opts: dict[str, Any],
     *,
     owns: bool,
     where: str | None,
@@ -430,9 +430,9 @@ def _open_with_client(
     where: str,
     collection: str,
     dimension: Any,
-    opts: dict,
+    opts: dict[str, Any],
     annotating: bool = False,
-):
+) -> VectorStore:
     client_opts = {k: opts.pop(k) for k in _CLIENT_OPTIONS if k in opts}
     client_cls = require("qdrant_client", "qdrant-client", "qdrant").QdrantClient
     try:
@@ -459,7 +459,7 @@ def _open_with_client(
 
 def _open_server(
     loc: dict[str, str], dimension: int | None, opts: dict[str, Any], annotating: bool = False
-) -> QdrantStore:
+) -> VectorStore:
     def make(client_cls: Any, client_opts: dict[str, Any]) -> Any:
         client_opts.setdefault("api_key", os.environ.get("QDRANT_API_KEY"))
         return client_cls(url=loc["url"], **client_opts)
@@ -470,7 +470,7 @@ def _open_server(
 
 def _open_local(
     loc: dict[str, str], dimension: int | None, opts: dict[str, Any], annotating: bool = False
-) -> QdrantStore:
+) -> VectorStore:
     def make(client_cls: Any, client_opts: dict[str, Any]) -> Any:
         Path(loc["path"]).mkdir(parents=True, exist_ok=True)
         try:
@@ -484,7 +484,7 @@ def _open_local(
 
 def _open_memory(
     loc: dict[str, str], dimension: int | None, opts: dict[str, Any], annotating: bool = False
-) -> QdrantStore:
+) -> VectorStore:
     where = f"qdrant-memory:{loc['collection']}"
     return _open_with_client(
         lambda cls, _: cls(":memory:"), where, loc["collection"], dimension, dict(opts), annotating

@@ -354,7 +354,9 @@ def open_spec(spec: str, dimension: int | None, options: dict[str, Any]) -> Any:
     return backend.open(loc, dimension, opts)
 
 
-def open_object(obj: Any, dimension: int | None, collection: str | None, options: dict) -> Any:
+def open_object(
+    obj: Any, dimension: int | None, collection: str | None, options: dict[str, Any]
+) -> Any:
     for backend in backends():
         if backend.adopts is not None and backend.adopt is not None and backend.adopts(obj):
             return backend.adopt(obj, dimension, collection, options)
