@@ -27,7 +27,9 @@ import magretrieve
 from magretrieve.core.errors import MagRetrieveError
 
 results = {{}}
-for info in pkgutil.walk_packages(magretrieve.__path__, "magretrieve."):
+# walk_packages imports each package to list its modules; a package that refuses (an optional
+# layer without its extra) is recorded by the loop's own import below, so the walk skips it
+for info in pkgutil.walk_packages(magretrieve.__path__, "magretrieve.", onerror=lambda name: None):
     name = info.name
     if name.startswith({TORCH_LAYERS!r}) or name.rsplit(".", 1)[-1] == "__main__":
         continue  # __main__ modules run the CLI when imported
