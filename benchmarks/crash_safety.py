@@ -26,7 +26,6 @@ module and runs a few kills of the same procedures.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
@@ -37,11 +36,20 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import _crash_ops as ops
+import click
 import numpy as np
-from _common import cache_dir, cpu_lock, machine_summary, markdown_table, recorded_command
+from _common import (
+    cache_dir,
+    cpu_lock,
+    lock_option,
+    machine_summary,
+    markdown_table,
+    recorded_command,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "crash_safety.md"
 TITLE = "# Crash safety: SIGKILL at random moments of every multi-step write"
@@ -293,7 +301,7 @@ def tiny_export(cache: Path) -> Path:
     return out
 
 
-def run_index(args: argparse.Namespace, export: Path, work: Path, rng: random.Random) -> tuple:
+def run_index(args: SimpleNamespace, export: Path, work: Path, rng: random.Random) -> tuple:
     corpus = work / "corpus.jsonl"
     corpus_ids = write_corpus(corpus, args.docs)
     results: list[RunResult] = []
@@ -332,7 +340,7 @@ def _say(r: ops.OpRun) -> None:
 
 
 def run_ops(
-    args: argparse.Namespace, cache: Path, work: Path, rng: random.Random
+    args: SimpleNamespace, cache: Path, work: Path, rng: random.Random
 ) -> tuple[list[ops.OpRun], dict[str, float]]:
     wanted = args.ops.split(",")
     results: list[ops.OpRun] = []
@@ -377,39 +385,52 @@ def run_ops(
     return results, seconds
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--ops",
-        default=",".join(OPS),
-        help=f"which operations to kill (comma list of {', '.join(OPS)})",
-    )
-    parser.add_argument("--runs", type=int, default=20, help="index runs on the first backend")
-    parser.add_argument("--other-runs", type=int, default=8, help="index runs on each further")
-    parser.add_argument("--kills", type=int, default=2, help="SIGKILLs per index run")
-    parser.add_argument("--docs", type=int, default=600)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--checkpoint-every", type=int, default=16)
-    parser.add_argument("--backends", default="faiss", help="comma list: faiss,memory,qdrant-edge")
-    parser.add_argument("--op-runs", type=int, default=20, help="kills per operation and store")
-    parser.add_argument("--rescale-kinds", default=",".join(ops.RESCALE_KINDS))
-    parser.add_argument("--rescale-docs", type=int, default=3000)
-    parser.add_argument("--annotate-backends", default=",".join(ops.ANNOTATE_BACKENDS))
-    parser.add_argument("--annotate-docs", type=int, default=1000)
-    parser.add_argument(
-        "--merge",
-        action="store_true",
-        help="keep the rows of the results file that this run does not redo (each section "
-        "names the command that produced it)",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cache", type=Path, default=None, help="default: _common.cache_dir()")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--lock", default="default", help="CPU lock file ('' for none)")
-    args = parser.parse_args(argv)
+@click.command(help=__doc__.splitlines()[0])
+@click.option(
+    "--ops",
+    default=",".join(OPS),
+    show_default=True,
+    help=f"which operations to kill (comma list of {', '.join(OPS)})",
+)
+@click.option(
+    "--runs", type=int, default=20, show_default=True, help="index runs on the first backend"
+)
+@click.option(
+    "--other-runs", type=int, default=8, show_default=True, help="index runs on each further"
+)
+@click.option("--kills", type=int, default=2, show_default=True, help="SIGKILLs per index run")
+@click.option("--docs", type=int, default=600, show_default=True)
+@click.option("--batch-size", type=int, default=8, show_default=True)
+@click.option("--checkpoint-every", type=int, default=16, show_default=True)
+@click.option(
+    "--backends", default="faiss", show_default=True, help="comma list: faiss,memory,qdrant-edge"
+)
+@click.option(
+    "--op-runs", type=int, default=20, show_default=True, help="kills per operation and store"
+)
+@click.option("--rescale-kinds", default=",".join(ops.RESCALE_KINDS), show_default=True)
+@click.option("--rescale-docs", type=int, default=3000, show_default=True)
+@click.option("--annotate-backends", default=",".join(ops.ANNOTATE_BACKENDS), show_default=True)
+@click.option("--annotate-docs", type=int, default=1000, show_default=True)
+@click.option(
+    "--merge",
+    is_flag=True,
+    help="keep the rows of the results file that this run does not redo (each section "
+    "names the command that produced it)",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--cache", type=click.Path(path_type=Path), default=None, help="default: _common.cache_dir()"
+)
+@click.option("--out", type=click.Path(path_type=Path), default=RESULTS, show_default=True)
+@lock_option
+def main(**options: Any) -> None:
+    args = SimpleNamespace(**options)
     unknown = sorted(set(args.ops.split(",")) - set(OPS))
     if unknown:
-        parser.error(f"--ops: unknown operation(s) {unknown}; choose from {', '.join(OPS)}")
+        raise click.BadParameter(
+            f"unknown operation(s) {unknown}; choose from {', '.join(OPS)}", param_hint="--ops"
+        )
 
     cache = args.cache or cache_dir("crash_safety")
     cache.mkdir(parents=True, exist_ok=True)
@@ -429,22 +450,21 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     elapsed = time.perf_counter() - started
-    write_report(args, index_results, refs, op_results, seconds, elapsed, argv)
+    write_report(args, index_results, refs, op_results, seconds, elapsed)
     failures = sum(not r.ok for r in index_results) + sum(not r.ok for r in op_results)
     print(f"failures {failures}; wrote {args.out} and {args.out.with_suffix('.json')}")
-    return 1 if failures else 0
+    click.get_current_context().exit(1 if failures else 0)
 
 
 def write_report(
-    args: argparse.Namespace,
+    args: SimpleNamespace,
     results: list[RunResult],
     refs: dict,
     op_results: list[ops.OpRun],
     seconds: dict[str, float],
     elapsed: float,
-    argv: list[str] | None = None,
 ) -> None:
-    command = recorded_command(None if argv is None else ["benchmarks/crash_safety.py", *argv])
+    command = recorded_command()
     stamp = f"{elapsed:.0f} s wall clock, {machine_summary()}"
     earlier = args.out.read_text() if args.merge and args.out.is_file() else ""
     if earlier:  # keep the earlier run's rows; this run's come after, under its own command
@@ -597,4 +617,4 @@ def write_report(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
