@@ -855,10 +855,14 @@ def write(r: dict[str, Any], stem: Path) -> None:
         f"- machine: {r['machine']}; threads of every server and the ceiling: {r['threads']}; "
         "the load generator runs on the same cores",
         f"- model: {r['model']}, {r['mode']}; texts: {r['data']}",
-        f"- query cells: {r['warmup']:.0f} s warm-up, then {r['seconds_per_cell']:.0f} s measured; "
-        f"document cells: each client sends {r.get('doc_requests', 3)} requests, timed to the last "
-        "answer; "
-        "closed-loop clients on keep-alive HTTP/1.1; float JSON vectors",
+        f"- query cells: {r['warmup']:.0f} s warm-up, then {r['seconds_per_cell']:.0f} s measured"
+        + (
+            " (no document cell, no soak in this run); "
+            if r.get("cells") == "queries"
+            else f"; document cells: each client sends {r.get('doc_requests', 3)} requests, "
+            "timed to the last answer; "
+        )
+        + "closed-loop clients on keep-alive HTTP/1.1; float JSON vectors",
         _ceiling_line(r["ceiling"]),
         f"- wall time {r['wall_seconds'] / 60:.1f} min",
         "",

@@ -92,7 +92,7 @@ def test_goals_and_table_of_a_query_only_run(bench, tmp_path) -> None:
 
     r = {
         "command": "serve_load.py --cells queries", "machine": "m", "threads": 2, "model": "x",
-        "mode": "qnorm", "data": "d", "warmup": 1, "seconds_per_cell": 2, "wall_seconds": 60,
+        "mode": "qnorm", "data": "d", "cells": "queries", "warmup": 1, "seconds_per_cell": 2, "wall_seconds": 60,
         "ceiling": {"query": 200.0, "query_batched": 150.0, "query_one_at_a_time": 200.0},
         "batching": {"query@8": cell(170), "query@32": cell(180), "exit_code": 0},
         "no_batching": {"query@8": cell(160), "query@32": cell(150), "exit_code": 0},
@@ -105,4 +105,4 @@ def test_goals_and_table_of_a_query_only_run(bench, tmp_path) -> None:
     md = (tmp_path / "q.md").read_text()
     assert "query 200 texts/s (batched as the library does 150, one text per call 200)" in md
     assert "| batch-1 queries × 32 clients | serve, batching on | 180 | 0.90 |" in md
-    assert "32-document" not in md
+    assert "32-document" not in md and "(no document cell, no soak in this run)" in md
