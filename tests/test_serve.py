@@ -749,3 +749,34 @@ def test_create_app_in_process_and_the_body_limit(export_dir) -> None:
         assert client.get("/ready").status_code == 200
         assert client.post("/search", json={"query": "x"}, headers=headers).status_code == 404
     assert not state.batcher.running and not state.ready  # the lifespan closed it
+
+
+def test_merged_batches_equal_one_at_a_time_within_1e6(encoder) -> None:
+    """The batcher's merging (fill floor, lengths apart) on the real graph: every request gets
+    the vector it gets alone."""
+    from magretrieve.server.batcher import DynamicBatcher
+    from magretrieve.server.settings import ServerSettings
+
+    texts = [f"{t} number {i}" for i, t in enumerate(TEXTS * 3)]
+    texts += ["short", "a much longer query about " + " ".join(TEXTS)]
+    batches: list[int] = []
+
+    def encode(encodings, side):  # noqa: ANN001
+        batches.append(len(encodings))
+        return encoder.encode_tokenized(encodings, side, batch_size=64)
+
+    b = DynamicBatcher(encode, ServerSettings(max_wait_ms=200))
+    b.start()
+
+    async def go() -> list[np.ndarray]:
+        return await asyncio.gather(
+            *(b.submit("query", encoder.tokenize([t], "query")) for t in texts)
+        )
+
+    try:
+        got = np.concatenate(asyncio.run(go()))
+    finally:
+        b.close()
+    alone = np.concatenate([encoder.encode_queries([t], batch_size=1) for t in texts])
+    assert np.abs(got - alone).max() <= 1e-6
+    assert sum(batches) == len(texts) and max(batches) > 1  # some requests were merged

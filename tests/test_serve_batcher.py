@@ -164,3 +164,74 @@ def test_an_encoder_error_reaches_every_request_of_the_batch() -> None:
     finally:
         b.close()
     assert all(isinstance(e, RuntimeError) and str(e) == "graph failed" for e in out)
+
+
+def _held_batches(fake: FakeEncoder, settings: ServerSettings, requests: list[list]) -> list:
+    """Submit ``requests`` while the worker is held on a first request, then release it."""
+    fake.gate.clear()
+    b = DynamicBatcher(fake, settings)
+    b.start()
+
+    async def go():
+        first = asyncio.ensure_future(b.submit("query", [enc(4, -1)]))
+        await asyncio.sleep(0.1)  # the worker took it and waits at the gate
+        tasks = [asyncio.ensure_future(b.submit("query", r)) for r in requests]
+        await asyncio.sleep(0.1)
+        fake.gate.set()
+        return await asyncio.gather(first, *tasks)
+
+    try:
+        return run(go())[1:]
+    finally:
+        b.close()
+
+
+def test_requests_of_very_different_lengths_are_not_merged() -> None:
+    fake = FakeEncoder()
+    # queued: 10, 60, 12, 58, 11 tokens. 10+12+11 merge (fill 33/36); 60+58 merge (fill
+    # 118/120); merging a 60 with the 10s would pad 5 rows to 60 tokens (fill 151/300 < 0.75)
+    lengths = [10, 60, 12, 58, 11]
+    out = _held_batches(
+        fake, ServerSettings(max_wait_ms=0), [[enc(n, i)] for i, n in enumerate(lengths)]
+    )
+    # the held lone request, then the oldest (10 tokens) with its two neighbours in length,
+    # then the two long ones
+    assert fake.batches == [("query", 1), ("query", 3), ("query", 2)]
+    assert [v[0, 0] for v in out] == [0, 1, 2, 3, 4]  # each request its own vector
+    assert [v[0, 1] for v in out] == [3, 2, 3, 2, 3]  # and the size of the batch it ran in
+
+
+def test_fill_floor_zero_merges_every_length() -> None:
+    fake = FakeEncoder()
+    out = _held_batches(
+        fake,
+        ServerSettings(max_wait_ms=0, min_batch_fill=0.0),
+        [[enc(n, i)] for i, n in enumerate([10, 60, 12])],
+    )
+    assert fake.batches == [("query", 1), ("query", 3)]
+    assert [v[0, 0] for v in out] == [0, 1, 2]
+
+
+def test_a_lone_request_does_not_wait_for_max_wait() -> None:
+    fake = FakeEncoder()
+    b = DynamicBatcher(fake, ServerSettings(max_wait_ms=2000))
+    b.start()
+
+    async def go():
+        started = time.monotonic()
+        vec = await b.submit("query", [enc(5, 7)])
+        return vec, time.monotonic() - started
+
+    try:
+        vec, took = run(go())
+    finally:
+        b.close()
+    assert vec[0, 0] == 7
+    assert took < 1.0  # alone in the queue: run at once, not held 2 s
+
+
+def test_fill_floor_is_validated() -> None:
+    from magretrieve.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="min_batch_fill must be within 0..1, got 1.5"):
+        ServerSettings(min_batch_fill=1.5)

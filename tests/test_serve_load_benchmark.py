@@ -84,3 +84,25 @@ def test_goal_arithmetic(bench) -> None:
         "soak: no lost write, no 5xx": True,
         "soak: RSS growth < 5%": False,
     }
+
+
+def test_goals_and_table_of_a_query_only_run(bench, tmp_path) -> None:
+    def cell(tps: float) -> dict:
+        return {"texts_per_s": tps, "p50_ms": 10.0, "p95_ms": 15.0, "p99_ms": 20.0, "errors": 0}
+
+    r = {
+        "command": "serve_load.py --cells queries", "machine": "m", "threads": 2, "model": "x",
+        "mode": "qnorm", "data": "d", "cells": "queries", "warmup": 1, "seconds_per_cell": 2, "wall_seconds": 60,
+        "ceiling": {"query": 200.0, "query_batched": 150.0, "query_one_at_a_time": 200.0},
+        "batching": {"query@8": cell(170), "query@32": cell(180), "exit_code": 0},
+        "no_batching": {"query@8": cell(160), "query@32": cell(150), "exit_code": 0},
+    }  # fmt: skip
+    r["goals"] = g = bench.goals(r, [8, 32], 8)
+    assert g["vs_ceiling"] == pytest.approx(0.9)
+    assert g["batching_vs_off"] == pytest.approx(1.2)
+    assert "documents_vs_ceiling" not in g
+    bench.write(r, tmp_path / "q")
+    md = (tmp_path / "q.md").read_text()
+    assert "query 200 texts/s (batched as the library does 150, one text per call 200)" in md
+    assert "| batch-1 queries × 32 clients | serve, batching on | 180 | 0.90 |" in md
+    assert "32-document" not in md and "(no document cell, no soak in this run)" in md

@@ -1,13 +1,20 @@
 """Dynamic batching: concurrent requests merged into token-budget batches on one worker thread.
 
-The graphs run fastest on batches (one graph run of 32 short queries costs a few single runs),
-and a CPU replica has one set of cores to give them, so every encode goes through one worker
-thread that runs one graph call at a time with every intra-op thread. The worker takes the
-oldest waiting request and merges the requests of the same side queued behind it while the
-merged batch stays within the padded-token budget (rows × longest, the rule of
-:func:`magretrieve.core.batching.token_budget_batches`) and the row cap, holding the first one
-at most ``max_wait_ms`` for others to join. Under load the queue fills while a batch runs, so
-batches grow without waiting; alone, a request waits at most ``max_wait_ms``.
+A CPU replica has one set of cores to give the graphs, so every encode goes through one
+worker thread that runs one graph call at a time with every intra-op thread. The worker takes
+the oldest waiting request and merges the requests of the same side queued behind it (looking
+past ones that do not fit) while the merged batch stays within the padded-token budget
+(rows × longest, the rule of :func:`magretrieve.core.batching.token_budget_batches`), the row
+cap, and the fill floor ``min_batch_fill``: the batch's real tokens over its padded tokens.
+A batch pays for its longest text in every row, so merging a 60-token query with 10-token ones
+costs more than running them apart; requests of very different lengths wait for a batch of
+their own length instead (the oldest request always goes first, so none starves).
+
+The wait: a request that finds nobody else queued runs at once (a lone client never pays
+``max_wait_ms``). Once a batch holds two requests or more, the worker holds it at most
+``max_wait_ms`` after its first request arrived for more to join, unless the batch is full
+or a request it could not take is waiting (then the cores have work and waiting only idles
+them). Under load the queue fills while a batch runs, so batches grow without waiting.
 
 The queue is bounded: past ``max_queue`` waiting requests :meth:`DynamicBatcher.submit` raises
 :class:`QueueFull` (the server answers 503 with ``Retry-After``). :meth:`DynamicBatcher.close`
@@ -50,9 +57,37 @@ class _Job:
     side: str
     encodings: Sequence[Any]
     longest: int
+    #: Real (unpadded) tokens of the request's texts.
+    tokens: int
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Shape:
+    """Rows, longest text and real tokens of a batch being merged."""
+
+    rows: int
+    longest: int
+    tokens: int
+
+    def fits(self, job: _Job, s: ServerSettings) -> bool:
+        rows, longest = self.rows + len(job.encodings), max(self.longest, job.longest)
+        padded = rows * longest
+        return (
+            rows <= s.max_batch_rows
+            and padded <= s.max_batch_tokens
+            and self.tokens + job.tokens >= s.min_batch_fill * padded
+        )
+
+    def add(self, job: _Job) -> None:
+        self.rows += len(job.encodings)
+        self.longest = max(self.longest, job.longest)
+        self.tokens += job.tokens
+
+    def full(self, s: ServerSettings) -> bool:
+        return self.rows >= s.max_batch_rows or self.rows * self.longest >= s.max_batch_tokens
 
 
 def _resolve(future: asyncio.Future, value: Any, error: BaseException | None) -> None:
@@ -110,6 +145,7 @@ class DynamicBatcher:
             side,
             encodings,
             max((len(e.ids) for e in encodings), default=1),
+            sum(len(e.ids) for e in encodings),
             loop.create_future(),
             loop,
         )
@@ -140,26 +176,35 @@ class DynamicBatcher:
             jobs = [queue.popleft()]
             self._waiting -= 1
             if s.batching:
-                rows, longest = len(jobs[0].encodings), jobs[0].longest
+                batch = _Shape(len(jobs[0].encodings), jobs[0].longest, jobs[0].tokens)
                 deadline = jobs[0].enqueued + s.max_wait_ms / 1000.0
                 while True:
-                    full = False
-                    while queue:
-                        nxt = queue[0]
-                        r, n = rows + len(nxt.encodings), max(longest, nxt.longest)
-                        if r > s.max_batch_rows or r * n > s.max_batch_tokens:
-                            full = True
-                            break
-                        jobs.append(queue.popleft())
-                        self._waiting -= 1
-                        rows, longest = r, n
+                    left_behind = self._merge(queue, jobs, batch)
+                    if len(jobs) < 2 or left_behind or batch.full(s) or self._closing:
+                        break
                     remaining = deadline - time.monotonic()
-                    if full or self._closing or remaining <= 0:
+                    if remaining <= 0:
                         break
                     self._cond.wait(remaining)
             if self.metrics is not None:
                 self.metrics.queue_depth.set(self._waiting)
         return jobs
+
+    def _merge(self, queue: deque[_Job], jobs: list[_Job], batch: _Shape) -> bool:
+        """Move every queued job that fits ``batch`` into ``jobs`` (queue order kept for the
+        rest); True when a job was left behind. Called with the lock held."""
+        s = self.settings
+        kept: list[_Job] = []
+        while queue:
+            job = queue.popleft()
+            if batch.fits(job, s):
+                batch.add(job)
+                jobs.append(job)
+                self._waiting -= 1
+            else:
+                kept.append(job)
+        queue.extend(kept)
+        return bool(kept)
 
     def _run(self) -> None:
         while True:

@@ -22,7 +22,9 @@ class ServerSettings:
 
     ``max_batch_tokens`` is the padded-token budget of one merged batch (rows × longest);
     ``max_batch_rows`` caps texts per graph run; ``max_wait_ms`` is how long the batcher holds
-    the first request of a batch for others to join; ``batching=False`` encodes every request
+    the first request of a batch for others to join (a request alone in the queue runs at once);
+    ``min_batch_fill`` is the least share of a merged batch's padded tokens that must be real
+    tokens (requests of very different lengths are not merged); ``batching=False`` encodes every request
     on its own (the baseline the benchmark compares against). ``max_queue`` bounds requests
     waiting for the encoder: past it a request gets 503 with ``Retry-After``.
     ``onnx_spinning`` lets onnxruntime's threads spin-wait between runs
@@ -37,6 +39,7 @@ class ServerSettings:
     max_batch_tokens: int = DEFAULT_BATCH_TOKENS
     max_batch_rows: int = 64
     max_wait_ms: float = 2.0
+    min_batch_fill: float = 0.75
     max_queue: int = 512
     batching: bool = True
     retry_after_s: int = 1
@@ -59,6 +62,8 @@ class ServerSettings:
                 )
         if not 0 <= self.max_wait_ms <= 10_000:
             raise ConfigError(f"max_wait_ms must be within 0..10000, got {self.max_wait_ms}")
+        if not 0 <= self.min_batch_fill <= 1:
+            raise ConfigError(f"min_batch_fill must be within 0..1, got {self.min_batch_fill}")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("the API key is empty; pass a non-empty --api-key or unset it")
 

@@ -107,6 +107,7 @@ class ServerState:
                 "max_batch_tokens": s.max_batch_tokens,
                 "max_batch_rows": s.max_batch_rows,
                 "max_wait_ms": s.max_wait_ms,
+                "min_batch_fill": s.min_batch_fill,
             },
             "store": store,
             "writes_enabled": s.writes_enabled and self.retriever is not None,
