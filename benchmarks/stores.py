@@ -7,6 +7,13 @@ pooled magnitude, queries are unit-norm), computed once and cached in .cache/sto
 magretrieve adapters, so the numbers compare stores, not encoders.
 
     nice -n 10 python benchmarks/stores.py            # writes benchmarks/results/stores.md
+    nice -n 10 python benchmarks/stores.py --only milvus-server,chroma,lancedb --append \
+        --out benchmarks/results/stores_databases.md  # adds a second table to that file
+
+``--only`` picks store kinds (the exact memory store always runs as the reference row):
+faiss, qdrant-memory, qdrant-edge, pgvector (starts PostgreSQL through pgserver), milvus
+(Milvus Lite), milvus-server (starts a Milvus standalone server, ``milvus-server``), chroma
+(embedded) and lancedb (embedded; exact scan and IVF_HNSW_SQ).
 
 q/s "single" = one query per call (the serving case, FAISS with one OpenMP thread unless
 noted); "batch" = all queries in one call. Times are wall clock on a shared 2-core machine;
@@ -15,6 +22,7 @@ compare ratios within the table, not across machines.
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import shutil
 import tempfile
@@ -26,6 +34,7 @@ from typing import Any
 import click
 import numpy as np
 from _common import recorded_command
+from _milvus_server import milvus_server
 from _store_data import load_vectors, passages
 
 from magretrieve.stores import _faiss_index, open_store
@@ -109,6 +118,59 @@ def end_to_end_rate(export_dir: Path, n: int, tmp: Path) -> dict:
     return out
 
 
+def row_lines(rows: list[dict]) -> list[str]:
+    """The markdown table of ``rows`` (the first row is the exact reference)."""
+    exact_single = rows[0]["qps_single"]
+    lines = [
+        "| store | setting | recall@10 | q/s single | × exact | q/s batch | index docs/s (store only) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['store']} | {r['setting']} | {r['recall']:.4f} | {r['qps_single']:.0f} | "
+            f"{r['qps_single'] / exact_single:.1f} | {r['qps_batch']:.0f} | {r['docs_per_s']:.0f} |"
+        )
+    return lines
+
+
+def write_appended(args: SimpleNamespace, rows: list[dict], n: int, n_queries: int) -> None:
+    """Add this run to ``args.out`` as its own section: own command, own exact reference row."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def ver(pkg: str) -> str:
+        try:
+            return version(pkg)
+        except PackageNotFoundError:
+            return "?"
+
+    lines = [
+        "",
+        "## Second run: more database stores",
+        "",
+        f"Command: `{recorded_command(prefix='nice -n 10 python')}` (single-query timing over "
+        f"{args.single} queries)",
+        "",
+        "The table above came from an earlier run; this one has its own exact reference row, "
+        "timed in the same run as the stores below it. Compare ratios (× exact) within a table, "
+        "not across the two.",
+        "",
+        f"- same data and vectors as above: {n:,} passages, {n_queries:,} queries; shared "
+        "2-core machine, wall-clock",
+        f"- Milvus standalone: the `milvus` {ver('milvus')} package's `milvus-server`, started "
+        f"by the benchmark on 127.0.0.1, reached through pymilvus {ver('pymilvus')}; "
+        f"Chroma {ver('chromadb')} embedded (PersistentClient, always HNSW); "
+        f"LanceDB {ver('lancedb')} embedded (the IVF_HNSW_SQ index is built by optimize() "
+        "after loading; build time included in docs/s)",
+        "",
+        *row_lines(rows),
+        "",
+    ]
+    text = args.out.read_text() if args.out.is_file() else ""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text.rstrip("\n") + "\n" + "\n".join(lines))
+    print("\n".join(lines))
+
+
 @click.command(help=__doc__.splitlines()[0])
 @click.option("--single", type=int, default=300, help="queries timed one at a time")
 @click.option("--out", type=click.Path(path_type=Path), default=RESULTS)
@@ -125,6 +187,12 @@ def end_to_end_rate(export_dir: Path, n: int, tmp: Path) -> dict:
     default="",
     help="comma-separated store kinds to run (e.g. pgvector,milvus), next to the exact "
     "memory store as the reference row",
+)
+@click.option(
+    "--append",
+    is_flag=True,
+    help="add this run as a second table to --out (keeping what is there) instead of "
+    "rewriting it; no encoder timing",
 )
 @click.option(
     "--no-servers",
@@ -187,17 +255,46 @@ def main(**options: Any) -> None:
             {"pg_ef": [40, 100, 200]},
         ),
         ("Milvus Lite FLAT, metric IP (embedded)", "milvus", {}, {}),
+        ("Milvus standalone 2.3.5 FLAT, metric IP (server)", "milvus-server", {}, {}),
+        (
+            "Chroma HNSW M=16 efC=100 ef=100, space ip (embedded)",
+            "chroma",
+            {"hnsw_m": 16, "ef_construction": 100, "ef_search": 100},
+            {},
+        ),
+        ("LanceDB exact scan, distance dot (embedded)", "lancedb", {}, {}),
+        (
+            "LanceDB IVF_HNSW_SQ nlist=64 M=16 efC=100, distance dot (embedded)",
+            "lancedb",
+            {
+                "index_type": "ivf_hnsw_sq",
+                "nlist": 64,
+                "hnsw_m": 16,
+                "ef_construction": 100,
+                "force": True,
+            },
+            {"lance": [(8, 64), (16, 128)]},
+        ),
     ]
+    known = {c[1].split(":")[0] for c in configs}
     if args.no_servers:
-        configs = [c for c in configs if c[1] not in ("pgvector", "milvus")]
+        configs = [c for c in configs if c[1] not in ("pgvector", "milvus", "milvus-server")]
     if args.only:
         keep = set(args.only.split(","))
+        if keep - known:
+            raise click.BadParameter(
+                f"unknown store kind(s) {', '.join(sorted(keep - known))}; "
+                f"known: {', '.join(sorted(known))}",
+                param_hint="--only",
+            )
         configs = [c for c in configs if c[1] == "memory:" or c[1].split(":")[0] in keep]
     if args.quick:
         configs = [c for c in configs if "M=32" not in c[0] and "int8" not in c[0]]
     tmp = Path(tempfile.mkdtemp(prefix="mr-bench-stores-"))
     rows = []
     pg_server = None
+    servers = contextlib.ExitStack()
+    milvus_url = None
     try:
         for name, kind, opts, extra in configs:
             spec = kind
@@ -212,6 +309,11 @@ def main(**options: Any) -> None:
                 spec = f"pgvector:{pg_server.get_uri()}#bench{len(rows)}"
             elif kind == "milvus":
                 spec = f"milvus:{tmp / 'milvus.db'}/bench{len(rows)}"
+            elif kind == "milvus-server":
+                milvus_url = milvus_url or servers.enter_context(milvus_server(tmp / "milvus"))
+                spec = f"milvus:{milvus_url}/bench{len(rows)}"
+            elif kind in ("chroma", "lancedb"):
+                spec = f"{kind}:{tmp / kind}/bench{len(rows)}"
             store = open_store(spec, dimension=dim, **opts)
             build_s = timed_add(store, ids, docs)
             print(f"{name}: built in {build_s:.1f}s", flush=True)
@@ -251,6 +353,17 @@ def main(**options: Any) -> None:
                         }
                     )
                     print(rows[-1], flush=True)
+            elif "lance" in extra:
+                for nprobe, ef in extra["lance"]:
+                    store.nprobe, store.ef_search = nprobe, ef
+                    rows.append(
+                        {
+                            **base,
+                            "setting": f"nprobes={nprobe}, ef={ef}",
+                            **measure(store, queries, exact_sets, args.single),
+                        }
+                    )
+                    print(rows[-1], flush=True)
             elif "edge_ef" in extra:
                 indexed = store.describe()["parameters"]["indexed_vectors"]
                 for ef in extra["edge_ef"]:
@@ -284,9 +397,14 @@ def main(**options: Any) -> None:
             if kind in ("faiss", "qdrant-edge"):
                 shutil.rmtree(spec.split(":", 1)[1], ignore_errors=True)
     finally:
+        servers.close()
         if pg_server is not None:
             pg_server.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
+
+    if args.append:
+        write_appended(args, rows, n, len(queries))
+        return
 
     enc_rate = encoder_rate()
     print(f"encoder: {enc_rate:.1f} passages/s", flush=True)
@@ -298,7 +416,6 @@ def main(**options: Any) -> None:
         finally:
             shutil.rmtree(e2e_tmp, ignore_errors=True)
         print(f"end to end: {e2e}", flush=True)
-    exact_single = rows[0]["qps_single"]
     lines = [
         "# Stores benchmark: recall@10 vs exact, queries/s, indexing docs/s",
         "",
@@ -318,14 +435,8 @@ def main(**options: Any) -> None:
         "by the benchmark (pgserver), unix socket, one query per SQL statement; Milvus Lite "
         "(milvus-lite) runs embedded through pymilvus",
         "",
-        "| store | setting | recall@10 | q/s single | × exact | q/s batch | index docs/s (store only) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        *row_lines(rows),
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['store']} | {r['setting']} | {r['recall']:.4f} | {r['qps_single']:.0f} | "
-            f"{r['qps_single'] / exact_single:.1f} | {r['qps_batch']:.0f} | {r['docs_per_s']:.0f} |"
-        )
     lines += [
         "",
         f"Indexing is bounded by encoding: the torch encoder ran at {enc_rate:.0f} passages/s "
