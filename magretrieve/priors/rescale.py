@@ -51,6 +51,8 @@ ENCODER_AGREEMENT = 0.999
 #: (a memory store appends by copying its matrix, so small batches cost O(n²) at a million).
 IN_PROCESS_KINDS = ("memory", "faiss")
 IN_PROCESS_BATCH = 65536
+#: Points per write to a store behind a server (one request each).
+SERVER_BATCH = 512
 #: Ids read per ``get`` call from the source store.
 READ_BATCH = 8192
 
@@ -349,7 +351,7 @@ def rescale_store(
     encoder_check_sample: int = 16,
     skip_encoder_check: bool = False,
     force: bool = False,
-    batch_size: int = 512,
+    batch_size: int | None = None,
     progress: bool = True,
     **target_options: Any,
 ) -> RescaleReport:
@@ -383,6 +385,8 @@ def rescale_store(
     try:
         meta = src.read_metadata()
         check_source_metadata(meta, where, force)
+        if prior is not None:  # a prior of another dimension is refused before any reading
+            prior.check_dimension(src.dimension, prior.source)
         ids, vectors, payloads = read_all(src, progress=progress)
     finally:
         if isinstance(source, str):
@@ -440,8 +444,9 @@ def rescale_store(
         # refuses ("incomplete"), and re-running this command resumes it.
         dst.write_metadata({**new_meta, INCOMPLETE_KEY: marker})
         dst.persist()
-        if getattr(dst, "kind", "") in IN_PROCESS_KINDS:
-            batch_size = max(batch_size, IN_PROCESS_BATCH)
+        if batch_size is None:  # in-process stores take large batches, servers moderate ones
+            in_process = getattr(dst, "kind", "") in IN_PROCESS_KINDS
+            batch_size = IN_PROCESS_BATCH if in_process else SERVER_BATCH
         bar = tqdm(total=len(ids), desc="rescaling", unit="doc", disable=not progress)
         for start in range(0, len(ids), batch_size):
             end = start + batch_size
