@@ -87,10 +87,16 @@ def test_rescale_into_a_memory_store_in_large_batches(tmp_path, monkeypatch) -> 
     monkeypatch.setattr(MemoryStore, "add", add)
     rep = rescale_store(
         f"memory:{tmp_path / 'src'}", f"memory:{tmp_path / 'dst'}", prior=HubPrior(0.2, 4),
-        batch_size=8, progress=False,
+        progress=False,
     )  # fmt: skip
     assert rep.count == 50
-    assert sizes == [50]  # one batch for an in-process store, whatever batch_size says
+    assert sizes == [50]  # by default, one batch for an in-process store
+    sizes.clear()  # a batch size the caller gives is kept
+    rescale_store(
+        f"memory:{tmp_path / 'src'}", f"memory:{tmp_path / 'dst8'}", prior=HubPrior(0.2, 4),
+        batch_size=8, progress=False,
+    )  # fmt: skip
+    assert sizes == [8] * 6 + [2]
     ids, stored, payloads = read_all(open_store(f"memory:{tmp_path / 'dst'}"), batch=7)
     assert ids == [f"d{i:02d}" for i in range(50)] and payloads[3] == {"n": 3}
     h = hub.hub_scores(docs, 4)
