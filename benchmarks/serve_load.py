@@ -67,6 +67,7 @@ SOAK_SLOTS = 8
 SERVER_COLUMNS = {
     "batching": (),
     "batching_spinning": ("--onnx-spinning",),
+    "graph_workers": ("--graph-workers", "2"),
     "no_batching": ("--no-batching",),
 }
 #: Goals of the service, checked in the results.
@@ -822,6 +823,7 @@ def write(r: dict[str, Any], stem: Path) -> None:
     columns = [
         ("batching", "serve, batching on"),
         ("batching_spinning", "serve, batching on, onnxruntime threads spinning"),
+        ("graph_workers", "serve, batching on, 2 graph workers of 1 thread"),
         ("no_batching", "serve, batching off"),
     ]
     columns = [(key, label) for key, label in columns if key in r]

@@ -611,6 +611,36 @@ def test_dynamic_batching_merges_concurrent_requests(tmp_path, export_dir, encod
         assert srv.stop() == 0
 
 
+def test_graph_workers_answer_what_the_encoder_computes(tmp_path, export_dir, encoder) -> None:
+    """Two graph workers of one thread each: concurrent requests of both sides get the
+    in-process vectors (a session run from two threads at once computes the same)."""
+    srv = start_server(
+        export_dir, "--graph-workers", "2", "--threads", "2", key=None, log_dir=tmp_path
+    )
+    texts = [f"{t} number {i}" for i, t in enumerate(TEXTS * 3)]
+
+    async def burst(side: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(
+                *(
+                    client.post(srv.url + "/embed", json={"inputs": t, "input_type": side})
+                    for t in texts
+                )
+            )
+
+    try:
+        for side, expected in (
+            ("query", encoder.encode_queries(texts)),
+            ("document", encoder.encode_documents(texts)),
+        ):
+            responses = asyncio.run(burst(side))
+            assert [r.status_code for r in responses] == [200] * len(texts)
+            got = np.array([r.json()[0] for r in responses], dtype=np.float32)
+            assert np.abs(got - expected).max() <= 1e-6
+    finally:
+        assert srv.stop() == 0
+
+
 def test_sigterm_drains_in_flight_requests(tmp_path, export_dir, store_template, encoder) -> None:
     store = store_copy(store_template, tmp_path, "ix")
     srv = start_server(

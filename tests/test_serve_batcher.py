@@ -235,3 +235,36 @@ def test_fill_floor_is_validated() -> None:
 
     with pytest.raises(ConfigError, match="min_batch_fill must be within 0..1, got 1.5"):
         ServerSettings(min_batch_fill=1.5)
+
+
+def test_graph_workers_run_batches_at_once_and_drain() -> None:
+    """With two workers, two batches run at the same time (each waits for the other inside the
+    encoder: one worker alone would time out there); close still finishes every request."""
+    meet = threading.Barrier(2, timeout=5)
+    seen: list[int] = []
+
+    def encode(encodings, side):  # noqa: ANN001
+        meet.wait()  # raises BrokenBarrierError unless another batch is running now
+        seen.append(threading.get_ident())
+        return np.array([[e.ids[0]] for e in encodings], dtype=np.float32)
+
+    b = DynamicBatcher(encode, ServerSettings(graph_workers=2, batching=False))
+    b.start()
+
+    async def go():
+        return await asyncio.gather(*(b.submit("query", [enc(3, i)]) for i in range(4)))
+
+    try:
+        out = run(go())
+    finally:
+        b.close()
+    assert [v[0, 0] for v in out] == [0, 1, 2, 3]
+    assert len(set(seen)) == 2  # two threads ran the graph
+    assert not b.running
+
+
+def test_graph_workers_is_validated() -> None:
+    from magretrieve.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="graph_workers must be at least 1, got 0"):
+        ServerSettings(graph_workers=0)

@@ -58,6 +58,13 @@ from magretrieve.core.errors import ConfigError
     help="Let onnxruntime's threads spin-wait between runs (off: they leave the cores to the "
     "event loop).",
 )
+@click.option(
+    "--graph-workers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Batches run at once, each on --threads / N intra-op threads.",
+)
 @click.option("--force", is_flag=True, help="Serve a store built by another model.")
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
 @search_store_options
@@ -77,6 +84,7 @@ def serve_cmd(
     max_inputs: int,
     max_text_chars: int,
     onnx_spinning: bool,
+    graph_workers: int,
     force: bool,
     access_log: bool,
     **store_kw: object,
@@ -99,6 +107,7 @@ def serve_cmd(
         max_queue=max_queue,
         batching=not no_batching,
         onnx_spinning=onnx_spinning,
+        graph_workers=graph_workers,
     )
     if not 0 < port < 65536:
         raise ConfigError(f"--port {port}: not a TCP port (1..65535)")

@@ -55,10 +55,14 @@ def open_state(
     """
     from magretrieve.server.encoder import ServingEncoder
     from magretrieve.serving.retriever import Retriever
+    from magretrieve.serving.runtime import default_threads
     from magretrieve.stores import open_store
 
     settings = settings or ServerSettings()
-    encoder = ServingEncoder.load(export, threads=threads, runtime=runtime)
+    # each graph worker runs its batches on its own share of the threads
+    total = threads if threads is not None else default_threads()
+    per_worker = max(1, total // settings.graph_workers)
+    encoder = ServingEncoder.load(export, threads=per_worker, runtime=runtime)
     assert isinstance(encoder, ServingEncoder)  # load() builds the class it is called on
     encoder.spinning = settings.onnx_spinning
     for side in ("query", "document"):

@@ -1,7 +1,9 @@
-"""Dynamic batching: concurrent requests merged into token-budget batches on one worker thread.
+"""Dynamic batching: concurrent requests merged into token-budget batches on worker threads.
 
-A CPU replica has one set of cores to give the graphs, so every encode goes through one
-worker thread that runs one graph call at a time with every intra-op thread. The worker takes
+A CPU replica has one set of cores to give the graphs. By default every encode goes through
+one worker thread that runs one graph call at a time with every intra-op thread; with
+``graph_workers`` N, N workers each run their own batch at once on their share of the
+threads (onnxruntime sessions may be run from several threads). A worker takes
 the oldest waiting request and merges the requests of the same side queued behind it (looking
 past ones that do not fit) while the merged batch stays within the padded-token budget
 (rows × longest, the rule of :func:`magretrieve.core.batching.token_budget_batches`), the row
@@ -100,7 +102,7 @@ def _resolve(future: asyncio.Future, value: Any, error: BaseException | None) ->
 
 
 class DynamicBatcher:
-    """One worker thread, one queue per side; see the module docstring."""
+    """``settings.graph_workers`` worker threads, one queue per side; see the module docstring."""
 
     def __init__(
         self, encode: EncodeFn, settings: ServerSettings, metrics: Metrics | None = None
@@ -112,7 +114,7 @@ class DynamicBatcher:
         self._waiting = 0
         self._cond = threading.Condition()
         self._closing = False
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     @property
     def depth(self) -> int:
@@ -121,22 +123,24 @@ class DynamicBatcher:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._closing
+        return any(t.is_alive() for t in self._threads) and not self._closing
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name="magretrieve-batcher", daemon=True
-            )
-            self._thread.start()
+        if not self._threads:
+            self._threads = [
+                threading.Thread(target=self._run, name=f"magretrieve-batcher-{i}", daemon=True)
+                for i in range(self.settings.graph_workers)
+            ]
+            for thread in self._threads:
+                thread.start()
 
     def close(self, timeout: float | None = 60.0) -> None:
-        """Refuse new requests, finish the queued ones, stop the thread."""
+        """Refuse new requests, finish the queued ones, stop the threads."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        for thread in self._threads:
+            thread.join(timeout)
 
     async def submit(self, side: str, encodings: Sequence[Any]) -> np.ndarray:
         """The vectors of ``encodings`` (one request's texts, in order) once their batch ran."""

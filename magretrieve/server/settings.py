@@ -29,6 +29,9 @@ class ServerSettings:
     waiting for the encoder: past it a request gets 503 with ``Retry-After``.
     ``onnx_spinning`` lets onnxruntime's threads spin-wait between runs
     (:mod:`magretrieve.server.encoder` says why the server turns it off).
+    ``graph_workers`` is how many batches run at once: each worker runs its batch on its own
+    share of the intra-op threads (``threads // graph_workers``), so with one worker per core a
+    graph run never waits for other threads to wake up.
     """
 
     api_key: str | None = None
@@ -44,6 +47,7 @@ class ServerSettings:
     batching: bool = True
     retry_after_s: int = 1
     onnx_spinning: bool = False
+    graph_workers: int = 1
 
     def __post_init__(self) -> None:
         for name in (
@@ -55,6 +59,7 @@ class ServerSettings:
             "max_batch_rows",
             "max_queue",
             "retry_after_s",
+            "graph_workers",
         ):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(
