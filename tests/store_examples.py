@@ -68,6 +68,22 @@ def _lancedb(tmp: Path) -> list[Example]:
     return [Example("lancedb", f"lancedb:{tmp / 'lancedb'}/test")]
 
 
+def _scann(tmp: Path) -> list[Example]:
+    if importlib.util.find_spec("scann") is None:  # test_backend_congruence fails on it
+        return []
+    return [
+        # below exact_below (20,000 by default) the store searches exactly
+        Example("scann", f"scann:{tmp / 'scann'}"),
+        # a searcher built by optimize() from 100 vectors on, every leaf searched
+        Example(
+            "scann-built",
+            f"scann:{tmp / 'scann-built'}",
+            {"exact_below": 100, "leaves_to_search": 1 << 20},
+            exact=False,
+        ),
+    ]
+
+
 #: Example specs of every registered backend, by prefix.
 BY_PREFIX: dict[str, Callable[[Path], list[Example]]] = {
     "faiss": lambda tmp: [
@@ -104,6 +120,7 @@ BY_PREFIX: dict[str, Callable[[Path], list[Example]]] = {
     "milvus": _milvus,
     "chroma": _chroma,
     "lancedb": _lancedb,
+    "scann": _scann,
 }
 
 #: Registered backends the session cannot run, with where their code is covered instead.

@@ -8,6 +8,7 @@ Specs (the contract)::
     qdrant-memory:COLLECTION        embedded qdrant-client, in memory (tests, notebooks)
     qdrant-edge:DIR                 Qdrant Edge shard in DIR (embedded engine with HNSW)
     memory:  /  memory:DIR          exact numpy search (the reference), optionally persisted
+    scann:DIR                       Google ScaNN in a folder (exact until optimize() builds it)
 
 Objects: a :class:`VectorStore`, a ``qdrant_client.QdrantClient`` (with ``collection=``), or a
 FAISS index object (metric must be inner product).

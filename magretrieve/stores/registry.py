@@ -71,6 +71,7 @@ BACKEND_MODULES: tuple[str, ...] = (
     "magretrieve.stores.milvus_store",
     "magretrieve.stores.chroma_store",
     "magretrieve.stores.lancedb_store",
+    "magretrieve.stores.scann_store",
 )
 
 

@@ -1,0 +1,847 @@
+"""Google ScaNN by dot product in a folder: ``scann:DIR``, exact until an index pays off.
+
+ScaNN partitions the vectors with a k-means tree, scores the leaves a query visits with
+anisotropic vector quantization (``score_ah``: 2 dimensions per block, threshold 0.2, the
+quantization built for inner-product search) and re-scores the best candidates exactly
+(``reorder``). The metric is always ``dot_product``; vectors are stored as given, never
+normalized.
+
+How the store uses it:
+
+- the store keeps its own record table (id, payload, norm per row) and the float32 vectors,
+  so every answer is re-scored exactly and ``get`` returns the vectors as added;
+- ``optimize()`` (after a bulk load) builds the searcher over every live vector once the store
+  holds ``exact_below`` vectors or more, then measures its recall@10 against exact search
+  (tuning ``leaves_to_search`` to ``target_recall`` when one is given); smaller stores, and
+  every store before its first ``optimize()``, are searched exactly;
+- vectors added after a build wait in a pending region searched exactly and merged with
+  ScaNN's answers; deleted or replaced rows of the built region are tombstones, filtered out
+  (ScaNN is asked for ``k`` + tombstones). The next ``optimize()`` folds both into a rebuild.
+  ScaNN's own ``upsert``/``delete`` are not used: delete moves the last row into the hole, and
+  the searcher keeps its string ids in a pickle, which this store never loads;
+- the folder holds generations switched by one atomic state write (below), and a second
+  writer process gets a one-line error (:mod:`._writer_lock`).
+
+Layout of a store folder::
+
+    DIR/scann_store.json    state, written LAST: generation, options, recall, metadata, checksums
+    DIR/records-<gen>.json  [[doc_id, payload, doc_norm] or null per row], tombstones, built rows
+    DIR/vectors-<gen>.npy   float32 vectors, one per row of the record table
+    DIR/scann-<gen>/        ScaNN's serialized searcher over rows 0..built-1 (when built)
+
+A crash at any point leaves the previous generation loadable: new files are written under new
+names (temp file + fsync + rename; the searcher into a temp folder renamed when complete) and
+the state file is switched last; a file that does not match its checksum is reported as
+half-written, and files of an interrupted save are removed by the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from magretrieve.core.errors import StoreError
+from magretrieve.core.files import sha256_file
+from magretrieve.core.topk import exact_search
+from magretrieve.stores import _ann_recall, registry
+from magretrieve.stores._faiss_records import RecordTable
+from magretrieve.stores._writer_lock import WriterLock
+from magretrieve.stores.base import (
+    Batch,
+    IdMapMixin,
+    StoreHit,
+    StoreRecord,
+    VectorStore,
+    atomic_write_bytes,
+    atomic_write_json,
+    fsync_dir,
+    plain_file,
+    read_state_file,
+    require,
+    state_metadata,
+)
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "scann_store.json"
+FORMAT = "magretrieve-scann-store"
+FORMAT_VERSION = 1
+#: Store sizes below this are searched exactly by default (no searcher is built).
+EXACT_BELOW = 20_000
+#: Candidates ScaNN re-scores exactly before answering (``pre_reorder_num_neighbors``).
+REORDER = 100
+#: Share of the leaves searched until measured otherwise (``leaves_to_search`` unset).
+LEAVES_SEARCHED = 0.1
+MAX_TRAINING_SAMPLE = 250_000
+#: Anisotropic quantization: dimensions per block and the noise-shaping threshold.
+AH_DIMS, AH_THRESHOLD = 2, 0.2
+#: Batches of at least this many queries use ScaNN's thread pool.
+PARALLEL_BATCH = 64
+#: A ScaNN searcher's file that loads a pickle (its string ids): never read by this store.
+PICKLE_FILE = "scann_docids.pkl"
+#: Log lines of ScaNN's C++ core (absl): kept out of the terminal during builds and loads.
+_NATIVE_LOG = re.compile(r"^([IW]\d{4} |WARNING: All log messages before absl)")
+
+
+def scann_ops() -> Any:
+    """ScaNN's pybind module, or a one-line StoreError naming the extra that installs it."""
+    require("scann", "scann", "scann")
+    return require("scann.scann_ops.py.scann_ops_pybind", "scann", "scann")
+
+
+@contextlib.contextmanager
+def _native_quiet() -> Iterator[None]:
+    """Hold back ScaNN's C++ INFO/WARNING log lines (written straight to fd 2); other output
+    written to stderr meanwhile is passed on afterwards."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no usable fd 2 (embedded interpreters): leave it alone
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            kept = [
+                line
+                for line in sink.read().decode(errors="replace").splitlines(keepends=True)
+                if not _NATIVE_LOG.match(line)
+            ]
+            if kept:
+                sys.stderr.write("".join(kept))
+
+
+def _check(name: str, value: Any, where: str) -> Any:
+    return registry.OPTIONS[name].check(value, where) if value is not None else None
+
+
+def default_leaves(n: int) -> int:
+    """Leaves of the k-means tree for ``n`` vectors: about √n."""
+    return max(1, round(math.sqrt(n)))
+
+
+class ScannStore(IdMapMixin, VectorStore):
+    """Record table + float32 vectors + (after ``optimize``) a ScaNN searcher over them.
+
+    Row ``r`` of the record table is row ``r`` of the vectors; rows ``0..built-1`` are the
+    rows the searcher was built over (ScaNN answers row numbers), rows from ``built`` on are
+    pending (searched exactly).
+    """
+
+    kind = "scann"
+    thread_safe_search = False  # optimize() swaps the searcher; the Retriever serializes
+
+    def __init__(
+        self,
+        dimension: int,
+        path: str | Path,
+        *,
+        num_leaves: int | None = None,
+        leaves_to_search: int | None = None,
+        reorder: int | None = None,
+        exact_below: int | None = None,
+        target_recall: float | None = None,
+    ) -> None:
+        self._path = Path(path)
+        where = self.location
+        if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)):
+            raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
+        if int(dimension) < 1:
+            raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
+        params = {
+            "num_leaves": _check("num_leaves", num_leaves, where),
+            "leaves_to_search": _check("leaves_to_search", leaves_to_search, where),
+            "reorder": _check("reorder", reorder, where) or REORDER,
+            "exact_below": _check("exact_below", exact_below, where),
+        }
+        if params["exact_below"] is None:
+            params["exact_below"] = EXACT_BELOW
+        self._init_common(int(dimension), self._path, params, target_recall)
+
+    def _init_common(
+        self, dim: int, path: Path, params: dict[str, Any], target_recall: float | None
+    ) -> None:
+        self.target_recall = _check("target_recall", target_recall, self.location)
+        self._dim = dim
+        self._path = path
+        self.params = params
+        self._lock = threading.RLock()
+        self._table = RecordTable()
+        self._vecs = np.zeros((0, dim), dtype=np.float32)  # capacity >= len(table.records)
+        self._meta: dict[str, Any] | None = None
+        self._searcher: Any = None
+        self._built = 0  # rows 0..built-1 are in the searcher
+        self._index: dict[str, Any] | None = None  # num_leaves, training sample of the build
+        self._scann_files: dict[str, Any] | None = None  # the saved searcher, when saved
+        self._pending_rows: np.ndarray | None = None  # cache of live rows >= built
+        self.recall: dict[str, Any] | None = None
+        self._generation = 0
+        self._dirty = False
+        self._writer = WriterLock(path, self.location)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def _row(self) -> dict[str, int]:  # type: ignore[override]
+        return self._table.row
+
+    @property
+    def dimension(self) -> int:
+        return self._dim
+
+    @property
+    def location(self) -> str:
+        return f"scann:{self._path}"
+
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        return (RuntimeError,)  # what ScaNN's C++ errors become
+
+    # ------------------------------------------------------------------ open / load
+
+    @classmethod
+    def open(cls, path: str | Path, dimension: int | None = None, **options: Any) -> ScannStore:
+        """Open the store in ``path`` or create an empty one there (needs ``dimension``)."""
+        path = Path(path)
+        where = f"scann:{path}"
+        if path.exists() and not path.is_dir():
+            raise StoreError(f"{where}: {path} is a file, not a folder")
+        unknown = sorted(set(options) - set(OPTION_NAMES))
+        if unknown:
+            raise StoreError(f"{where}: option(s) {unknown} do not apply to scann stores")
+        checked = {k: _check(k, v, where) for k, v in options.items() if v is not None}
+        scann_ops()  # a missing extra is refused before anything is created
+        if not (path / STATE_FILE).is_file():
+            if any(path.glob("records-*.json")) or any(path.glob("scann-*")):
+                raise StoreError(
+                    f"{where}: store files without {STATE_FILE}: a save was interrupted before "
+                    "its first commit; delete the folder and re-index"
+                )
+            if dimension is None:
+                raise StoreError(f"{path}: no ScaNN store here; pass a dimension to create one")
+            return cls(int(dimension), path, **checked)
+        try:
+            return cls._load(path, dimension, checked)
+        except StoreError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OSError) as exc:
+            raise StoreError(
+                f"{path / STATE_FILE}: malformed store ({type(exc).__name__}: {exc})"
+            ) from None
+
+    @classmethod
+    def _load(cls, path: Path, dimension: int | None, options: dict[str, Any]) -> ScannStore:
+        state = read_state_file(path / STATE_FILE, FORMAT, "ScaNN")
+        dim = int(state["dimension"])
+        if dimension is not None and int(dimension) != dim:
+            raise StoreError(
+                f"{path}: store has dimension {dim}, but the model produces dimension {dimension}"
+            )
+        params = dict(state["parameters"])
+        for key in ("num_leaves", "leaves_to_search", "reorder", "exact_below"):
+            if options.get(key) is not None:  # the next build / the next search use these
+                params[key] = options[key]
+        store = cls.__new__(cls)
+        store._path = path
+        store._init_common(dim, path, params, options.get("target_recall"))
+        store._generation = int(state["generation"])
+        store._meta = state_metadata(state, str(path / STATE_FILE))
+        store.recall = state.get("recall")
+        if state.get("records_file") is None:  # generation 0: created, nothing saved yet
+            return store
+        records_file = _checked_file(path, state, "records")
+        vectors_file = _checked_file(path, state, "vectors")
+        records = json.loads(records_file.read_text())
+        rows = records["records"]
+        if not isinstance(rows, list) or any(
+            r is not None
+            and not (
+                isinstance(r, list)
+                and len(r) == 3
+                and isinstance(r[0], str)
+                and isinstance(r[2], (int, float))
+            )
+            for r in rows
+        ):
+            raise StoreError(f"{records_file}: records must be [id, payload, norm] lists or null")
+        store._table = RecordTable.from_json(records)
+        if len(store._table.row) != sum(r is not None for r in rows):
+            raise StoreError(f"{records_file}: a document id appears twice")
+        store._built = int(records.get("built", 0))
+        vecs = np.load(vectors_file, allow_pickle=False)
+        if vecs.dtype != np.float32 or vecs.shape != (len(store._table.records), dim):
+            raise StoreError(
+                f"{vectors_file}: holds {vecs.shape} {vecs.dtype} vectors, "
+                f"{records_file.name} describes {len(store._table.records)} of dimension {dim}"
+            )
+        if not 0 <= store._built <= len(vecs) or any(
+            t >= store._built for t in store._table.tombstones
+        ):
+            raise StoreError(f"{records_file}: built rows or tombstones outside the table")
+        store._vecs = np.ascontiguousarray(vecs)
+        if state.get("scann_dir") is not None:
+            store._index = dict(state["index"])
+            store._scann_files = {"dir": state["scann_dir"], "sha256": state["scann_sha256"]}
+            store._searcher = _load_searcher(path, state)
+            if int(store._searcher.size()) != store._built:
+                raise StoreError(
+                    f"{path / state['scann_dir']}: searcher holds {store._searcher.size()} "
+                    f"vectors, {records_file.name} says {store._built}; the files disagree"
+                )
+        elif store._built:
+            raise StoreError(f"{records_file}: {store._built} built rows but no ScaNN searcher")
+        return store
+
+    # ------------------------------------------------------------------ save
+
+    def _state(self, files: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "generation": self._generation + 1 if files else 0,
+            "dimension": self._dim,
+            "metric": "inner_product",
+            "parameters": self.params,
+            "index": self._index if files.get("scann_dir") else None,
+            "recall": self.recall,
+            "count": self.count() if files else 0,
+            "metadata": self._meta,
+            **files,
+        }
+
+    def _begin_write(self) -> None:
+        """First write of this object: take the folder's writer lock, catch up with disk."""
+        if self._writer.held:
+            return
+        self._writer.acquire()
+        on_disk = _disk_generation(self._path)
+        if on_disk is not None and on_disk != self._generation and not self._dirty:
+            # another writer committed since this object was opened: start from its state
+            fresh = ScannStore._load(self._path, None, {})
+            writer, params, target = self._writer, self.params, self.target_recall
+            fresh._writer.release()
+            self.__dict__.update(fresh.__dict__)
+            self._writer, self.target_recall = writer, target
+            self.params.update({k: v for k, v in params.items() if v is not None})
+
+    def persist(self) -> None:
+        """Save a new generation atomically (the state file is switched last).
+
+        The searcher is serialized only after a build; other saves refer to the folder of the
+        last one. Nothing changed: nothing written.
+        """
+        with self._lock:
+            if not self._dirty and (self._path / STATE_FILE).is_file():
+                return
+            self._begin_write()
+            path, gen = self._path, self._generation + 1
+            path.mkdir(parents=True, exist_ok=True)
+            if not (path / STATE_FILE).is_file():
+                # an empty generation 0 first: a crash during the first real save then leaves
+                # a store that reopens (empty) and resumes, instead of orphan files
+                atomic_write_json(path / STATE_FILE, self._state({}))
+            self._compact_pending()
+            m = len(self._table.records)
+            records = {**self._table.to_json(), "built": self._built}
+            files: dict[str, Any] = {
+                "records_file": f"records-{gen}.json",
+                "vectors_file": f"vectors-{gen}.npy",
+            }
+            atomic_write_bytes(path / files["records_file"], json.dumps(records).encode())
+            buf = io.BytesIO()
+            np.save(buf, self._vecs[:m])
+            atomic_write_bytes(path / files["vectors_file"], buf.getvalue())
+            for key in ("records", "vectors"):
+                files[f"{key}_sha256"] = sha256_file(path / files[f"{key}_file"])
+            if self._searcher is not None and self._scann_files is None:
+                self._scann_files = self._save_searcher(f"scann-{gen}")
+            if self._searcher is not None and self._scann_files is not None:
+                files["scann_dir"] = self._scann_files["dir"]
+                files["scann_sha256"] = self._scann_files["sha256"]
+            atomic_write_json(path / STATE_FILE, self._state(files))
+            self._generation = gen
+            self._dirty = False
+            _remove_stale(
+                path, {files["records_file"], files["vectors_file"], files.get("scann_dir")}
+            )
+
+    def _save_searcher(self, name: str) -> dict[str, Any]:
+        """Serialize the searcher into ``DIR/name`` (a temp folder renamed when complete)."""
+        final = self._path / name
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=self._path))
+        try:
+            with _native_quiet():
+                self._searcher.serialize(str(tmp), relative_path=True)
+            (tmp / PICKLE_FILE).unlink(missing_ok=True)
+            sums = {}
+            for f in sorted(tmp.iterdir()):
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+                sums[f.name] = sha256_file(f)
+            fsync_dir(tmp)
+            shutil.rmtree(final, ignore_errors=True)  # a complete folder of an uncommitted save
+            os.replace(tmp, final)
+            fsync_dir(self._path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return {"dir": name, "sha256": sums}
+
+    # ------------------------------------------------------------------ rows
+
+    def _ensure_capacity(self, rows: int) -> None:
+        if rows > len(self._vecs):
+            grown = np.zeros((max(rows, 2 * len(self._vecs), 1024), self._dim), dtype=np.float32)
+            grown[: len(self._table.records)] = self._vecs[: len(self._table.records)]
+            self._vecs = grown
+
+    def _drop(self, rows: list[int]) -> None:
+        """Forget rows: those inside the searcher become tombstones."""
+        self._table.drop([r for r in rows if r < self._built], tombstone=True)
+        self._table.drop([r for r in rows if r >= self._built], tombstone=False)
+        self._pending_rows = None
+
+    def _pending(self) -> np.ndarray:
+        """Live rows outside the searcher (every live row before a build)."""
+        if self._pending_rows is None:
+            recs = self._table.records
+            self._pending_rows = np.asarray(
+                [r for r in range(self._built, len(recs)) if recs[r] is not None], dtype=np.int64
+            )
+        return self._pending_rows
+
+    def _compact_pending(self) -> None:
+        """Drop dead rows after the built region (rows are renumbered, the searcher's kept)."""
+        recs, built = self._table.records, self._built
+        if all(r is not None for r in recs[built:]):
+            return
+        keep = self._pending()
+        self._vecs[built : built + len(keep)] = self._vecs[keep]
+        table = RecordTable.from_json(
+            {
+                "records": recs[:built] + [recs[r] for r in keep],
+                "tombstones": sorted(self._table.tombstones),
+            }
+        )
+        self._table = table
+        self._pending_rows = None
+
+    # ------------------------------------------------------------------ protocol
+
+    def _upsert(self, batch: Batch) -> None:
+        with self._lock:
+            self._begin_write()
+            replaced = self._table.fids_of(batch.ids)
+            if replaced:
+                self._drop(replaced)
+            self._ensure_capacity(len(self._table.records) + len(batch.ids))
+            rows = self._table.append(batch.ids, batch.payloads, batch.norms)
+            self._vecs[rows] = batch.vectors
+            self._pending_rows = None
+            dead = len(self._table.records) - self._built - len(self._pending())
+            if dead > max(4096, len(self._pending())):  # many replacements: reclaim memory
+                self._compact_pending()
+            self._dirty = True
+
+    def _delete(self, ids: list[str]) -> int:
+        with self._lock:
+            rows = self._table.fids_of(ids)
+            if rows:
+                self._begin_write()
+                self._drop(rows)
+                self._dirty = True
+            return len(rows)
+
+    def _write_meta(self, meta: dict[str, Any]) -> None:
+        with self._lock:
+            self._begin_write()
+            self._meta = dict(meta)
+            self._dirty = True
+
+    def _count(self) -> int:
+        return len(self._table)
+
+    def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
+        with self._lock:
+            out = []
+            for doc_id in ids:
+                row = self._table.row.get(doc_id)
+                if row is not None:
+                    rec = self._table.records[row]
+                    out.append(StoreRecord(doc_id, self._vecs[row].copy(), dict(rec[1])))  # type: ignore[index]
+            return out
+
+    def _scan_ids(self) -> Iterator[str]:
+        with self._lock:
+            return iter(list(self._table.row))
+
+    def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
+        with self._lock:
+            rows = self._search_rows(q, k)
+            out = []
+            for found in rows:
+                hits = []
+                for row, score in found:
+                    rec = self._table.records[row]
+                    assert rec is not None  # _search_rows returns live rows only
+                    vec = self._vecs[row].copy() if with_vectors else None
+                    hits.append(StoreHit(rec[0], score, dict(rec[1]), vec, float(rec[2])))
+                out.append(hits)
+            return out
+
+    def _search_rows(self, q: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+        """(row, exact score) of the top ``k`` live rows per query, best first.
+
+        ScaNN's candidates (minus tombstones) and the pending rows' exact top ``k`` are merged
+        and re-scored exactly on the stored vectors.
+        """
+        candidates: list[list[np.ndarray]] = [[] for _ in range(len(q))]
+        if self._searcher is not None and self._built:
+            for n, found in enumerate(self._scann_rows(q, k)):
+                candidates[n].append(found)
+        pending = self._pending()
+        if len(pending):
+            top, _ = exact_search(q, self._vecs[pending], k)
+            for n, row in enumerate(top):
+                candidates[n].append(pending[row])
+        out = []
+        for n, parts in enumerate(candidates):
+            rows = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+            scores = self._vecs[rows] @ q[n]
+            order = np.argsort(-scores, kind="stable")[:k]
+            out.append([(int(rows[j]), float(scores[j])) for j in order])
+        return out
+
+    def _scann_rows(self, q: np.ndarray, k: int) -> list[np.ndarray]:
+        """Live rows ScaNN proposes per query (``k`` + tombstones asked, padding dropped)."""
+        kk = min(k + len(self._table.tombstones), self._built)
+        leaves = self.effective_leaves_to_search()
+        reorder = max(int(self.params["reorder"]), kk)
+        search = (
+            self._searcher.search_batched_parallel
+            if len(q) >= PARALLEL_BATCH
+            else self._searcher.search_batched
+        )
+        idx, dist = search(
+            q, final_num_neighbors=kk, leaves_to_search=leaves, pre_reorder_num_neighbors=reorder
+        )
+        recs, out = self._table.records, []
+        for irow, drow in zip(np.asarray(idx), np.asarray(dist), strict=True):
+            valid = np.isfinite(drow) & (irow < self._built)  # short answers are NaN-padded
+            rows = irow[valid].astype(np.int64)
+            out.append(np.asarray([r for r in rows if recs[r] is not None], dtype=np.int64))
+        return out
+
+    # ------------------------------------------------------------------ index
+
+    def effective_leaves_to_search(self) -> int:
+        """Leaves a search visits: the set or tuned value, else a tenth, at most all."""
+        leaves = int((self._index or {}).get("num_leaves", 1))
+        asked = self.params.get("leaves_to_search")
+        if asked is None:
+            asked = math.ceil(LEAVES_SEARCHED * leaves)
+        return max(1, min(int(asked), leaves))
+
+    def set_search_parameters(
+        self, *, leaves_to_search: int | None = None, reorder: int | None = None
+    ) -> None:
+        """Change the search-time knobs of an open store (validated; kept by the next save)."""
+        new = {
+            "leaves_to_search": _check("leaves_to_search", leaves_to_search, self.location),
+            "reorder": _check("reorder", reorder, self.location),
+        }
+        with self._lock:
+            self.params.update({k: v for k, v in new.items() if v is not None})
+            self._dirty = True
+
+    def optimize(self) -> None:
+        """Build the searcher over every live vector (from ``exact_below`` vectors on), then
+        measure its recall (tuning ``leaves_to_search`` to ``target_recall`` when given).
+
+        A store below the threshold drops its searcher and is searched exactly. Nothing added
+        or deleted since the last build: the searcher is kept (and re-measured only for a new
+        target).
+        """
+        with self._lock:
+            n = self.count()
+            if n < int(self.params["exact_below"]):
+                if self._searcher is not None or self._built:
+                    self._begin_write()
+                    self._rebuild(None)
+                return
+            leaves = self.params.get("num_leaves") or default_leaves(n)
+            if leaves > n:
+                raise StoreError(
+                    f"{self.location}: --scann-leaves {leaves} is more than the {n} vectors "
+                    "stored; give at most one leaf per vector (about √n is the default)"
+                )
+            stale = bool(
+                self._searcher is None
+                or len(self._pending())
+                or self._table.tombstones
+                or int((self._index or {}).get("num_leaves", 0)) != leaves
+            )
+            if stale:
+                self._begin_write()
+                self._rebuild(int(leaves))
+            recall = self.recall or {}
+            if stale or (
+                self.target_recall is not None and recall.get("target") != self.target_recall
+            ):
+                self.measure_recall(target_recall=self.target_recall)
+
+    def _rebuild(self, leaves: int | None) -> None:
+        """Renumber the live rows 0..n-1 and build a searcher over them (None: exact only)."""
+        recs = self._table.records
+        live = np.asarray([r for r, rec in enumerate(recs) if rec is not None], dtype=np.int64)
+        vecs = np.ascontiguousarray(self._vecs[live])
+        searcher, index = None, None
+        if leaves is not None:
+            n = len(live)
+            sample = min(n, MAX_TRAINING_SAMPLE)
+            to_search = self.params.get("leaves_to_search") or math.ceil(LEAVES_SEARCHED * leaves)
+            builder = (
+                scann_ops()
+                .builder(vecs, 10, "dot_product")
+                .tree(
+                    num_leaves=leaves,
+                    num_leaves_to_search=min(int(to_search), leaves),
+                    training_sample_size=sample,
+                )
+                .score_ah(AH_DIMS, anisotropic_quantization_threshold=AH_THRESHOLD)
+                .reorder(int(self.params["reorder"]))
+            )
+            with self._driver("build the ScaNN searcher"), _native_quiet():
+                searcher = builder.build()
+            index = {"num_leaves": leaves, "training_sample_size": sample}
+        self._table = RecordTable.from_json({"records": [recs[r] for r in live], "tombstones": []})
+        self._vecs = vecs
+        self._searcher, self._index = searcher, index
+        self._built = len(live) if searcher is not None else 0
+        self._scann_files = None  # saved by the next persist
+        self._pending_rows = None
+        self.recall = None
+        self._dirty = True
+
+    def measure_recall(
+        self, queries: np.ndarray | None = None, target_recall: float | None = None
+    ) -> dict[str, Any] | None:
+        """recall@10 of the store's answers against exact search (None without a searcher).
+
+        With a target, ``leaves_to_search`` is raised step by step until it is reached (see
+        :mod:`._ann_recall`); the chosen value is kept in the state file.
+        """
+        target_recall = _check("target_recall", target_recall, self.location)
+        with self._lock:
+            if self._searcher is None or not self.count():
+                return None
+            live = np.asarray(
+                [r for r, rec in enumerate(self._table.records) if rec is not None],
+                dtype=np.int64,
+            )
+            ids = [self._table.records[r][0] for r in live]
+            leaves = int(self._index["num_leaves"])  # type: ignore[index]
+
+            def set_leaves(value: int) -> None:
+                self.params["leaves_to_search"] = int(value)
+
+            knob = _ann_recall.Knob(
+                "leaves_to_search",
+                _ann_recall.nprobe_values(leaves),
+                set_leaves,
+                self.effective_leaves_to_search(),
+            )
+
+            def search(qs: np.ndarray, k: int) -> list[list[str]]:
+                recs = self._table.records
+                return [[recs[r][0] for r, _ in row] for row in self._search_rows(qs, k)]  # type: ignore[index]
+
+            self.recall = _ann_recall.measure(
+                search,
+                ids,
+                self._vecs[live],
+                knob=knob,
+                target=target_recall,
+                queries=queries,
+                where=self.location,
+            )
+            self.recall["num_leaves"] = leaves
+            self.recall["reorder"] = int(self.params["reorder"])
+            self._begin_write()
+            self._dirty = True
+            return self.recall
+
+    def _describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "index": "scann" if self._searcher is not None else "exact",
+            "distance": "dot_product",
+            "exact_below": int(self.params["exact_below"]),
+        }
+        if self._searcher is not None:
+            out.update(
+                {
+                    "tree": "k-means",
+                    "num_leaves": int(self._index["num_leaves"]),  # type: ignore[index]
+                    "leaves_to_search": self.effective_leaves_to_search(),
+                    "quantization": f"anisotropic AH, {AH_DIMS} dims/block, "
+                    f"threshold {AH_THRESHOLD}",
+                    "reorder": int(self.params["reorder"]),
+                    "training_sample_size": int(self._index["training_sample_size"]),  # type: ignore[index]
+                    "indexed": self._built,
+                    "tombstones": len(self._table.tombstones),
+                }
+            )
+        out["pending_exact"] = int(len(self._pending()))
+        if self.recall is not None:
+            out["recall"] = self.recall
+        return out
+
+    def close(self) -> None:
+        """Release the writer lock; a folder this object created but never saved is removed."""
+        self._writer.release()
+        if not (self._path / STATE_FILE).is_file():
+            self._writer.discard_empty()
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _disk_generation(path: Path) -> int | None:
+    try:
+        return int(json.loads((path / STATE_FILE).read_text()).get("generation", 0))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
+def _checked_file(path: Path, state: dict[str, Any], key: str) -> Path:
+    """``DIR/<state[key_file]>``: a plain name, present, matching its recorded checksum."""
+    f = plain_file(path, state[f"{key}_file"], STATE_FILE)
+    if not f.is_file():
+        raise StoreError(f"{f}: missing (the store in {path} is incomplete)")
+    if sha256_file(f) != state[f"{key}_sha256"]:
+        raise StoreError(
+            f"{f}: does not match the checksum in {STATE_FILE} (half-written or modified)"
+        )
+    return f
+
+
+def _load_searcher(path: Path, state: dict[str, Any]) -> Any:
+    """The saved searcher, every file checked first; ScaNN's pickle of ids is never read."""
+    folder = plain_file(path, state["scann_dir"], STATE_FILE)
+    sums = state["scann_sha256"]
+    if not folder.is_dir() or not isinstance(sums, dict) or "scann_assets.pbtxt" not in sums:
+        raise StoreError(f"{folder}: missing (the store in {path} is incomplete)")
+    for name, digest in sums.items():
+        f = plain_file(folder, name, STATE_FILE)
+        if not f.is_file() or sha256_file(f) != digest:
+            raise StoreError(
+                f"{f}: missing or not matching the checksum in {STATE_FILE} "
+                "(half-written or modified)"
+            )
+    assets = (folder / "scann_assets.pbtxt").read_text()
+    for name in re.findall(r'asset_path:\s*"([^"]*)"', assets):
+        if name not in sums:  # only the checksummed files of this folder, by plain name
+            raise StoreError(f"{folder / 'scann_assets.pbtxt'}: asset {name!r} is not a store file")
+    ops = scann_ops()
+    try:
+        with _native_quiet():
+            native = ops.scann_pybind.ScannNumpy(str(folder), assets)
+    except RuntimeError as exc:
+        raise StoreError(f"{folder}: ScaNN cannot load it ({str(exc).splitlines()[0]})") from None
+    return ops.ScannSearcher(native)
+
+
+def _remove_stale(path: Path, keep: set[str | None]) -> None:
+    """Older generations, and what saves a crash interrupted left behind."""
+    for stale in [
+        *path.glob("records-*.json"),
+        *path.glob("vectors-*.npy"),
+        *path.glob(".records-*.tmp"),
+        *path.glob(".vectors-*.tmp"),
+        *path.glob(f".{STATE_FILE}.*.tmp"),
+    ]:
+        if stale.name not in keep:
+            stale.unlink(missing_ok=True)
+    for stale in [*path.glob("scann-*"), *path.glob(".scann-*.tmp")]:
+        if stale.name not in keep and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- registry entry
+
+SCANN_OPTIONS = (
+    registry.StoreOption(
+        "num_leaves",
+        int,
+        "ScaNN: leaves of the k-means tree, used by the next build (default about √n).",
+        cli="--scann-leaves",
+        minimum=1,
+        maximum=1 << 20,
+    ),
+    registry.StoreOption(
+        "leaves_to_search",
+        int,
+        "ScaNN: leaves each query visits (default a tenth; --target-recall tunes it).",
+        cli="--scann-leaves-to-search",
+        minimum=1,
+        maximum=1 << 20,
+        search=True,
+    ),
+    registry.StoreOption(
+        "reorder",
+        int,
+        f"ScaNN: candidates re-scored exactly before answering (default {REORDER}).",
+        cli="--scann-reorder",
+        minimum=1,
+        maximum=100_000,
+        search=True,
+    ),
+    registry.StoreOption(
+        "exact_below",
+        int,
+        f"ScaNN: stores smaller than this are searched exactly, no searcher built "
+        f"(default {EXACT_BELOW:,}).",
+        cli="--scann-exact-below",
+        minimum=100,
+        maximum=1 << 40,
+    ),
+    "target_recall",
+)
+
+
+OPTION_NAMES = ("num_leaves", "leaves_to_search", "reorder", "exact_below", "target_recall")
+
+
+def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> ScannStore:
+    return ScannStore.open(loc["path"], dimension, **options)
+
+
+registry.register(
+    registry.Backend(
+        prefix="scann",
+        form="scann:DIR",
+        parse=registry.parse_dir,
+        open=_open,
+        options=SCANN_OPTIONS,
+        folder=True,
+        extra="scann",
+    )
+)
