@@ -49,7 +49,7 @@ def test_run_size_measures_every_column_against_exact(tmp_path):
         mixture,
         queries[:40],
         queries[40:],
-        ["faiss-hnsw", "usearch", "store-faiss"],
+        ["faiss-hnsw", "usearch", "store-faiss", "store-scann"],
         0.99,
         10,
         tmp_path,
@@ -60,6 +60,8 @@ def test_run_size_measures_every_column_against_exact(tmp_path):
         "usearch",
         "store-faiss",
         "store-faiss (real-query tuned)",
+        "store-scann",
+        "store-scann (real-query tuned)",
     ]
     exact = rows[0]
     assert exact["recall"] == 1.0 and exact["speedup_single"] == 1.0
@@ -93,4 +95,4 @@ def test_run_size_measures_every_column_against_exact(tmp_path):
             "held_out": 40,
         },
     )
-    assert table.count("\n| 3,000 |") == 5
+    assert table.count("\n| 3,000 |") == 7

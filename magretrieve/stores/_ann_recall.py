@@ -204,7 +204,14 @@ def warning_line(recall: dict[str, Any] | None) -> str | None:
         return None
     k = recall.get("k", K)
     value = recall.get(f"recall_at_{k}")
-    knob = next((f"{n}={recall[n]}" for n in ("ef_search", "nprobe", "hnsw_ef") if n in recall), "")
+    knob = next(
+        (
+            f"{n}={recall[n]}"
+            for n in ("ef_search", "nprobe", "hnsw_ef", "leaves_to_search")
+            if n in recall
+        ),
+        "",
+    )
     line = (
         f"ANN recall@{k} {value:.3f} vs exact on {recall.get('queries')} sampled queries"
         + (f" ({knob})" if knob else "")
