@@ -160,8 +160,13 @@ def chroma_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 # by what they use, not by name, so a new test joins the right lane without an edit here:
 #: fixtures that start or need a real server (PostgreSQL, a local Ray cluster)
 SERVER_FIXTURES = frozenset({"pg_uri", "ray_local", "milvus_server_url", "chroma_server_url"})
-#: roots of client libraries of real servers: a test module importing one talks to a server
-SERVER_CLIENTS = frozenset({"psycopg", "pgserver", "pymilvus", "milvus_lite", "ray"})
+#: roots of client libraries of real servers, and of database engines that run embedded in the
+#: test process (LanceDB, Chroma): a test module importing one talks to a real database
+SERVER_CLIENTS = frozenset(
+    {"psycopg", "pgserver", "pymilvus", "milvus_lite", "ray", "lancedb", "chromadb"}
+)
+#: helpers that start a real server process (``magretrieve serve`` under uvicorn)
+SERVER_STARTERS = ("start_server",)
 #: store backends whose tests run a server (parametrized ids naming them)
 SERVER_BACKENDS = re.compile(r"(^|[-\[])(pgvector|milvus)")
 #: test modules that build the wheel or run a benchmark script's smoke run
@@ -180,16 +185,23 @@ def _imports_server_client(module: ModuleType | None) -> bool:
     return False
 
 
-def _loads_a_benchmark(item: pytest.Item) -> bool:
-    """Whether the test, or a fixture it uses, calls :func:`load_benchmark`: it runs part of a
-    benchmark script (a smoke run), whatever module it sits in."""
+def _calls(item: pytest.Item, names: tuple[str, ...]) -> bool:
+    """Whether the test, or a fixture it uses, calls one of ``names`` (by its code's names)."""
     functions = [getattr(item, "function", None)]
     fixture_info = getattr(item, "_fixtureinfo", None)
     for defs in getattr(fixture_info, "name2fixturedefs", {}).values():
         functions += [d.func for d in defs]
     return any(
-        "load_benchmark" in getattr(getattr(f, "__code__", None), "co_names", ()) for f in functions
+        name in getattr(getattr(f, "__code__", None), "co_names", ())
+        for f in functions
+        for name in names
     )
+
+
+def _loads_a_benchmark(item: pytest.Item) -> bool:
+    """Whether the test, or a fixture it uses, calls :func:`load_benchmark`: it runs part of a
+    benchmark script (a smoke run), whatever module it sits in."""
+    return _calls(item, ("load_benchmark",))
 
 
 def is_integration(item: pytest.Item) -> bool:
@@ -197,6 +209,8 @@ def is_integration(item: pytest.Item) -> bool:
     if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
         return True
     if INTEGRATION_MODULES.match(item.path.name) or _loads_a_benchmark(item):
+        return True
+    if _calls(item, SERVER_STARTERS):
         return True
     callspec = getattr(item, "callspec", None)
     if callspec is not None and SERVER_BACKENDS.search(callspec.id):
