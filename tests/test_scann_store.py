@@ -1,7 +1,7 @@
 """The ``scann:DIR`` store: exact until optimize() builds ScaNN, then measured, never normalized.
 
-Small clustered data with log-normal norms (like ``_ann_data`` of test_stores.py): exact and
-built searches agree with the brute-force inner product, norms and vectors come back as
+Small clustered data with log-normal norms (``tests/ann_data.py``, as test_stores.py uses):
+exact and built searches agree with the brute-force inner product, norms and vectors come back as
 added, upserts and deletes hold before and after a build (pending rows and tombstones), a
 saved store answers the same in a new process, ``target_recall`` tunes ``leaves_to_search`` by
 measurement, bad options and a missing ``scann`` are one line, and damaged files are refused.
@@ -18,22 +18,12 @@ import pytest
 
 pytest.importorskip("scann")
 
+from ann_data import ann_data  # noqa: E402
+
 from magretrieve.core.errors import StoreError  # noqa: E402
 from magretrieve.stores import _ann_recall, open_store, scann_store  # noqa: E402
 
 DIM = 32
-
-
-def ann_data(n: int = 3000, nq: int = 40, dim: int = DIM, seed: int = 3):
-    """Clustered vectors with log-normal norms, and unit queries near some of them."""
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(size=(30, dim))
-    docs = centers[rng.integers(0, 30, n)] + 0.6 * rng.normal(size=(n, dim))
-    docs = (docs / np.linalg.norm(docs, axis=1, keepdims=True)).astype(np.float32)
-    docs *= rng.lognormal(0.0, 0.3, size=(n, 1)).astype(np.float32)
-    queries = docs[rng.choice(n, nq, replace=False)] + 0.2 * rng.normal(size=(nq, dim))
-    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-    return [f"d{i}" for i in range(n)], docs, queries.astype(np.float32)
 
 
 def exact_ids(live: dict[str, np.ndarray], queries: np.ndarray, k: int = 10) -> list[list[str]]:
@@ -187,7 +177,8 @@ def test_target_recall_raises_leaves_to_search_by_measurement(tmp_path):
         return found(s, q, k)
 
     again = _ann_recall.measure(search, ids, docs, where="recompute")
-    assert again["recall_at_10"] == rec["recall_at_10"] >= 0.98
+    # (a build is not bit-for-bit repeatable, so the bound leaves room below the 0.995 tuned to)
+    assert again["recall_at_10"] == rec["recall_at_10"] >= 0.97
     # ... and on other queries (near-copies of stored vectors, low-norm ones included: harder
     # than the sampled directions it was tuned on, so a little below the target)
     assert recall(found(s, queries), exact_ids(live, queries)) >= 0.95

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import store_examples
+from ann_data import ann_data as _ann_data
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import VectorStore, open_store, parse_spec, registry
@@ -657,18 +658,6 @@ def test_regular_file_refused_as_folder_store(tmp_path):
 
 
 # ----------------------------------------------------------------------------- FAISS forms
-
-
-def _ann_data(n: int = 3000, nq: int = 40, dim: int = 32, seed: int = 3):
-    """Clustered vectors with log-normal norms, so ANN indexes have structure to use."""
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(size=(30, dim))
-    docs = centers[rng.integers(0, 30, n)] + 0.6 * rng.normal(size=(n, dim))
-    docs = (docs / np.linalg.norm(docs, axis=1, keepdims=True)).astype(np.float32)
-    docs *= rng.lognormal(0.0, 0.3, size=(n, 1)).astype(np.float32)
-    queries = docs[rng.choice(n, nq, replace=False)] + 0.2 * rng.normal(size=(nq, dim))
-    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-    return [f"d{i}" for i in range(n)], docs, queries.astype(np.float32)
 
 
 FAISS_FORMS = [
