@@ -93,6 +93,13 @@ def real_vectors(model: str, data: Path, max_length: int) -> np.ndarray:
 
 def topped_up(real: np.ndarray, n: int, seed: int = 0, noise: float = 0.05) -> np.ndarray:
     """``real`` plus synthetic vectors up to ``n`` rows, shuffled (fixed seed)."""
+    return topped_up_marked(real, n, seed, noise)[0]
+
+
+def topped_up_marked(
+    real: np.ndarray, n: int, seed: int = 0, noise: float = 0.05
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`topped_up` and, per row, whether it is a real vector."""
     from magretrieve.priors.base import unit
 
     rng = np.random.default_rng(seed)
@@ -102,20 +109,8 @@ def topped_up(real: np.ndarray, n: int, seed: int = 0, noise: float = 0.05) -> n
     w = rng.uniform(0.5, 1.0, size=(extra, 1)).astype(np.float32)
     g = rng.standard_normal((extra, real.shape[1])).astype(np.float32) * noise
     pool = np.concatenate([real, unit(w * a + (1 - w) * b + g)])
-    return pool[rng.permutation(len(pool))][:n]
-
-
-def real_in_prefix(n_real: int, dim: int, total: int, seed: int = 0) -> np.ndarray:
-    """Cumulative count of real rows in ``topped_up(real, total, seed)``: entry i counts the
-    real rows among the first i + 1 (the same draws as :func:`topped_up`, in the same order)."""
-    rng = np.random.default_rng(seed)
-    extra = max(0, total - n_real)
-    rng.integers(0, n_real, extra)
-    rng.integers(0, n_real, extra)
-    rng.uniform(0.5, 1.0, size=(extra, 1))
-    for start in range(0, extra, 65_536):  # the noise draw, in blocks of the same stream
-        rng.standard_normal((min(65_536, extra - start), dim))
-    return np.cumsum(rng.permutation(n_real + extra) < n_real)
+    order = rng.permutation(len(pool))[:n]
+    return pool[order], order < len(real)
 
 
 def timed(fn: Any) -> tuple[Any, float]:
@@ -376,8 +371,8 @@ def main(
     with cpu_lock(lock):
         real = real_vectors(model, data, max_doc_length)
         sci = scifact_ndcg(model, data, max_doc_length)
-        pool = topped_up(real, max(ns))
-        real_count = real_in_prefix(len(real), real.shape[1], max(ns))
+        pool, is_real = topped_up_marked(real, max(ns))
+        real_count = np.cumsum(is_real)
         rows: list[dict[str, Any]] = []
         for n in ns:
             x = np.ascontiguousarray(pool[:n])

@@ -19,6 +19,10 @@ def test_topped_up_pool_keeps_every_real_vector_and_is_unit() -> None:
     hits = (np.abs(pool @ real.T - 1.0) < 1e-6).sum(axis=0)
     assert (hits == 1).all()
     np.testing.assert_array_equal(bench.topped_up(real, 1000), pool)  # fixed seed
+    marked, is_real = bench.topped_up_marked(real, 1000)
+    np.testing.assert_array_equal(marked, pool)
+    # the mark says which rows are real: exactly those equal to a real vector
+    np.testing.assert_array_equal(is_real, (np.abs(pool @ real.T - 1.0) < 1e-6).any(axis=1))
     # a prefix smaller than the real set takes only real vectors
     assert bench.topped_up(real, 200).shape == (200, 16)
 
