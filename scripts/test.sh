@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the wheel, install it (not editable) into a fresh virtual environment, and run lint,
 # the type check, the torch-free serving check and the whole test suite against the INSTALLED
-# package, in two lanes: the unit lane (`-m "not integration and not slow"`, minutes) and then
+# package, in two lanes: the unit lane (`-m "not integration and not slow"`, minutes, one
+# pytest-xdist worker per core) and then
 # the integration lane (`-m "integration or slow"`: PostgreSQL, Milvus, Ray, the wheel, the
 # benchmarks' smoke runs, the real encoder). tests/conftest.py puts each test in its lane.
 # This is the README's test command; .ci/run runs exactly this.
@@ -55,7 +56,8 @@ case "$LANE" in
 esac
 if [ "$LANE" != integration ]; then
     echo "== unit lane"
-    run_pytest -m "not integration and not slow" "$REPO/tests"
+    # pytest-xdist: one worker per core (at most 4), each on one thread (tests/conftest.py)
+    run_pytest -n auto --maxprocesses 4 -m "not integration and not slow" "$REPO/tests"
 fi
 if [ "$LANE" != unit ]; then
     echo "== integration lane"

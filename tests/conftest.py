@@ -99,6 +99,22 @@ PG_URI_ENV = "MAGRETRIEVE_TEST_PGVECTOR_URI"  # = tests/store_examples.PG_URI_EN
 _PG_SERVER: list = []
 
 
+#: Environment of a pytest-xdist worker (the unit lane runs one worker per core).
+XDIST_WORKER_ENV = "PYTEST_XDIST_WORKER"
+
+
+def _one_thread_per_worker() -> None:
+    """Under pytest-xdist, each worker's libraries use one thread: the workers already keep
+    every core busy, and torch/OpenMP thread pools of N workers on N cores only contend."""
+    if not os.environ.get(XDIST_WORKER_ENV):
+        return
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Start a real PostgreSQL + pgvector (``pgserver``, works as root) for this session.
 
@@ -109,6 +125,7 @@ def pytest_configure(config: pytest.Config) -> None:
     serving venv); ``tests/test_backend_congruence.py`` requires it. Nor is it in the unit
     lane (``-m "not integration ..."``): every test that needs it is an integration test.
     """
+    _one_thread_per_worker()
     if os.environ.get(PG_URI_ENV) or importlib.util.find_spec("pgserver") is None:
         return
     if "not integration" in (config.option.markexpr or ""):
