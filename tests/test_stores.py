@@ -790,6 +790,43 @@ def test_faiss_reopen_build_options_must_match_search_options_apply(tmp_path):
         open_store(spec, nprobe=4)
 
 
+def _hnsw_core(store: FaissStore):  # type: ignore[no-untyped-def]
+    import faiss
+
+    core = faiss.downcast_index(store._handle.index)
+    while not isinstance(core, faiss.IndexHNSW):
+        core = faiss.downcast_index(core.index)
+    return core
+
+
+@pytest.mark.parametrize(
+    "options,expected",
+    [
+        ({"index_type": "hnsw", "ef_construction": 80}, (32, 80)),
+        ({"index_type": "hnsw"}, (32, 200)),  # the store's default, not FAISS's 40
+        ({"index_type": "HNSW16,Flat", "ef_construction": 64}, (16, 64)),
+    ],
+)
+def test_faiss_ef_construction_reaches_the_graph_and_survives_reopen(tmp_path, options, expected):
+    """The efConstruction asked for is the one FAISS builds with (not its default 40, which
+    a factory-made index carries), and the one a reopened store reports."""
+    m, ef_construction = expected
+    ids, docs, _ = _ann_data(n=200)
+    spec = f"faiss:{tmp_path / 'h'}"
+    s = open_store(spec, dimension=32, **options)
+    core = _hnsw_core(s)
+    assert (core.hnsw.nb_neighbors(1), core.hnsw.efConstruction) == (m, ef_construction)
+    s.add(ids, docs)
+    assert s.parameters()["ef_construction"] == ef_construction
+    s.persist()
+    s.close()
+    reopened = open_store(spec)
+    assert _hnsw_core(reopened).hnsw.efConstruction == ef_construction
+    assert reopened.parameters()["ef_construction"] == ef_construction
+    assert reopened.parameters()["hnsw_m"] == m
+    reopened.close()
+
+
 @pytest.mark.parametrize(
     "options,message",
     [

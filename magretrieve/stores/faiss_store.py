@@ -52,6 +52,8 @@ DEFAULTS = fx.DEFAULTS
 inspect_index = fx.inspect_index  # kept importable from here
 #: Options fixed when the index is built (a different value on reopen is an error).
 BUILD_OPTIONS = ("hnsw_m", "ef_construction", "nlist")
+#: The build options a factory string itself fixes (``HNSW32``, ``IVF1024``).
+FACTORY_OPTIONS = ("hnsw_m", "nlist")
 #: Options a reopen may change (search-time knobs).
 SEARCH_OPTIONS = ("ef_search", "nprobe")
 
@@ -158,10 +160,11 @@ class FaissStore(IdMapMixin, VectorStore):
             self._handle = handle
         self._check_applicable(kind, given)
         if self._handle is not None:
-            # build-time settings come from the factory string; search-time knobs keep the
-            # store defaults (FAISS's own efSearch=16 / nprobe=1 lose recall silently)
+            # M and nlist come from the factory string; efConstruction (which a factory string
+            # cannot set) and the search-time knobs keep the given values or the store
+            # defaults (FAISS's own efConstruction=40 / efSearch=16 / nprobe=1 lose recall)
             built = fx.read_parameters(self._handle)
-            self.params.update({k: v for k, v in built.items() if k in BUILD_OPTIONS})
+            self.params.update({k: v for k, v in built.items() if k in FACTORY_OPTIONS})
             fx.set_build_parameters(self._handle, self.params)
             fx.set_search_parameters(self._handle, self.params)
         self._normalizes = bool(self._handle and self._handle.normalizes)
