@@ -5,10 +5,13 @@ exact and built searches agree with the brute-force inner product, norms and vec
 added, upserts and deletes hold before and after a build (pending rows and tombstones), a
 saved store answers the same in a new process, ``target_recall`` tunes ``leaves_to_search`` by
 measurement, bad options and a missing ``scann`` are one line, and damaged files are refused.
+A built folder holds each vector once (ScaNN's dataset is the store's built rows), and a folder
+whose vectors file holds every row still opens.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -121,7 +124,8 @@ from magretrieve.stores import open_store
 s = open_store(sys.argv[1])
 q = np.asarray(json.loads(sys.argv[2]), dtype=np.float32)
 print(json.dumps({"ids": [[h.id for h in row] for row in s.search(q, 10)],
-                  "params": s.describe()["parameters"], "count": s.count()}))
+                  "params": s.describe()["parameters"], "count": s.count(),
+                  "vectors": [r.vector.tolist() for r in s.get(json.loads(sys.argv[3]))]}))
 s.close()
 """
 
@@ -138,8 +142,13 @@ def test_persist_and_reopen_in_a_new_process_answer_the_same(tmp_path):
     want = found(s, queries)
     s.persist()
     s.close()
+    # the vectors file holds the pending rows only; the built ones are ScaNN's dataset
+    state = json.loads((tmp_path / "s" / scann_store.STATE_FILE).read_text())
+    assert state["vectors_from"] == 2000
+    assert np.load(tmp_path / "s" / state["vectors_file"]).shape == (500, DIM)
+    picks = ["d0", "d7", "d1999", "d2000", "d2499"]  # built and pending rows
     out = subprocess.run(
-        [sys.executable, "-c", READ_BACK, spec, json.dumps(queries.tolist())],
+        [sys.executable, "-c", READ_BACK, spec, json.dumps(queries.tolist()), json.dumps(picks)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -150,8 +159,12 @@ def test_persist_and_reopen_in_a_new_process_answer_the_same(tmp_path):
     assert got["ids"] == want and got["count"] == 2498
     assert got["params"]["index"] == "scann" and got["params"]["pending_exact"] == 500
     assert got["params"]["tombstones"] == 2
+    rows = [int(i[1:]) for i in picks]
+    np.testing.assert_array_equal(np.asarray(got["vectors"], dtype=np.float32), docs[rows])
     again = open_store(spec)
     assert again.read_metadata() == {"model_fingerprint": "x", "mode": "qnorm"}
+    assert found(again, queries) == want
+    assert_vectors_as_added(again, dict(zip(ids, docs, strict=True)), skip={"d5", "d6"})
     again.close()
 
 
@@ -241,6 +254,167 @@ def test_import_does_not_load_scann():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def assert_vectors_as_added(store, live: dict[str, np.ndarray], skip=frozenset()) -> None:
+    """``get`` returns every live vector bit for bit, and nothing for a deleted id."""
+    ids = list(live)
+    for rec, doc_id in zip(store.get(ids), ids, strict=True):
+        if doc_id in skip:
+            assert rec is None
+        else:
+            assert rec is not None and rec.vector.dtype == np.float32
+            np.testing.assert_array_equal(rec.vector, live[doc_id])
+
+
+def folder_bytes(folder) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def sha256(f) -> str:
+    return hashlib.sha256(f.read_bytes()).hexdigest()
+
+
+def test_a_built_folder_holds_each_vector_once(tmp_path):
+    # the smallest build of these tests (600 vectors, exact_below=100), at a dimension where the
+    # record table (ids, norms as JSON) is small beside the vectors, as for real embeddings
+    n, dim = 600, 128
+    ids, docs, _ = ann_data(n=n, dim=dim)
+    s = open_store(f"scann:{tmp_path / 's'}", dimension=dim, exact_below=100)
+    s.add(ids, docs)
+    s.optimize()
+    s.persist()
+    s.close()
+    folder = tmp_path / "s"
+    raw = n * dim * 4
+    ratio = folder_bytes(folder) / raw
+    assert ratio < 1.5, f"{ratio:.3f}x the raw vectors"
+    vectors = [f for f in folder.rglob("*.npy") if np.load(f).dtype == np.float32]
+    assert sum(np.load(f).nbytes for f in vectors) == raw  # each vector once
+    reopened = open_store(f"scann:{folder}")
+    assert_vectors_as_added(reopened, dict(zip(ids, docs, strict=True)))
+    reopened.close()
+
+
+def test_writes_after_reopening_a_built_store_survive_saves(tmp_path):
+    spec, folder, queries, want = _saved_store(tmp_path)  # built, nothing pending
+    ids, docs, _ = ann_data(n=600)
+    live = dict(zip(ids, docs, strict=True))
+    dataset = next(folder.glob("scann-*")) / scann_store.DATASET_FILE
+    digest = sha256(dataset)
+    s = open_store(spec)
+    assert found(s, queries) == want
+    assert_vectors_as_added(s, live)
+    extra = np.random.default_rng(1).normal(size=(50, DIM)).astype(np.float32)
+    s.add([f"x{i}" for i in range(50)], extra)  # pending
+    live.update({f"x{i}": extra[i] for i in range(50)})
+    s.add(["d3"], queries[:1] * 30.0)  # a built row replaced: tombstone + pending row
+    live["d3"] = queries[0] * 30.0
+    s.delete(["d4", "x0"])
+    del live["d4"], live["x0"]
+    before = found(s, queries)
+    s.persist()
+    s.close()
+    assert sha256(dataset) == digest  # the mapped dataset is never written to
+    s = open_store(spec)
+    params = s.describe()["parameters"]
+    assert params["pending_exact"] == 50 and params["tombstones"] == 2
+    assert found(s, queries) == before
+    assert_vectors_as_added(s, live)
+    s.optimize()  # a rebuild from the reopened vectors
+    after = found(s, queries)
+    s.persist()
+    s.close()
+    s = open_store(spec)
+    assert s.describe()["parameters"]["indexed"] == len(live) == s.count()
+    assert found(s, queries) == after
+    assert_vectors_as_added(s, live)
+    s.close()
+
+
+def _edit_state(folder, edit) -> None:
+    state_file = folder / scann_store.STATE_FILE
+    state = json.loads(state_file.read_text())
+    edit(state)
+    state_file.write_text(json.dumps(state))
+
+
+def _replace_dataset(folder, array) -> None:
+    dataset = next(folder.glob("scann-*")) / scann_store.DATASET_FILE
+    np.save(dataset, array)
+    _edit_state(folder, lambda st: st["scann_sha256"].update({dataset.name: sha256(dataset)}))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            lambda folder: (next(folder.glob("scann-*")) / "dataset.npy").unlink(),
+            r"scann-1/dataset.npy: missing \(the store in .* is incomplete\)",
+        ),
+        (
+            lambda folder: _edit_state(folder, lambda st: st["scann_sha256"].pop("dataset.npy")),
+            r"scann-1/dataset.npy: not among the searcher files checksummed in scann_store.json",
+        ),
+        (
+            lambda folder: _replace_dataset(folder, np.zeros((599, DIM), dtype=np.float32)),
+            r"dataset.npy: holds \(599, 32\) float32 vectors, the store has 600 built rows",
+        ),
+        (
+            lambda folder: _replace_dataset(folder, np.zeros((600, DIM), dtype=np.float64)),
+            r"dataset.npy: holds \(600, 32\) float64 vectors",
+        ),
+        (
+            lambda folder: _edit_state(folder, lambda st: st.update(vectors_from=5)),
+            r"scann_store.json: vectors_from 5 is neither 0 nor the 600 rows of a saved searcher",
+        ),
+    ],
+    ids=["missing", "unchecksummed", "short", "float64", "vectors-from"],
+)
+def test_a_bad_searcher_dataset_is_one_line_naming_the_file(tmp_path, damage, message):
+    spec, folder, _, _ = _saved_store(tmp_path)
+    damage(folder)
+    with pytest.raises(StoreError, match=message) as info:
+        open_store(spec)
+    assert "\n" not in str(info.value)
+
+
+def test_a_folder_whose_vectors_file_holds_every_row_still_opens(tmp_path):
+    spec, folder, queries, _ = _saved_store(tmp_path)
+    ids, docs, _ = ann_data(n=600)
+    live = dict(zip(ids, docs, strict=True))
+    s = open_store(spec)
+    s.add(["p0", "p1"], queries[:2] * 20.0)  # pending rows
+    live.update({"p0": queries[0] * 20.0, "p1": queries[1] * 20.0})
+    want = found(s, queries)
+    s.persist()
+    s.close()
+    # rewrite the saved generation in the layout without vectors_from: every row in the file
+    state = json.loads((folder / scann_store.STATE_FILE).read_text())
+    vectors = folder / state["vectors_file"]
+    dataset = folder / state["scann_dir"] / scann_store.DATASET_FILE
+    np.save(vectors, np.concatenate([np.load(dataset), np.load(vectors)]))
+    assert np.load(vectors).shape == (602, DIM)
+
+    def old_layout(st):
+        del st["vectors_from"]
+        st["vectors_sha256"] = sha256(vectors)
+
+    _edit_state(folder, old_layout)
+    s = open_store(spec)
+    assert found(s, queries) == want
+    assert_vectors_as_added(s, live)
+    s.delete(["p1"])  # the next save writes the current layout
+    del live["p1"]
+    s.persist()
+    s.close()
+    state = json.loads((folder / scann_store.STATE_FILE).read_text())
+    assert state["vectors_from"] == 600
+    assert np.load(folder / state["vectors_file"]).shape == (1, DIM)
+    s = open_store(spec)
+    assert_vectors_as_added(s, live)
+    assert found(s, queries[:1], 1) == [["p0"]]
+    s.close()
 
 
 def _saved_store(tmp_path):

@@ -24,10 +24,18 @@ How the store uses it:
 
 Layout of a store folder::
 
-    DIR/scann_store.json    state, written LAST: generation, options, recall, metadata, checksums
+    DIR/scann_store.json    state, written LAST: generation, options, recall, metadata, checksums,
+                            vectors_from (the first row kept in vectors-<gen>.npy)
     DIR/records-<gen>.json  [[doc_id, payload, doc_norm] or null per row], tombstones, built rows
-    DIR/vectors-<gen>.npy   float32 vectors, one per row of the record table
+    DIR/vectors-<gen>.npy   float32 vectors of rows vectors_from.. of the record table
     DIR/scann-<gen>/        ScaNN's serialized searcher over rows 0..built-1 (when built)
+
+Each vector is on disk once. A searcher's folder holds ScaNN's ``dataset.npy``: the float32
+vectors it was built from (for its reorder), which are rows 0..built-1 in order. So with a
+searcher ``vectors_from`` is ``built`` and the vectors file holds the pending rows only; a load
+takes the built rows from the checksummed ``dataset.npy`` (memory-mapped copy-on-write, so
+nothing written to them reaches the file). Without a searcher, or in a state file that has no
+``vectors_from``, the vectors file holds every row.
 
 A crash at any point leaves the previous generation loadable: new files are written under new
 names (temp file + fsync + rename; the searcher into a temp folder renamed when complete) and
@@ -93,6 +101,8 @@ AH_DIMS, AH_THRESHOLD = 2, 0.2
 PARALLEL_BATCH = 64
 #: A ScaNN searcher's file that loads a pickle (its string ids): never read by this store.
 PICKLE_FILE = "scann_docids.pkl"
+#: A ScaNN searcher's float32 vectors (rows 0..built-1 in order): the store's built rows.
+DATASET_FILE = "dataset.npy"
 #: Log lines of ScaNN's C++ core (absl): kept out of the terminal during builds and loads.
 _NATIVE_LOG = re.compile(r"^([IW]\d{4} |WARNING: All log messages before absl)")
 
@@ -286,26 +296,23 @@ class ScannStore(IdMapMixin, VectorStore):
         if len(store._table.row) != sum(r is not None for r in rows):
             raise StoreError(f"{records_file}: a document id appears twice")
         store._built = int(records.get("built", 0))
-        vecs = np.load(vectors_file, allow_pickle=False)
-        if vecs.dtype != np.float32 or vecs.shape != (len(store._table.records), dim):
-            raise StoreError(
-                f"{vectors_file}: holds {vecs.shape} {vecs.dtype} vectors, "
-                f"{records_file.name} describes {len(store._table.records)} of dimension {dim}"
-            )
-        if not 0 <= store._built <= len(vecs) or any(
-            t >= store._built for t in store._table.tombstones
-        ):
+        m = len(store._table.records)
+        if not 0 <= store._built <= m or any(t >= store._built for t in store._table.tombstones):
             raise StoreError(f"{records_file}: built rows or tombstones outside the table")
-        store._vecs = np.ascontiguousarray(vecs)
+        rows_from = _vectors_from(path, state, store._built)
+        store._vecs = _read_vectors(vectors_file, records_file.name, m, rows_from, dim)
         if state.get("scann_dir") is not None:
             store._index = dict(state["index"])
             store._scann_files = {"dir": state["scann_dir"], "sha256": state["scann_sha256"]}
+            built_rows = _dataset_rows(path, state, store._built, dim) if rows_from else None
             store._searcher = _load_searcher(path, state)
             if int(store._searcher.size()) != store._built:
                 raise StoreError(
                     f"{path / state['scann_dir']}: searcher holds {store._searcher.size()} "
                     f"vectors, {records_file.name} says {store._built}; the files disagree"
                 )
+            if built_rows is not None:
+                store._vecs = _joined(built_rows, store._vecs)
         elif store._built:
             raise StoreError(f"{records_file}: {store._built} built rows but no ScaNN searcher")
         return store
@@ -346,7 +353,8 @@ class ScannStore(IdMapMixin, VectorStore):
         """Save a new generation atomically (the state file is switched last).
 
         The searcher is serialized only after a build; other saves refer to the folder of the
-        last one. Nothing changed: nothing written.
+        last one. The vectors file gets the rows the searcher's dataset does not hold. Nothing
+        changed: nothing written.
         """
         with self._lock:
             if not self._dirty and (self._path / STATE_FILE).is_file():
@@ -366,22 +374,30 @@ class ScannStore(IdMapMixin, VectorStore):
                 "vectors_file": f"vectors-{gen}.npy",
             }
             atomic_write_bytes(path / files["records_file"], json.dumps(records).encode())
-            buf = io.BytesIO()
-            np.save(buf, self._vecs[:m])
-            atomic_write_bytes(path / files["vectors_file"], buf.getvalue())
-            for key in ("records", "vectors"):
-                files[f"{key}_sha256"] = sha256_file(path / files[f"{key}_file"])
             if self._searcher is not None and self._scann_files is None:
                 self._scann_files = self._save_searcher(f"scann-{gen}")
             if self._searcher is not None and self._scann_files is not None:
                 files["scann_dir"] = self._scann_files["dir"]
                 files["scann_sha256"] = self._scann_files["sha256"]
+            files["vectors_from"] = self._vectors_from_saved()
+            buf = io.BytesIO()
+            np.save(buf, self._vecs[files["vectors_from"] : m])
+            atomic_write_bytes(path / files["vectors_file"], buf.getvalue())
+            for key in ("records", "vectors"):
+                files[f"{key}_sha256"] = sha256_file(path / files[f"{key}_file"])
             atomic_write_json(path / STATE_FILE, self._state(files))
             self._generation = gen
             self._dirty = False
             _remove_stale(
                 path, {files["records_file"], files["vectors_file"], files.get("scann_dir")}
             )
+
+    def _vectors_from_saved(self) -> int:
+        """First row the vectors file must hold: ``built`` when the saved searcher keeps its
+        dataset (rows 0..built-1, never changed until the next build), else 0."""
+        if self._searcher is None or self._scann_files is None:
+            return 0
+        return self._built if DATASET_FILE in self._scann_files["sha256"] else 0
 
     def _save_searcher(self, name: str) -> dict[str, Any]:
         """Serialize the searcher into ``DIR/name`` (a temp folder renamed when complete)."""
@@ -741,6 +757,70 @@ def _checked_file(path: Path, state: dict[str, Any], key: str) -> Path:
             f"{f}: does not match the checksum in {STATE_FILE} (half-written or modified)"
         )
     return f
+
+
+def _read_vectors(f: Path, records_name: str, rows: int, rows_from: int, dim: int) -> np.ndarray:
+    """Rows ``rows_from..rows-1`` of the store's vectors from the vectors file ``f``."""
+    vecs = np.load(f, allow_pickle=False)
+    if vecs.dtype != np.float32 or vecs.shape != (rows - rows_from, dim):
+        described = f"{rows}" if not rows_from else f"{rows - rows_from} (rows {rows_from} on)"
+        raise StoreError(
+            f"{f}: holds {vecs.shape} {vecs.dtype} vectors, "
+            f"{records_name} describes {described} of dimension {dim}"
+        )
+    return np.ascontiguousarray(vecs)
+
+
+def _vectors_from(path: Path, state: dict[str, Any], built: int) -> int:
+    """The first row the vectors file holds: 0 (every row; also a state without the field) or
+    ``built``, when the rows before it are the dataset of the saved searcher."""
+    rows_from = state.get("vectors_from", 0)
+    if rows_from == 0:
+        return 0
+    if (
+        isinstance(rows_from, bool)
+        or not isinstance(rows_from, int)
+        or rows_from != built
+        or state.get("scann_dir") is None
+    ):
+        raise StoreError(
+            f"{path / STATE_FILE}: vectors_from {rows_from!r} is neither 0 nor the {built} rows "
+            "of a saved searcher"
+        )
+    folder = plain_file(path, state["scann_dir"], STATE_FILE)
+    sums = state.get("scann_sha256")
+    if not isinstance(sums, dict) or DATASET_FILE not in sums:
+        raise StoreError(
+            f"{folder / DATASET_FILE}: not among the searcher files checksummed in {STATE_FILE}"
+        )
+    return rows_from
+
+
+def _dataset_rows(path: Path, state: dict[str, Any], built: int, dim: int) -> np.ndarray:
+    """Rows 0..built-1 of the store: the saved searcher's ``dataset.npy``, memory-mapped.
+
+    Its header is checked here, before ScaNN reads the folder; its checksum by
+    :func:`_load_searcher`. The map is copy-on-write: a write to it would stay in memory (none
+    is expected: the store grows into a new array before it adds rows).
+    """
+    f = plain_file(path, state["scann_dir"], STATE_FILE) / DATASET_FILE
+    if not f.is_file():
+        raise StoreError(f"{f}: missing (the store in {path} is incomplete)")
+    try:
+        data = np.load(f, mmap_mode="c", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"{f}: unreadable ({str(exc).splitlines()[0]})") from None
+    if data.dtype != np.float32 or data.shape != (built, dim):
+        raise StoreError(
+            f"{f}: holds {data.shape} {data.dtype} vectors, the store has {built} built rows "
+            f"of dimension {dim}"
+        )
+    return np.ascontiguousarray(data)
+
+
+def _joined(built_rows: np.ndarray, pending: np.ndarray) -> np.ndarray:
+    """The store's vectors: the built rows, then the pending ones (kept mapped when none)."""
+    return np.concatenate([built_rows, pending]) if len(pending) else built_rows
 
 
 def _load_searcher(path: Path, state: dict[str, Any]) -> Any:
