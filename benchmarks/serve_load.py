@@ -66,7 +66,7 @@ SOAK_SLOTS = 8
 #: Our server's columns: name -> extra ``magretrieve serve`` flags.
 SERVER_COLUMNS = {
     "batching": (),
-    "batching_spinning": ("--onnx-spinning",),
+    "no_spinning": ("--no-onnx-spinning",),
     "graph_workers": ("--graph-workers", "2"),
     "no_batching": ("--no-batching",),
 }
@@ -822,7 +822,7 @@ def write(r: dict[str, Any], stem: Path) -> None:
     stem.with_suffix(".json").write_text(json.dumps(r, indent=2) + "\n")
     columns = [
         ("batching", "serve, batching on"),
-        ("batching_spinning", "serve, batching on, onnxruntime threads spinning"),
+        ("no_spinning", "serve, batching on, onnxruntime threads sleeping between runs"),
         ("graph_workers", "serve, batching on, 2 graph workers of 1 thread"),
         ("no_batching", "serve, batching off"),
     ]

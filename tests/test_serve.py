@@ -810,3 +810,19 @@ def test_merged_batches_equal_one_at_a_time_within_1e6(encoder) -> None:
     alone = np.concatenate([encoder.encode_queries([t], batch_size=1) for t in texts])
     assert np.abs(got - alone).max() <= 1e-6
     assert sum(batches) == len(texts) and max(batches) > 1  # some requests were merged
+
+
+@pytest.mark.parametrize("spinning,expected", [(None, "1"), (True, "1"), (False, "0")])
+def test_onnx_spinning_reaches_the_sessions(export_dir, spinning, expected) -> None:
+    """Spinning is on by default (onnxruntime's own default) and off with
+    ``onnx_spinning=False`` (``--no-onnx-spinning``), in both graphs' sessions."""
+    from magretrieve.server import create_app
+    from magretrieve.server.encoder import SPINNING_KEY
+    from magretrieve.server.settings import ServerSettings
+
+    settings = ServerSettings() if spinning is None else ServerSettings(onnx_spinning=spinning)
+    encoder = create_app(export_dir, settings=settings).state.magretrieve.encoder
+    for side in ("query", "document"):
+        options = encoder.session(side).get_session_options()
+        assert options.get_session_config_entry(SPINNING_KEY) == expected
+        assert options.intra_op_num_threads == encoder.threads

@@ -53,10 +53,10 @@ from magretrieve.core.errors import ConfigError
 )
 @click.option(
     "--onnx-spinning/--no-onnx-spinning",
-    default=False,
+    default=True,
     show_default=True,
-    help="Let onnxruntime's threads spin-wait between runs (off: they leave the cores to the "
-    "event loop).",
+    help="Let onnxruntime's threads spin-wait between runs (fastest on cores of its own; "
+    "--no-onnx-spinning where a database or other replicas share the cores).",
 )
 @click.option(
     "--graph-workers",

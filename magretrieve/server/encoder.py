@@ -1,43 +1,31 @@
-"""The server's encoder: ``OnnxEncoder`` whose onnxruntime sessions do not spin between runs.
+"""The server's encoder: ``OnnxEncoder`` with a choice of onnxruntime thread spinning.
 
-onnxruntime's intra-op threads spin-wait for work after each parallel section by default,
-which is fastest when nothing else wants the cores. In the server something always does: the
-event loop parses requests and writes answers while the batcher's graph runs, and on a small
-machine spinning threads take its time slices. ``spinning=False`` (the server's default,
-``--onnx-spinning`` to turn it back on) sets ``session.intra_op.allow_spinning=0``; everything
-else is the session :class:`~magretrieve.serving.runtime.OnnxEncoder` opens.
+onnxruntime's intra-op threads spin-wait for work after each parallel section by default. On a
+replica that owns its cores that is the faster choice: the batcher runs graph after graph, and
+threads that are already awake start the next one at once (measured in
+``benchmarks/results/serve_load.md``, docs/serve.md). Where other processes share the cores (a
+database on the same host, several replicas), spinning threads take their time slices and the
+event loop's too; ``spinning=False`` (``--no-onnx-spinning``) sets
+``session.intra_op.allow_spinning=0`` so the threads sleep between runs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from magretrieve.core.errors import ManifestError
-from magretrieve.serving.runtime import PROVIDERS, RUNTIMES, OnnxEncoder
+from magretrieve.serving.runtime import OnnxEncoder
+
+#: onnxruntime's session config key for intra-op thread spinning.
+SPINNING_KEY = "session.intra_op.allow_spinning"
 
 
 class ServingEncoder(OnnxEncoder):
-    """An :class:`OnnxEncoder` with a choice of onnxruntime thread spinning."""
+    """An :class:`OnnxEncoder` whose onnxruntime sessions spin or sleep between runs."""
 
     #: Whether onnxruntime's intra-op threads spin-wait (onnxruntime's own default: True).
-    spinning: bool = False
+    spinning: bool = True
 
-    def _open_session(self, side: str) -> Any:
-        if self.spinning or RUNTIMES[self.runtime][0] != "onnxruntime":
-            return super()._open_session(side)
-        import onnxruntime as ort
-
-        path = self.manifest.path(side)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = self.threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        providers: list[Any] = [PROVIDERS["cpu"]]
-        if self.device == "cuda":
-            providers.insert(0, (PROVIDERS["cuda"], {"use_tf32": 0}))
-        try:
-            return ort.InferenceSession(str(path), sess_options=options, providers=providers)
-        except Exception as exc:  # onnxruntime raises its own exception types
-            raise ManifestError(f"{path}: onnxruntime cannot load the graph ({exc})") from None
+    def _session_options(self) -> Any:
+        options = super()._session_options()
+        options.add_session_config_entry(SPINNING_KEY, "1" if self.spinning else "0")
+        return options

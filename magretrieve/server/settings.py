@@ -27,8 +27,9 @@ class ServerSettings:
     tokens (requests of very different lengths are not merged); ``batching=False`` encodes every request
     on its own (the baseline the benchmark compares against). ``max_queue`` bounds requests
     waiting for the encoder: past it a request gets 503 with ``Retry-After``.
-    ``onnx_spinning`` lets onnxruntime's threads spin-wait between runs
-    (:mod:`magretrieve.server.encoder` says why the server turns it off).
+    ``onnx_spinning`` lets onnxruntime's threads spin-wait between runs (onnxruntime's
+    default; turn it off where other processes share the cores, see
+    :mod:`magretrieve.server.encoder`).
     ``graph_workers`` is how many batches run at once: each worker runs its batch on its own
     share of the intra-op threads (``threads // graph_workers``), so with one worker per core a
     graph run never waits for other threads to wake up.
@@ -46,7 +47,7 @@ class ServerSettings:
     max_queue: int = 512
     batching: bool = True
     retry_after_s: int = 1
-    onnx_spinning: bool = False
+    onnx_spinning: bool = True
     graph_workers: int = 1
 
     def __post_init__(self) -> None:

@@ -244,13 +244,7 @@ class OnnxEncoder:
             return OpenVinoSession(path, threads=self.threads, precision=precision)
         import onnxruntime as ort
 
-        options = ort.SessionOptions()
-        # One graph runs at a time per call: parallelism inside operators (intra-op), none
-        # between them (the encoder graphs are a chain; inter-op threads only contend).
-        options.intra_op_num_threads = self.threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options = self._session_options()
         providers: list[Any] = [PROVIDERS["cpu"]]
         if self.device == "cuda":
             # TF32 matmuls (onnxruntime's CUDA default on Ampere+) round to ~1e-3, which
@@ -260,6 +254,19 @@ class OnnxEncoder:
             return ort.InferenceSession(str(path), sess_options=options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types
             raise ManifestError(f"{path}: onnxruntime cannot load the graph ({exc})") from None
+
+    def _session_options(self) -> Any:
+        """The onnxruntime ``SessionOptions`` every session of this encoder opens with."""
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        # One graph runs at a time per call: parallelism inside operators (intra-op), none
+        # between them (the encoder graphs are a chain; inter-op threads only contend).
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        return options
 
     def _probe(self, side: str, session: Any) -> None:
         """Check the manifest's fields against the graph itself before it serves anything.
