@@ -24,7 +24,7 @@ import numpy as np
 from _common import cpu_lock, lock_option, machine_summary, markdown_table, recorded_command
 
 K = 10
-EF = (16, 32, 64, 128, 192, 256, 384, 512, 1024)
+EF = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024)
 
 
 def _held_out(rows: np.ndarray, source: np.ndarray | None) -> np.ndarray:
@@ -40,9 +40,16 @@ def _held_out(rows: np.ndarray, source: np.ndarray | None) -> np.ndarray:
 
 @click.command(help=__doc__.splitlines()[0])
 @click.option("--vectors", type=int, default=200_000, show_default=True)
+@click.option(
+    "--cosines",
+    default="0.9,0.7,0.5",
+    show_default=True,
+    help="Cosines to the source of the noisy samples, comma-separated.",
+)
 @click.option("--out", type=click.Path(path_type=Path), default=Path("benchmarks/results"))
+@click.option("--name", default="ann_tuning_queries", show_default=True, help="Results file stem.")
 @lock_option
-def main(vectors: int, out: Path, lock: str) -> None:
+def main(vectors: int, cosines: str, out: Path, name: str, lock: str) -> None:
     import faiss
     from _mips_data import Mixture, exact_topk, recall
     from _store_data import load_vectors
@@ -67,7 +74,7 @@ def main(vectors: int, out: Path, lock: str) -> None:
             "dir": (u, None),
             "held-out": (u, pick),
         }
-        for c in (0.9, 0.7, 0.5):
+        for c in (float(v) for v in cosines.split(",")):
             samples[f"held-out cos {c}"] = ((c * u + np.sqrt(1 - c * c) * g), pick)
         samples = {
             k: (np.ascontiguousarray(q, dtype=np.float32), s) for k, (q, s) in samples.items()
@@ -80,9 +87,9 @@ def main(vectors: int, out: Path, lock: str) -> None:
         for ef in EF:
             index.hnsw.efSearch = ef
             row = [str(ef)]
-            for name, (q, s) in samples.items():
+            for sample, (q, s) in samples.items():
                 found = _held_out(index.search(q, K + 1)[1], s)
-                row.append(f"{recall(found, truth[name]):.4f}")
+                row.append(f"{recall(found, truth[sample]):.4f}")
             table.append(row)
         seconds = time.perf_counter() - start
     out.mkdir(parents=True, exist_ok=True)
@@ -93,8 +100,8 @@ def main(vectors: int, out: Path, lock: str) -> None:
         "magnitude-keeping vectors (the mips_scale mixture); recall@10 against exact inner "
         "product.\n\n" + markdown_table(["efSearch", *samples], table) + "\n"
     )
-    (out / "ann_tuning_queries.md").write_text(text)
-    (out / "ann_tuning_queries.json").write_text(
+    (out / f"{name}.md").write_text(text)
+    (out / f"{name}.json").write_text(
         json.dumps({"command": command, "vectors": vectors, "table": table}, indent=2) + "\n"
     )
     click.echo(text)
