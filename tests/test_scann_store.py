@@ -203,6 +203,37 @@ def test_target_recall_raises_leaves_to_search_by_measurement(tmp_path):
     reopened.close()
 
 
+def test_target_recall_raises_reorder_when_every_leaf_is_not_enough(tmp_path, caplog):
+    """Re-scoring only the 10 best AH candidates caps recall below 0.99 at any number of
+    leaves; tuning doubles ``reorder`` until the target is met before every leaf is searched,
+    and only the kept setting may warn."""
+    ids, docs, queries = ann_data(n=4000, nq=200)
+    spec = f"scann:{tmp_path / 's'}"
+    s = open_store(spec, dimension=DIM, exact_below=1000, reorder=10, leaves_to_search=1)
+    s.add(ids, docs)
+    s.optimize()  # no target: reorder stays as given
+    assert s.describe()["parameters"]["recall"]["reorder"] == 10
+    with caplog.at_level("WARNING", logger="magretrieve.stores._ann_recall"):
+        caplog.clear()
+        rec = s.measure_recall(target_recall=0.99)
+    assert rec is not None and rec["target_met_on_tuning_queries"]
+    assert rec["reorder"] in (20, 40, 80)  # doubled, at most three times
+    assert rec["leaves_to_search"] < rec["num_leaves"]
+    assert rec["recall_at_10"] >= 0.97
+    assert not [r for r in caplog.records if "ANN recall" in r.getMessage()]
+    # at reorder 10 the same store, searching every leaf, stays below the target
+    s.set_search_parameters(reorder=10, leaves_to_search=rec["num_leaves"])
+    live = dict(zip(ids, docs, strict=True))
+    assert recall(found(s, queries), exact_ids(live, queries)) < 0.99
+    s.set_search_parameters(reorder=rec["reorder"], leaves_to_search=rec["leaves_to_search"])
+    assert recall(found(s, queries), exact_ids(live, queries)) >= 0.95
+    s.persist()
+    s.close()
+    reopened = open_store(spec)  # the tuned reorder is saved with the leaves
+    assert reopened.describe()["parameters"]["recall"]["reorder"] == rec["reorder"]
+    reopened.close()
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

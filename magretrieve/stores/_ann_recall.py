@@ -117,11 +117,14 @@ def measure(
     ground_truth: str = "exact inner product over the stored vectors",
     where: str = "",
     seed: int = 0,
+    warn: bool = True,
 ) -> dict[str, Any]:
     """recall@k of ``search`` against exact search (tuning ``knob`` to ``target`` first).
 
     ``search(q, k)`` returns document ids per query; ``ids``/``vectors`` are every live
     stored vector. Returns what is recorded in ``describe()`` and the store's state.
+    ``warn=False`` leaves the low-recall warning to the caller (:func:`warn_if_low`), for a
+    store that measures several settings and keeps one.
     """
     n = len(ids)
     k = min(k, n - 1) if n > 1 else 1
@@ -186,16 +189,27 @@ def measure(
         }
     )
     if measured < WARN_BELOW:
-        logger.warning(
-            "%s: ANN recall@%d is %.3f (< %.2f) against exact search%s",
-            where,
-            k,
-            measured,
-            WARN_BELOW,
-            "; raise --target-recall or use an exact index" if target else "; try --target-recall",
-        )
         out["warning"] = f"recall@{k} {measured:.3f} below {WARN_BELOW}"
+    if warn:
+        warn_if_low(out, where)
     return out
+
+
+def warn_if_low(recall: dict[str, Any], where: str) -> None:
+    """Log the warning :func:`measure` recorded for a recall below :data:`WARN_BELOW`."""
+    if "warning" not in recall:
+        return
+    k = recall.get("k", K)
+    logger.warning(
+        "%s: ANN recall@%d is %.3f (< %.2f) against exact search%s",
+        where,
+        k,
+        recall[f"recall_at_{k}"],
+        WARN_BELOW,
+        "; raise --target-recall or use an exact index"
+        if "target" in recall
+        else "; try --target-recall",
+    )
 
 
 def warning_line(recall: dict[str, Any] | None) -> str | None:

@@ -92,6 +92,10 @@ FORMAT_VERSION = 1
 EXACT_BELOW = 20_000
 #: Candidates ScaNN re-scores exactly before answering (``pre_reorder_num_neighbors``).
 REORDER = 100
+#: Tuning doubles ``reorder`` up to this many times while the target needs every leaf: AH
+#: scores are approximate, and once too few candidates are re-scored exactly no number of
+#: leaves makes up for it (the k-means tree then only costs time).
+REORDER_DOUBLINGS = 3
 #: Share of the leaves searched until measured otherwise (``leaves_to_search`` unset).
 LEAVES_SEARCHED = 0.1
 MAX_TRAINING_SAMPLE = 250_000
@@ -663,7 +667,9 @@ class ScannStore(IdMapMixin, VectorStore):
         """recall@10 of the store's answers against exact search (None without a searcher).
 
         With a target, ``leaves_to_search`` is raised step by step until it is reached (see
-        :mod:`._ann_recall`); the chosen value is kept in the state file.
+        :mod:`._ann_recall`); when only every leaf reaches it, ``reorder`` is doubled (up to
+        :data:`REORDER_DOUBLINGS` times) and the leaves tuned again. The chosen values are
+        kept in the state file.
         """
         target_recall = _check("target_recall", target_recall, self.location)
         with self._lock:
@@ -690,15 +696,24 @@ class ScannStore(IdMapMixin, VectorStore):
                 recs = self._table.records
                 return [[recs[r][0] for r, _ in row] for row in self._search_rows(qs, k)]  # type: ignore[index]
 
-            self.recall = _ann_recall.measure(
-                search,
-                ids,
-                self._vecs[live],
-                knob=knob,
-                target=target_recall,
-                queries=queries,
-                where=self.location,
-            )
+            vectors = self._vecs[live]
+            base = int(self.params["reorder"])
+            doublings = REORDER_DOUBLINGS if target_recall is not None else 0
+            for step in range(doublings + 1):
+                self.params["reorder"] = base * 2**step
+                self.recall = _ann_recall.measure(
+                    search,
+                    ids,
+                    vectors,
+                    knob=knob,
+                    target=target_recall,
+                    queries=queries,
+                    where=self.location,
+                    warn=False,
+                )
+                if self.recall.get("target_met_on_tuning_queries") and knob.current < leaves:
+                    break  # reached before every leaf is searched: re-scoring is not the limit
+            _ann_recall.warn_if_low(self.recall, self.location)
             self.recall["num_leaves"] = leaves
             self.recall["reorder"] = int(self.params["reorder"])
             self._begin_write()
@@ -888,7 +903,8 @@ SCANN_OPTIONS = (
     registry.StoreOption(
         "reorder",
         int,
-        f"ScaNN: candidates re-scored exactly before answering (default {REORDER}).",
+        f"ScaNN: candidates re-scored exactly before answering (default {REORDER}; "
+        "--target-recall doubles it when every leaf is not enough).",
         cli="--scann-reorder",
         minimum=1,
         maximum=100_000,
