@@ -699,9 +699,10 @@ class ScannStore(IdMapMixin, VectorStore):
             vectors = self._vecs[live]
             base = int(self.params["reorder"])
             doublings = REORDER_DOUBLINGS if target_recall is not None else 0
+            recall: dict[str, Any] = {}
             for step in range(doublings + 1):
                 self.params["reorder"] = base * 2**step
-                self.recall = _ann_recall.measure(
+                recall = _ann_recall.measure(
                     search,
                     ids,
                     vectors,
@@ -711,11 +712,12 @@ class ScannStore(IdMapMixin, VectorStore):
                     where=self.location,
                     warn=False,
                 )
-                if self.recall.get("target_met_on_tuning_queries") and knob.current < leaves:
+                if recall.get("target_met_on_tuning_queries") and knob.current < leaves:
                     break  # reached before every leaf is searched: re-scoring is not the limit
-            _ann_recall.warn_if_low(self.recall, self.location)
-            self.recall["num_leaves"] = leaves
-            self.recall["reorder"] = int(self.params["reorder"])
+            _ann_recall.warn_if_low(recall, self.location)
+            recall["num_leaves"] = leaves
+            recall["reorder"] = int(self.params["reorder"])
+            self.recall = recall
             self._begin_write()
             self._dirty = True
             return self.recall
