@@ -265,6 +265,10 @@ def tune(
 # ----------------------------------------------------------------------------- stores
 
 
+#: Search knobs a store's recall measurement reports (the setting it chose).
+TUNED_KNOBS = ("ef_search", "hnsw_ef", "nprobe", "leaves_to_search", "reorder")
+
+
 def store_rows(
     kind: str,
     docs: np.ndarray,
@@ -305,17 +309,14 @@ def store_rows(
 
     def row(measured: dict[str, Any], how: str) -> dict[str, Any]:
         batch, one, rows = timed_search(fn, held, single)
-        knob = next(
-            (
-                f"{n}={measured[n]}"
-                for n in ("ef_search", "hnsw_ef", "nprobe", "leaves_to_search")
-                if n in measured
-            ),
-            "",
-        )
+        # what the measurement chose (tuning may also raise a knob given at open, e.g. reorder)
+        tuned = {n: measured[n] for n in TUNED_KNOBS if n in measured}
+        fixed = {k: v for k, v in opts.items() if k not in tuned}
         return {
             "column": kind if how == "self" else f"{kind} (real-query tuned)",
-            "setting": ", ".join(f"{k}={v}" for k, v in opts.items()) + f"; {knob}",
+            "setting": ", ".join(f"{k}={v}" for k, v in fixed.items())
+            + "; "
+            + ", ".join(f"{k}={v}" for k, v in tuned.items()),
             "self_measured_recall": measured.get(f"recall_at_{K}"),
             "recall": round(recall(rows, truth), 4),
             "qps_batch": batch,
