@@ -169,7 +169,8 @@ def test_optional_packages_are_not_imported_by_the_core_or_serving_path(tmp_path
         f"s = open_store('faiss:{tmp_path / 'f'}', dimension=4)\n"
         "s.add(['a'], np.ones((1, 4), dtype=np.float32)); s.search(np.ones((1, 4)), 1)\n"
         "bad = ('psycopg', 'pgvector', 'pymilvus', 'milvus_lite', 'langchain_core',\n"
-        "       'llama_index', 'haystack', 'chromadb', 'lancedb', 'pgserver', 'ray', 'torch')\n"
+        "       'llama_index', 'haystack', 'chromadb', 'lancedb', 'scann', 'pgserver', 'ray',\n"
+        "       'torch')\n"
         "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in bad)) or 'clean')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -180,3 +181,4 @@ def test_optional_packages_are_not_imported_by_the_core_or_serving_path(tmp_path
 
     prefixes = {b.prefix: b.extra for b in registry.backends()}
     assert prefixes["pgvector"] == "pgvector" and prefixes["milvus"] == "milvus"
+    assert prefixes["scann"] == "scann"

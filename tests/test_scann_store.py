@@ -274,19 +274,6 @@ def test_a_missing_scann_is_one_line_naming_the_extra(tmp_path, monkeypatch):
     assert not (tmp_path / "s").exists()
 
 
-def test_import_does_not_load_scann():
-    code = (
-        "import sys\n"
-        "import magretrieve, magretrieve.stores\n"
-        "from magretrieve.stores import registry\n"
-        "assert 'scann' in [b.prefix for b in registry.backends()]\n"
-        "print('scann' in sys.modules)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False"
-
-
 def assert_vectors_as_added(store, live: dict[str, np.ndarray], skip=frozenset()) -> None:
     """``get`` returns every live vector bit for bit, and nothing for a deleted id."""
     ids = list(live)

@@ -5,6 +5,9 @@ so the table is a list indexed by FAISS id. A record is ``[doc_id, payload, doc_
 ``None`` once deleted/replaced. ``doc_norm`` is the stored vector's exact norm, kept here so a
 search never reconstructs vectors (and stays exact under lossy codes such as PQ). Indexes that
 cannot remove ids (HNSW) get tombstones: FAISS ids filtered out of results.
+
+The ScaNN store keeps the same table, by row number. :class:`RecordTableMixin` gives both
+stores the id-map primitives read from it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from magretrieve.stores.base import IdMapMixin
 
 
 class RecordTable:
@@ -83,3 +88,34 @@ class RecordTable:
         table.records = [[str(i), {}, float(n)] for i, n in enumerate(norms)]
         table.row = {str(i): i for i in range(len(norms))}
         return table
+
+
+class RecordTableMixin(IdMapMixin):
+    """Id-map primitives of a store that keeps its own :class:`RecordTable` in ``_table``.
+
+    The ids, the count and deletion are read from the table; the store implements
+    :meth:`_drop_rows`, which takes the rows' vectors out of its index (or leaves them there
+    as tombstones) and drops their records. List it before ``VectorStore`` in the bases.
+    """
+
+    _table: RecordTable
+
+    @property
+    def _row(self) -> dict[str, int]:  # type: ignore[override]
+        return self._table.row
+
+    def _drop_rows(self, rows: list[int]) -> None:
+        """Forget these rows of the table (live rows, each once)."""
+        raise NotImplementedError
+
+    def _delete(self, ids: list[str]) -> int:
+        with self._lock:
+            rows = self._table.fids_of(ids)
+            if rows:
+                self._begin_write()
+                self._drop_rows(rows)
+                self._dirty = True
+            return len(rows)
+
+    def _count(self) -> int:
+        return len(self._table)

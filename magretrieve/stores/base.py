@@ -15,6 +15,7 @@ import json
 import math
 import os
 import tempfile
+import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -87,6 +88,8 @@ class Batch:
 RESERVED_PAYLOAD_KEYS = ("doc_id", "doc_norm")
 #: Largest magnitude of a payload integer: Qdrant and Milvus keep JSON integers as int64.
 INT64_RANGE = (-(2**63), 2**63 - 1)
+#: What reading a store file with the right checksum but the wrong content raises.
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)
 
 
 class VectorStore(ABC):
@@ -404,13 +407,21 @@ class VectorStore(ABC):
 class IdMapMixin:
     """Id-map primitives for stores that keep ids and metadata in process.
 
-    Used by the memory and FAISS stores: both map each live document id to a row in
-    ``_row`` (insertion order) and hold the recorded model metadata in ``_meta`` until
-    :meth:`VectorStore.persist` writes it. List it before :class:`VectorStore` in the bases.
+    Used by the memory, FAISS and ScaNN stores: each maps every live document id to a row in
+    ``_row`` (insertion order) and holds the recorded model metadata in ``_meta`` until
+    :meth:`VectorStore.persist` writes it. A change takes the folder's writer lock first
+    (the store's ``_begin_write``) and marks the store ``_dirty``, so the next ``persist``
+    writes it. List it before :class:`VectorStore` in the bases.
     """
 
     _row: dict[str, int]
     _meta: dict[str, Any] | None
+    _lock: threading.RLock
+    _dirty: bool
+
+    def _begin_write(self) -> None:
+        """Before the first change: take the folder's writer lock, catch up with disk."""
+        raise NotImplementedError
 
     def _existing(self, ids: list[str]) -> Iterable[str]:
         return [i for i in ids if i in self._row]
@@ -420,6 +431,12 @@ class IdMapMixin:
 
     def _read_meta(self) -> dict[str, Any] | None:
         return dict(self._meta) if self._meta is not None else None
+
+    def _write_meta(self, meta: dict[str, Any]) -> None:
+        with self._lock:
+            self._begin_write()
+            self._meta = dict(meta)
+            self._dirty = True
 
 
 # ----------------------------------------------------------------------------- validation
@@ -593,6 +610,15 @@ def check_queries(queries: np.ndarray, dimension: int, where: str) -> np.ndarray
     return np.ascontiguousarray(arr)
 
 
+def check_dimension(dimension: int, where: str) -> int:
+    """The dimension a store is created with: a positive integer (a bool is refused)."""
+    if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)):
+        raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
+    if int(dimension) < 1:
+        raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
+    return int(dimension)
+
+
 def check_k(k: int) -> int:
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
         raise StoreError(f"k must be a positive integer, got {k!r}")
@@ -653,6 +679,20 @@ def read_state_file(state_file: Path, fmt: str, what: str) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format") != fmt:
         raise StoreError(f"{state_file}: not a magretrieve {what} store")
     return state
+
+
+@contextmanager
+def reading_store(state_file: Path, *errors: type[BaseException]) -> Iterator[None]:
+    """Load a store from its files: what a file with the right checksum but the wrong content
+    raises (:data:`MALFORMED`, and the store's own ``errors``) becomes one StoreError naming
+    the state file, never a traceback; a StoreError passes as raised."""
+    caught: tuple[type[BaseException], ...] = (*MALFORMED, *errors)
+    try:
+        yield
+    except StoreError:
+        raise
+    except caught as exc:
+        raise StoreError(f"{state_file}: malformed store ({type(exc).__name__}: {exc})") from None
 
 
 def state_metadata(state: Mapping[str, Any], where: str) -> dict[str, Any] | None:

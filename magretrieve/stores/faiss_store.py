@@ -33,15 +33,16 @@ from magretrieve.core.errors import StoreError
 from magretrieve.core.topk import top_k
 from magretrieve.stores import _ann_recall, _faiss_files, registry
 from magretrieve.stores import _faiss_index as fx
-from magretrieve.stores._faiss_records import RecordTable
+from magretrieve.stores._faiss_records import RecordTable, RecordTableMixin
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
-    IdMapMixin,
     StoreHit,
     StoreRecord,
     VectorStore,
     atomic_write_json,
+    check_dimension,
+    reading_store,
 )
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def _check(name: str, value: Any, where: str) -> Any:
     return registry.OPTIONS[name].check(value, where) if value is not None else None
 
 
-class FaissStore(IdMapMixin, VectorStore):
+class FaissStore(RecordTableMixin, VectorStore):
     """A FAISS index plus a record table (string id + payload + norm per int64 FAISS id).
 
     Deletion and replacement use ``remove_ids`` where the index supports it (flat, IVF) and
@@ -90,10 +91,7 @@ class FaissStore(IdMapMixin, VectorStore):
     ) -> None:
         self._path = Path(path) if path is not None else None
         where = self.location
-        if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)):
-            raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
-        if int(dimension) < 1:
-            raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
+        dim = check_dimension(dimension, where)
         given = {
             "hnsw_m": _check("hnsw_m", hnsw_m, where),
             "ef_construction": _check("ef_construction", ef_construction, where),
@@ -102,7 +100,7 @@ class FaissStore(IdMapMixin, VectorStore):
             "nprobe": _check("nprobe", nprobe, where),
         }
         self.target_recall = _check("target_recall", target_recall, where)
-        self._init_common(int(dimension), self._path, single_query_threads)
+        self._init_common(dim, self._path, single_query_threads)
         self.params = {k: (v if v is not None else DEFAULTS[k]) for k, v in given.items()}
         if index is not None:
             if index_type is not None:
@@ -216,10 +214,6 @@ class FaissStore(IdMapMixin, VectorStore):
     # ------------------------------------------------------------------ properties
 
     @property
-    def _row(self) -> dict[str, int]:  # type: ignore[override]
-        return self._table.row
-
-    @property
     def dimension(self) -> int:
         return self._dim
 
@@ -252,17 +246,9 @@ class FaissStore(IdMapMixin, VectorStore):
             if dimension is None:
                 raise StoreError(f"{path}: no FAISS store here; pass a dimension to create one")
             return cls(int(dimension), path, **options)
-        try:
+        with reading_store(path / STATE_FILE, RuntimeError):  # RuntimeError: FAISS cannot parse it
             saved = _faiss_files.read(path)
             return cls._from_saved(path, saved, dimension, options)
-        except StoreError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError, IndexError) as exc:
-            # a state or record file with the right checksums but wrong content, or a file
-            # FAISS cannot parse: never a traceback, always the file at fault
-            raise StoreError(
-                f"{path / STATE_FILE}: malformed store ({type(exc).__name__}: {exc})"
-            ) from None
 
     @classmethod
     def _from_saved(
@@ -537,7 +523,7 @@ class FaissStore(IdMapMixin, VectorStore):
                     )
             replaced = self._table.fids_of(ids)
             if replaced:
-                self._remove_fids(replaced)
+                self._drop_rows(replaced)
             fids = self._table.append(ids, batch.payloads, batch.norms)
             if not self._is_trained():
                 self._pending.append((fids, arr))
@@ -548,7 +534,8 @@ class FaissStore(IdMapMixin, VectorStore):
                 self._handle.index.add_with_ids(arr, fids)  # type: ignore[union-attr]
             self._dirty = True
 
-    def _remove_fids(self, fids: list[int]) -> None:
+    def _drop_rows(self, fids: list[int]) -> None:
+        """Remove the FAISS ids from the index where it can (flat, IVF), else tombstone them."""
         sel = np.asarray(fids, dtype=np.int64)
         removed = False
         if self._pending:
@@ -564,24 +551,6 @@ class FaissStore(IdMapMixin, VectorStore):
         elif self._handle is None or not self._handle.ntotal:
             removed = True
         self._table.drop(fids, tombstone=not removed)
-
-    def _delete(self, ids: list[str]) -> int:
-        with self._lock:
-            fids = self._table.fids_of(ids)
-            if fids:
-                self._begin_write()
-                self._remove_fids(fids)
-                self._dirty = True
-            return len(fids)
-
-    def _write_meta(self, meta: dict[str, Any]) -> None:
-        with self._lock:
-            self._begin_write()
-            self._meta = dict(meta)
-            self._dirty = True
-
-    def _count(self) -> int:
-        return len(self._table)
 
     def _ready_for_search(self) -> None:
         """Train on the buffer when it can be trained; a smaller buffer is searched exactly."""

@@ -29,6 +29,7 @@ from magretrieve.stores.base import (
     atomic_write_json,
     plain_file,
     read_state_file,
+    reading_store,
     state_metadata,
 )
 
@@ -66,13 +67,8 @@ class MemoryStore(IdMapMixin, VectorStore):
                 raise StoreError(f"{path}: no memory store here; pass a dimension to create one")
             return cls(dimension, path)
         state = read_state_file(state_file, "magretrieve-memory-store", "memory")
-        try:
+        with reading_store(state_file, OSError):
             return cls._load_state(path, state, dimension)
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OSError) as exc:
-            # right checksums, wrong content: name the file, never a traceback
-            raise StoreError(
-                f"{state_file}: malformed store ({type(exc).__name__}: {exc})"
-            ) from None
 
     @classmethod
     def _load_state(cls, path: Path, state: dict[str, Any], dimension: int | None) -> MemoryStore:
@@ -114,12 +110,6 @@ class MemoryStore(IdMapMixin, VectorStore):
                 writer = self._writer
                 self.__dict__.update(fresh.__dict__)
                 self._writer = writer
-
-    def _write_meta(self, meta: dict[str, Any]) -> None:
-        with self._lock:
-            self._begin_write()
-            self._meta = dict(meta)
-            self._dirty = True
 
     def close(self) -> None:
         if self._writer is not None:

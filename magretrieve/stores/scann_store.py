@@ -66,19 +66,20 @@ from magretrieve.core.errors import StoreError
 from magretrieve.core.files import sha256_file
 from magretrieve.core.topk import exact_search
 from magretrieve.stores import _ann_recall, registry
-from magretrieve.stores._faiss_records import RecordTable
+from magretrieve.stores._faiss_records import RecordTable, RecordTableMixin
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
-    IdMapMixin,
     StoreHit,
     StoreRecord,
     VectorStore,
     atomic_write_bytes,
     atomic_write_json,
+    check_dimension,
     fsync_dir,
     plain_file,
     read_state_file,
+    reading_store,
     require,
     state_metadata,
 )
@@ -153,7 +154,7 @@ def default_leaves(n: int) -> int:
     return max(1, round(math.sqrt(n)))
 
 
-class ScannStore(IdMapMixin, VectorStore):
+class ScannStore(RecordTableMixin, VectorStore):
     """Record table + float32 vectors + (after ``optimize``) a ScaNN searcher over them.
 
     Row ``r`` of the record table is row ``r`` of the vectors; rows ``0..built-1`` are the
@@ -177,10 +178,7 @@ class ScannStore(IdMapMixin, VectorStore):
     ) -> None:
         self._path = Path(path)
         where = self.location
-        if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)):
-            raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
-        if int(dimension) < 1:
-            raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
+        dim = check_dimension(dimension, where)
         params = {
             "num_leaves": _check("num_leaves", num_leaves, where),
             "leaves_to_search": _check("leaves_to_search", leaves_to_search, where),
@@ -189,7 +187,7 @@ class ScannStore(IdMapMixin, VectorStore):
         }
         if params["exact_below"] is None:
             params["exact_below"] = EXACT_BELOW
-        self._init_common(int(dimension), self._path, params, target_recall)
+        self._init_common(dim, self._path, params, target_recall)
 
     def _init_common(
         self, dim: int, path: Path, params: dict[str, Any], target_recall: float | None
@@ -213,10 +211,6 @@ class ScannStore(IdMapMixin, VectorStore):
         self._writer = WriterLock(path, self.location)
 
     # ------------------------------------------------------------------ properties
-
-    @property
-    def _row(self) -> dict[str, int]:  # type: ignore[override]
-        return self._table.row
 
     @property
     def dimension(self) -> int:
@@ -252,14 +246,8 @@ class ScannStore(IdMapMixin, VectorStore):
             if dimension is None:
                 raise StoreError(f"{path}: no ScaNN store here; pass a dimension to create one")
             return cls(int(dimension), path, **checked)
-        try:
+        with reading_store(path / STATE_FILE, OSError):
             return cls._load(path, dimension, checked)
-        except StoreError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OSError) as exc:
-            raise StoreError(
-                f"{path / STATE_FILE}: malformed store ({type(exc).__name__}: {exc})"
-            ) from None
 
     @classmethod
     def _load(cls, path: Path, dimension: int | None, options: dict[str, Any]) -> ScannStore:
@@ -433,7 +421,7 @@ class ScannStore(IdMapMixin, VectorStore):
             grown[: len(self._table.records)] = self._vecs[: len(self._table.records)]
             self._vecs = grown
 
-    def _drop(self, rows: list[int]) -> None:
+    def _drop_rows(self, rows: list[int]) -> None:
         """Forget rows: those inside the searcher become tombstones."""
         self._table.drop([r for r in rows if r < self._built], tombstone=True)
         self._table.drop([r for r in rows if r >= self._built], tombstone=False)
@@ -471,7 +459,7 @@ class ScannStore(IdMapMixin, VectorStore):
             self._begin_write()
             replaced = self._table.fids_of(batch.ids)
             if replaced:
-                self._drop(replaced)
+                self._drop_rows(replaced)
             self._ensure_capacity(len(self._table.records) + len(batch.ids))
             rows = self._table.append(batch.ids, batch.payloads, batch.norms)
             self._vecs[rows] = batch.vectors
@@ -480,24 +468,6 @@ class ScannStore(IdMapMixin, VectorStore):
             if dead > max(4096, len(self._pending())):  # many replacements: reclaim memory
                 self._compact_pending()
             self._dirty = True
-
-    def _delete(self, ids: list[str]) -> int:
-        with self._lock:
-            rows = self._table.fids_of(ids)
-            if rows:
-                self._begin_write()
-                self._drop(rows)
-                self._dirty = True
-            return len(rows)
-
-    def _write_meta(self, meta: dict[str, Any]) -> None:
-        with self._lock:
-            self._begin_write()
-            self._meta = dict(meta)
-            self._dirty = True
-
-    def _count(self) -> int:
-        return len(self._table)
 
     def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
         with self._lock:
