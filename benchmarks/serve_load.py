@@ -67,7 +67,7 @@ SOAK_SLOTS = 8
 SERVER_COLUMNS = {
     "batching": (),
     "no_spinning": ("--no-onnx-spinning",),
-    "graph_workers": ("--graph-workers", "2"),
+    "one_worker": ("--graph-workers", "1"),
     "no_batching": ("--no-batching",),
 }
 #: Goals of the service, checked in the results.
@@ -823,7 +823,7 @@ def write(r: dict[str, Any], stem: Path) -> None:
     columns = [
         ("batching", "serve, batching on"),
         ("no_spinning", "serve, batching on, onnxruntime threads sleeping between runs"),
-        ("graph_workers", "serve, batching on, 2 graph workers of 1 thread"),
+        ("one_worker", "serve, batching on, 1 graph worker on every thread"),
         ("no_batching", "serve, batching off"),
     ]
     columns = [(key, label) for key, label in columns if key in r]

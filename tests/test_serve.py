@@ -826,3 +826,28 @@ def test_onnx_spinning_reaches_the_sessions(export_dir, spinning, expected) -> N
         options = encoder.session(side).get_session_options()
         assert options.get_session_config_entry(SPINNING_KEY) == expected
         assert options.intra_op_num_threads == encoder.threads
+
+
+@pytest.mark.parametrize(
+    "workers,threads,narrow,alone",
+    [(None, 2, 1, 2), (1, 2, 2, None), (2, 1, 1, None), (2, 4, 2, 4)],
+)
+def test_graph_workers_share_the_threads_and_a_lone_batch_gets_them_all(
+    export_dir, workers, threads, narrow, alone
+) -> None:
+    """Two workers by default, each on its share of the threads, plus the graphs on every
+    thread for a batch that runs alone; never more workers than threads."""
+    from magretrieve.server.app import open_state
+    from magretrieve.server.settings import ServerSettings
+
+    settings = ServerSettings() if workers is None else ServerSettings(graph_workers=workers)
+    state = open_state(export_dir, settings=settings, threads=threads)
+    assert state.encoder.threads == narrow
+    assert state.settings.graph_workers == min(settings.graph_workers, threads)
+    if alone is None:
+        assert state.alone_encoder is None
+    else:
+        assert state.alone_encoder.threads == alone
+        for side in ("query", "document"):
+            opts = state.alone_encoder.session(side).get_session_options()
+            assert opts.intra_op_num_threads == alone

@@ -42,7 +42,7 @@ def run(coro):  # noqa: ANN001
 
 def test_concurrent_requests_merge_into_one_batch_in_order() -> None:
     fake = FakeEncoder()
-    b = DynamicBatcher(fake, ServerSettings(max_wait_ms=200))
+    b = DynamicBatcher(fake, ServerSettings(graph_workers=1, max_wait_ms=200))
     b.start()
 
     async def go():
@@ -64,7 +64,10 @@ def test_concurrent_requests_merge_into_one_batch_in_order() -> None:
 def test_token_budget_and_row_cap_close_a_batch() -> None:
     fake = FakeEncoder()
     fake.gate.clear()  # hold the worker so that every request is queued before merging
-    b = DynamicBatcher(fake, ServerSettings(max_wait_ms=0, max_batch_tokens=100, max_batch_rows=64))
+    b = DynamicBatcher(
+        fake,
+        ServerSettings(graph_workers=1, max_wait_ms=0, max_batch_tokens=100, max_batch_rows=64),
+    )
     b.start()
 
     async def go():
@@ -86,7 +89,7 @@ def test_token_budget_and_row_cap_close_a_batch() -> None:
 
 def test_no_batching_runs_each_request_alone() -> None:
     fake = FakeEncoder()
-    b = DynamicBatcher(fake, ServerSettings(batching=False, max_wait_ms=50))
+    b = DynamicBatcher(fake, ServerSettings(graph_workers=1, batching=False, max_wait_ms=50))
     b.start()
 
     async def go():
@@ -101,7 +104,7 @@ def test_no_batching_runs_each_request_alone() -> None:
 
 def test_sides_never_share_a_batch() -> None:
     fake = FakeEncoder()
-    b = DynamicBatcher(fake, ServerSettings(max_wait_ms=100))
+    b = DynamicBatcher(fake, ServerSettings(graph_workers=1, max_wait_ms=100))
     b.start()
 
     async def go():
@@ -122,7 +125,7 @@ def test_sides_never_share_a_batch() -> None:
 def test_full_queue_refuses_and_close_drains_the_rest() -> None:
     fake = FakeEncoder()
     fake.gate.clear()
-    b = DynamicBatcher(fake, ServerSettings(max_queue=2, max_wait_ms=0))
+    b = DynamicBatcher(fake, ServerSettings(graph_workers=1, max_queue=2, max_wait_ms=0))
     b.start()
 
     async def go():
@@ -151,7 +154,7 @@ def test_an_encoder_error_reaches_every_request_of_the_batch() -> None:
     def broken(encodings, side):  # noqa: ANN001
         raise RuntimeError("graph failed")
 
-    b = DynamicBatcher(broken, ServerSettings(max_wait_ms=100))
+    b = DynamicBatcher(broken, ServerSettings(graph_workers=1, max_wait_ms=100))
     b.start()
 
     async def go():
@@ -192,7 +195,9 @@ def test_requests_of_very_different_lengths_are_not_merged() -> None:
     # 118/120); merging a 60 with the 10s would pad 5 rows to 60 tokens (fill 151/300 < 0.75)
     lengths = [10, 60, 12, 58, 11]
     out = _held_batches(
-        fake, ServerSettings(max_wait_ms=0), [[enc(n, i)] for i, n in enumerate(lengths)]
+        fake,
+        ServerSettings(graph_workers=1, max_wait_ms=0),
+        [[enc(n, i)] for i, n in enumerate(lengths)],
     )
     # the held lone request, then the oldest (10 tokens) with its two neighbours in length,
     # then the two long ones
@@ -205,7 +210,7 @@ def test_fill_floor_zero_merges_every_length() -> None:
     fake = FakeEncoder()
     out = _held_batches(
         fake,
-        ServerSettings(max_wait_ms=0, min_batch_fill=0.0),
+        ServerSettings(graph_workers=1, max_wait_ms=0, min_batch_fill=0.0),
         [[enc(n, i)] for i, n in enumerate([10, 60, 12])],
     )
     assert fake.batches == [("query", 1), ("query", 3)]
@@ -214,7 +219,7 @@ def test_fill_floor_zero_merges_every_length() -> None:
 
 def test_a_lone_request_does_not_wait_for_max_wait() -> None:
     fake = FakeEncoder()
-    b = DynamicBatcher(fake, ServerSettings(max_wait_ms=2000))
+    b = DynamicBatcher(fake, ServerSettings(graph_workers=1, max_wait_ms=2000))
     b.start()
 
     async def go():
@@ -268,3 +273,76 @@ def test_graph_workers_is_validated() -> None:
 
     with pytest.raises(ConfigError, match="graph_workers must be at least 1, got 0"):
         ServerSettings(graph_workers=0)
+
+
+def test_a_lone_batch_runs_on_every_thread_and_nothing_beside_it() -> None:
+    """With two workers and ``encode_alone``: a request with nothing else queued or running
+    goes to ``encode_alone``; while it runs no other batch starts; requests that queue up
+    behind it then run two at a time through ``encode``."""
+    alone_started, release = threading.Event(), threading.Event()
+    meet = threading.Barrier(2, timeout=5)
+    calls: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    inside = {"n": 0, "most": 0}
+
+    def track(kind: str, encodings) -> np.ndarray:  # noqa: ANN001
+        with lock:
+            calls.append((kind, int(encodings[0].ids[0])))
+            inside["n"] += 1
+            inside["most"] = max(inside["most"], inside["n"])
+        try:
+            if kind == "alone":
+                alone_started.set()
+                assert release.wait(5)
+            else:
+                meet.wait()  # two narrow batches meet: both run at once
+            return np.array([[e.ids[0]] for e in encodings], dtype=np.float32)
+        finally:
+            with lock:
+                inside["n"] -= 1
+
+    b = DynamicBatcher(
+        lambda encodings, side: track("narrow", encodings),
+        ServerSettings(graph_workers=2, batching=False),
+        encode_alone=lambda encodings, side: track("alone", encodings),
+    )
+    b.start()
+
+    async def go():
+        first = asyncio.ensure_future(b.submit("query", [enc(3, 0)]))
+        await asyncio.get_running_loop().run_in_executor(None, alone_started.wait, 5)
+        rest = [asyncio.ensure_future(b.submit("query", [enc(3, i)])) for i in (1, 2)]
+        await asyncio.sleep(0.2)  # the two queued requests must not start beside the lone one
+        with lock:
+            assert calls == [("alone", 0)] and inside["n"] == 1
+        release.set()
+        return await asyncio.gather(first, *rest)
+
+    try:
+        out = run(go())
+    finally:
+        b.close()
+    assert [v[0, 0] for v in out] == [0, 1, 2]
+    assert calls[0] == ("alone", 0)
+    assert sorted(calls[1:]) == [("narrow", 1), ("narrow", 2)]
+    assert inside["most"] == 2
+
+
+def test_one_worker_never_uses_encode_alone() -> None:
+    used: list[str] = []
+
+    def narrow(encodings, side):  # noqa: ANN001
+        used.append("narrow")
+        return np.zeros((len(encodings), 1), dtype=np.float32)
+
+    def alone(encodings, side):  # noqa: ANN001
+        used.append("alone")
+        return np.zeros((len(encodings), 1), dtype=np.float32)
+
+    b = DynamicBatcher(narrow, ServerSettings(graph_workers=1), encode_alone=alone)
+    b.start()
+    try:
+        run(b.submit("query", [enc(3, 0)]))
+    finally:
+        b.close()
+    assert used == ["narrow"]

@@ -36,7 +36,7 @@ def test_a_short_run_writes_results_with_no_error_and_no_lost_write(
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     r = json.loads(stem.with_suffix(".json").read_text())
-    for key in ("batching", "no_spinning", "graph_workers", "no_batching"):
+    for key in ("batching", "no_spinning", "one_worker", "no_batching"):
         assert set(r[key]) == {"query@1", "query@4", "documents@2", "exit_code"}
         assert r[key]["exit_code"] == 0
         for cell in ("query@1", "query@4", "documents@2"):

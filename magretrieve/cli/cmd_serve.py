@@ -61,9 +61,10 @@ from magretrieve.core.errors import ConfigError
 @click.option(
     "--graph-workers",
     type=int,
-    default=1,
+    default=2,
     show_default=True,
-    help="Batches run at once, each on --threads / N intra-op threads.",
+    help="Batches run at once, each on --threads / N intra-op threads (a batch alone "
+    "runs on all of them).",
 )
 @click.option("--force", is_flag=True, help="Serve a store built by another model.")
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")

@@ -59,14 +59,23 @@ def open_state(
     from magretrieve.stores import open_store
 
     settings = settings or ServerSettings()
-    # each graph worker runs its batches on its own share of the threads
+    # each graph worker runs its batches on its own share of the threads (one thread at least)
     total = threads if threads is not None else default_threads()
+    if settings.graph_workers > total:
+        settings = replace(settings, graph_workers=max(1, total))
     per_worker = max(1, total // settings.graph_workers)
-    encoder = ServingEncoder.load(export, threads=per_worker, runtime=runtime)
-    assert isinstance(encoder, ServingEncoder)  # load() builds the class it is called on
-    encoder.spinning = settings.onnx_spinning
-    for side in ("query", "document"):
-        encoder.session(side)
+
+    def load(threads_: int) -> ServingEncoder:
+        encoder = ServingEncoder.load(export, threads=threads_, runtime=runtime)
+        assert isinstance(encoder, ServingEncoder)  # load() builds the class it is called on
+        encoder.spinning = settings.onnx_spinning
+        for side in ("query", "document"):
+            encoder.session(side)
+        return encoder
+
+    encoder = load(per_worker)
+    # a batch that runs alone gets every thread (the graphs opened a second time)
+    alone = load(total) if per_worker < total else None
     retriever = None
     if store is not None:
         try:  # an existing store opens with its own dimension (d + 1 with a prior's offset)
@@ -82,7 +91,9 @@ def open_state(
         except BaseException:
             vs.close()
             raise
-    return ServerState(encoder, settings, retriever=retriever, store_spec=store)
+    return ServerState(
+        encoder, settings, retriever=retriever, store_spec=store, alone_encoder=alone
+    )
 
 
 def create_app(

@@ -3,7 +3,10 @@
 A CPU replica has one set of cores to give the graphs. By default every encode goes through
 one worker thread that runs one graph call at a time with every intra-op thread; with
 ``graph_workers`` N, N workers each run their own batch at once on their share of the
-threads (onnxruntime sessions may be run from several threads). A worker takes
+threads (onnxruntime sessions may be run from several threads). Given ``encode_alone`` (a
+graph run on every thread), a batch that would run alone (no other batch running, nothing else
+queued) runs there instead, and no other batch starts until it ends: a lone client gets every
+core, a busy replica N batches side by side. A worker takes
 the oldest waiting request and merges the requests of the same side queued behind it (looking
 past ones that do not fit) while the merged batch stays within the padded-token budget
 (rows × longest, the rule of :func:`magretrieve.core.batching.token_budget_batches`), the row
@@ -105,13 +108,21 @@ class DynamicBatcher:
     """``settings.graph_workers`` worker threads, one queue per side; see the module docstring."""
 
     def __init__(
-        self, encode: EncodeFn, settings: ServerSettings, metrics: Metrics | None = None
+        self,
+        encode: EncodeFn,
+        settings: ServerSettings,
+        metrics: Metrics | None = None,
+        encode_alone: EncodeFn | None = None,
     ) -> None:
         self._encode = encode
+        self._encode_alone = encode_alone if settings.graph_workers > 1 else None
         self.settings = settings
         self.metrics = metrics
         self._queues: dict[str, deque[_Job]] = {side: deque() for side in SIDES}
         self._waiting = 0
+        #: Batches in the graphs now, and whether one of them runs alone on every thread.
+        self._running = 0
+        self._alone_running = False
         self._cond = threading.Condition()
         self._closing = False
         self._threads: list[threading.Thread] = []
@@ -167,14 +178,19 @@ class DynamicBatcher:
 
     # ------------------------------------------------------------------ worker
 
-    def _take(self) -> list[_Job] | None:
-        """The next merged batch (None: closing and nothing left). Holds the lock only here."""
+    def _may_start(self) -> bool:
+        """Whether a worker may start a batch now (lock held): not beside a lone batch."""
+        return not self._alone_running
+
+    def _take(self) -> tuple[list[_Job], bool] | None:
+        """The next merged batch and whether it runs alone on every thread (None: closing and
+        nothing left). Holds the lock only here."""
         s = self.settings
         with self._cond:
-            while not self._waiting and not self._closing:
+            while not (self._waiting and self._may_start()):
+                if self._closing and not self._waiting:
+                    return None
                 self._cond.wait()
-            if not self._waiting:
-                return None
             side = min((q[0].enqueued, name) for name, q in self._queues.items() if q)[1]
             queue = self._queues[side]
             jobs = [queue.popleft()]
@@ -190,9 +206,19 @@ class DynamicBatcher:
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
+            alone = self._encode_alone is not None and self._running == 0 and not self._waiting
+            self._running += 1
+            self._alone_running = alone
             if self.metrics is not None:
                 self.metrics.queue_depth.set(self._waiting)
-        return jobs
+        return jobs, alone
+
+    def _finished(self, alone: bool) -> None:
+        with self._cond:
+            self._running -= 1
+            if alone:
+                self._alone_running = False
+            self._cond.notify_all()
 
     def _merge(self, queue: deque[_Job], jobs: list[_Job], batch: _Shape) -> bool:
         """Move every queued job that fits ``batch`` into ``jobs`` (queue order kept for the
@@ -212,18 +238,22 @@ class DynamicBatcher:
 
     def _run(self) -> None:
         while True:
-            jobs = self._take()
-            if jobs is None:
+            taken = self._take()
+            if taken is None:
                 return
+            jobs, alone = taken
             side = jobs[0].side
             encodings = [e for job in jobs for e in job.encodings]
+            encode = self._encode_alone if alone and self._encode_alone else self._encode
             try:
-                vectors = self._encode(encodings, side)
+                vectors = encode(encodings, side)
             except BaseException as exc:  # handed to every waiting request, never lost
                 logger.exception("encoding a batch of %d %s texts failed", len(encodings), side)
                 for job in jobs:
                     job.loop.call_soon_threadsafe(_resolve, job.future, None, exc)
                 continue
+            finally:
+                self._finished(alone)
             if self.metrics is not None:
                 self.metrics.batch_texts.labels(side).observe(len(encodings))
                 self.metrics.batch_requests.labels(side).observe(len(jobs))

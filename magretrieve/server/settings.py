@@ -32,7 +32,9 @@ class ServerSettings:
     :mod:`magretrieve.server.encoder`).
     ``graph_workers`` is how many batches run at once: each worker runs its batch on its own
     share of the intra-op threads (``threads // graph_workers``), so with one worker per core a
-    graph run never waits for other threads to wake up.
+    graph run never waits for other threads to wake up; a batch with nothing beside it and
+    nothing queued behind it runs on every thread instead (the graphs are opened twice). The
+    server uses at most one worker per thread.
     """
 
     api_key: str | None = None
@@ -48,7 +50,7 @@ class ServerSettings:
     batching: bool = True
     retry_after_s: int = 1
     onnx_spinning: bool = True
-    graph_workers: int = 1
+    graph_workers: int = 2
 
     def __post_init__(self) -> None:
         for name in (

@@ -43,13 +43,21 @@ class ServerState:
         settings: ServerSettings,
         retriever: Any | None = None,
         store_spec: str | None = None,
+        alone_encoder: Any | None = None,
     ) -> None:
         self.encoder = encoder
+        #: The same graphs on every thread, for a batch that runs alone (``graph_workers`` > 1).
+        self.alone_encoder = alone_encoder
         self.manifest = encoder.manifest
         self.settings = settings
         self.retriever = retriever
         self.metrics = Metrics()
-        self.batcher = DynamicBatcher(self._encode_batch, settings, self.metrics)
+        self.batcher = DynamicBatcher(
+            self._encode_batch,
+            settings,
+            self.metrics,
+            encode_alone=self._encode_alone if alone_encoder is not None else None,
+        )
         self.ready = False
         folder = str(self.manifest.folder or "")
         known = [(folder, "the export")]
@@ -118,6 +126,8 @@ class ServerState:
     def start(self) -> None:
         for side in ("query", "document"):  # open and probe both graphs before answering
             self.encoder.session(side)
+            if self.alone_encoder is not None:
+                self.alone_encoder.session(side)
         self.batcher.start()
         self.ready = True
 
@@ -139,6 +149,12 @@ class ServerState:
     def _encode_batch(self, encodings: Sequence[Any], side: str) -> np.ndarray:
         s = self.settings
         return self.encoder.encode_tokenized(
+            encodings, side, batch_size=s.max_batch_rows, max_batch_tokens=s.max_batch_tokens
+        )
+
+    def _encode_alone(self, encodings: Sequence[Any], side: str) -> np.ndarray:
+        s = self.settings
+        return self.alone_encoder.encode_tokenized(  # type: ignore[union-attr]
             encodings, side, batch_size=s.max_batch_rows, max_batch_tokens=s.max_batch_tokens
         )
 
