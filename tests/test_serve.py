@@ -848,6 +848,7 @@ def test_graph_workers_share_the_threads_and_a_lone_batch_gets_them_all(
         assert state.alone_encoder is None
     else:
         assert state.alone_encoder.threads == alone
+        assert state.alone_encoder.manifest is state.encoder.manifest  # the export read once
         for side in ("query", "document"):
             opts = state.alone_encoder.session(side).get_session_options()
             assert opts.intra_op_num_threads == alone

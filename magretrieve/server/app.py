@@ -65,17 +65,22 @@ def open_state(
         settings = replace(settings, graph_workers=max(1, total))
     per_worker = max(1, total // settings.graph_workers)
 
-    def load(threads_: int) -> ServingEncoder:
-        encoder = ServingEncoder.load(export, threads=threads_, runtime=runtime)
-        assert isinstance(encoder, ServingEncoder)  # load() builds the class it is called on
+    def opened(encoder: ServingEncoder) -> ServingEncoder:
         encoder.spinning = settings.onnx_spinning
         for side in ("query", "document"):
             encoder.session(side)
         return encoder
 
-    encoder = load(per_worker)
-    # a batch that runs alone gets every thread (the graphs opened a second time)
-    alone = load(total) if per_worker < total else None
+    loaded = ServingEncoder.load(export, threads=per_worker, runtime=runtime)
+    assert isinstance(loaded, ServingEncoder)  # load() builds the class it is called on
+    encoder = opened(loaded)
+    # a batch that runs alone gets every thread: the graphs opened a second time, from the
+    # manifest already verified (the export's files are hashed once)
+    alone = (
+        opened(ServingEncoder(encoder.manifest, threads=total, runtime=encoder.runtime))
+        if per_worker < total
+        else None
+    )
     retriever = None
     if store is not None:
         try:  # an existing store opens with its own dimension (d + 1 with a prior's offset)

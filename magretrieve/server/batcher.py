@@ -178,16 +178,12 @@ class DynamicBatcher:
 
     # ------------------------------------------------------------------ worker
 
-    def _may_start(self) -> bool:
-        """Whether a worker may start a batch now (lock held): not beside a lone batch."""
-        return not self._alone_running
-
     def _take(self) -> tuple[list[_Job], bool] | None:
         """The next merged batch and whether it runs alone on every thread (None: closing and
         nothing left). Holds the lock only here."""
         s = self.settings
         with self._cond:
-            while not (self._waiting and self._may_start()):
+            while not self._waiting or self._alone_running:  # nothing starts beside a lone batch
                 if self._closing and not self._waiting:
                     return None
                 self._cond.wait()

@@ -15,7 +15,7 @@ import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from magretrieve.core.errors import MagRetrieveError
-from magretrieve.server.batcher import Draining, DynamicBatcher, QueueFull
+from magretrieve.server.batcher import Draining, DynamicBatcher, EncodeFn, QueueFull
 from magretrieve.server.errors import ApiError, scrub
 from magretrieve.server.metrics import Metrics
 from magretrieve.server.settings import ServerSettings
@@ -53,10 +53,10 @@ class ServerState:
         self.retriever = retriever
         self.metrics = Metrics()
         self.batcher = DynamicBatcher(
-            self._encode_batch,
+            self._batch_encoder(encoder),
             settings,
             self.metrics,
-            encode_alone=self._encode_alone if alone_encoder is not None else None,
+            encode_alone=self._batch_encoder(alone_encoder) if alone_encoder is not None else None,
         )
         self.ready = False
         folder = str(self.manifest.folder or "")
@@ -146,17 +146,16 @@ class ServerState:
 
     # ------------------------------------------------------------------ encoding
 
-    def _encode_batch(self, encodings: Sequence[Any], side: str) -> np.ndarray:
+    def _batch_encoder(self, encoder: Any) -> EncodeFn:
+        """The graph run of one merged batch on ``encoder``, within the batch limits."""
         s = self.settings
-        return self.encoder.encode_tokenized(
-            encodings, side, batch_size=s.max_batch_rows, max_batch_tokens=s.max_batch_tokens
-        )
 
-    def _encode_alone(self, encodings: Sequence[Any], side: str) -> np.ndarray:
-        s = self.settings
-        return self.alone_encoder.encode_tokenized(  # type: ignore[union-attr]
-            encodings, side, batch_size=s.max_batch_rows, max_batch_tokens=s.max_batch_tokens
-        )
+        def encode(encodings: Sequence[Any], side: str) -> np.ndarray:
+            return encoder.encode_tokenized(  # type: ignore[no-any-return]
+                encodings, side, batch_size=s.max_batch_rows, max_batch_tokens=s.max_batch_tokens
+            )
+
+        return encode
 
     def check_texts(self, texts: Sequence[str], what: str = "input") -> None:
         """Refuse an empty request, too many texts, an empty or too long text (413/422)."""
