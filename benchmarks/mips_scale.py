@@ -314,9 +314,14 @@ def store_rows(
         fixed = {k: v for k, v in opts.items() if k not in tuned}
         return {
             "column": kind if how == "self" else f"{kind} (real-query tuned)",
-            "setting": ", ".join(f"{k}={v}" for k, v in fixed.items())
-            + "; "
-            + ", ".join(f"{k}={v}" for k, v in tuned.items()),
+            "setting": "; ".join(
+                part
+                for part in (
+                    ", ".join(f"{k}={v}" for k, v in fixed.items()),
+                    ", ".join(f"{k}={v}" for k, v in tuned.items()),
+                )
+                if part
+            ),
             "self_measured_recall": measured.get(f"recall_at_{K}"),
             "recall": round(recall(rows, truth), 4),
             "qps_batch": batch,

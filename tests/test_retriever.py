@@ -181,6 +181,20 @@ def test_store_records_model_and_refuses_another(tmp_path):
     assert open_store(spec).read_metadata()["model_fingerprint"] == "a" * 64
 
 
+def test_retriever_with_block_saves_on_normal_exit_only(tmp_path):
+    """``with Retriever(...)`` saves added documents on a normal exit (no persist() call) and
+    keeps the last saved state when the block raises."""
+    spec = f"faiss:{tmp_path / 'f'}"
+    with Retriever(FakeEncoder(), open_store(spec, dimension=DIM)) as r:
+        r.add_documents(corpus(10))
+    assert open_store(spec).count() == 10
+    with pytest.raises(KeyError), Retriever(FakeEncoder(), open_store(spec)) as r:
+        r.add_documents(corpus(25)[10:])
+        assert r.store.count() == 25
+        raise KeyError("stop")
+    assert open_store(spec).count() == 10
+
+
 def test_dimension_mismatch_refused():
     with pytest.raises(StoreError, match=r"store dimension 16 does not match.*dimension 24"):
         Retriever(FakeEncoder(), open_store("memory:", dimension=16))

@@ -479,6 +479,34 @@ def test_persisted_store_reloads_in_a_new_process(tmp_path, backend, options):
     )
 
 
+#: Examples a new ``open_store`` of the same spec reads back (not the in-process ones).
+REOPENABLE = [b for b in BACKENDS if b not in ("memory", "qdrant-memory")]
+
+
+@pytest.mark.parametrize("backend", REOPENABLE)
+def test_with_block_saves_on_normal_exit_and_keeps_saved_state_on_error(tmp_path, backend):
+    """Leaving ``with open_store(...)`` normally saves what was written without a persist()
+    call; leaving it on an exception keeps the last saved state in file stores (whose writes
+    wait for persist), while database stores already hold every write."""
+    ids, docs, queries = make_data(n=400)
+    ex = example(backend, tmp_path)
+    with open_store(ex.spec, dimension=DIM, **ex.options) as s:
+        s.add(ids[:300], docs[:300])
+    with open_store(ex.spec, **ex.options) as s:
+        assert s.count() == 300 and not s.has_unsaved_writes()
+        got = s.get_vectors(["doc-7"])[0]
+        if backend not in LOSSY:
+            np.testing.assert_allclose(got, docs[7], rtol=1e-5)
+    with pytest.raises(RuntimeError, match="stop here"), open_store(ex.spec, **ex.options) as s:
+        s.add(ids[300:], docs[300:])
+        unsaved = s.has_unsaved_writes()
+        raise RuntimeError("stop here")
+    file_store = parse_spec(ex.spec)[0] in ("faiss", "memory", "scann")
+    assert unsaved == file_store
+    with open_store(ex.spec, **ex.options) as s:
+        assert s.count() == (300 if file_store else 400)
+
+
 # ----------------------------------------------------------------------------- specs
 
 

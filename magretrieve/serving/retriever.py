@@ -559,5 +559,11 @@ class Retriever:
     def __enter__(self) -> Retriever:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        """Like the store's: a normal exit saves unsaved writes, an exception keeps the last
+        saved state."""
+        try:
+            if exc_type is None and self.store.has_unsaved_writes():
+                self.persist()
+        finally:
+            self.close()

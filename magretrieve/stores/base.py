@@ -361,6 +361,11 @@ class VectorStore(ABC):
     def persist(self) -> None:  # noqa: B027 - optional hook
         """Make everything added so far durable (atomic where the backend allows)."""
 
+    def has_unsaved_writes(self) -> bool:
+        """Whether writes wait for :meth:`persist` (file stores); False where each write is
+        already durable in the database."""
+        return False
+
     def optimize(self) -> None:  # noqa: B027 - optional hook
         """Finish a bulk load (train/build indexes); a no-op where nothing is deferred."""
 
@@ -397,8 +402,14 @@ class VectorStore(ABC):
     def __enter__(self) -> VectorStore:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        """Leaving a ``with`` block normally saves unsaved writes, as a file or a database
+        transaction would; leaving it on an exception keeps the last saved state."""
+        try:
+            if exc_type is None and self.has_unsaved_writes():
+                self.persist()
+        finally:
+            self.close()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.location} dim={self.dimension}>"
@@ -422,6 +433,9 @@ class IdMapMixin:
     def _begin_write(self) -> None:
         """Before the first change: take the folder's writer lock, catch up with disk."""
         raise NotImplementedError
+
+    def has_unsaved_writes(self) -> bool:
+        return self._dirty
 
     def _existing(self, ids: list[str]) -> Iterable[str]:
         return [i for i in ids if i in self._row]
