@@ -34,7 +34,7 @@ from typing import Any
 import click
 import numpy as np
 from _common import recorded_command
-from _milvus_server import milvus_server
+from _servers import milvus_server
 from _store_data import load_vectors, passages
 
 from magretrieve.stores import _faiss_index, open_store

@@ -58,19 +58,25 @@ def exact_topk(queries: np.ndarray, docs: np.ndarray, k: int) -> tuple[np.ndarra
 
 
 #: Backends on a server the tests start themselves (tests/servers.py, one per session): name ->
-#: (fixture giving the server's URL, spec of a fresh collection on it). Marked integration.
+#: (fixture giving the server's URL, spec of a fresh collection on it, options as the embedded
+#: example's). Marked integration.
 SERVER_BACKENDS = {
-    "milvus-server": ("milvus_server_url", lambda url, name: f"milvus:{url}/{name}"),
-    "chroma-server": ("chroma_server_url", lambda url, name: f"chroma:{url}/{name}"),
+    "milvus-server": ("milvus_server_url", lambda url, name: f"milvus:{url}/{name}", {}),
+    # Chroma has only HNSW: as embedded, an ef above the tests' corpus sizes
+    "chroma-server": (
+        "chroma_server_url",
+        lambda url, name: f"chroma:{url}/{name}",
+        {"ef_search": 512},
+    ),
 }
 SERVER_PARAMS = [pytest.param(n, marks=pytest.mark.integration) for n in sorted(SERVER_BACKENDS)]
 
 
 def _open_example(name: str, tmp_path: Path, request=None):
     if name in SERVER_BACKENDS:
-        fixture, spec = SERVER_BACKENDS[name]
+        fixture, spec, options = SERVER_BACKENDS[name]
         url = request.getfixturevalue(fixture)
-        return open_store(spec(url, f"t_{uuid.uuid4().hex[:16]}"), dimension=DIM)
+        return open_store(spec(url, f"t_{uuid.uuid4().hex[:16]}"), dimension=DIM, **options)
     ex = example(name, tmp_path)
     return open_store(ex.spec, dimension=DIM, **ex.options)
 
