@@ -2121,11 +2121,14 @@ def test_skip_empty_counts_like_truncation_and_indexes_the_rest(env: Env) -> Non
     from magretrieve.serving.retriever import Retriever
 
     corpus = env.corpus(
-        json.dumps({"_id": "e1", "text": " "}), json.dumps({"_id": "e2", "title": "", "text": ""})
+        json.dumps({"_id": "e1", "text": " "}),
+        json.dumps({"_id": "e2", "title": "", "text": ""}),
+        # zero-width space, BOM and a lone combining mark: nothing a tokenizer reads
+        json.dumps({"_id": "e3", "title": "\u200b", "text": "\ufeff\u0301"}),
     )
     with Retriever.load(env.export, store=f"faiss:{env.tmp / 'new'}") as r:
         report = index_corpus(r, corpus, skip_empty=True, progress=False)
-    assert (report.added, report.empty_skipped, report.empty_ids) == (3, 2, ["e1", "e2"])
+    assert (report.added, report.empty_skipped, report.empty_ids) == (3, 3, ["e1", "e2", "e3"])
     assert report.count == 3
 
 

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -323,6 +324,12 @@ def test_limits_and_malformed_requests(server) -> None:
         422,
         "input #1 is empty",
     )
+    for invisible in ("\u200b", "\ufeff\u200b", "\u0001", "\u0301\u0301", " \u2028 "):
+        assert_clean_error(  # zero-width, BOM, controls, lone combining marks: no tokens
+            server.post("/v1/embeddings", {"input": ["ok", invisible], "input_type": "document"}),
+            422,
+            "input #1 is empty or only whitespace and invisible characters",
+        )
     assert_clean_error(server.post("/v1/embeddings", {"input": [], "input_type": "query"}), 422)
     assert_clean_error(server.post("/v1/embeddings", {"input": [1, 2], "input_type": "query"}), 422)
     assert_clean_error(
@@ -493,7 +500,29 @@ def test_a_bad_document_writes_nothing_of_its_request(server) -> None:
     dup = [{"_id": "x1", "text": "a"}, {"_id": "x1", "text": "b"}]
     assert_clean_error(server.post("/documents", {"documents": dup}), 422, "'x1'", "twice")
     assert_clean_error(server.post("/documents", {"documents": [{"text": "no id"}]}), 422, "_id")
+    for payload in ("str", 5, [1, 2]):
+        one = [{"_id": "p1", "text": "fine", "payload": payload}]
+        assert_clean_error(server.post("/documents", {"documents": one}), 422, "'p1'", "object")
+    shadow = [{"_id": "p2", "text": "fine", "payload": {"_id": "evil", "text": "evil"}}]
+    assert_clean_error(
+        server.post("/documents", {"documents": shadow}), 422, "'p2'", "['_id', 'text']"
+    )
+    lone = httpx.post(  # a lone surrogate in a payload value: no store can keep it
+        server.url + "/documents",
+        content=b'{"documents": [{"_id": "s1", "text": "fine", "note": "a\\udc80"}]}',
+        headers={**server.headers, "content-type": "application/json"},
+    )
+    assert_clean_error(lone, 422, "'s1'", "field 'note'", "lone surrogate")
     assert httpx.get(server.url + "/info").json()["store"]["count"] == before
+
+
+def test_an_echoed_model_name_with_a_lone_surrogate_is_still_json(server) -> None:
+    resp = httpx.post(
+        server.url + "/v1/embeddings",
+        content=b'{"input": "x", "input_type": "query", "model": "m\\ud800"}',
+        headers={**server.headers, "content-type": "application/json"},
+    )
+    assert resp.status_code == 200 and resp.json()["model"] == "m\ud800"
 
 
 def test_another_writer_is_a_409_without_paths(tmp_path, export_dir, store_template) -> None:
@@ -727,6 +756,53 @@ def test_cli_errors_are_one_line(tmp_path, export_dir) -> None:
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert proc.returncode == 1 and "API key is empty" in proc.stderr
+    env = {**os.environ, "MAGRETRIEVE_API_KEY": " padded\n"}
+    proc = subprocess.run(
+        [sys.executable, "-c", SERVE, "serve", str(export_dir), "--port", str(free_port())],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "begins or ends with whitespace" in proc.stderr
+    assert "padded" not in proc.stderr
+
+
+def test_a_port_in_use_or_a_bad_host_is_one_line_before_the_banner(tmp_path, export_dir) -> None:
+    """The socket is bound before the export is loaded and the banner printed."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        for args, says in (
+            (["--port", str(port)], f"--port {port}: cannot listen there (Address already in use)"),
+            (["--host", "no such host"], "--host 'no such host': not an address"),
+        ):
+            proc = subprocess.run(
+                [sys.executable, "-c", SERVE, "serve", str(export_dir), *args],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            lines = proc.stderr.strip().splitlines()
+            assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+            assert lines[0].startswith("Error: ") and says in lines[0]
+            assert "serving" not in proc.stderr and "Traceback" not in proc.stderr
+    finally:
+        taken.close()
+
+
+def test_the_banner_masks_the_store_password(tmp_path, export_dir, pg_uri) -> None:
+    """The store spec is printed at start with its password masked."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    password = "S3cr" + uuid.uuid4().hex[:12]
+    parts = urlsplit(pg_uri)  # the session's PostgreSQL trusts local users: any password works
+    netloc = f"{parts.username or 'postgres'}:{password}@{parts.netloc.rpartition('@')[2]}"
+    spec = f"pgvector:{urlunsplit(parts._replace(netloc=netloc))}#t_{uuid.uuid4().hex[:10]}"
+    srv = start_server(export_dir, "--store", spec, key=KEY, log_dir=tmp_path)
+    try:
+        assert srv.post("/documents", {"documents": [{"_id": "a", "text": "statins"}]}).is_success
+    finally:
+        code = srv.stop()
+    assert code == 0 and "serving" in srv.stderr() and "***" in srv.stderr()
+    assert password not in srv.stderr()
 
 
 # ----------------------------------------------------------------------------- schemathesis
@@ -776,6 +852,19 @@ def test_create_app_in_process_and_the_body_limit(export_dir) -> None:
             "/v1/embeddings", json={"input": "x" * 5000, "input_type": "query"}, headers=headers
         )
         assert_clean_error(big, 413, "the limit is 2000")
+
+        def chunked():  # no Content-Length: counted as it arrives
+            yield b'{"input": "x", "input_type": "query", "user": "'
+            for _ in range(10):
+                yield b"y" * 500
+            yield b'"}'
+
+        streamed = client.post(
+            "/v1/embeddings",
+            content=chunked(),
+            headers={**headers, "content-type": "application/json"},
+        )
+        assert_clean_error(streamed, 413, "the limit is 2000")
         assert client.get("/ready").status_code == 200
         assert client.post("/search", json={"query": "x"}, headers=headers).status_code == 404
     assert not state.batcher.running and not state.ready  # the lifespan closed it

@@ -55,6 +55,8 @@ REFUSED = [
     (["ok", "neg"], [{}, {"n": -(2**63) - 1}], "outside the 64-bit range"),
     (["ok", "nul-value"], [{}, {"text": "a\x00b"}], "NUL character"),
     (["ok", "nul-key"], [{}, {"k\x00": 1}], "NUL character"),
+    (["ok", "surrogate"], [{}, {"note": "a\udc80"}], r"field 'note'.*lone surrogate at position 1"),
+    (["ok", "surrogate-key"], [{}, {"x": {"\ud800": 1}}], r"field 'x'.*lone surrogate"),
     (["ok", "nested"], [{}, {"x": [{"y": 2**64}]}], r"field 'x\[0\]\.y'"),
     (["ok", "reserved"], [{}, {"doc_id": "other"}], "reserved"),
     (["ok", "reserved"], [{}, {"doc_norm": 3.0}], "reserved"),

@@ -153,3 +153,44 @@ def test_redact_value_masks_secret_keys_and_strings():
         "list": ["token=***", 3],
         "ok": None,
     }
+
+
+_HOLD_LOCK = """
+import sys, time
+from magretrieve.stores import open_store
+s = open_store("faiss:" + sys.argv[1], dimension=4)
+s.write_metadata({"model_fingerprint": "x"})  # the first write takes the writer lock
+s.persist()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_writer_lock_holder_named_without_its_arguments(tmp_path):
+    """A second writer is told which process holds the store, by pid and program only: the
+    holder's command line may carry an API key or a database password."""
+    import subprocess
+    import sys
+
+    key, password = secret(), secret()
+    script = tmp_path / "hold.py"
+    script.write_text(_HOLD_LOCK)
+    folder = tmp_path / "store"
+    holder = subprocess.Popen(
+        [sys.executable, str(script), str(folder), f"postgresql://u:{password}@h/db"]
+        + ["--api-key", key],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        s = open_store(f"faiss:{folder}")
+        with pytest.raises(StoreError) as err:
+            s.add(["a"], np.ones((1, DIM), dtype=np.float32))
+        message = str(err.value)
+        assert f"pid {holder.pid} (python" in message and "hold.py" in message
+        assert key not in message and password not in message and "--api-key" not in message
+        s.close()
+    finally:
+        holder.kill()
+        holder.wait()

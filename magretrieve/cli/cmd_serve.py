@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 
 import click
 
@@ -11,6 +12,7 @@ from magretrieve.cli._group import main
 from magretrieve.core.batching import DEFAULT_BATCH_TOKENS
 from magretrieve.core.env import API_KEY_ENV
 from magretrieve.core.errors import ConfigError
+from magretrieve.core.redact import redact
 
 
 @main.command("serve")
@@ -112,6 +114,7 @@ def serve_cmd(
     )
     if not 0 < port < 65536:
         raise ConfigError(f"--port {port}: not a TCP port (1..65535)")
+    listener = _listen(host, port)  # before anything is loaded: a taken port fails at once
     state = open_state(
         export_dir,
         store_spec,
@@ -124,7 +127,7 @@ def serve_cmd(
     app = create_app(state=state)
     writes = "on" if settings.writes_enabled and store_spec else "off"
     click.echo(
-        f"serving {export_dir} on http://{host}:{port} (store: {store_spec or 'none'}, "
+        f"serving {export_dir} on http://{host}:{port} (store: {redact(store_spec or 'none')}, "
         f"writes {writes}, docs at /docs)",
         err=True,
     )
@@ -141,7 +144,29 @@ def serve_cmd(
     # there before it: make that one a clean exit, so a drained server exits 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_cleanly)
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port``, or one line saying why it cannot be."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ConfigError(
+            f"--host {host!r}: not an address this machine can listen on ({exc})"
+        ) from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"--host {host} --port {port}: cannot listen there ({exc.strerror})"
+        ) from None
+    return sock
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:

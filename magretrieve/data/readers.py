@@ -10,6 +10,7 @@ import csv
 import json
 import logging
 import math
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,18 @@ logger = logging.getLogger(__name__)
 #: Relevance grades outside this range are refused: trec_eval sizes per-query tables by the
 #: largest grade (a grade of 1e12 would allocate tens of GB), and BEIR grades are 0-4.
 MAX_GRADE = 1000
+
+
+#: Unicode categories no tokenizer reads as content: controls, format characters (zero-width
+#: spaces and joiners, the BOM), separators, and combining marks without a base character.
+_INVISIBLE = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp", "Mn", "Me"})
+
+
+def blank(text: str) -> bool:
+    """True when ``text`` holds nothing to encode: only whitespace, controls, zero-width and
+    other format characters, or combining marks. Such a text tokenizes to the special tokens
+    alone, and every one of them gets the same vector."""
+    return all(c.isspace() or unicodedata.category(c) in _INVISIBLE for c in text)
 
 
 def lone_surrogate(text: str) -> int | None:
@@ -203,7 +216,7 @@ def _required_str(
         raise DataError(
             f"{path}:{lineno}: field {key!r} must be a string, got {type(value).__name__}"
         )
-    if not allow_empty and not value.strip():
+    if not allow_empty and blank(value):
         raise DataError(f"{path}:{lineno}: field {key!r} is empty")
     return value
 
@@ -250,7 +263,7 @@ def corpus_document(
         raise DataError(
             f"{path}:{lineno}: field 'title' must be a string, got {type(title).__name__}"
         )
-    if not text.strip() and not title.strip():
+    if blank(text) and blank(title):
         if skip_empty:
             return Document(doc_id, text, title, {})
         if not allow_empty:
@@ -264,8 +277,8 @@ def corpus_document(
 
 
 def is_empty(doc: Document) -> bool:
-    """True for a document with nothing to encode (empty or whitespace title and text)."""
-    return not doc.text.strip() and not doc.title.strip()
+    """True for a document with nothing to encode (title and text :func:`blank`)."""
+    return blank(doc.text) and blank(doc.title)
 
 
 def load_corpus(path: str | Path, *, allow_empty: bool = False) -> dict[str, Document]:

@@ -1,9 +1,9 @@
 """One ASGI middleware in front of every route: body size limit, auth, metrics, last-resort errors.
 
 Pure ASGI (no per-request task as Starlette's BaseHTTPMiddleware makes), because it runs on
-every batch-1 query. Order: a body over ``max_body_bytes`` (by Content-Length) is refused
-with 413 before it is read; then the key is checked (401); then the request runs and its
-status and latency are counted under the route's template. An exception that escapes a
+every batch-1 query. Order: a body over ``max_body_bytes`` is refused with 413 (by
+Content-Length before it is read, else as it arrives); then the key is checked (401); then
+the request runs and its status and latency are counted under the route's template. An exception that escapes a
 route becomes a JSON 500 that names its type only; the traceback goes to the server log.
 """
 
@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any
+
+from starlette.exceptions import HTTPException
 
 from magretrieve.server.auth import authorized, needs_key
 from magretrieve.server.errors import error_body
@@ -33,6 +35,26 @@ async def _send_error(send: Any, status: int, message: str, headers: list | None
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+def _limited(receive: Any, limit: int) -> Any:
+    """``receive`` that counts the body as it arrives: a body sent without Content-Length
+    (chunked) is refused with the same 413 once it passes the limit, before it is kept."""
+    received = 0
+
+    async def receive_limited() -> dict:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                # FastAPI passes an HTTPException from the body read on to the app's handler
+                raise HTTPException(
+                    413, f"request body is over {limit} bytes; the limit is {limit}"
+                )
+        return message
+
+    return receive_limited
 
 
 class ServerMiddleware:
@@ -76,7 +98,7 @@ class ServerMiddleware:
                     [(b"www-authenticate", b"Bearer")],
                 )
             else:
-                await self.app(scope, receive, send_wrapper)
+                await self.app(scope, _limited(receive, limit), send_wrapper)
         except Exception as exc:  # a bug: answer JSON, keep the traceback in the log only
             logger.exception("unhandled error on %s %s", scope.get("method"), path)
             if not status["started"]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import numpy as np
 import orjson
 from starlette.responses import Response
 
@@ -19,9 +21,22 @@ STORE: dict[int | str, dict[str, Any]] = {**ENCODING, 403: _ERR, 404: _ERR, 409:
 
 
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    try:
+        body = orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+    except orjson.JSONEncodeError:
+        # orjson writes only valid UTF-8; a lone surrogate (an echoed model name, a payload
+        # stored before stores refused them) goes out as the JSON escape the client sent
+        body = json.dumps(obj, default=_plain, allow_nan=False).encode("ascii")
     return Response(
-        orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY),
+        body,
         status_code=status,
         media_type="application/json",
         headers=headers,
     )
+
+
+def _plain(value: Any) -> Any:
+    """numpy values as JSON numbers and lists (what OPT_SERIALIZE_NUMPY does)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON")

@@ -74,6 +74,12 @@ class ServerSettings:
             raise ConfigError(f"min_batch_fill must be within 0..1, got {self.min_batch_fill}")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("the API key is empty; pass a non-empty --api-key or unset it")
+        if self.api_key is not None and self.api_key != self.api_key.strip():
+            # HTTP drops whitespace around a header value: no client could send this key
+            raise ConfigError(
+                "the API key begins or ends with whitespace, which no HTTP client can send; "
+                "remove it"
+            )
 
     @property
     def writes_enabled(self) -> bool:

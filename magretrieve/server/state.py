@@ -15,6 +15,7 @@ import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from magretrieve.core.errors import MagRetrieveError
+from magretrieve.data.readers import blank
 from magretrieve.server.batcher import Draining, DynamicBatcher, EncodeFn, QueueFull
 from magretrieve.server.errors import ApiError, scrub
 from magretrieve.server.metrics import Metrics
@@ -168,8 +169,10 @@ class ServerState:
                 f"{what} holds {len(texts)} texts; this server takes at most {s.max_inputs} per request",
             )
         for n, text in enumerate(texts):
-            if not text.strip():
-                raise ApiError(422, f"{what} #{n} is empty or only whitespace")
+            if blank(text):
+                raise ApiError(
+                    422, f"{what} #{n} is empty or only whitespace and invisible characters"
+                )
             if len(text) > s.max_text_chars:
                 raise ApiError(
                     413,

@@ -32,7 +32,7 @@ import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.core.similarity import EPS, INDEX_METRIC
-from magretrieve.data.readers import Document, check_text, lone_surrogate
+from magretrieve.data.readers import Document, blank, check_text, lone_surrogate
 from magretrieve.stores import VectorStore, open_store
 from magretrieve.stores.base import check_finite, check_queries
 from magretrieve.stores.registry import backend_for
@@ -218,6 +218,10 @@ def offset_coordinate(meta: Mapping[str, Any] | None) -> bool:
     return has_offset_coordinate(meta)
 
 
+#: Keys of a document dict that are the document itself, not payload.
+DOCUMENT_FIELDS = ("_id", "id", "text", "title")
+
+
 def _as_document(doc: Document | Mapping[str, Any], position: int) -> Document:
     if isinstance(doc, Document):
         return doc
@@ -234,12 +238,22 @@ def _as_document(doc: Document | Mapping[str, Any], position: int) -> Document:
     title = doc.get("title") or ""
     if not isinstance(text, str) or not isinstance(title, str):
         raise StoreError(f"document {doc_id!r}: 'text' and 'title' must be strings")
-    if not text.strip() and not title.strip():
+    if blank(text) and blank(title):
         raise StoreError(f"document {doc_id!r}: empty title and text")
-    extra = dict(doc.get("payload") or {})
-    extra.update(
-        {k: v for k, v in doc.items() if k not in ("_id", "id", "text", "title", "payload")}
-    )
+    nested = doc.get("payload")
+    if nested is not None and not isinstance(nested, Mapping):
+        raise StoreError(
+            f"document {doc_id!r}: 'payload' must be an object of fields, "
+            f"got {type(nested).__name__}"
+        )
+    shadowed = sorted(set(nested or {}) & set(DOCUMENT_FIELDS))
+    if shadowed:
+        raise StoreError(
+            f"document {doc_id!r}: 'payload' holds {shadowed}, the document's own fields; "
+            "give them at the top level"
+        )
+    extra = dict(nested or {})
+    extra.update({k: v for k, v in doc.items() if k not in (*DOCUMENT_FIELDS, "payload")})
     return Document(doc_id, text, title, extra)
 
 
@@ -429,9 +443,9 @@ class Retriever:
         payloads = []
         for d in docs:
             payload = dict(d.payload)
-            if self.store_text:
-                payload.setdefault("title", d.title)
-                payload.setdefault("text", d.text)
+            if self.store_text:  # the text that was encoded, whatever the payload says
+                payload["title"] = d.title
+                payload["text"] = d.text
             payloads.append(payload)
         with self._lock.write():
             self._record_model()

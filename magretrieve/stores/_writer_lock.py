@@ -3,8 +3,8 @@
 The lock is ``flock(LOCK_EX | LOCK_NB)`` on the store *folder itself* (no lock file is left in
 it), taken by the first write of a store object (add, delete, metadata, persist) and held until
 ``close()``. Readers never take it, so searches keep working while an index is being built.
-A second writer gets a one-line error naming the holder (pid and command line, read from
-``/proc/locks`` where the system has it). The kernel drops the lock when its holder dies, so a
+A second writer gets a one-line error naming the holder (pid and program, read from
+``/proc/locks`` where the system has it; never its arguments, which may hold secrets). The kernel drops the lock when its holder dies, so a
 killed writer never leaves a stale lock behind.
 """
 
@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.redact import redact
 
 try:  # POSIX only; elsewhere the lock is a no-op (documented in docs/stores.md)
     import fcntl
@@ -41,11 +42,23 @@ def _holder(folder: Path) -> str:
                 return f"this process (pid {pid}, another open store object)"
             try:
                 raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-                cmd = " ".join(raw.decode(errors="replace").split("\x00")).strip()
             except OSError:
-                cmd = ""
-            return f"pid {pid}" + (f" ({cmd[:160]})" if cmd else "")
+                raw = b""
+            program = _program(raw.decode(errors="replace").split("\x00"))
+            return f"pid {pid}" + (f" ({program})" if program else "")
     return "another process"
+
+
+def _program(argv: list[str]) -> str:
+    """What runs, without its arguments: the names of the first words before any option
+    (``python magretrieve serve``). Options and their values stay out of the message, since a
+    command line may hold an API key or a database password."""
+    words: list[str] = []
+    for word in argv:
+        if not word or word.startswith("-") or len(words) == 3:
+            break
+        words.append(Path(word).name)
+    return redact(" ".join(words))
 
 
 class WriterLock:

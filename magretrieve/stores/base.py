@@ -525,10 +525,21 @@ def id_problem(doc_id: Any) -> str | None:
     return None
 
 
+def _lone_surrogate(text: str) -> int | None:
+    """Position of the first lone surrogate (valid as a JSON escape, not as Unicode: no UTF-8
+    encoder, database or JSON writer of a stored payload takes it), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
 def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
     """A strict-JSON copy of one payload, or a StoreError naming the document and the field.
 
-    Strict JSON: objects with string keys, lists, strings, finite numbers, booleans and null.
+    Strict JSON: objects with string keys, lists, strings (Unicode, without NUL), finite
+    numbers, booleans and null.
     NaN/Infinity (which ``json.dumps`` writes as invalid tokens), dates, sets, bytes, numpy
     values and other objects are refused *before* anything of the batch is written, so one
     bad payload can never leave a store that fails at every later save.
@@ -549,6 +560,8 @@ def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
         if isinstance(value, str):
             if "\x00" in value:
                 raise _bad(path, "a NUL character (no store can keep NUL in a payload string)")
+            if (at := _lone_surrogate(value)) is not None:
+                raise _bad(path, f"a lone surrogate at position {at} (not valid Unicode)")
             return value
         if isinstance(value, int) and type(value) is int:
             if not low <= value <= high:
@@ -565,6 +578,8 @@ def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
                     raise _bad(path, f"a non-string key {key!r}")
                 if "\x00" in key:
                     raise _bad(path, f"the key {key!r}, which holds a NUL character")
+                if _lone_surrogate(key) is not None:
+                    raise _bad(path, f"the key {key!r}, which holds a lone surrogate")
                 out[key] = walk(item, f"{path}.{key}" if path else key)
             return out
         if isinstance(value, (list, tuple)):
