@@ -27,7 +27,9 @@ PG_URI_ENV = "MAGRETRIEVE_TEST_PGVECTOR_URI"
 class Example:
     """A spec the shared store tests run against.
 
-    ``exact``: searched exactly; ``lossy``: vectors come back approximately (PQ/SQ codes).
+    ``exact``: searched exactly; ``lossy``: vectors come back approximately (PQ/SQ codes);
+    ``deletes_hide_others``: after deletes the backend's own search can stop finding a few
+    live documents (a known upstream bug; the tests then check recall instead of identity).
     """
 
     name: str
@@ -35,6 +37,7 @@ class Example:
     options: dict[str, Any] = field(default_factory=dict)
     exact: bool = True
     lossy: bool = False
+    deletes_hide_others: bool = False
 
     @property
     def prefix(self) -> str:
@@ -58,8 +61,16 @@ def _milvus(tmp: Path) -> list[Example]:
 def _chroma(tmp: Path) -> list[Example]:
     if importlib.util.find_spec("chromadb") is None:  # test_backend_congruence fails on it
         return []
-    # Chroma has only HNSW: an ef above the tests' corpus sizes searches every vector
-    return [Example("chroma", f"chroma:{tmp / 'chroma'}/test", {"ef_search": 512})]
+    # Chroma has only HNSW: an ef above the tests' corpus sizes searches every vector, until
+    # deletes and upserts leave a live record unreachable (chroma-core/chroma#7758, 1.5.9)
+    return [
+        Example(
+            "chroma",
+            f"chroma:{tmp / 'chroma'}/test",
+            {"ef_search": 512},
+            deletes_hide_others=True,
+        )
+    ]
 
 
 def _lancedb(tmp: Path) -> list[Example]:

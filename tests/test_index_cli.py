@@ -236,6 +236,49 @@ def test_index_into_a_non_persisting_store_or_a_file_is_refused_before_encoding(
     assert f.read_text() == "x"
 
 
+@pytest.mark.parametrize("prefix", ["milvus", "lancedb", "chroma", "qdrant-local", "pgvector"])
+def test_rows_in_an_existing_table_without_model_metadata_need_force(use_fake, tmp_path, prefix):
+    """Every database store: a table or collection that existed before, holding rows but no
+    magretrieve model metadata, is someone else's: indexing refuses without --force and
+    writes nothing; with --force it writes and stamps it."""
+    import store_examples
+
+    ex = store_examples.exact_example(prefix, tmp_path)
+    assert ex is not None, f"{prefix}: no example (extra or pgserver missing?)"
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(3, 24)).astype(np.float32)
+    if prefix == "chroma":  # made by chromadb itself (in a process of its own), the old way
+        make = (
+            "import chromadb, json, sys\n"
+            "col = chromadb.PersistentClient(path=sys.argv[1]).create_collection(sys.argv[2], "
+            "metadata={'hnsw:space': 'ip', 'team': 'billing'}, embedding_function=None)\n"
+            "col.add(ids=['t1', 't2', 't3'], embeddings=json.loads(sys.argv[3]))\n"
+        )
+        path, name = ex.spec.removeprefix("chroma:").rsplit("/", 1)
+        made = subprocess.run(
+            [sys.executable, "-c", make, path, name, json.dumps(vectors.tolist())],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert made.returncode == 0, made.stderr
+    else:
+        with open_store(ex.spec, dimension=24, **ex.options) as theirs:  # rows, no metadata
+            theirs.add(["t1", "t2", "t3"], vectors)
+    corpus = write_corpus(tmp_path / "c.jsonl", 5)
+    res = run("index", "EXPORT", str(corpus), "--store", ex.spec, "--no-progress")
+    assert res.exit_code == 1, res.output
+    assert "already holds 3 point(s) that magretrieve did not write" in res.output
+    with open_store(ex.spec, **ex.options) as store:
+        assert store.count() == 3 and store.read_metadata() is None
+    res = run("index", "EXPORT", str(corpus), "--store", ex.spec, "--no-progress", "--force")
+    assert res.exit_code == 0, res.output
+    with open_store(ex.spec, **ex.options) as store:
+        assert store.count() == 8 and store.read_metadata()["mode"] == "qnorm"
+        if prefix == "chroma":  # the owner's own metadata is kept
+            assert store.col.metadata["team"] == "billing"
+
+
 def test_index_into_a_foreign_qdrant_collection_needs_force(use_fake, tmp_path):
     """A non-empty collection magretrieve did not write is neither written nor stamped."""
     from qdrant_client import QdrantClient, models

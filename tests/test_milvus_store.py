@@ -104,3 +104,10 @@ def test_spec_forms():
             parse_milvus(bad)
     with pytest.raises(StoreError, match="milvus:PATH.db/COLLECTION"):
         open_store("milvus:nowhere", dimension=4)
+
+
+def test_a_file_where_the_lite_folder_goes_is_one_store_error(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(StoreError, match=r"milvus:.*afile/x.db/col: cannot make the folder"):
+        open_store(f"milvus:{tmp_path / 'afile' / 'x.db'}/col", dimension=DIM)
+    assert (tmp_path / "afile").read_text() == "x"

@@ -135,6 +135,33 @@ def test_foreign_table_and_dimension_mismatch_refused(pg_uri):
         open_store(spec(pg_uri, table()))
 
 
+def test_a_comment_magretrieve_did_not_write_is_never_replaced(pg_uri):
+    """magretrieve records its model in the table COMMENT: a JSON object keeps its other keys,
+    a plain-text COMMENT is someone's and writing the model is refused, even with force."""
+    from test_retriever import FakeEncoder, corpus
+
+    from magretrieve.serving.retriever import Retriever
+
+    text_table, json_table = table(), table()
+    for name in (text_table, json_table):
+        open_store(spec(pg_uri, name), dimension=24).close()
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        conn.execute(f"COMMENT ON TABLE {text_table} IS 'billing team: do not touch'")
+        conn.execute(f"""COMMENT ON TABLE {json_table} IS '{{"owner": "billing"}}'""")
+    with pytest.raises(StoreError, match="COMMENT is text magretrieve did not write"):
+        Retriever(FakeEncoder(), open_store(spec(pg_uri, text_table)), force=True).add_documents(
+            corpus(4)
+        )
+    Retriever(FakeEncoder(), open_store(spec(pg_uri, json_table))).add_documents(corpus(4))
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        comment = "SELECT obj_description(%s::regclass, 'pg_class')"
+        assert conn.execute(comment, (text_table,)).fetchone()[0] == "billing team: do not touch"
+        assert conn.execute(f"SELECT count(*) FROM {text_table}").fetchone()[0] == 0
+        kept = json.loads(conn.execute(comment, (json_table,)).fetchone()[0])
+    assert kept["owner"] == "billing" and kept["magretrieve"]["mode"] == "qnorm"
+    assert open_store(spec(pg_uri, json_table)).count() == 4
+
+
 def test_existing_connection_object(pg_uri):
     ids, docs, queries = data(n=50)
     name = table()

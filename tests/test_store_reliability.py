@@ -49,12 +49,22 @@ def vecs(n: int, seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(n, DIM)).astype(np.float32)
 
 
+def _nested(levels: int) -> dict:
+    out: dict = {}
+    inner = out
+    for _ in range(levels):
+        inner["d"] = {}
+        inner = inner["d"]
+    return out
+
+
 REFUSED = [
     (["ok", "a\x00b"], None, "NUL character"),
     (["ok", "big"], [{}, {"n": 2**70}], "outside the 64-bit range"),
     (["ok", "neg"], [{}, {"n": -(2**63) - 1}], "outside the 64-bit range"),
     (["ok", "nul-value"], [{}, {"text": "a\x00b"}], "NUL character"),
     (["ok", "nul-key"], [{}, {"k\x00": 1}], "NUL character"),
+    (["ok", "deep"], [{}, {"d": _nested(40)}], "nested more than 32 levels"),
     (["ok", "surrogate"], [{}, {"note": "a\udc80"}], r"field 'note'.*lone surrogate at position 1"),
     (["ok", "surrogate-key"], [{}, {"x": {"\ud800": 1}}], r"field 'x'.*lone surrogate"),
     (["ok", "nested"], [{}, {"x": [{"y": 2**64}]}], r"field 'x\[0\]\.y'"),
@@ -72,6 +82,27 @@ def test_unstorable_input_is_refused_alike_and_nothing_changes(store, ids, paylo
     assert store.count() == 2
     assert store.existing(["ok", *ids]) == set()
     assert {r.id: r.payload for r in store.get(["base-1", "base-2"])} == before
+
+
+def test_odd_search_and_vector_input_answered_alike(store):
+    """No queries: no answers (without asking the backend). A k beyond every count: all the
+    documents, or the store's own stated limit. Vectors that are not numbers, or an id one
+    byte over the store's limit: one StoreError, nothing written."""
+    assert store.search(np.zeros((0, DIM), dtype=np.float32), 3) == []
+    if store.max_k is None:
+        assert len(store.search(vecs(1)[0], 2**40)[0]) == 2
+    else:
+        with pytest.raises(StoreError, match=f"returns at most {store.max_k} hits"):
+            store.search(vecs(1)[0], 2**40)
+    for bad in ([["a"] * DIM], [[1.0] * DIM, [1.0]]):
+        with pytest.raises(StoreError, match="vectors must be numbers"):
+            store.add(["x", "y"][: len(bad)], bad)
+    with pytest.raises(StoreError, match="query vectors must be numbers"):
+        store.search([["a"] * DIM], 1)
+    if store.max_id_bytes is not None:
+        with pytest.raises(StoreError, match=f"longer than {store.max_id_bytes} bytes"):
+            store.add(["é" * (store.max_id_bytes // 2 + 1)], vecs(1))
+    assert store.count() == 2
 
 
 def test_quotes_and_column_names_are_stored_and_read_back_alike(store):

@@ -36,6 +36,7 @@ UNREACHABLE = [
     ("milvus token option", "milvus:http://127.0.0.1:1/coll", {"token": "root:{s}"}),
     ("qdrant api_key option", "qdrant:http://127.0.0.1:1/coll", {"api_key": "{s}"}),
     ("qdrant userinfo", "qdrant:http://u:{s}@127.0.0.1:1/coll", {}),
+    ("chroma userinfo", "chroma:http://u:{s}@127.0.0.1:1/coll", {}),
 ]
 
 
@@ -134,6 +135,8 @@ def test_cli_errors_never_show_the_secret(use_fake, tmp_path):  # noqa: F811
         ("postgresql://bob:pw@h:5432/db", "postgresql://bob:***@h:5432/db"),
         ("postgresql://h/db?user=x&password=pw&sslmode=require", "password=***&sslmode"),
         ("host=h password='a b\\'c' user=u", "host=h password=*** user=u"),
+        # libpq reads a backslash-escaped space in an unquoted value as part of the value
+        ("host=h password=S3c\\ ret user=u", "host=h password=*** user=u"),
         ("http://h:6333?api_key=K&x=1", "api_key=***&x=1"),
         ("{'api_key': 'K', 'timeout': 3}", "{'api_key': '***', 'timeout': 3}"),
         ('{"token": "root:Milvus"}', '{"token": "***"}'),

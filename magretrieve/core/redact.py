@@ -39,7 +39,7 @@ _NAMES = "|".join(sorted((re.escape(n) for n in SECRET_NAMES), key=len, reverse=
 # name=value in a query string, a libpq DSN or a log line; the value quoted (libpq style,
 # backslash escapes) or up to the next separator
 _ASSIGN = re.compile(
-    rf"(?i)(?<![\w-])({_NAMES})(\s*=\s*)('(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|[^\s&;#,)'\"]*)"
+    rf"(?i)(?<![\w-])({_NAMES})(\s*=\s*)('(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|(?:\\.|[^\s&;#,)'\"\\])*)"
 )
 # a mapping repr or JSON: 'api_key': 'KEY' / "token": "KEY" (the name quoted, so prose such
 # as "unknown key: 'x'" is left alone)

@@ -238,8 +238,9 @@ class EdgeAPI:
         self._closed = False
 
     def errors(self) -> tuple[type[BaseException], ...]:
-        """Qdrant Edge reports faults as plain Python exceptions."""
-        return (ValueError, RuntimeError, OSError)
+        """Qdrant Edge reports faults as plain Python exceptions, some as bare ``Exception``
+        (``Service runtime error: ...``): every one is a driver error of this store."""
+        return (Exception,)
 
     def config(self) -> dict[str, Any] | None:
         config_file = self.shard_path / "edge_config.json"

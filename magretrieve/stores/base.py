@@ -289,6 +289,8 @@ class VectorStore(ABC):
             raise StoreError(
                 f"{self.location}: {self.kind} returns at most {self.max_k} hits, asked {k}"
             )
+        if not len(q):  # no queries: nothing to ask the backend (some fail on an empty batch)
+            return []
         with self._driver("search"):
             return self._query(q, k, with_vectors)
 
@@ -353,10 +355,16 @@ class VectorStore(ABC):
         with self._driver("describe"):
             return self._describe()
 
+    #: False when this object opened a table or collection that already existed (set by the
+    #: database stores); folder stores hold only what magretrieve wrote.
+    created_here: bool = True
+
     def foreign_points(self) -> int:
         """Points that magretrieve did not write (an existing collection without its model
         metadata); writing next to them needs ``force``. 0 for stores only magretrieve fills."""
-        return 0
+        if self.created_here or self.read_metadata():
+            return 0
+        return self.count()
 
     def persist(self) -> None:  # noqa: B027 - optional hook
         """Make everything added so far durable (atomic where the backend allows)."""
@@ -477,7 +485,13 @@ def check_batch(
         seen: set[str] = set()
         dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
         raise StoreError(f"{where}: duplicate document id {dup!r} in one batch")
-    arr = np.asarray(vectors, dtype=np.float32)
+    try:
+        arr = np.asarray(vectors, dtype=np.float32)
+    except (TypeError, ValueError) as exc:  # strings, ragged lists, objects
+        raise StoreError(
+            f"{where}: vectors must be numbers ({one_line(exc, 120)}); nothing of this batch "
+            "was written"
+        ) from None
     if arr.ndim == 1 and len(ids) == 1:
         arr = arr.reshape(1, -1)
     if arr.ndim != 2 or arr.shape[0] != len(ids):
@@ -525,6 +539,12 @@ def id_problem(doc_id: Any) -> str | None:
     return None
 
 
+#: Payload objects and lists may nest this deep. Qdrant Edge stores deeper ones and then
+#: cannot read its own write-ahead log back (its decoder stops near 128 levels), which would
+#: lose the whole shard; real metadata is a few levels deep.
+MAX_PAYLOAD_DEPTH = 32
+
+
 def _lone_surrogate(text: str) -> int | None:
     """Position of the first lone surrogate (valid as a JSON escape, not as Unicode: no UTF-8
     encoder, database or JSON writer of a stored payload takes it), or None."""
@@ -554,7 +574,9 @@ def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
 
     low, high = INT64_RANGE
 
-    def walk(value: Any, path: str) -> Any:
+    def walk(value: Any, path: str, depth: int = 0) -> Any:
+        if depth > MAX_PAYLOAD_DEPTH:
+            raise _bad(path, f"objects and lists nested more than {MAX_PAYLOAD_DEPTH} levels deep")
         if isinstance(value, bool) or value is None:
             return value
         if isinstance(value, str):
@@ -580,10 +602,10 @@ def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
                     raise _bad(path, f"the key {key!r}, which holds a NUL character")
                 if _lone_surrogate(key) is not None:
                     raise _bad(path, f"the key {key!r}, which holds a lone surrogate")
-                out[key] = walk(item, f"{path}.{key}" if path else key)
+                out[key] = walk(item, f"{path}.{key}" if path else key, depth + 1)
             return out
         if isinstance(value, (list, tuple)):
-            return [walk(item, f"{path}[{n}]") for n, item in enumerate(value)]
+            return [walk(item, f"{path}[{n}]", depth + 1) for n, item in enumerate(value)]
         raise _bad(path, f"a {type(value).__name__} ({value!r:.40}), which is not JSON")
 
     def _bad(path: str, what: str) -> StoreError:
@@ -626,7 +648,10 @@ def check_finite(arr: np.ndarray, ids: Sequence[str], where: str) -> None:
 
 def check_queries(queries: np.ndarray, dimension: int, where: str) -> np.ndarray:
     """Queries as a float32 ``(n, dim)`` array; NaN/inf and wrong dimensions refused."""
-    arr = np.asarray(queries, dtype=np.float32)
+    try:
+        arr = np.asarray(queries, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{where}: query vectors must be numbers ({one_line(exc, 120)})") from None
     if arr.ndim == 1:
         arr = arr.reshape(1, -1)
     if arr.ndim != 2 or arr.shape[1] != dimension:

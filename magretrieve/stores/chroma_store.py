@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.redact import redact
 from magretrieve.stores import _ann_recall, registry
 from magretrieve.stores.base import Batch, StoreHit, StoreRecord, VectorStore, require
 
@@ -303,9 +304,17 @@ class ChromaStore(VectorStore):
         return value if isinstance(value, dict) and value else None
 
     def _write_meta_value(self, key: str, value: Mapping[str, Any] | None) -> None:
-        current = dict(
-            self._run("read", lambda: self.client.get_collection(self.name)).metadata or {}
-        )
+        """Set one key of the collection's metadata, keeping the others (Chroma's ``modify``
+        replaces the whole mapping). Legacy ``hnsw:*`` keys are left out: Chroma refuses a
+        ``modify`` that carries ``hnsw:space``, and it keeps those settings in the collection's
+        configuration, which stays as it is."""
+        current = {
+            k: v
+            for k, v in (
+                self._run("read", lambda: self.client.get_collection(self.name)).metadata or {}
+            ).items()
+            if not k.startswith("hnsw:")
+        }
         current[key] = json.dumps(dict(value or {}), sort_keys=True)
         self._run("write metadata", lambda: self.col.modify(metadata=current))
 
@@ -402,6 +411,12 @@ def open_chroma(
         where = f"chroma:{url}/{location['collection']}"
         scheme, _, hostport = url.partition("://")
         host, _, port = hostport.rpartition(":")
+        if "@" in host:  # Chroma's client takes credentials as settings, not in the URL
+            raise StoreError(
+                f"{redact(where)}: user and password in the URL are not sent to a Chroma "
+                "server; give chroma:http://HOST:PORT/COLLECTION (a server behind auth is not "
+                "supported by this store)"
+            )
         if not host or not port.isdigit():
             raise StoreError(f"{where}: expected chroma:http://HOST:PORT/COLLECTION")
         try:

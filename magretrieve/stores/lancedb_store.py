@@ -106,6 +106,7 @@ class LanceDBStore(VectorStore):
         names = self._run("list tables", self._table_names)
         if table in names:
             self.tbl = self._run("open", lambda: db.open_table(table))
+            self.created_here = False
             self._check_existing(dimension)
         else:
             if dimension is None:
@@ -229,6 +230,8 @@ class LanceDBStore(VectorStore):
         ).when_matched_update_all().when_not_matched_insert_all().execute(data)
 
     def _search(self, q: np.ndarray, k: int, columns: list[str], exact: bool) -> Any:
+        # LanceDB's limit is a 32-bit count: ask for at most the rows there are
+        k = max(1, min(k, int(self.tbl.count_rows())))
         s = self.tbl.search(q).distance_type("dot").limit(k).select([*columns, "_distance"])
         if exact or self._index() is None:
             return s.bypass_vector_index()

@@ -137,6 +137,7 @@ class MilvusStore(VectorStore):
             )
         try:
             if client.has_collection(collection):
+                self.created_here = False
                 self._open_existing(dimension)
             else:
                 if dimension is None:
@@ -385,9 +386,14 @@ def open_milvus(
         where = f"milvus:{redact(uri)}/{location['collection']}"
     else:
         path = Path(location["path"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        uri = str(path)
         where = f"milvus:{path}/{location['collection']}"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a parent that is a file, or no permission
+            raise StoreError(
+                f"{where}: cannot make the folder {path.parent} ({exc.strerror})"
+            ) from None
+        uri = str(path)
     lite = None if "url" in location else os.path.abspath(uri)
     try:
         token = token if token is not None else os.environ.get("MILVUS_TOKEN", "")

@@ -217,6 +217,9 @@ class PgVectorStore(VectorStore):
     """A pgvector table searched by inner product (``<#>``), one row per document."""
 
     kind = "pgvector"
+    #: The primary key's btree holds at most ~2.7 kB per entry; a longer id fails mid-batch
+    #: (ProgramLimitExceeded) or only when it does not compress, so it is refused up front.
+    max_id_bytes = 2048
     thread_safe_search = False  # one connection: the Retriever serializes searches
 
     def __init__(
@@ -251,6 +254,7 @@ class PgVectorStore(VectorStore):
             with conn.transaction():
                 register_vector(conn)
                 if table_exists(conn, self._name):
+                    self.created_here = False
                     self._open_existing(dimension)
                 else:
                     if dimension is None:
@@ -466,13 +470,33 @@ class PgVectorStore(VectorStore):
         return dict(value) if isinstance(value, dict) and value else None
 
     def _write_meta(self, meta: dict[str, Any]) -> None:
+        """Record ``meta`` under the COMMENT's ``magretrieve`` key, keeping the COMMENT's other
+        keys; a COMMENT that is not a JSON object is someone's text and is never replaced."""
         sql = _sql()
-        text = json.dumps({META_KEY: meta}, sort_keys=True)
-        self._tx(
-            lambda: self.conn.execute(
+
+        def write() -> None:
+            row = self.conn.execute(
+                "SELECT obj_description(%s::regclass, 'pg_class')",
+                (".".join(_quote(p) for p in self._name),),
+            ).fetchone()
+            current = row[0] if row else None
+            try:
+                doc = json.loads(current) if current else {}
+            except ValueError:
+                doc = None
+            if not isinstance(doc, dict):
+                raise StoreError(
+                    f"{self._location}: the table's COMMENT is text magretrieve did not write "
+                    f"({len(current or '')} characters), and magretrieve records its model "
+                    "there; it is left as it is. Clear it (COMMENT ON TABLE ... IS NULL) or use "
+                    "another table"
+                )
+            text = json.dumps({**doc, META_KEY: meta}, sort_keys=True)
+            self.conn.execute(
                 sql.SQL("COMMENT ON TABLE {} IS {}").format(self._table, sql.Literal(text))
             )
-        )
+
+        self._tx(write)
 
     def optimize(self) -> None:
         """Build a pending IVFFlat index (lists trained on the rows now stored), then ANALYZE."""
