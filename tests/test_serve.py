@@ -282,6 +282,10 @@ def test_tei_embed_shape_and_side_rules(server, encoder) -> None:
     same = server.post("/embed", {"inputs": TEXTS, "input_type": "document", "normalize": False})
     assert np.abs(np.array(same.json(), dtype=np.float32) - got).max() <= 1e-6
     assert_clean_error(server.post("/embed", {"inputs": ["x"]}), 422, "input_type is required")
+    both = {"inputs": "x", "prompt_name": "query", "input_type": "document"}
+    assert_clean_error(server.post("/embed", both), 422, "name different sides")
+    same_side = {"inputs": "x", "prompt_name": "search_query", "input_type": "query"}
+    assert server.post("/embed", same_side).status_code == 200
 
 
 def test_truncation_is_reported_per_item_or_refused(server, encoder) -> None:
@@ -463,6 +467,31 @@ def test_search_filter_and_errors(server) -> None:
     assert_clean_error(server.post("/search", {"query": "x", "queries": ["y"]}), 422)
     assert_clean_error(server.post("/search", {"query": "x", "k": 0}), 422, "k")
     assert_clean_error(server.post("/search", {"query": "x", "k": 5000}), 422, "max_k=1000")
+
+
+def test_filter_values_match_as_json_values(server) -> None:
+    """true is not 1, and null matches a field holding null, not a missing field."""
+    docs = [
+        {"_id": "f-true", "text": "filter probe text", "flag": True, "note": None},
+        {"_id": "f-one", "text": "filter probe text", "flag": 1},
+    ]
+    assert server.post("/documents", {"documents": docs}).is_success
+    try:
+
+        def ids(wanted: dict) -> set[str]:
+            body = {"query": "filter probe text", "k": 50, "filter": wanted}
+            return {h["id"] for h in server.post("/search", body).json()["hits"]}
+
+        assert ids({"flag": True}) == {"f-true"}
+        assert ids({"flag": 1}) == {"f-one"}
+        assert ids({"note": None}) == {"f-true"}
+    finally:
+        httpx.request(
+            "DELETE",
+            server.url + "/documents",
+            json={"ids": ["f-true", "f-one"]},
+            headers=server.headers,
+        )
 
 
 def test_upsert_then_search_then_delete(server, encoder) -> None:

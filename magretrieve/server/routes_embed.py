@@ -8,6 +8,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from magretrieve.server.errors import ApiError
 from magretrieve.server.models import EmbeddingsRequest, EmbeddingsResponse, EmbedRequest
 from magretrieve.server.responses import ENCODING, json_response
 from magretrieve.server.sides import (
@@ -77,6 +78,12 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
 async def embed(body: EmbedRequest, request: Request) -> Response:
     state = _state(request)
     side = resolve_side(body.input_type or body.prompt_name)
+    if body.input_type and body.prompt_name and resolve_side(body.prompt_name) != side:
+        raise ApiError(
+            422,
+            f"input_type {body.input_type!r} and prompt_name {body.prompt_name!r} name different "
+            "sides; send one of them",
+        )
     norm_it = check_normalize(side, body.normalize)
     out = await state.embed(_texts(body.inputs), side, truncate=body.truncate, what="inputs")
     vectors = normalized(out.vectors) if norm_it else out.vectors

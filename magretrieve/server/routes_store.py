@@ -59,7 +59,15 @@ def _writable(request: Request) -> tuple[ServerState, Any]:
 
 
 def _matches(payload: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    return all(payload.get(key) == value for key, value in wanted.items())
+    """Every wanted field is present with an equal JSON value (``true`` is not ``1``, and
+    ``null`` matches a field that holds null, not a missing one)."""
+    return all(key in payload and _same(payload[key], value) for key, value in wanted.items())
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
 
 
 def _search(retriever: Any, vectors: np.ndarray, k: int, wanted: dict[str, Any] | None) -> list:
