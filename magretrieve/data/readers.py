@@ -10,44 +10,19 @@ import csv
 import json
 import logging
 import math
-import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from magretrieve.core.errors import DataError
+from magretrieve.core.text import blank, lone_surrogate
 
 logger = logging.getLogger(__name__)
 
 #: Relevance grades outside this range are refused: trec_eval sizes per-query tables by the
 #: largest grade (a grade of 1e12 would allocate tens of GB), and BEIR grades are 0-4.
 MAX_GRADE = 1000
-
-
-#: Unicode categories no tokenizer reads as content: controls, format characters (zero-width
-#: spaces and joiners, the BOM), separators, and combining marks without a base character.
-_INVISIBLE = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp", "Mn", "Me"})
-
-
-def blank(text: str) -> bool:
-    """True when ``text`` holds nothing to encode: only whitespace, controls, zero-width and
-    other format characters, or combining marks. Such a text tokenizes to the special tokens
-    alone, and every one of them gets the same vector."""
-    return all(c.isspace() or unicodedata.category(c) in _INVISIBLE for c in text)
-
-
-def lone_surrogate(text: str) -> int | None:
-    """Position of the first lone surrogate in ``text`` (``\\udc80`` etc.), or None.
-
-    A lone surrogate is a valid JSON escape and what Python makes of a mis-encoded shell
-    argument, but not Unicode text: tokenizers and UTF-8 encoders fail on it.
-    """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return exc.start
-    return None
 
 
 def check_text(text: str, where: str) -> str:

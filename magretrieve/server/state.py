@@ -15,7 +15,7 @@ import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from magretrieve.core.errors import MagRetrieveError
-from magretrieve.data.readers import blank
+from magretrieve.core.text import blank
 from magretrieve.server.batcher import Draining, DynamicBatcher, EncodeFn, QueueFull
 from magretrieve.server.errors import ApiError, scrub
 from magretrieve.server.metrics import Metrics

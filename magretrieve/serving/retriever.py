@@ -32,7 +32,8 @@ import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.core.similarity import EPS, INDEX_METRIC
-from magretrieve.data.readers import Document, blank, check_text, lone_surrogate
+from magretrieve.core.text import blank, lone_surrogate
+from magretrieve.data.readers import Document, check_text
 from magretrieve.stores import VectorStore, open_store
 from magretrieve.stores.base import check_finite, check_queries
 from magretrieve.stores.registry import backend_for

@@ -29,6 +29,7 @@ import numpy as np
 from magretrieve.core.errors import StoreError
 from magretrieve.core.files import is_plain_file_name
 from magretrieve.core.redact import redact_value
+from magretrieve.core.text import lone_surrogate
 
 #: The only metric a magretrieve store uses.
 METRIC = "inner_product"
@@ -529,13 +530,9 @@ def id_problem(doc_id: Any) -> str | None:
             f"document id {doc_id!r:.60} holds a NUL character at position "
             f"{doc_id.index(chr(0))} (no store can keep NUL in an id)"
         )
-    try:
-        doc_id.encode("utf-8")  # Qdrant hashes ids as UTF-8; a lone surrogate has none
-    except UnicodeEncodeError as exc:
-        return (
-            f"document id {doc_id!r:.60} holds a lone surrogate at position {exc.start} "
-            "(not valid Unicode)"
-        )
+    at = lone_surrogate(doc_id)  # Qdrant hashes ids as UTF-8; a lone surrogate has none
+    if at is not None:
+        return f"document id {doc_id!r:.60} holds a lone surrogate at position {at} (not valid Unicode)"
     return None
 
 
@@ -543,16 +540,6 @@ def id_problem(doc_id: Any) -> str | None:
 #: cannot read its own write-ahead log back (its decoder stops near 128 levels), which would
 #: lose the whole shard; real metadata is a few levels deep.
 MAX_PAYLOAD_DEPTH = 32
-
-
-def _lone_surrogate(text: str) -> int | None:
-    """Position of the first lone surrogate (valid as a JSON escape, not as Unicode: no UTF-8
-    encoder, database or JSON writer of a stored payload takes it), or None."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return exc.start
-    return None
 
 
 def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
@@ -582,7 +569,7 @@ def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
         if isinstance(value, str):
             if "\x00" in value:
                 raise _bad(path, "a NUL character (no store can keep NUL in a payload string)")
-            if (at := _lone_surrogate(value)) is not None:
+            if (at := lone_surrogate(value)) is not None:
                 raise _bad(path, f"a lone surrogate at position {at} (not valid Unicode)")
             return value
         if isinstance(value, int) and type(value) is int:
@@ -600,7 +587,7 @@ def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
                     raise _bad(path, f"a non-string key {key!r}")
                 if "\x00" in key:
                     raise _bad(path, f"the key {key!r}, which holds a NUL character")
-                if _lone_surrogate(key) is not None:
+                if lone_surrogate(key) is not None:
                     raise _bad(path, f"the key {key!r}, which holds a lone surrogate")
                 out[key] = walk(item, f"{path}.{key}" if path else key, depth + 1)
             return out

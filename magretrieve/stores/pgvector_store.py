@@ -34,6 +34,7 @@ import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.core.redact import redact
+from magretrieve.core.text import lone_surrogate
 from magretrieve.stores import registry
 from magretrieve.stores.base import (
     Batch,
@@ -93,17 +94,9 @@ def split_table(name: str, where: str) -> tuple[str, ...]:
                 f"{where}: table name {part[:20]!r}... is {size} bytes; PostgreSQL keeps at most "
                 f"{MAX_IDENTIFIER_BYTES} bytes per identifier and would truncate it silently"
             )
-        if "\x00" in part or not _encodable(part):
+        if "\x00" in part or lone_surrogate(part) is not None:
             raise StoreError(f"{where}: table name {part!r} holds a NUL or invalid character")
     return parts
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def connect(uri: str, where: str) -> Any:
