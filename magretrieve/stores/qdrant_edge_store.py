@@ -34,7 +34,7 @@ class QdrantEdgeStore(QdrantStore):
 
     def foreign_points(self) -> int:
         """A shard without magretrieve's file beside it was not written by magretrieve."""
-        if self._created or (self.api.path / META_FILE).is_file():
+        if self.created_here or (self.api.path / META_FILE).is_file():
             return 0
         return self.count()
 

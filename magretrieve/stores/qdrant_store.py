@@ -150,7 +150,7 @@ class QdrantStore(VectorStore):
             api.open()
             self.quantization = "int8" if cfg["quantized"] else None
             self._hnsw, self._shards = cfg["hnsw"] or {}, cfg["shards"]
-            self._created = False
+            self.created_here = False
         else:
             if dimension is None:
                 raise StoreError(
@@ -162,7 +162,7 @@ class QdrantStore(VectorStore):
             made = api.create(self._dim, hnsw_m, ef_construction, quantization, **create_options)
             self.quantization = quantization
             self._hnsw, self._shards = made["hnsw"], made["shards"]
-            self._created = True
+            self.created_here = True
         if self.ef_search is None:
             recall = self._doc().get("recall") or {}
             if "target" in recall:
@@ -241,12 +241,6 @@ class QdrantStore(VectorStore):
 
     def _scan_ids(self) -> Iterator[str]:
         return scroll_doc_ids(lambda offset: self.api.scroll(offset, 1024, ["doc_id"], False))
-
-    def foreign_points(self) -> int:
-        """An existing collection without magretrieve's metadata: its points are not ours."""
-        if self._created or self.read_metadata():
-            return 0
-        return self.count()
 
     def _read_meta(self) -> dict[str, Any] | None:
         meta = self._doc().get("metadata")
