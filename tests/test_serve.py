@@ -605,6 +605,14 @@ def test_curl_lines_of_the_docs_run_as_printed(tmp_path, export_dir, store_templ
     data = json.loads(by_route["/v1/embeddings"])["data"]
     assert data[0]["norm"] > 0 and len(data[0]["embedding"]) == 32
     assert len(json.loads(by_route["/embed"])[0]) == 32
+    models = [m["id"] for m in json.loads(by_route["/v1/models"])["data"]]
+    assert models == ["export:query", "export:document"]  # the export folder's name
+    routed = json.loads(by_route["/document/v1/embeddings"])
+    assert routed["input_type"] == "document" and routed["data"][0]["norm"] == pytest.approx(
+        data[0]["norm"], rel=1e-6
+    )
+    cohere = json.loads(by_route["/v1/embed"])
+    assert cohere["input_type"] == "query" and len(cohere["embeddings"][0]) == 32
     hits = json.loads(by_route["/search"])["hits"]
     assert [h["id"] for h in hits] == ["d1"]  # the only document of 2019
     assert json.loads(outputs[lines.index(next(x for x in lines if "DELETE" in x))]) == {

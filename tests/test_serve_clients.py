@@ -181,19 +181,20 @@ def test_llama_index_openai_embedding_with_model_name(server, ref) -> None:
 # ----------------------------------------------------------------------------- Haystack
 
 
-def test_haystack_indexing_pipeline_stores_every_embedding(server, ref) -> None:
+def test_haystack_indexing_pipeline_stores_every_embedding(server, ref, monkeypatch) -> None:
     from haystack import Document, Pipeline
     from haystack.components.embedders import OpenAIDocumentEmbedder, OpenAITextEmbedder
     from haystack.components.writers import DocumentWriter
     from haystack.document_stores.in_memory import InMemoryDocumentStore
     from haystack.utils import Secret
 
+    monkeypatch.setenv("MAGRETRIEVE_API_KEY", KEY)  # a Secret from the environment serializes
     store = InMemoryDocumentStore(embedding_similarity_function="dot_product")
     indexing = Pipeline()
     indexing.add_component(
         "embedder",
         OpenAIDocumentEmbedder(
-            api_key=Secret.from_token(KEY),
+            api_key=Secret.from_env_var("MAGRETRIEVE_API_KEY"),
             model=DOC_ID,
             api_base_url=server.url + "/v1",
             progress_bar=False,
@@ -203,6 +204,7 @@ def test_haystack_indexing_pipeline_stores_every_embedding(server, ref) -> None:
     indexing.add_component("writer", DocumentWriter(document_store=store))
     indexing.connect("embedder.documents", "writer.documents")
     docs = [Document(id=f"d{i}", content=text) for i, text in enumerate(TEXTS)]
+    assert KEY not in str(indexing.to_dict())  # the key stays in the environment
     out = indexing.run({"embedder": {"documents": docs}})
     assert out["writer"]["documents_written"] == len(TEXTS)
     stored = {d.id: d.embedding for d in store.filter_documents()}
@@ -210,7 +212,9 @@ def test_haystack_indexing_pipeline_stores_every_embedding(server, ref) -> None:
     got = [stored[f"d{i}"] for i in range(len(TEXTS))]
     assert_equal(got, ref(TEXTS, "document"), "document")
     text_embedder = OpenAITextEmbedder(
-        api_key=Secret.from_token(KEY), model=QUERY_ID, api_base_url=server.url + "/v1"
+        api_key=Secret.from_env_var("MAGRETRIEVE_API_KEY"),
+        model=QUERY_ID,
+        api_base_url=server.url + "/v1",
     )
     query = text_embedder.run(text=QUERY)["embedding"]
     assert_equal([query], ref([QUERY], "query"), "query")
