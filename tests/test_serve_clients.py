@@ -223,6 +223,7 @@ def test_haystack_indexing_pipeline_stores_every_embedding(server, ref, monkeypa
 def test_haystack_without_a_side_raises_when_told_to(server) -> None:
     """The trap docs/serve.md warns about: the bare id names no side; with
     raise_on_failure=True the pipeline fails instead of writing documents without embeddings."""
+    import openai
     from haystack import Document
     from haystack.components.embedders import OpenAIDocumentEmbedder
     from haystack.utils import Secret
@@ -239,7 +240,7 @@ def test_haystack_without_a_side_raises_when_told_to(server) -> None:
 
     silent = embedder(False).run(documents=[Document(content="x")])["documents"]
     assert silent[0].embedding is None  # Haystack's default: no error, no embedding
-    with pytest.raises(Exception, match="input_type is required"):
+    with pytest.raises(openai.UnprocessableEntityError, match="input_type is required"):
         embedder(True).run(documents=[Document(content="x")])
 
 
