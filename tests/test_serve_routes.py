@@ -506,3 +506,23 @@ def test_max_inputs_defaults_to_openais_2048_within_the_body_limit(client, encod
         413,
         "texts holds 2049 texts",
     )
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "/query",
+        "/document",
+        "/embeddings",
+        "/query/v1/embeddings",
+        "/document/embed",
+        "/v1/embed",
+        "/v2/embed",
+    ],
+)
+def test_every_new_encoding_route_needs_the_key(client, path) -> None:
+    """Each alias encodes, so each is behind the key like /v1/embeddings (POST / included,
+    whatever a GET of / may show)."""
+    resp = client.post(path, json={"inputs": "x"}, headers={"Authorization": "Bearer nope"})
+    assert_clean_error(resp, 401, "API key")
