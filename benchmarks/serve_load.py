@@ -301,7 +301,10 @@ def ours(export: Path, threads: int, log_dir: Path, *args: str, key: str | None 
     env.pop("MAGRETRIEVE_API_KEY", None)
     if key:
         env["MAGRETRIEVE_API_KEY"] = key
-    cmd = [sys.executable, "-m", "magretrieve", "serve", str(export), "--port", "{port}", *args]
+    cmd = [
+        sys.executable, "-m", "magretrieve", "serve", str(export), "--port", "{port}",
+        "--model-id", MODEL, *args,
+    ]  # fmt: skip
     return start(cmd, env, log_dir, "/ready")
 
 

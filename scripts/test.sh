@@ -14,7 +14,7 @@ REPO="$PWD"
 VENV="$(realpath -m "${MAGRETRIEVE_TEST_VENV:-.venv-test}")"
 PYTHON="${PYTHON:-python3}"
 # Every optional integration is tested, so the test venv takes every extra.
-EXTRAS="all,peer,dev,pgvector,milvus,chroma,lancedb,scann,langchain,llama-index,haystack,ray,openvino-int8"
+EXTRAS="all,peer,dev,pgvector,milvus,chroma,lancedb,scann,langchain,llama-index,haystack,ray,openvino-int8,clients"
 if [ "${MAGRETRIEVE_REUSE_VENV:-0}" != "1" ] || [ ! -x "$VENV/bin/python" ]; then
     rm -rf "$VENV"
     "$PYTHON" -m venv "$VENV"

@@ -49,7 +49,19 @@ from magretrieve.core.redact import redact
 @click.option(
     "--max-queue", type=int, default=512, show_default=True, help="Waiting requests before 503."
 )
-@click.option("--max-inputs", type=int, default=256, show_default=True, help="Texts per request.")
+@click.option(
+    "--max-inputs",
+    type=int,
+    default=2048,
+    show_default=True,
+    help="Texts per request (OpenAI's limit; still encoded in batches of --max-batch-tokens).",
+)
+@click.option(
+    "--model-id",
+    default=None,
+    help="Served model id: GET /v1/models lists ID:query and ID:document, which name the "
+    "side (default: the export folder's name).",
+)
 @click.option(
     "--max-text-chars", type=int, default=32_768, show_default=True, help="Characters per text."
 )
@@ -85,6 +97,7 @@ def serve_cmd(
     no_batching: bool,
     max_queue: int,
     max_inputs: int,
+    model_id: str | None,
     max_text_chars: int,
     onnx_spinning: bool,
     graph_workers: int,
@@ -92,8 +105,10 @@ def serve_cmd(
     access_log: bool,
     **store_kw: object,
 ) -> None:
-    """Serve EXPORT_DIR over HTTP: /v1/embeddings, /embed, /info, and with --store /search and
-    /documents. Document vectors keep their magnitude. Stops cleanly on SIGTERM."""
+    """Serve EXPORT_DIR over HTTP: /v1/embeddings, /embed, /v1/embed (Cohere), /v1/models,
+    /info, and with --store /search and /documents. The side is named by the route
+    (/query/..., /document/...), the model id (ID:query, ID:document) or the body. Document
+    vectors keep their magnitude. Stops cleanly on SIGTERM."""
     # without the server extra, importing magretrieve.server refuses in one line naming it
     import uvicorn
 
@@ -103,6 +118,7 @@ def serve_cmd(
     settings = ServerSettings(
         api_key=key_from_env(api_key),
         max_inputs=max_inputs,
+        model_id=model_id,
         max_text_chars=max_text_chars,
         max_batch_tokens=max_batch_tokens,
         max_batch_rows=max_batch_rows,
@@ -128,7 +144,8 @@ def serve_cmd(
     writes = "on" if settings.writes_enabled and store_spec else "off"
     click.echo(
         f"serving {export_dir} on http://{host}:{port} (store: {redact(store_spec or 'none')}, "
-        f"writes {writes}, docs at /docs)",
+        f"writes {writes}, models {state.model_id}:query and {state.model_id}:document, "
+        "docs at /docs)",
         err=True,
     )
     config = uvicorn.Config(

@@ -22,7 +22,13 @@ from starlette.responses import Response
 
 from magretrieve.core.errors import MagRetrieveError, StoreError
 from magretrieve.core.version import __version__
-from magretrieve.server import routes_embed, routes_ops, routes_store
+from magretrieve.server import (
+    routes_cohere,
+    routes_embed,
+    routes_models,
+    routes_ops,
+    routes_store,
+)
 from magretrieve.server.errors import ApiError, error_response, validation_message
 from magretrieve.server.middleware import ServerMiddleware
 from magretrieve.server.settings import ServerSettings
@@ -32,8 +38,10 @@ logger = logging.getLogger(__name__)
 
 DESCRIPTION = (
     "Embeddings and search that keep magnitude: query vectors from the export's query graph, "
-    "document vectors from its document graph with their norm. OpenAI (/v1/embeddings) and "
-    "text-embeddings-inference (/embed) shapes; see docs/serve.md."
+    "document vectors from its document graph with their norm. OpenAI (/v1/embeddings), "
+    "text-embeddings-inference (/embed) and Cohere (/v1/embed, /v2/embed) shapes; the side is "
+    "named by the route (/query/..., /document/...), the model id (GET /v1/models) or the "
+    "body, never guessed; see docs/serve.md."
 )
 
 
@@ -151,7 +159,7 @@ def create_app(
         debug=False,
     )
     app.state.magretrieve = state
-    for module in (routes_embed, routes_store, routes_ops):
+    for module in (routes_embed, routes_cohere, routes_models, routes_store, routes_ops):
         app.include_router(module.router)
 
     @app.exception_handler(ApiError)

@@ -1,7 +1,8 @@
 """Request and response bodies (pydantic), in the shapes clients already speak.
 
 ``/v1/embeddings`` is OpenAI's shape plus ``input_type`` (the asymmetric-encoder convention,
-Cohere's ``search_query``/``search_document`` included); ``/embed`` is text-embeddings-inference's;
+Cohere's ``search_query``/``search_document`` included) and Voyage's request fields; ``/embed``
+is text-embeddings-inference's (Cohere's ``/v1/embed`` lives in :mod:`.models_cohere`);
 ``/search`` answers what ``magretrieve search --json`` prints. Response models document the
 answers in the OpenAPI schema; the handlers write the bytes themselves (orjson) for speed.
 """
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 #: Accepted ``input_type`` values and the side each one names.
 INPUT_TYPES = {
@@ -23,17 +25,38 @@ InputType = Literal["query", "document", "search_query", "search_document"]
 Scalar = str | int | float | bool | None
 
 
+#: What a request of token ids is told (LangChain's OpenAIEmbeddings sends them by default).
+TOKEN_IDS = (
+    "token ids are refused: send text (this server tokenizes with the export's own tokenizer; "
+    "LangChain OpenAIEmbeddings: set check_embedding_ctx_length=False)"
+)
+
+
+def refuse_token_ids(value: Any) -> Any:
+    """A list of ints or of int lists (pre-tokenized input) is a 422 that says to send text."""
+    if isinstance(value, list) and any(
+        (isinstance(v, int) and not isinstance(v, bool)) or isinstance(v, list) for v in value
+    ):
+        raise PydanticCustomError("token_ids", TOKEN_IDS)
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class EmbeddingsRequest(_Strict):
-    input: str | list[str] = Field(description="One text or a list of texts.")
-    model: str | None = Field(None, description="Any value; echoed back (one export per server).")
+    input: str | list[str] = Field(description="One text or a list of texts (not token ids).")
+    model: str | None = Field(
+        None,
+        description="A served id (GET /v1/models): ID:query or ID:document names the side; the "
+        "bare ID names none; another model is a 404. Echoed back.",
+    )
     input_type: InputType | None = Field(
         None,
         description="Which graph encodes the texts: query (query graph) or document (document "
-        "graph, magnitude kept). Required: the two sides are different functions.",
+        "graph, magnitude kept). The side is required, here, in the model id or in the route: "
+        "the two sides are different functions.",
     )
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="float: JSON numbers; base64: little-endian float32 bytes."
@@ -44,11 +67,21 @@ class EmbeddingsRequest(_Strict):
     normalize: bool | None = Field(
         None, description="Refused for documents (it would drop their magnitude)."
     )
-    truncate: bool = Field(
-        True,
-        description="Cut texts past the side's max length (reported per item), or refuse them.",
+    truncate: bool | None = Field(
+        None,
+        description="Cut texts past the side's max length (reported per item; the default), "
+        "or refuse them (false).",
     )
     user: str | None = Field(None, description="Accepted and ignored (OpenAI compatibility).")
+    truncation: bool | None = Field(None, description="Voyage's name of truncate.")
+    output_dtype: str | None = Field(
+        None, description="Voyage's field: null or 'float' (quantized types are refused)."
+    )
+    output_dimension: int | None = Field(
+        None, description="Voyage's field: refused like dimensions."
+    )
+
+    _no_token_ids = field_validator("input", mode="before")(refuse_token_ids)
 
 
 class EmbeddingItem(BaseModel):
@@ -75,7 +108,7 @@ class EmbeddingsResponse(BaseModel):
 class EmbedRequest(_Strict):
     """text-embeddings-inference's ``/embed`` body, plus the side."""
 
-    inputs: str | list[str] = Field(description="One text or a list of texts.")
+    inputs: str | list[str] = Field(description="One text or a list of texts (not token ids).")
     truncate: bool = Field(
         False, description="TEI's default: a text past the max length is refused (413)."
     )
@@ -89,6 +122,8 @@ class EmbedRequest(_Strict):
     truncation_direction: Literal["right", "Right"] | None = Field(
         None, description="Only right truncation, as the graphs' tokenizer cuts."
     )
+
+    _no_token_ids = field_validator("inputs", mode="before")(refuse_token_ids)
 
 
 class SearchRequest(_Strict):

@@ -35,10 +35,15 @@ class ServerSettings:
     graph run never waits for other threads to wake up; a batch with nothing beside it and
     nothing queued behind it runs on every thread instead (the graphs are opened twice). The
     server uses at most one worker per thread.
+    ``model_id`` is the served model id (``GET /v1/models`` lists ``ID:query`` and
+    ``ID:document``); None serves the export folder's name.
+    ``max_inputs`` is OpenAI's own limit of texts per request (2,048), so clients that batch
+    for OpenAI fit; each request is still encoded in batches of ``max_batch_tokens``, and its
+    body is bounded by ``max_body_bytes`` (16 MiB holds 2,048 texts of 8 KB each).
     """
 
     api_key: str | None = None
-    max_inputs: int = 256
+    max_inputs: int = 2048
     max_text_chars: int = 32_768
     max_body_bytes: int = 16 * 1024 * 1024
     max_k: int = 1000
@@ -51,6 +56,7 @@ class ServerSettings:
     retry_after_s: int = 1
     onnx_spinning: bool = True
     graph_workers: int = 2
+    model_id: str | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -72,6 +78,12 @@ class ServerSettings:
             raise ConfigError(f"max_wait_ms must be within 0..10000, got {self.max_wait_ms}")
         if not 0 <= self.min_batch_fill <= 1:
             raise ConfigError(f"min_batch_fill must be within 0..1, got {self.min_batch_fill}")
+        if self.model_id is not None:
+            from magretrieve.server.sides import model_id_problem
+
+            problem = model_id_problem(self.model_id)
+            if problem:
+                raise ConfigError(f"the model id {self.model_id!r} {problem}")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("the API key is empty; pass a non-empty --api-key or unset it")
         if self.api_key is not None and self.api_key != self.api_key.strip():

@@ -70,12 +70,12 @@ class ServerState:
 
     @property
     def model_id(self) -> str:
-        """The name answers carry when the request names no model (never a server path)."""
-        m = self.manifest
-        name = m.base_model or (m.folder.name if m.folder is not None else "magretrieve")
-        if name.startswith(("/", ".", "~")) or "\\" in name:  # a local folder: its name only
-            name = name.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
-        return name
+        """The served model id (``ID:query`` / ``ID:document`` name a side): the settings'
+        ``model_id``, else the export folder's name (never a server path)."""
+        from magretrieve.server.sides import default_model_id
+
+        folder = self.manifest.folder
+        return self.settings.model_id or default_model_id(folder.name if folder else None)
 
     def info(self) -> dict[str, Any]:
         """The manifest's serving facts and this server's limits (``GET /info``)."""
