@@ -302,7 +302,7 @@ def test_adding_while_searching_is_safe():
 
 def _have_export() -> bool:
     try:
-        import magretrieve.export  # noqa: F401
+        import magretrieve.export
         import magretrieve.serving.runtime  # noqa: F401
     except ImportError:
         return False
