@@ -1,6 +1,6 @@
 """Where document-encoding time goes, and the most any runtime on this machine can give.
 
-encode_speed.py measures the ratios the issue asks for; this benchmark explains them. On one
+encode_speed.py measures the speed-goal ratios; this benchmark explains them. On one
 sample of scifact abstracts, cut into length-sorted batches by the library's default token budget
 (``DEFAULT_BATCH_TOKENS``, what ``encode_documents`` and ``index`` run; every ONNX column runs the
 very same batches; sentence-transformers sorts the same texts into its own batches of 32):
