@@ -311,7 +311,7 @@ def classify_rescale(spec: str, kind: str, setup: RescaleSetup) -> tuple[str, li
 
     try:
         count, meta, store = read_target(spec, setup.dimension)
-    except Exception as exc:  # noqa: BLE001 - a target that does not open is the finding
+    except Exception as exc:  # a target that does not open is the finding
         return "", [f"target does not open: {type(exc).__name__}: {exc}"]
     try:
         if not meta:
@@ -651,7 +651,7 @@ def classify_annotate(
 
     try:
         m, meta = raw_annotation(spec)
-    except Exception as exc:  # noqa: BLE001 - a store that does not open is the finding
+    except Exception as exc:  # a store that does not open is the finding
         return "", [f"store does not open: {type(exc).__name__}: {exc}"]
     if meta.get(INCOMPLETE_KEY):
         return "incomplete", _serves_plain_cosine_or_refuses(spec, setup)

@@ -1,4 +1,4 @@
-"""Document speed by token budget per batch, every runtime side by side in one run (issue 15).
+"""Document speed by token budget per batch, every runtime side by side in one run.
 
 ``max_batch_tokens`` closes a length-sorted batch when ``rows × longest`` would pass it. It
 sets how big each matrix product is, and how much activation memory one layer touches: a

@@ -272,7 +272,7 @@ def crash_run(
         try:  # the store must open after every kill
             stored = store_contents(spec, dimension=ref.dimension)[0]
             result.count_after_kills.append(stored)
-        except Exception as exc:  # noqa: BLE001 - any failure to open is the finding
+        except Exception as exc:  # any failure to open is the finding
             result.problems.append(f"store does not open after a kill: {exc}")
             return result
     report = run_child(export, spec, corpus, batch, every)
@@ -292,7 +292,7 @@ def tiny_export(cache: Path) -> Path:
     try:
         Manifest.load(out)
         return out
-    except Exception:  # noqa: BLE001 - absent, or written by an older magretrieve: rebuild
+    except Exception:  # absent, or written by an older magretrieve: rebuild
         pass
     model = cache / "tiny-bert"
     if not (model / "model.safetensors").is_file():

@@ -1,6 +1,6 @@
-"""Where document-encoding time goes, and the most any runtime on this machine can give (issue 15).
+"""Where document-encoding time goes, and the most any runtime on this machine can give.
 
-encode_speed.py measures the ratios the issue asks for; this benchmark explains them. On one
+encode_speed.py measures the speed-goal ratios; this benchmark explains them. On one
 sample of scifact abstracts, cut into length-sorted batches by the library's default token budget
 (``DEFAULT_BATCH_TOKENS``, what ``encode_documents`` and ``index`` run; every ONNX column runs the
 very same batches; sentence-transformers sorts the same texts into its own batches of 32):
@@ -58,7 +58,7 @@ ONNX_RUNTIMES = {
     "ov_fp32": "openvino",
     "ov_bf16": "openvino-bf16",
 }
-#: Document goals of issue 15 (speed-up over sentence-transformers).
+#: Document speed goals (speed-up over sentence-transformers).
 GOALS = {"fp32": 1.5, "int8": 2.5}
 #: sentence-transformers' own batch size (the peer's default).
 BATCH = 32

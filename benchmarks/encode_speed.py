@@ -1,5 +1,5 @@
 """Encode speed, side by side in one run: sentence-transformers, PyTorch eager, ONNX fp32/int8,
-and end-to-end ``index`` into FAISS flat (issue 15).
+and end-to-end ``index`` into FAISS flat.
 
 Documents: every scifact abstract (5,183), each column encoding the whole corpus its own way:
 sentence-transformers ``encode`` (its own length-sorted batches of 32, fp32) as the peer,
@@ -62,7 +62,7 @@ ONNX_RUNTIMES = {
     "ov_bf16": "openvino-bf16",
     "ov_int8": "openvino",
 }
-#: Goals of issue 15: (what, column, baseline, metric, at least).
+#: Speed goals: (what, column, baseline, metric, at least).
 GOALS = (
     ("documents: ONNX fp32 vs sentence-transformers", "fp32", "st", "docs_s", 1.5),
     ("documents: ONNX int8 vs sentence-transformers", "int8", "st", "docs_s", 2.5),
@@ -375,7 +375,7 @@ def write_results(result: dict[str, Any], out: Path) -> None:
             table,
         ),
         "",
-        "## Goals of issue 15",
+        "## Speed goals",
         "",
         markdown_table(["goal", "target", "measured", "met"], goal_rows),
         "",

@@ -1,4 +1,4 @@
-"""Document priors on top of cosine, side by side (issue 17), plus PACE's training curriculum.
+"""Document priors on top of cosine, side by side, plus PACE's training curriculum.
 
 For zero-shot cosine and for fine-tuned cosine (each seed, magretrieve's trainer at the settings
 of benchmarks/quality.py) it chooses every prior of :mod:`magretrieve.priors` — hub, CSLS with a
@@ -288,7 +288,7 @@ def markdown(summary: list[dict[str, Any]], sets: list[str], command: str, note:
     chosen = [[e["model"], e["prior"], "; ".join(e["chosen"])] for e in summary]
     return "\n".join(
         [
-            "# Document priors on top of cosine (issue 17)",
+            "# Document priors on top of cosine",
             "",
             f"Command: `{command}`",
             "",

@@ -33,7 +33,7 @@ from typing import Any
 import click
 from _common import cpu_lock, lock_option, recorded_command
 
-from magretrieve.data.readers import load_training_data  # noqa: E402
+from magretrieve.data.readers import load_training_data
 
 #: (key, row label, trainer, precision) in the order each round runs them.
 CONFIGS = (

@@ -891,8 +891,8 @@ CASES: list[Case] = [
 ]
 
 
-# ============================================================================= round 2 (issue 14)
-# Each class of the issue has its own block: crash windows, the export folder trusted too
+# ============================================================================= seven classes of hostile input
+# Each class has its own block: crash windows, the export folder trusted too
 # much, figures that are silently wrong, text that is not text, the operating system saying
 # no, empty documents in a real corpus, malformed side files.
 
@@ -1506,7 +1506,7 @@ def memory_store_disagree(env: Env) -> Built:
     )
 
 
-ROUND2: list[Case] = [
+HOSTILE_CASES: list[Case] = [
     # --- 1. crash windows --------------------------------------------------------------------
     Case("search-incomplete-rescale-target", search_incomplete_rescale),
     Case("index-into-incomplete-rescale-target", index_into_incomplete_rescale),
@@ -1798,10 +1798,10 @@ ROUND2: list[Case] = [
     ),
     Case("memory-store-vectors-and-records-disagree", memory_store_disagree),
 ]
-CASES += ROUND2
+CASES += HOSTILE_CASES
 
 
-# ============================================================================= round 3 (issue 26)
+# ============================================================================= plug-in surfaces
 # The remaining plug-in surfaces: a Ray cluster nobody answers at, FAISS factory strings a
 # store cannot serve, model folders whose config.json does not describe their weights.
 
@@ -1890,7 +1890,7 @@ def model_config_case(command: str, edit: Callable[[Path], None], *needles: str)
     return build
 
 
-ROUND3: list[Case] = [
+PLUGIN_CASES: list[Case] = [
     Case("index-ray-dead-address", ray_dead_address("--connect-timeout", "2")),
     Case("index-ray-dead-address-default-timeout", ray_dead_address()),
     Case(
@@ -1929,7 +1929,7 @@ ROUND3: list[Case] = [
         model_config_case("export", _config(num_hidden_layers=1), "encoder.layer.1."),
     ),
 ]
-CASES += ROUND3
+CASES += PLUGIN_CASES
 
 
 def test_catalogue_is_large_and_ids_are_unique() -> None:
@@ -2093,7 +2093,7 @@ def test_warning_routing_logs_libraries_and_shows_our_own(
     assert logged == ["UserWarning: postgresql://u:***@h/db failed (from somelib.client)"]
 
 
-# ----------------------------------------------------------------------------- round 2 acceptances
+# ----------------------------------------------------------------------------- accepted on purpose, with a report
 
 
 @pytest.mark.slow
@@ -2145,7 +2145,7 @@ def test_integer_ids_and_integral_grades_are_still_accepted(env: Env) -> None:
 
 
 def test_an_export_with_a_swapped_tokenizer_gets_another_fingerprint(env: Env) -> None:
-    """The attack of issue 14: tokenizer swapped, its sha updated, manifest resealed. The export
+    """A resealed attack: tokenizer swapped, its sha updated, manifest resealed. The export
     loads (it is consistent) but it is another model to every store built by the original."""
     from magretrieve.core.manifest import Manifest
 

@@ -216,7 +216,7 @@ def test_half_written_memory_store_is_detected_on_load(tmp_path):
         open_store(f"memory:{tmp_path / 'm'}")
 
 
-# ----------------------------------------------------------------------------- round 2 (issue 14)
+# ----------------------------------------------------------------------------- the other multi-step writes
 # Crash windows of the other multi-step writes: export --overwrite, rescale, fit-prior.
 
 

@@ -335,7 +335,7 @@ def test_sts_on_the_tiny_encoder(tiny_model_dir: Path) -> None:
 
 
 def test_eval_reports_truncated_queries(tiny_model_dir, tiny_beir_dir) -> None:
-    """Queries cut at max_query_length are counted (issue 17), not silently truncated."""
+    """Queries cut at max_query_length are counted, not silently truncated."""
     from magretrieve.data.readers import load_beir
     from magretrieve.evaluation.retrieval import evaluate_retrieval
     from magretrieve.train.encoder import Encoder

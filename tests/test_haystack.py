@@ -14,21 +14,21 @@ import os
 
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")  # no telemetry calls from tests
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from haystack import Document, Pipeline  # noqa: E402
-from haystack.components.retrievers.in_memory import InMemoryEmbeddingRetriever  # noqa: E402
-from haystack.components.writers import DocumentWriter  # noqa: E402
-from haystack.document_stores.in_memory import InMemoryDocumentStore  # noqa: E402
+import numpy as np
+import pytest
+from haystack import Document, Pipeline
+from haystack.components.retrievers.in_memory import InMemoryEmbeddingRetriever
+from haystack.components.writers import DocumentWriter
+from haystack.document_stores.in_memory import InMemoryDocumentStore
 
-from magretrieve.core.errors import ConfigError, StoreError  # noqa: E402
-from magretrieve.integrations.haystack import (  # noqa: E402
+from magretrieve.core.errors import ConfigError, StoreError
+from magretrieve.integrations.haystack import (
     MagRetrieveDocumentEmbedder,
     MagRetrieveRetriever,
     MagRetrieveTextEmbedder,
 )
-from magretrieve.serving.retriever import Retriever  # noqa: E402
-from magretrieve.serving.runtime import OnnxEncoder  # noqa: E402
+from magretrieve.serving.retriever import Retriever
+from magretrieve.serving.runtime import OnnxEncoder
 
 QUERIES = ["what does smoking cause", "how obesity risk"]
 

@@ -259,7 +259,7 @@ def test_train_cli_head_flags(tiny_model_dir: Path, tiny_beir_dir: Path, tmp_pat
 
 def test_train_frozen_head_from_pairs(tiny_model_dir: Path, tiny_beir_dir: Path) -> None:
     from magretrieve.train.heads import train_frozen_head
-    from magretrieve.train.trainer import mine_hard_negatives
+    from magretrieve.train.mining import mine_hard_negatives
 
     enc = Encoder.load(tiny_model_dir, "qnorm", norm_head="linear", device="cpu")
     data = load_beir(f"{tiny_beir_dir}:train")

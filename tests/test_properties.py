@@ -429,7 +429,7 @@ def test_store_state_loaders_only_raise_magretrieve_errors(kind, raw, path, valu
                 assert str(exc)
 
 
-# ----------------------------------------------------------------------------- round 2 (issue 14)
+# ----------------------------------------------------------------------------- grades and text that loads exactly or is refused
 
 
 @settings(max_examples=150, deadline=None)

@@ -300,19 +300,8 @@ def test_adding_while_searching_is_safe():
 # ----------------------------------------------------------------------------- real export
 
 
-def _have_export() -> bool:
-    try:
-        import magretrieve.export  # noqa: F401
-        import magretrieve.serving.runtime  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def tiny_export(tiny_model_dir, tmp_path_factory) -> Path:
-    if not _have_export():
-        pytest.skip("magretrieve.export / runtime not available yet")
     from magretrieve.export import export_model
 
     out = tmp_path_factory.mktemp("export") / "qnorm"

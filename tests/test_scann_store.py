@@ -21,10 +21,10 @@ import pytest
 
 pytest.importorskip("scann")
 
-from ann_data import ann_data  # noqa: E402
+from ann_data import ann_data
 
-from magretrieve.core.errors import StoreError  # noqa: E402
-from magretrieve.stores import _ann_recall, open_store, scann_store  # noqa: E402
+from magretrieve.core.errors import StoreError
+from magretrieve.stores import _ann_recall, open_store, scann_store
 
 DIM = 32
 #: recall@10 that a store tuned to 0.99 on its sampled directions keeps on the harder near-copy

@@ -913,7 +913,7 @@ def test_merged_batches_equal_one_at_a_time_within_1e6(encoder) -> None:
     texts += ["short", "a much longer query about " + " ".join(TEXTS)]
     batches: list[int] = []
 
-    def encode(encodings, side):  # noqa: ANN001
+    def encode(encodings, side):
         batches.append(len(encodings))
         return encoder.encode_tokenized(encodings, side, batch_size=64)
 

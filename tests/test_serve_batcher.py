@@ -29,14 +29,14 @@ class FakeEncoder:
         self.gate = threading.Event()
         self.gate.set()
 
-    def __call__(self, encodings, side):  # noqa: ANN001
+    def __call__(self, encodings, side):
         self.gate.wait(5)
         time.sleep(self.delay)
         self.batches.append((side, len(encodings)))
         return np.array([[e.ids[0], len(encodings)] for e in encodings], dtype=np.float32)
 
 
-def run(coro):  # noqa: ANN001
+def run(coro):
     return asyncio.run(coro)
 
 
@@ -151,7 +151,7 @@ def test_full_queue_refuses_and_close_drains_the_rest() -> None:
 
 
 def test_an_encoder_error_reaches_every_request_of_the_batch() -> None:
-    def broken(encodings, side):  # noqa: ANN001
+    def broken(encodings, side):
         raise RuntimeError("graph failed")
 
     b = DynamicBatcher(broken, ServerSettings(graph_workers=1, max_wait_ms=100))
@@ -248,7 +248,7 @@ def test_graph_workers_run_batches_at_once_and_drain() -> None:
     meet = threading.Barrier(2, timeout=5)
     seen: list[int] = []
 
-    def encode(encodings, side):  # noqa: ANN001
+    def encode(encodings, side):
         meet.wait()  # raises BrokenBarrierError unless another batch is running now
         seen.append(threading.get_ident())
         return np.array([[e.ids[0]] for e in encodings], dtype=np.float32)
@@ -285,7 +285,7 @@ def test_a_lone_batch_runs_on_every_thread_and_nothing_beside_it() -> None:
     lock = threading.Lock()
     inside = {"n": 0, "most": 0}
 
-    def track(kind: str, encodings) -> np.ndarray:  # noqa: ANN001
+    def track(kind: str, encodings) -> np.ndarray:
         with lock:
             calls.append((kind, int(encodings[0].ids[0])))
             inside["n"] += 1
@@ -331,11 +331,11 @@ def test_a_lone_batch_runs_on_every_thread_and_nothing_beside_it() -> None:
 def test_one_worker_never_uses_encode_alone() -> None:
     used: list[str] = []
 
-    def narrow(encodings, side):  # noqa: ANN001
+    def narrow(encodings, side):
         used.append("narrow")
         return np.zeros((len(encodings), 1), dtype=np.float32)
 
-    def alone(encodings, side):  # noqa: ANN001
+    def alone(encodings, side):
         used.append("alone")
         return np.zeros((len(encodings), 1), dtype=np.float32)
 

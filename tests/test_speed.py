@@ -1,4 +1,4 @@
-"""Issue 15: token-budget batching, thread and device knobs, and graph fusion with its fallbacks.
+"""Token-budget batching, thread and device knobs, and graph fusion with its fallbacks.
 
 Speed itself is measured in benchmarks/encode_speed.py; these tests check behaviour: which
 batches are formed, that vectors do not depend on them, what the manifest says was fused,

@@ -277,7 +277,7 @@ def test_pgvector_store_serializes_threads_on_its_connection(pg_uri):
                 for n in range(0, 400, 8):
                     s.existing(ids[n : n + 8])
                     s.count()
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:  # reported below
                 errors.append(exc)
 
         t = threading.Thread(target=reader)

@@ -4,6 +4,7 @@ are exact. No timing is asserted (only that rates are positive numbers)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -92,10 +93,12 @@ def test_json_matches_the_table_and_counts_tokens_exactly(
 
 
 def test_sentence_transformers_rows(smoke: dict) -> None:
+    # Only a missing package skips; an installed sentence-transformers that fails in fp32 fails.
+    if importlib.util.find_spec("sentence_transformers") is None:
+        pytest.skip("sentence-transformers is not installed (extra magretrieve[peer])")
     rows = smoke["rows"]
     st32 = rows["sentence-transformers fp32"]
-    if st32[1].startswith("error:"):
-        pytest.skip(f"sentence-transformers could not train the tiny model: {st32[1]}")
+    assert not st32[1].startswith("error:"), f"sentence-transformers fp32 failed: {st32[1]}"
     assert float(st32[1]) > 0 and st32[3] == "1.00x"
     for label in ("ours fp32", "ours bf16"):
         ratio = float(rows[label][3].rstrip("x"))

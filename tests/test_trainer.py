@@ -23,11 +23,11 @@ from magretrieve.evaluation import retrieval as evaluate_module
 from magretrieve.train import torch_similarity
 from magretrieve.train.encoder import CONFIG_NAME, Encoder
 from magretrieve.train.losses import InfoNCE, text_keys
+from magretrieve.train.mining import mine_hard_negatives
 from magretrieve.train.trainer import (
     LOG_NAME,
     TrainConfig,
     length_bucketed_batches,
-    mine_hard_negatives,
     split_validation,
     train,
 )

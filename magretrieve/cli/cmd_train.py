@@ -165,10 +165,10 @@ def train_command(
     from magretrieve.cli._common import print_json, print_table
     from magretrieve.core.errors import ConfigError
     from magretrieve.data.readers import load_beir, read_training_data
-    from magretrieve.train import trainer
+    from magretrieve.train import distributed, mining, trainer
 
     # under torchrun (WORLD_SIZE > 1): join the process group, one device per rank
-    rank, world_size, rank_device = trainer.init_distributed()
+    rank, world_size, rank_device = distributed.init_distributed()
     if rank_device is not None:  # NCCL: this rank's GPU, whatever --device says
         device = rank_device
     if world_size > 1 and freeze_encoder:
@@ -230,7 +230,7 @@ def train_command(
     if mine_hard_negatives:
         if dataset is None:
             raise ConfigError("--mine-hard-negatives needs BEIR training data (DIR:split)")
-        pairs = trainer.mine_hard_negatives(encoder, dataset, pairs, max(hard_negatives, 1))
+        pairs = mining.mine_hard_negatives(encoder, dataset, pairs, max(hard_negatives, 1))
         hard_negatives = max(hard_negatives, 1)
     cfg = trainer.TrainConfig(
         epochs=epochs,
@@ -264,7 +264,7 @@ def train_command(
             encoder, pairs, cfg, validation=validation, report=reports, out_dir=out_path
         )
     if world_size > 1:
-        trainer.finish_distributed()
+        distributed.finish_distributed()
     if rank != 0:  # rank 0 wrote the run folder and prints the summary
         return
     log = result.log

@@ -103,11 +103,7 @@ def coefficient_of_variation(values: ArrayLike) -> float:
 
 def spearman(x: ArrayLike, y: ArrayLike) -> float:
     """Spearman rank correlation (ties averaged), as STS benchmarks report it."""
-    try:
-        from scipy.stats import spearmanr
-    except ImportError:
-        from magretrieve.core.errors import ConfigError
+    from magretrieve.core.extras import require
 
-        raise ConfigError("STS evaluation needs scipy: pip install 'magretrieve[eval]'") from None
-
-    return float(spearmanr(np.asarray(x), np.asarray(y)).statistic)
+    stats = require("scipy.stats", what="STS evaluation")
+    return float(stats.spearmanr(np.asarray(x), np.asarray(y)).statistic)

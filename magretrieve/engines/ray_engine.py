@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from magretrieve.core.errors import ConfigError, DataError, StoreError
+from magretrieve.core.extras import require
 from magretrieve.data.readers import Document, corpus_document, is_empty, iter_corpus
 from magretrieve.serving.indexing import IndexReport
 from magretrieve.stores.base import check_finite
@@ -51,11 +52,7 @@ CONNECT_TIMEOUT = 30.0
 
 
 def _ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("engine 'ray' needs Ray; pip install 'magretrieve[ray]'") from None
-    return ray
+    return require("ray", what="engine 'ray'")
 
 
 def probe_address(address: str, timeout: float) -> None:

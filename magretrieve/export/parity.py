@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from magretrieve.serving.runtime import OnnxEncoder
     from magretrieve.train.encoder import Encoder
 
-#: fp32 tolerances from the issue: max absolute difference and relative norm error.
+#: fp32 parity bar of an export: max absolute difference and relative norm error.
 MAX_ABS_DIFF = 1e-4
 MAX_REL_NORM_ERR = 1e-5
 

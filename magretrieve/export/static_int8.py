@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from magretrieve.core.errors import ConfigError, DataError, MagRetrieveError, first_line
+from magretrieve.core.extras import require_all
 
 #: Calibration texts per side when the caller does not say (documents and queries each).
 DEFAULT_CALIBRATION_SIZE = 320
@@ -43,15 +44,10 @@ STATIC_INT8_RUNTIMES = ("openvino", "openvino-bf16")
 
 
 def import_nncf() -> tuple[Any, Any]:
-    """``(nncf, openvino)``, or a one-line ConfigError naming the extra that installs them."""
-    try:
-        import nncf
-        import openvino
-    except ImportError:
-        raise ConfigError(
-            "--quantize int8-static needs NNCF and OpenVINO: pip install "
-            "'magretrieve[openvino-int8]'"
-        ) from None
+    """``(nncf, openvino)``, or a one-line MissingExtra naming the extra that installs them."""
+    nncf, openvino = require_all(
+        ["nncf", "openvino"], what="--quantize int8-static", extra="openvino-int8"
+    )
     return nncf, openvino
 
 

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import ConfigError, DataError
+from magretrieve.core.extras import require
 
 logger = logging.getLogger(__name__)
 
@@ -119,14 +120,6 @@ def default_nlist(n: int, per_sqrt_n: float = LISTS_PER_SQRT_N) -> int:
     return int(min(65536, max(1, round(per_sqrt_n * math.sqrt(n)))))
 
 
-def _faiss() -> Any:
-    try:
-        import faiss
-    except ImportError:  # pragma: no cover - depends on the install
-        return None
-    return faiss
-
-
 def _blocks(source: np.ndarray | Chunks, chunk: int) -> Iterator[np.ndarray]:
     if callable(source):
         for block in source():
@@ -183,9 +176,7 @@ def approximate_mean_knn(
     """
     from tqdm.auto import tqdm
 
-    faiss = _faiss()
-    if faiss is None:
-        raise ConfigError("approximate k-NN needs faiss; pip install 'magretrieve[faiss]'")
+    faiss = require("faiss", what="approximate k-NN")
     if method not in ("ivf", "hnsw"):
         raise ConfigError(f"unknown approximate method {method!r}; choose ivf or hnsw")
     if n is None:
@@ -231,9 +222,7 @@ def blocked_mean_knn(
     """
     from tqdm.auto import tqdm
 
-    faiss = _faiss()
-    if faiss is None:
-        raise ConfigError("approximate k-NN needs faiss; pip install 'magretrieve[faiss]'")
+    faiss = require("faiss", what="approximate k-NN")
     x = _as_unit_f32(unit_docs)
     n, dim = x.shape
     nlist = default_nlist(n, BLOCKED_LISTS_PER_SQRT_N)

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import ConfigError, StoreError
+from magretrieve.core.extras import require_all
 from magretrieve.priors import DocumentPrior, prior_from_dict, stored_vectors
 from magretrieve.priors.base import unit
 
@@ -284,14 +285,14 @@ def check_encoder(
     rows = sorted(rng.choice(with_text, size=min(sample, len(with_text)), replace=False).tolist())
     from magretrieve.data.readers import Document
 
-    try:
-        from magretrieve.train.encoder import Encoder
-    except ImportError as exc:  # a serving install: no torch / transformers
-        raise ConfigError(
-            f"{run_dir}: the encoder check re-encodes {len(rows)} stored texts with the head's "
-            f"PyTorch encoder, which needs {exc.name or 'torch'} (pip install "
-            "'magretrieve[train]'); on a serving install pass --skip-encoder-check"
-        ) from None
+    require_all(  # a serving install has neither
+        ["torch", "transformers"],
+        what=f"{run_dir}: the encoder check (re-encoding {len(rows)} stored texts with the "
+        "head's PyTorch encoder)",
+        extra="train",
+        hint="on a serving install pass --skip-encoder-check",
+    )
+    from magretrieve.train.encoder import Encoder
 
     encoder = Encoder.load(run_dir, device="cpu")
     encoder.norm_head = None  # the unit direction of the frozen encoder

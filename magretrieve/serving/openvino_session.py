@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import ConfigError, ManifestError, first_line
+from magretrieve.core.extras import require
 
 #: Inference precisions this runtime offers, and OpenVINO's name for each. fp32 is forced:
 #: OpenVINO's CPU default on bf16-capable CPUs is bf16, which would silently change vectors.
@@ -38,14 +39,8 @@ class _Port:
 
 
 def import_openvino() -> Any:
-    """``openvino``, or a one-line ConfigError saying which extra installs it."""
-    try:
-        import openvino
-    except ImportError:
-        raise ConfigError(
-            "runtime 'openvino' needs OpenVINO: pip install 'magretrieve[openvino]'"
-        ) from None
-    return openvino
+    """``openvino``, or a one-line MissingExtra saying which extra installs it."""
+    return require("openvino", what="runtime 'openvino'")
 
 
 def bf16_native() -> bool:

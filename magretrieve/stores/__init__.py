@@ -1,17 +1,22 @@
 """Vector stores behind one protocol, opened from a short spec string or an existing object.
 
-Specs (the contract)::
+Specs (the contract; one line per registered backend, in registration order)::
 
     faiss:DIR                       FAISS in a folder (flat / hnsw / ivf / factory string)
     qdrant:URL/COLLECTION           a Qdrant server or cluster, e.g. qdrant:http://localhost:6333/scifact
     qdrant-local:DIR/COLLECTION     embedded qdrant-client, persisted in DIR
     qdrant-memory:COLLECTION        embedded qdrant-client, in memory (tests, notebooks)
     qdrant-edge:DIR                 Qdrant Edge shard in DIR (embedded engine with HNSW)
-    memory:  /  memory:DIR          exact numpy search (the reference), optionally persisted
+    memory:[DIR]                    exact numpy search (the reference), optionally persisted
+    pgvector:POSTGRES_URI#TABLE     PostgreSQL with pgvector, e.g. pgvector:postgresql://u@host/db#docs
+    milvus:PATH.db/COLLECTION       Milvus Lite in a file, or milvus:http://HOST:PORT/COLLECTION
+    chroma:PATH/COLLECTION          embedded Chroma in PATH, or chroma:http://HOST:PORT/COLLECTION
+    lancedb:PATH/TABLE              embedded LanceDB in PATH
     scann:DIR                       Google ScaNN in a folder (exact until optimize() builds it)
 
-Objects: a :class:`VectorStore`, a ``qdrant_client.QdrantClient`` (with ``collection=``), or a
-FAISS index object (metric must be inner product).
+Objects: a :class:`VectorStore`, a FAISS index (metric must be inner product), a
+``qdrant_client.QdrantClient``, a ``psycopg`` connection or a ``pymilvus.MilvusClient`` (the
+last three with ``collection=``); ``registry.adopted_objects()`` lists them.
 
 Every backend is an entry of :mod:`magretrieve.stores.registry` (which explains how to add
 one); spec parsing, option checking and opening below are derived from it. Backends import

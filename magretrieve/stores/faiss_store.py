@@ -774,6 +774,7 @@ registry.register(
         folder=True,
         adopts=_adopts,
         adopt=_adopt_object,
+        adopted="a FAISS index with the inner-product metric",
         extra="faiss",
     )
 )

@@ -508,6 +508,7 @@ registry.register(
         ),
         adopts=_adopts,
         adopt=_adopt,
+        adopted="a pymilvus MilvusClient (collection=NAME)",
         extra="milvus",
     )
 )

@@ -632,6 +632,7 @@ registry.register(
         ),
         adopts=_adopts,
         adopt=_adopt,
+        adopted="a psycopg connection (collection=TABLE)",
         extra="pgvector",
     )
 )

@@ -573,6 +573,7 @@ registry.register(
         options=QDRANT_OPTIONS,
         adopts=_adopts,
         adopt=_adopt_client,
+        adopted="a QdrantClient (collection=NAME)",
         extra="qdrant",
     )
 )

@@ -249,7 +249,8 @@ class Backend:
       is refused before anything is encoded).
     - ``persists(location)``: whether what is added outlives the process (``memory:`` does not).
     - ``adopts(obj)`` / ``adopt(obj, dimension, collection, options)``: accept a live client
-      or index object in ``open_store`` instead of a spec.
+      or index object in ``open_store`` instead of a spec; ``adopted`` names that object for
+      the error listing what ``open_store`` takes (``"a QdrantClient (collection=...)"``).
     - ``extra``: the pip extra that installs the backend's library.
     """
 
@@ -262,6 +263,7 @@ class Backend:
     persists: Callable[[dict[str, str]], bool] = lambda loc: True
     adopts: Callable[[Any], bool] | None = None
     adopt: Callable[[Any, int | None, str | None, dict[str, Any]], Any] | None = None
+    adopted: str | None = None
     extra: str | None = None
 
     @property
@@ -279,6 +281,10 @@ def register(backend: Backend) -> Backend:
     prefix = backend.prefix.lower()
     if prefix in _BACKENDS and _BACKENDS[prefix] is not backend:
         raise ValueError(f"store prefix {prefix!r} is already registered")
+    if (backend.adopts is None) != (backend.adopt is None) or (
+        backend.adopts is not None and not backend.adopted
+    ):
+        raise ValueError(f"{prefix}: adopts, adopt and adopted are given together or not at all")
     for option in backend.options:
         if isinstance(option, StoreOption):
             add_option(option)
@@ -361,10 +367,17 @@ def open_object(
     for backend in backends():
         if backend.adopts is not None and backend.adopt is not None and backend.adopts(obj):
             return backend.adopt(obj, dimension, collection, options)
+    *others, last = ["a VectorStore", *adopted_objects()]
+    either = f"{', '.join(others)} or {last}" if others else last
     raise StoreError(
-        f"cannot use a {type(obj).__name__} as a store; pass a spec ({', '.join(spec_forms())}), "
-        "a VectorStore, a QdrantClient or a FAISS index"
+        f"cannot use a {type(obj).__name__} as a store; pass a spec "
+        f"({', '.join(spec_forms())}), {either}"
     )
+
+
+def adopted_objects() -> tuple[str, ...]:
+    """What ``open_store`` accepts besides a spec and a VectorStore, one entry per backend."""
+    return tuple(b.adopted for b in backends() if b.adopted)
 
 
 def check_spec_before_encoding(spec: str, *, must_persist: bool = True) -> None:

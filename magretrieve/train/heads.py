@@ -86,7 +86,7 @@ def _torch_module() -> Any:
     return _NormHead
 
 
-def NormHead(dim: int, kind: str, hidden: int = DEFAULT_HIDDEN, bound: float = 0.0) -> Any:  # noqa: N802
+def NormHead(dim: int, kind: str, hidden: int = DEFAULT_HIDDEN, bound: float = 0.0) -> Any:
     """Construct the torch head module (defined lazily so ``magretrieve.train.heads`` stays torch-free)."""
     return _torch_module()(dim, kind, hidden, bound)
 

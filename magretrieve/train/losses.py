@@ -32,12 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-
-def world() -> tuple[int, int]:
-    """(rank, world size) of the initialized process group, or (0, 1)."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+from magretrieve.train.distributed import world
 
 
 def text_keys(texts: Sequence[str]) -> torch.Tensor:

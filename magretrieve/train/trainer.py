@@ -29,8 +29,9 @@ import torch.distributed as dist
 
 from magretrieve.core.errors import ConfigError, DataError, SymmetryError
 from magretrieve.data.readers import RetrievalDataset, TrainingPair
+from magretrieve.train.distributed import average_gradients, data_parallel, world
 from magretrieve.train.encoder import Encoder
-from magretrieve.train.losses import InfoNCE, cached_backward, text_keys, world
+from magretrieve.train.losses import InfoNCE, cached_backward, text_keys
 
 logger = logging.getLogger(__name__)
 
@@ -200,32 +201,6 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 # ----------------------------------------------------------------------------- one step
 
 
-def init_distributed() -> tuple[int, int, str | None]:
-    """Join the process group ``torchrun`` describes (``WORLD_SIZE`` > 1): gloo on CPU, NCCL on
-    GPUs (one per process, by ``LOCAL_RANK``). Returns (rank, world size, this rank's device or
-    None). Without torchrun it does nothing and returns (0, 1, None).
-    """
-    import os
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return 0, 1, None
-    device = None
-    if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        device = f"cuda:{local}"
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    rank, size = world()
-    return rank, size, device
-
-
-def finish_distributed() -> None:
-    """Leave the process group :func:`init_distributed` joined (nothing to do without one)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 class ContrastiveModel(torch.nn.Module):
     """The encoder and the loss as one module: one forward uses every trainable parameter
     (γ and the norm head included), which is what DistributedDataParallel needs to see."""
@@ -272,13 +247,7 @@ def wrap_model(encoder: Encoder, cfg: TrainConfig) -> torch.nn.Module:
     model = ContrastiveModel(
         encoder, InfoNCE(cfg.scale, symmetric=cfg.task == "symmetric"), cfg.precision
     )
-    if world()[1] > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [encoder.device.index] if encoder.device.type == "cuda" else None
-        # find_unused_parameters: BERT's pooler (and a frozen side's stages) get no gradient
-        model = DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
-    return model
+    return data_parallel(model, encoder.device)
 
 
 @dataclass
@@ -290,14 +259,6 @@ class StepOutput:
     mean_doc_norm: float
     tokens: int
     padded_tokens: int
-
-
-def _average_gradients(params: Sequence[torch.nn.Parameter], size: int) -> None:
-    for p in params:
-        if p.grad is None:  # unused on every rank alike (same graph), e.g. BERT's pooler
-            continue
-        dist.all_reduce(p.grad)
-        p.grad /= size
 
 
 def contrastive_step(
@@ -340,7 +301,7 @@ def contrastive_step(
         if not torch.isfinite(loss):
             raise ConfigError(f"loss became {loss.item()}; lower --lr or --scale")
         if size > 1:  # several backward passes ran under no_sync: average once, here
-            _average_gradients([p for p in core.parameters() if p.requires_grad], size)
+            average_gradients([p for p in core.parameters() if p.requires_grad], size)
     value = loss.detach().clone()
     if world()[1] > 1:
         dist.all_reduce(value)
@@ -624,46 +585,3 @@ def split_validation(
         {q: dataset.qrels[q] for q in held},
     )
     return train_pairs, val
-
-
-def mine_hard_negatives(
-    encoder: Encoder,
-    dataset: RetrievalDataset,
-    pairs: Sequence[TrainingPair],
-    count: int,
-    *,
-    top: int = 30,
-    progress: bool = True,
-) -> list[TrainingPair]:
-    """Attach ``count`` hard negatives per pair: the starting model's top-``top`` non-relevant documents."""
-    from magretrieve.core.topk import exact_search
-
-    doc_ids = list(dataset.corpus)
-    docs = encoder.encode_documents(
-        [dataset.corpus[i].full_text for i in doc_ids], progress=progress and "mining: corpus"
-    )
-    # Several query ids may share a text: a pair's query text is relevant to the union.
-    relevant: dict[str, set[str]] = {}
-    for qid, judged in dataset.qrels.items():
-        ids = relevant.setdefault(dataset.queries[qid], set())
-        ids.update(d for d, rel in judged.items() if rel > 0)
-    texts = list(relevant)
-    qv = encoder.encode_queries(texts, progress=progress and "mining: queries")
-    idx, _ = exact_search(qv, docs, top)
-    rng = random.Random(0)
-    negatives: dict[str, list[str]] = {}
-    for row, text in enumerate(texts):
-        # a document with a relevant document's text is no negative either
-        relevant_texts = {dataset.corpus[d].full_text for d in relevant[text]}
-        pool = [
-            dataset.corpus[doc_ids[j]].full_text
-            for j in idx[row]
-            if doc_ids[j] not in relevant[text]
-            and dataset.corpus[doc_ids[j]].full_text not in relevant_texts
-        ]
-        rng.shuffle(pool)
-        negatives[text] = pool[:count]
-    return [
-        TrainingPair(p.query, p.positive, negatives.get(p.query, [])[:count], p.positive_id)
-        for p in pairs
-    ]
