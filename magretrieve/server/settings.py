@@ -35,6 +35,13 @@ class ServerSettings:
     graph run never waits for other threads to wake up; a batch with nothing beside it and
     nothing queued behind it runs on every thread instead (the graphs are opened twice). The
     server uses at most one worker per thread.
+    ``limit_concurrency`` bounds the open connections and running requests (uvicorn's
+    setting): past it a request gets 503 and its connection is closed, except ``/health``,
+    which always answers. ``timeout_keep_alive`` is how long (seconds) a connection may sit
+    without a request: idle after an answer (uvicorn's keep-alive timeout), and, from when it
+    opens or its last answer, until the head of its next request has fully arrived, so a
+    client that connects and sends nothing, or sends its headers a byte at a time, is closed
+    (see :mod:`magretrieve.server.connections`).
     """
 
     api_key: str | None = None
@@ -51,6 +58,8 @@ class ServerSettings:
     retry_after_s: int = 1
     onnx_spinning: bool = True
     graph_workers: int = 2
+    limit_concurrency: int = 1024
+    timeout_keep_alive: float = 5.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -63,6 +72,7 @@ class ServerSettings:
             "max_queue",
             "retry_after_s",
             "graph_workers",
+            "limit_concurrency",
         ):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(
@@ -70,6 +80,11 @@ class ServerSettings:
                 )
         if not 0 <= self.max_wait_ms <= 10_000:
             raise ConfigError(f"max_wait_ms must be within 0..10000, got {self.max_wait_ms}")
+        if not 0 < self.timeout_keep_alive <= 3600:
+            raise ConfigError(
+                f"timeout_keep_alive must be within 0..3600 seconds (above 0), "
+                f"got {self.timeout_keep_alive}"
+            )
         if not 0 <= self.min_batch_fill <= 1:
             raise ConfigError(f"min_batch_fill must be within 0..1, got {self.min_batch_fill}")
         if self.api_key is not None and not self.api_key.strip():
