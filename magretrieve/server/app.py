@@ -98,6 +98,7 @@ def open_state(
         except BaseException:
             vs.close()
             raise
+
     def reopen() -> Retriever:
         """The same store opened again, at the generation on disk now (replicas)."""
         vs = open_store(store, dimension=None, **store_options)
@@ -178,7 +179,9 @@ def create_app(
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         errors = exc.errors()
         on_body = any(tuple(e.get("loc", ()))[:1] == ("body",) for e in errors)
-        wrong_type = not_json(request.headers.get("content-type")) if on_body else None
+        sent = request.headers.get("content-length") not in (None, "0")
+        sent = sent or "chunked" in request.headers.get("transfer-encoding", "")
+        wrong_type = not_json(request.headers.get("content-type")) if on_body and sent else None
         if wrong_type is not None:  # the body was never read as JSON: say why
             return error_response(415, wrong_type)
         return error_response(422, validation_message(errors))

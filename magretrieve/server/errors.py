@@ -71,19 +71,21 @@ def error_response(status: int, message: str, headers: Mapping[str, str] | None 
 
 def not_json(content_type: str | None) -> str | None:
     """The message of a 415 for a body sent with a content type other than JSON (curl's
-    ``-d`` sends ``application/x-www-form-urlencoded``), or None when it is JSON or absent
-    (FastAPI reads a body without a content type as JSON)."""
-    if not content_type:
-        return None
-    media = content_type.split(";", 1)[0].strip().lower()
-    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
-        return None
-    shown = media.encode("ascii", "replace").decode()[:100] or "an empty type"
-    return (
-        f"the body was sent as Content-Type: {shown}, which this route does not read; send "
-        "the JSON body with the header Content-Type: application/json (curl: -H "
-        "'Content-Type: application/json')"
+    ``-d`` sends ``application/x-www-form-urlencoded``) or with none (FastAPI reads a body as
+    JSON only when it is labelled so); None for ``application/json`` and ``*/*+json``."""
+    fix = (
+        "send the JSON body with the header Content-Type: application/json "
+        "(curl: -H 'Content-Type: application/json')"
     )
+    if not content_type or not content_type.strip():
+        return f"the body was sent without a Content-Type header, so it was not read; {fix}"
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    ):
+        return None
+    shown = media.encode("ascii", "replace").decode()[:100]
+    return f"the body was sent as Content-Type: {shown}, which this route does not read; {fix}"
 
 
 def validation_message(errors: Iterable[Mapping[str, Any]]) -> str:

@@ -95,7 +95,7 @@ class SearchRequest(_Strict):
     query: str | None = Field(None, description="One query text (answer: one result).")
     queries: list[str] | None = Field(None, description="Several queries (answer: a list).")
     k: StrictInt = Field(
-        10, ge=1, description="Hits per query: a JSON integer (not true, 5.0 or \"5\")."
+        10, ge=1, description='Hits per query: a JSON integer (not true, 5.0 or "5").'
     )
     filter: dict[str, Scalar] | None = Field(
         None,
