@@ -484,3 +484,47 @@ def test_a_search_costs_one_small_file_read_when_nothing_changed(
             assert holder.stale() is None
         per_check = (time.perf_counter() - started) / 200
         assert per_check < 2e-3, per_check  # microseconds in practice; far below a search
+
+
+@pytest.mark.parametrize("kind", ["faiss", "memory", "scann"])
+def test_every_folder_store_reloads_a_generation_another_writer_committed(
+    tmp_path, export_dir, kind
+):
+    """Two apps on one folder (each its own store object, as two processes have): what one
+    writes, deletes and persists, the other answers at its next search."""
+    if kind == "scann":
+        pytest.importorskip("scann")
+    spec = f"{kind}:{tmp_path / 'store'}"
+    doc = {"_id": "fresh-1", "text": "zebra quantum lattice", "year": 2021}
+    with app_client(export_dir, spec) as writer:
+        seed = {"_id": "seed", "text": "a first document"}
+        assert writer.post("/documents", json={"documents": [seed]}, headers=HEADERS).is_success
+    # the writing app has closed: a reader opens the store, then a new writer commits twice
+    with app_client(export_dir, spec) as reader, app_client(export_dir, spec) as writer:
+        holder = reader.app.state.magretrieve.holder
+        held = holder.generation
+        assert reader.get("/info").json()["store"]["generation"] == held is not None
+
+        def ids() -> list[str]:
+            body = {"query": "zebra quantum lattice", "k": 10}
+            resp = reader.post("/search", json=body, headers=HEADERS)
+            assert resp.status_code == 200, resp.text
+            return sorted(h["id"] for h in resp.json()["hits"])
+
+        assert ids() == ["seed"]
+        assert writer.post("/documents", json={"documents": [doc]}, headers=HEADERS).is_success
+        assert ids() == ["fresh-1", "seed"] and holder.reloads == 1
+        hit = next(
+            h
+            for h in reader.post(
+                "/search", json={"query": "zebra", "k": 2}, headers=HEADERS
+            ).json()["hits"]
+            if h["id"] == "fresh-1"
+        )
+        assert hit["payload"]["year"] == 2021
+        info = reader.get("/info").json()["store"]
+        assert info["count"] == 2 and info["generation"] > held
+        gone = writer.request("DELETE", "/documents", json={"ids": ["fresh-1"]}, headers=HEADERS)
+        assert gone.json() == {"deleted": 1}
+        assert ids() == ["seed"] and holder.reloads == 2
+        assert ids() == ["seed"] and holder.reloads == 2  # nothing new: no reload

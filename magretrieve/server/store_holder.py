@@ -108,10 +108,18 @@ class StoreHolder:
                 self._failed = on_disk
                 return False
             with self._lock.write():  # calls running on the old state finish first
-                old, self.retriever = self.retriever, fresh
-                self.reloads += 1
+                held = self.retriever.store.generation
+                if held is not None and held >= (fresh.store.generation or 0):
+                    # a write of this server caught the store up meanwhile (a writer catches
+                    # up with disk before it commits): the state held is the newest
+                    old = fresh
+                else:
+                    old, self.retriever = self.retriever, fresh
+                    self.reloads += 1
             self._failed = None
             old.close()
+            if old is fresh:
+                return False
             logger.info("store reloaded at generation %s", fresh.store.generation)
             return True
 
