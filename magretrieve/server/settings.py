@@ -82,7 +82,7 @@ class ServerSettings:
             raise ConfigError(f"max_wait_ms must be within 0..10000, got {self.max_wait_ms}")
         if not 0 < self.timeout_keep_alive <= 3600:
             raise ConfigError(
-                f"timeout_keep_alive must be within 0..3600 seconds (above 0), "
+                "timeout_keep_alive must be above 0 and at most 3600 seconds, "
                 f"got {self.timeout_keep_alive}"
             )
         if not 0 <= self.min_batch_fill <= 1:
