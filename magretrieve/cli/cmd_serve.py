@@ -80,6 +80,22 @@ from magretrieve.core.redact import redact
     help="Batches run at once, each on --threads / N intra-op threads (a batch alone "
     "runs on all of them).",
 )
+@click.option(
+    "--limit-concurrency",
+    type=int,
+    default=1024,
+    show_default=True,
+    help="Open connections and running requests before new requests get 503 (/health "
+    "always answers).",
+)
+@click.option(
+    "--timeout-keep-alive",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds a connection may wait without sending a complete request before it is "
+    "closed (idle after an answer, or slow to send its headers).",
+)
 @click.option("--force", is_flag=True, help="Serve a store built by another model.")
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
 @search_store_options
@@ -101,6 +117,8 @@ def serve_cmd(
     max_text_chars: int,
     onnx_spinning: bool,
     graph_workers: int,
+    limit_concurrency: int,
+    timeout_keep_alive: float,
     force: bool,
     access_log: bool,
     **store_kw: object,
@@ -113,6 +131,7 @@ def serve_cmd(
     import uvicorn
 
     from magretrieve.server.app import create_app, open_state
+    from magretrieve.server.connections import protocol_class
     from magretrieve.server.settings import ServerSettings, key_from_env
 
     settings = ServerSettings(
@@ -127,7 +146,11 @@ def serve_cmd(
         batching=not no_batching,
         onnx_spinning=onnx_spinning,
         graph_workers=graph_workers,
+        limit_concurrency=limit_concurrency,
+        timeout_keep_alive=timeout_keep_alive,
     )
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads {threads}: must be at least 1 (intra-op threads)")
     if not 0 < port < 65536:
         raise ConfigError(f"--port {port}: not a TCP port (1..65535)")
     listener = _listen(host, port)  # before anything is loaded: a taken port fails at once
@@ -156,6 +179,9 @@ def serve_cmd(
         access_log=access_log,
         timeout_graceful_shutdown=30,
         server_header=False,
+        http=protocol_class(),
+        limit_concurrency=settings.limit_concurrency,
+        timeout_keep_alive=settings.timeout_keep_alive,  # type: ignore[arg-type]
     )
     # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal under the handler that was
     # there before it: make that one a clean exit, so a drained server exits 0.

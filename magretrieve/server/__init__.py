@@ -5,7 +5,9 @@ Torch-free like the rest of serving: FastAPI + uvicorn + pydantic around
 :class:`~magretrieve.serving.retriever.Retriever`. One module per job: :mod:`.app` (the factory),
 :mod:`.models` (request/response bodies), :mod:`.sides` (the side rules), :mod:`.batcher`
 (dynamic batching), :mod:`.auth`, :mod:`.middleware`, :mod:`.metrics`, :mod:`.errors`,
-:mod:`.state`, and the routes in ``routes_*``.
+:mod:`.state`, :mod:`.store_holder` (store calls, reloads, shutdown), :mod:`.documents` (the
+corpus line rule of ``/documents``), :mod:`.connections` (idle and slow connections), and the
+routes in ``routes_*``.
 """
 
 from __future__ import annotations

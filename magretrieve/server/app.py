@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from magretrieve.core.errors import MagRetrieveError, StoreError
+from magretrieve.core.errors import ConfigError, MagRetrieveError, StoreError
 from magretrieve.core.version import __version__
 from magretrieve.server import (
     routes_cohere,
@@ -29,7 +29,7 @@ from magretrieve.server import (
     routes_ops,
     routes_store,
 )
-from magretrieve.server.errors import ApiError, error_response, validation_message
+from magretrieve.server.errors import ApiError, error_response, not_json, validation_message
 from magretrieve.server.middleware import ServerMiddleware
 from magretrieve.server.settings import ServerSettings
 from magretrieve.server.state import ServerState
@@ -67,6 +67,8 @@ def open_state(
     from magretrieve.stores import open_store
 
     settings = settings or ServerSettings()
+    if threads is not None and (isinstance(threads, bool) or threads < 1):
+        raise ConfigError(f"threads must be at least 1, got {threads!r}")
     # each graph worker runs its batches on its own share of the threads (one thread at least)
     total = threads if threads is not None else default_threads()
     if settings.graph_workers > total:
@@ -104,8 +106,23 @@ def open_state(
         except BaseException:
             vs.close()
             raise
+
+    def reopen() -> Retriever:
+        """The same store opened again, at the generation on disk now (replicas)."""
+        vs = open_store(store, dimension=None, **store_options)
+        try:
+            return Retriever(encoder, vs, force=force)
+        except BaseException:
+            vs.close()
+            raise
+
     return ServerState(
-        encoder, settings, retriever=retriever, store_spec=store, alone_encoder=alone
+        encoder,
+        settings,
+        retriever=retriever,
+        store_spec=store,
+        alone_encoder=alone,
+        reopen=reopen if store is not None else None,
     )
 
 
@@ -168,7 +185,14 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-        return error_response(422, validation_message(exc.errors()))
+        errors = exc.errors()
+        on_body = any(tuple(e.get("loc", ()))[:1] == ("body",) for e in errors)
+        sent = request.headers.get("content-length") not in (None, "0")
+        sent = sent or "chunked" in request.headers.get("transfer-encoding", "")
+        wrong_type = not_json(request.headers.get("content-type")) if on_body and sent else None
+        if wrong_type is not None:  # the body was never read as JSON: say why
+            return error_response(415, wrong_type)
+        return error_response(422, validation_message(errors))
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> Response:

@@ -29,6 +29,7 @@ TYPES = {
     405: "invalid_request_error",
     409: "conflict_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     422: "invalid_request_error",
     500: "server_error",
     503: "overloaded_error",
@@ -66,6 +67,25 @@ def error_response(status: int, message: str, headers: Mapping[str, str] | None 
         media_type="application/json",
         headers=dict(headers or {}),
     )
+
+
+def not_json(content_type: str | None) -> str | None:
+    """The message of a 415 for a body sent with a content type other than JSON (curl's
+    ``-d`` sends ``application/x-www-form-urlencoded``) or with none (FastAPI reads a body as
+    JSON only when it is labelled so); None for ``application/json`` and ``*/*+json``."""
+    fix = (
+        "send the JSON body with the header Content-Type: application/json "
+        "(curl: -H 'Content-Type: application/json')"
+    )
+    if not content_type or not content_type.strip():
+        return f"the body was sent without a Content-Type header, so it was not read; {fix}"
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    ):
+        return None
+    shown = media.encode("ascii", "replace").decode()[:100]
+    return f"the body was sent as Content-Type: {shown}, which this route does not read; {fix}"
 
 
 def validation_message(errors: Iterable[Mapping[str, Any]]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from pydantic_core import PydanticCustomError
 
 #: Accepted ``input_type`` values and the side each one names.
@@ -129,7 +129,9 @@ class EmbedRequest(_Strict):
 class SearchRequest(_Strict):
     query: str | None = Field(None, description="One query text (answer: one result).")
     queries: list[str] | None = Field(None, description="Several queries (answer: a list).")
-    k: int = Field(10, ge=1, description="Hits per query.")
+    k: StrictInt = Field(
+        10, ge=1, description='Hits per query: a JSON integer (not true, 5.0 or "5").'
+    )
     filter: dict[str, Scalar] | None = Field(
         None,
         description="Keep only hits whose payload field equals the value, for every field "
@@ -157,7 +159,8 @@ class SearchResult(BaseModel):
 
 class DocumentsRequest(_Strict):
     documents: list[dict[str, Any]] = Field(
-        description="Corpus JSONL lines: _id, title, text; other fields are kept as payload."
+        description="Corpus JSONL lines, read as `magretrieve index` reads them: _id, title, "
+        "text; every other field (id and payload included) is kept as payload."
     )
 
 

@@ -13,7 +13,14 @@ from magretrieve.server.models import ErrorResponse
 
 _ERR: dict[str, Any] = {"model": ErrorResponse}
 #: Error answers every route may give (documented so schema checks hold them to the shape).
-COMMON: dict[int | str, dict[str, Any]] = {400: _ERR, 401: _ERR, 413: _ERR, 422: _ERR, 500: _ERR}
+COMMON: dict[int | str, dict[str, Any]] = {
+    400: _ERR,
+    401: _ERR,
+    413: _ERR,
+    415: _ERR,
+    422: _ERR,
+    500: _ERR,
+}
 #: Routes that encode: also 503 when the queue is full or the server drains.
 ENCODING: dict[int | str, dict[str, Any]] = {**COMMON, 503: _ERR}
 #: Store routes: also 404 (no store), 403 (writes off), 409 (another writer holds the store).

@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from magretrieve.core.errors import StoreError
+from magretrieve.server.documents import request_document
 from magretrieve.server.errors import ApiError
 from magretrieve.server.models import (
     DeleteRequest,
@@ -29,6 +30,7 @@ from magretrieve.server.models import (
 )
 from magretrieve.server.responses import STORE, json_response
 from magretrieve.server.state import ServerState
+from magretrieve.server.store_holder import StoreHolder
 from magretrieve.stores.base import check_finite
 
 router = APIRouter()
@@ -40,22 +42,23 @@ FILTER_FETCH = 20
 FILTER_EXACT_UP_TO = 20_000
 
 
-def _retriever(request: Request) -> tuple[ServerState, Any]:
+def _retriever(request: Request) -> tuple[ServerState, StoreHolder]:
+    """The state and its store holder (every store call runs inside ``holder.use()``)."""
     state: ServerState = request.app.state.magretrieve
-    if state.retriever is None:
+    if state.holder is None:
         raise ApiError(404, "this server has no store: start it with --store SPEC to search")
-    return state, state.retriever
+    return state, state.holder
 
 
-def _writable(request: Request) -> tuple[ServerState, Any]:
-    state, retriever = _retriever(request)
+def _writable(request: Request) -> tuple[ServerState, StoreHolder]:
+    state, holder = _retriever(request)
     if not state.settings.writes_enabled:
         raise ApiError(
             403,
             "write endpoints are off: this server was started without an API key "
             "(--api-key or MAGRETRIEVE_API_KEY)",
         )
-    return state, retriever
+    return state, holder
 
 
 def _matches(payload: dict[str, Any], wanted: dict[str, Any]) -> bool:
@@ -70,7 +73,14 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _search(retriever: Any, vectors: np.ndarray, k: int, wanted: dict[str, Any] | None) -> list:
+def _search(
+    holder: StoreHolder, vectors: np.ndarray, k: int, wanted: dict[str, Any] | None
+) -> list:
+    with holder.use() as retriever:
+        return _search_in(retriever, vectors, k, wanted)
+
+
+def _search_in(retriever: Any, vectors: np.ndarray, k: int, wanted: dict[str, Any] | None) -> list:
     if not wanted:
         return retriever.search_vectors(vectors, k=k)
     count = int(retriever.store.count())
@@ -91,7 +101,7 @@ def _search(retriever: Any, vectors: np.ndarray, k: int, wanted: dict[str, Any] 
     summary="Top-k documents per query with each score split into norms and cosine",
 )
 async def search(body: SearchRequest, request: Request) -> Response:
-    state, retriever = _retriever(request)
+    state, holder = _retriever(request)
     if (body.query is None) == (body.queries is None):
         raise ApiError(422, "send exactly one of query (one text) or queries (a list of texts)")
     if body.k > state.settings.max_k:
@@ -100,7 +110,7 @@ async def search(body: SearchRequest, request: Request) -> Response:
     what = "query" if body.query is not None else "queries"
     out = await state.embed(texts, "query", what=what)
     try:
-        hits = await run_in_threadpool(_search, retriever, out.vectors, body.k, body.filter)
+        hits = await run_in_threadpool(_search, holder, out.vectors, body.k, body.filter)
     except StoreError as exc:
         raise ApiError(422, state.public(str(exc))) from None
     results = [
@@ -117,11 +127,11 @@ async def search(body: SearchRequest, request: Request) -> Response:
     summary="Upsert documents (corpus JSONL line shape); needs the API key",
 )
 async def upsert(body: DocumentsRequest, request: Request) -> Response:
-    from magretrieve.serving.retriever import _as_document, check_documents
+    from magretrieve.serving.retriever import check_documents
 
-    state, retriever = _writable(request)
+    state, holder = _writable(request)
+    docs = [request_document(doc, n) for n, doc in enumerate(body.documents)]
     try:
-        docs = [_as_document(doc, n) for n, doc in enumerate(body.documents)]
         check_documents(docs)
     except StoreError as exc:
         raise ApiError(422, state.public(str(exc))) from None
@@ -133,7 +143,7 @@ async def upsert(body: DocumentsRequest, request: Request) -> Response:
     out = await state.embed([d.full_text for d in docs], "document", what="documents")
     try:
         check_finite(out.vectors, ids, "encoding")
-        await run_in_threadpool(_write, retriever, docs, out.vectors)
+        await run_in_threadpool(_write, holder, docs, out.vectors)
     except StoreError as exc:
         raise _store_error(state, exc) from None
     cut = [d.id for d, c in zip(docs, out.truncated, strict=True) if c]
@@ -153,16 +163,18 @@ def _store_error(state: ServerState, exc: StoreError) -> ApiError:
     return ApiError(422, state.public(str(exc)))
 
 
-def _write(retriever: Any, docs: list, vectors: np.ndarray) -> None:
-    retriever.write_batch(docs, vectors)
-    retriever.persist()
-
-
-def _delete(retriever: Any, ids: list[str]) -> int:
-    n = retriever.delete(ids)
-    if n:
+def _write(holder: StoreHolder, docs: list, vectors: np.ndarray) -> None:
+    with holder.use() as retriever:  # the store is not closed before the persist is done
+        retriever.write_batch(docs, vectors)
         retriever.persist()
-    return n
+
+
+def _delete(holder: StoreHolder, ids: list[str]) -> int:
+    with holder.use() as retriever:
+        n = retriever.delete(ids)
+        if n:
+            retriever.persist()
+        return int(n)
 
 
 @router.delete(
@@ -172,7 +184,7 @@ def _delete(retriever: Any, ids: list[str]) -> int:
     summary="Delete documents by id; needs the API key",
 )
 async def delete(body: DeleteRequest, request: Request) -> Response:
-    state, retriever = _writable(request)
+    state, holder = _writable(request)
     if not body.ids:
         raise ApiError(422, "ids is empty: name at least one document id")
     if len(body.ids) > state.settings.max_inputs:
@@ -181,7 +193,7 @@ async def delete(body: DeleteRequest, request: Request) -> Response:
             f"ids holds {len(body.ids)} ids; this server takes at most {state.settings.max_inputs}",
         )
     try:
-        deleted = await run_in_threadpool(_delete, retriever, list(body.ids))
+        deleted = await run_in_threadpool(_delete, holder, list(body.ids))
     except StoreError as exc:
         raise _store_error(state, exc) from None
     return json_response({"deleted": deleted})

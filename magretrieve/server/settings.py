@@ -40,6 +40,13 @@ class ServerSettings:
     ``max_inputs`` is OpenAI's own limit of texts per request (2,048), so clients that batch
     for OpenAI fit; each request is still encoded in batches of ``max_batch_tokens``, and its
     body is bounded by ``max_body_bytes`` (16 MiB holds 2,048 texts of 8 KB each).
+    ``limit_concurrency`` bounds the open connections and running requests (uvicorn's
+    setting): past it a request gets 503 and its connection is closed, except ``/health``,
+    which always answers. ``timeout_keep_alive`` is how long (seconds) a connection may sit
+    without a request: idle after an answer (uvicorn's keep-alive timeout), and, from when it
+    opens or its last answer, until the head of its next request has fully arrived, so a
+    client that connects and sends nothing, or sends its headers a byte at a time, is closed
+    (see :mod:`magretrieve.server.connections`).
     """
 
     api_key: str | None = None
@@ -57,6 +64,8 @@ class ServerSettings:
     onnx_spinning: bool = True
     graph_workers: int = 2
     model_id: str | None = None
+    limit_concurrency: int = 1024
+    timeout_keep_alive: float = 5.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -69,6 +78,7 @@ class ServerSettings:
             "max_queue",
             "retry_after_s",
             "graph_workers",
+            "limit_concurrency",
         ):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(
@@ -76,6 +86,11 @@ class ServerSettings:
                 )
         if not 0 <= self.max_wait_ms <= 10_000:
             raise ConfigError(f"max_wait_ms must be within 0..10000, got {self.max_wait_ms}")
+        if not 0 < self.timeout_keep_alive <= 3600:
+            raise ConfigError(
+                "timeout_keep_alive must be above 0 and at most 3600 seconds, "
+                f"got {self.timeout_keep_alive}"
+            )
         if not 0 <= self.min_batch_fill <= 1:
             raise ConfigError(f"min_batch_fill must be within 0..1, got {self.min_batch_fill}")
         if self.model_id is not None:

@@ -7,7 +7,7 @@ path from texts to vectors (input limits, tokenizing, truncation per item, the b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from magretrieve.server.batcher import Draining, DynamicBatcher, EncodeFn, Queue
 from magretrieve.server.errors import ApiError, scrub
 from magretrieve.server.metrics import Metrics
 from magretrieve.server.settings import ServerSettings
+from magretrieve.server.store_holder import StoreHolder
 
 #: Requests whose texts add up to more characters than this are tokenized on a worker
 #: thread instead of the event loop (a batch-1 query tokenizes in microseconds).
@@ -45,13 +46,19 @@ class ServerState:
         retriever: Any | None = None,
         store_spec: str | None = None,
         alone_encoder: Any | None = None,
+        reopen: Callable[[], Any] | None = None,
     ) -> None:
         self.encoder = encoder
         #: The same graphs on every thread, for a batch that runs alone (``graph_workers`` > 1).
         self.alone_encoder = alone_encoder
         self.manifest = encoder.manifest
         self.settings = settings
-        self.retriever = retriever
+        #: Every store call goes through it (reload on a newer generation, shutdown gate).
+        self.holder = (
+            StoreHolder(retriever, reopen, retry_after_s=settings.retry_after_s)
+            if retriever is not None
+            else None
+        )
         self.metrics = Metrics()
         self.batcher = DynamicBatcher(
             self._batch_encoder(encoder),
@@ -69,6 +76,11 @@ class ServerState:
         self._known_paths = known
 
     @property
+    def retriever(self) -> Any | None:
+        """The Retriever answering now (replaced when the store is reloaded)."""
+        return self.holder.retriever if self.holder is not None else None
+
+    @property
     def model_id(self) -> str:
         """The served model id (``ID:query`` / ``ID:document`` name a side): the settings'
         ``model_id``, else the export folder's name (never a server path)."""
@@ -82,7 +94,8 @@ class ServerState:
         m, s = self.manifest, self.settings
         store = None
         if self.retriever is not None:
-            store = {"kind": self.retriever.store.kind, "count": int(self.retriever.store.count())}
+            vs = self.retriever.store
+            store = {"kind": vs.kind, "count": int(vs.count()), "generation": vs.generation}
         return {
             "model_id": self.model_id,
             "model_fingerprint": m.model_fingerprint,
@@ -136,10 +149,8 @@ class ServerState:
         """Finish queued encodes, then write and close the store."""
         self.ready = False
         self.batcher.close()
-        if self.retriever is not None:
-            if self.settings.writes_enabled:
-                self.retriever.persist()
-            self.retriever.close()
+        if self.holder is not None:  # waits for store calls still running on worker threads
+            self.holder.close(persist=self.settings.writes_enabled)
 
     def public(self, message: str) -> str:
         """``message`` fit to send: store locations and server paths replaced."""

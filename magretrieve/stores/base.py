@@ -375,6 +375,19 @@ class VectorStore(ABC):
         already durable in the database."""
         return False
 
+    @property
+    def generation(self) -> int | None:
+        """The committed state this object holds: a folder store's generation counter
+        (None for stores that read their engine's live state)."""
+        return None
+
+    def disk_generation(self) -> int | None:
+        """The generation committed on disk now, by any process (None: no such marker).
+
+        A reader whose :attr:`generation` differs from it holds an older state than another
+        process committed since; reopening the store reads the newer one."""
+        return None
+
     def optimize(self) -> None:  # noqa: B027 - optional hook
         """Finish a bulk load (train/build indexes); a no-op where nothing is deferred."""
 

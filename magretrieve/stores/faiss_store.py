@@ -226,6 +226,13 @@ class FaissStore(RecordTableMixin, VectorStore):
         return bool(getattr(self, "_normalizes", False))
 
     @property
+    def generation(self) -> int | None:
+        return self._generation if self._path is not None else None
+
+    def disk_generation(self) -> int | None:
+        return _faiss_files.disk_generation(self._path) if self._path is not None else None
+
+    @property
     def index(self) -> Any:
         """The underlying FAISS index object (None while an untrained index waits for data)."""
         return self._handle.index if self._handle is not None else None

@@ -111,6 +111,18 @@ class MemoryStore(IdMapMixin, VectorStore):
                 self.__dict__.update(fresh.__dict__)
                 self._writer = writer
 
+    @property
+    def generation(self) -> int | None:
+        return self._generation if self._path is not None else None
+
+    def disk_generation(self) -> int | None:
+        if self._path is None:
+            return None
+        try:
+            return int(json.loads((self._path / STATE_FILE).read_text()).get("generation", 0))
+        except (OSError, ValueError, AttributeError, TypeError):
+            return None
+
     def close(self) -> None:
         if self._writer is not None:
             self._writer.release()

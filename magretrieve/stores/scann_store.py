@@ -717,6 +717,13 @@ class ScannStore(RecordTableMixin, VectorStore):
             out["recall"] = self.recall
         return out
 
+    @property
+    def generation(self) -> int | None:
+        return self._generation
+
+    def disk_generation(self) -> int | None:
+        return _disk_generation(self._path)
+
     def close(self) -> None:
         """Release the writer lock; a folder this object created but never saved is removed."""
         self._writer.release()

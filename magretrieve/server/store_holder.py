@@ -1,0 +1,138 @@
+"""The server's store: every store call goes through one :class:`StoreHolder`.
+
+Two things need one place that store calls pass through:
+
+* **Shutdown never races a write.** Each search, write (with its persist) or delete holds the
+  holder for its whole run; :meth:`StoreHolder.close` waits for the calls running, then
+  persists and closes the store, and any call that comes later is refused with a 503 before it
+  touches the store. A write still running on a worker thread when uvicorn's grace period
+  ends (uvicorn cancels the request, not the thread) therefore finishes before the store is
+  closed, instead of writing into a closed one.
+* **Replicas see other processes' commits.** A folder store (``faiss:``, ``scann:``,
+  ``memory:DIR``) is read into memory when it opens; another process (``magretrieve index``,
+  a writing replica) commits a new generation by switching the store's state file. Before
+  each call the holder compares the generation on disk with the one it holds (one small file
+  read) and, when another process moved it, reopens the store and answers from the new state.
+  Stores without a generation marker (database stores) read their engine's live state and are
+  never reopened.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from magretrieve.server.errors import ApiError
+from magretrieve.serving.retriever import _RWLock
+
+logger = logging.getLogger(__name__)
+
+
+class StoreHolder:
+    """The current :class:`~magretrieve.serving.retriever.Retriever` and its lifecycle.
+
+    ``reopen`` opens the same store spec again (read-only) as a new Retriever; None turns
+    reloading off (an in-memory store, or a caller that passed its own state).
+    """
+
+    def __init__(
+        self,
+        retriever: Any,
+        reopen: Callable[[], Any] | None = None,
+        *,
+        retry_after_s: int = 1,
+    ) -> None:
+        self.retriever = retriever
+        self._reopen = reopen
+        self._retry_after_s = retry_after_s
+        self._lock = _RWLock()  # calls share it; reload and close take it alone
+        self._closed = False
+        self._reloading = threading.Lock()
+        self._failed: int | None = None  # a disk generation that could not be read
+        self.reloads = 0
+
+    # ------------------------------------------------------------------ calls
+
+    @contextmanager
+    def use(self) -> Iterator[Any]:
+        """The Retriever for one store call (search, write + persist, delete + persist).
+
+        The newest committed state is loaded first when another process committed one;
+        after :meth:`close` began, a 503 that says the server is shutting down.
+        """
+        self.refresh()
+        with self._lock.read():
+            if self._closed:
+                raise ApiError(
+                    503,
+                    "the server is shutting down; the store is closed (retry on another replica)",
+                    {"Retry-After": str(self._retry_after_s)},
+                )
+            yield self.retriever
+
+    @property
+    def generation(self) -> int | None:
+        """The generation of the state this server answers from (None: no such marker)."""
+        return self.retriever.store.generation  # type: ignore[no-any-return]
+
+    def stale(self) -> int | None:
+        """The disk generation when another process committed one this server does not hold."""
+        store = self.retriever.store
+        on_disk = store.disk_generation()
+        if on_disk is None or on_disk == store.generation or store.has_unsaved_writes():
+            return None
+        return on_disk  # type: ignore[no-any-return]
+
+    def refresh(self) -> bool:
+        """Reopen the store when another process committed a newer generation; True if it did.
+
+        A generation that fails to open (half-written while the writer still works, or
+        refused) is logged once and the current state keeps answering.
+        """
+        if self._reopen is None or self._closed:
+            return False
+        on_disk = self.stale()
+        if on_disk is None or on_disk == self._failed:
+            return False
+        with self._reloading:  # one reload at a time; the others wait for its result
+            if self._closed or self.stale() is None:
+                return False
+            try:
+                fresh = self._reopen()
+            except Exception as exc:  # keep answering from the state held
+                if self._failed != on_disk:
+                    logger.warning("store generation %s not loaded: %s", on_disk, exc)
+                self._failed = on_disk
+                return False
+            with self._lock.write():  # calls running on the old state finish first
+                held = self.retriever.store.generation
+                if held is not None and held >= (fresh.store.generation or 0):
+                    # a write of this server caught the store up meanwhile (a writer catches
+                    # up with disk before it commits): the state held is the newest
+                    old = fresh
+                else:
+                    old, self.retriever = self.retriever, fresh
+                    self.reloads += 1
+            self._failed = None
+            old.close()
+            if old is fresh:
+                return False
+            logger.info("store reloaded at generation %s", fresh.store.generation)
+            return True
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self, *, persist: bool) -> None:
+        """Wait for running calls, refuse new ones, then persist (``persist``) and close."""
+        with self._reloading, self._lock.write():
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            if persist:
+                self.retriever.persist()
+        finally:
+            self.retriever.close()
