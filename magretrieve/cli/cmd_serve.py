@@ -68,6 +68,14 @@ from magretrieve.core.redact import redact
     help="Batches run at once, each on --threads / N intra-op threads (a batch alone "
     "runs on all of them).",
 )
+@click.option(
+    "--recall-sample",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.01,
+    show_default=True,
+    help="Share of /search queries re-run exactly in the background for the live recall@10 "
+    "gauge (/metrics, /info); 0 turns it off.",
+)
 @click.option("--force", is_flag=True, help="Serve a store built by another model.")
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
 @search_store_options
@@ -88,6 +96,7 @@ def serve_cmd(
     max_text_chars: int,
     onnx_spinning: bool,
     graph_workers: int,
+    recall_sample: float,
     force: bool,
     access_log: bool,
     **store_kw: object,
@@ -111,6 +120,7 @@ def serve_cmd(
         batching=not no_batching,
         onnx_spinning=onnx_spinning,
         graph_workers=graph_workers,
+        recall_sample=recall_sample,
     )
     if not 0 < port < 65536:
         raise ConfigError(f"--port {port}: not a TCP port (1..65535)")

@@ -51,6 +51,9 @@ class ServerSettings:
     retry_after_s: int = 1
     onnx_spinning: bool = True
     graph_workers: int = 2
+    #: Share of unfiltered /search queries re-run exactly in the background for the live
+    #: recall@10 gauge (:mod:`magretrieve.server.recall_watch`); 0 turns the check off.
+    recall_sample: float = 0.01
 
     def __post_init__(self) -> None:
         for name in (
@@ -70,6 +73,8 @@ class ServerSettings:
                 )
         if not 0 <= self.max_wait_ms <= 10_000:
             raise ConfigError(f"max_wait_ms must be within 0..10000, got {self.max_wait_ms}")
+        if not 0 <= self.recall_sample <= 1:
+            raise ConfigError(f"recall_sample must be within 0..1, got {self.recall_sample}")
         if not 0 <= self.min_batch_fill <= 1:
             raise ConfigError(f"min_batch_fill must be within 0..1, got {self.min_batch_fill}")
         if self.api_key is not None and not self.api_key.strip():

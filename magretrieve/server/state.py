@@ -19,6 +19,7 @@ from magretrieve.core.text import blank
 from magretrieve.server.batcher import Draining, DynamicBatcher, EncodeFn, QueueFull
 from magretrieve.server.errors import ApiError, scrub
 from magretrieve.server.metrics import Metrics
+from magretrieve.server.recall_watch import RecallWatch
 from magretrieve.server.settings import ServerSettings
 
 #: Requests whose texts add up to more characters than this are tokenized on a worker
@@ -60,6 +61,9 @@ class ServerState:
             encode_alone=self._batch_encoder(alone_encoder) if alone_encoder is not None else None,
         )
         self.ready = False
+        self.recall_watch: RecallWatch | None = None
+        if retriever is not None and settings.recall_sample > 0:
+            self.recall_watch = RecallWatch(retriever, self.metrics, settings.recall_sample)
         folder = str(self.manifest.folder or "")
         known = [(folder, "the export")]
         if retriever is not None:
@@ -120,6 +124,7 @@ class ServerState:
             },
             "store": store,
             "writes_enabled": s.writes_enabled and self.retriever is not None,
+            "recall_watch": self.recall_watch.info() if self.recall_watch is not None else None,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -136,6 +141,8 @@ class ServerState:
         """Finish queued encodes, then write and close the store."""
         self.ready = False
         self.batcher.close()
+        if self.recall_watch is not None:
+            self.recall_watch.close()
         if self.retriever is not None:
             if self.settings.writes_enabled:
                 self.retriever.persist()
