@@ -243,3 +243,28 @@ def test_pseudo_query_tuning_meets_the_target_on_held_out_real_like_queries(use_
     rec = store.describe()["parameters"]["recall"]
     assert rec["query_kind"].startswith(PSEUDO) and rec["target_met_on_tuning_queries"]
     assert delivered >= 0.985, (rec, delivered)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "flags", "knob"),
+    [
+        ("faiss", ["--faiss-index", "ivf"], "nprobe"),
+        ("scann", ["--scann-exact-below", "100"], "leaves_to_search"),
+        ("qdrant-edge", [], "ef_search"),
+    ],
+)
+def test_recall_command_finds_each_stores_knob(use_fake, tmp_path, prefix, flags, knob):  # noqa: F811
+    use_fake["dim"] = 32
+    corpus = write_corpus(tmp_path / "c.jsonl", 1200)
+    spec = f"{prefix}:{tmp_path / 's'}"
+    res = run("index", "EXPORT", str(corpus), "--store", spec, "--no-progress", *flags)
+    assert res.exit_code == 0, res.output
+    qfile = tmp_path / "q.txt"
+    qfile.write_text("\n".join(query_texts(60, 4)) + "\n")
+    res = run(
+        "recall", "EXPORT", "--store", spec, "--queries", str(qfile), "--target", "0.95", "--json"
+    )
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert knob in out["setting"] and out["held_out_queries"] == 30, out
+    assert 0 < out["recall_at_10"] <= 1 and out["reached"] is True

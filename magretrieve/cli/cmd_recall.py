@@ -44,14 +44,21 @@ def knob_for(store: Any, spec: str) -> tuple[str, list[int], int] | None:
         ("nprobe", "nprobe"),
         ("leaves_to_search", "leaves_to_search"),
     ):
-        if params.get(key) is None or option not in accepted:
+        if key not in params or option not in accepted:
+            continue
+        current = params[key]
+        if current is None:  # the library's default (Qdrant's hnsw_ef): the tuned one, if any
+            current = (params.get("recall") or {}).get(key) or (params.get("recall") or {}).get(
+                "hnsw_ef"
+            )
+        if current is None and params.get("index") != "hnsw":
             continue
         if option == "ef_search":
             values = list(_ann_recall.HNSW_EF)
         else:
             size = params.get("nlist") or params.get("num_leaves") or params.get("lists") or 4096
             values = _ann_recall.nprobe_values(int(size))
-        return option, values, int(params[key])
+        return option, values, int(current if current is not None else values[0])
     return None
 
 
@@ -113,9 +120,10 @@ def recall_cmd(
             "ground_truth": "exact inner product over the stored vectors",
         }
         knob = knob_for(store, store_spec)
-        if knob is not None:
-            out[knob[0]] = knob[2]
-        stored = store.describe()["parameters"].get("recall") or {}
+        params = store.describe()["parameters"]
+        if knob is not None and any(params.get(n) is not None for n in (knob[0], "hnsw_ef")):
+            out[knob[0]] = knob[2]  # the setting searched with (unless the library's default)
+        stored = params.get("recall") or {}
         if stored:
             out["store_measured"] = {
                 key: stored[key]
