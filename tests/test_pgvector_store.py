@@ -89,6 +89,31 @@ def test_hnsw_ip_index_is_used_and_recalls(pg_uri):
     assert recall(got, exact(queries, docs, ids, 10)) >= 0.95
 
 
+def test_hnsw_target_recall_is_tuned_kept_and_met_on_held_out_queries(pg_uri):
+    """``target_recall`` raises hnsw.ef_search by measurement after optimize(); the setting and
+    the measurement survive a reopen; the recall holds on queries the tuning never saw."""
+    ids, docs, _ = data(n=3000, nq=0, dim=32, seed=2)
+    rng = np.random.default_rng(9)
+    held = rng.normal(size=(100, 32)).astype(np.float32)
+    name = table()
+    with open_store(
+        spec(pg_uri, name), dimension=32, index_type="hnsw", hnsw_m=4, ef_construction=8,
+        ef_search=10, target_recall=0.99,
+    ) as store:  # fmt: skip
+        store.add(ids, docs)
+        store.optimize()
+        rec = store.parameters()["recall"]
+        assert rec["target"] == 0.99 and rec["ef_search"] == store.ef_search > 10, rec
+        assert rec["query_kind"].startswith("synthetic")
+        got = [[h.id for h in row] for row in store.search(held, 10, with_vectors=False)]
+    assert (
+        rec["target_met_on_tuning_queries"] is False
+        or recall(got, exact(held, docs, ids, 10)) >= 0.985
+    )
+    with open_store(spec(pg_uri, name)) as again:
+        assert again.ef_search == rec["ef_search"] and again.parameters()["recall"] == rec
+
+
 def test_ivfflat_is_built_after_the_load_and_exact_with_all_lists(pg_uri):
     ids, docs, queries = data(n=1000, nq=20, seed=2)
     with open_store(

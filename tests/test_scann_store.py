@@ -222,7 +222,7 @@ def test_target_recall_raises_reorder_when_every_leaf_is_not_enough(tmp_path, ca
         caplog.clear()
         rec = s.measure_recall(target_recall=0.99)
     assert rec is not None and rec["target_met_on_tuning_queries"]
-    assert rec["reorder"] in (20, 40, 80)  # doubled, at most three times
+    assert rec["reorder"] in (20, 40, 80, 160, 320)  # doubled, at most five times
     assert rec["leaves_to_search"] < rec["num_leaves"]
     assert rec["recall_at_10"] >= 0.97
     assert not [r for r in caplog.records if "ANN recall" in r.getMessage()]

@@ -406,7 +406,33 @@ def test_info_is_the_manifest(server, export_dir) -> None:
     assert info["document_contract"] == "magnitude_keeping"
     assert info["query_prefix"] == m.query_prefix and info["document_prefix"] == m.document_prefix
     assert info["store"]["kind"] == "faiss" and info["writes_enabled"] is True
+    assert info["recall_watch"]["sample"] == 0.01  # the default share of /search re-run exactly
     assert "/tmp" not in json.dumps(info)
+
+
+def test_live_recall_is_checked_in_the_background(tmp_path, export_dir, store_template) -> None:
+    """Every /search query re-run exactly (--recall-sample 1): an exact store reads 1.0 in the
+    gauge and in /info; a filtered search is not sampled (its exact answer differs)."""
+    store = store_copy(store_template, tmp_path, "ix")
+    srv = start_server(
+        export_dir, "--store", f"faiss:{store}", "--recall-sample", "1", key=None, log_dir=tmp_path
+    )
+    try:
+        for q in ("lung cancer", "heart", "protein", "statins dose"):
+            assert srv.post("/search", {"query": q, "k": 5}).status_code == 200
+        assert srv.post("/search", {"query": "heart", "filter": {"x": 1}}).status_code == 200
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            watch = httpx.get(srv.url + "/info").json()["recall_watch"]
+            if watch["checked"] >= 4:
+                break
+            time.sleep(0.1)
+        assert watch["checked"] == 4 and watch["recall_at_10"] == 1.0 and watch["sample"] == 1.0
+        text = httpx.get(srv.url + "/metrics").text
+        assert "magretrieve_recall_at_10 1.0" in text
+        assert "magretrieve_recall_checked_queries_total 4.0" in text
+    finally:
+        assert srv.stop() == 0, srv.stderr()[-3000:]
 
 
 def test_metrics_count_requests_batches_and_tokens(server) -> None:

@@ -998,8 +998,9 @@ def test_qdrant_edge_recall_is_measured_and_tuned_to_a_target(tmp_path):
 
 
 def test_faiss_target_recall_reaches_the_target_on_held_out_queries(tmp_path):
-    """Tuned on stored directions only, recall on harder (noisier) queries falls short; tuned
-    with real queries, it holds on held-out ones. Both are measured, neither assumed."""
+    """Tuned on the synthetic sample (far-perturbed directions and mixtures, made harder than
+    these noisy queries), the target holds on held-out queries; tuned with real queries too.
+    Both are measured, neither assumed."""
     ids, docs, queries = _ann_data(n=4000, nq=400)
     tune, held = queries[:200], queries[200:]
     exact = [[ids[j] for j in row] for row in exact_topk(held, docs, 10)[0]]
@@ -1014,11 +1015,11 @@ def test_faiss_target_recall_reaches_the_target_on_held_out_queries(tmp_path):
     assert rec["ef_search"] > 10 and rec["recall_at_10"] >= 0.98, rec
     assert rec["target_met_on_tuning_queries"] is True
     after = recall_at_k([[h.id for h in row] for row in s.search(held, 10)], exact)
-    assert after > before, (before, after)
+    assert after > before and after >= 0.985, (before, after)
     rec = s.measure_recall(queries=tune, target_recall=0.99)
-    assert rec["ef_search"] == s.parameters()["ef_search"]
+    assert rec["ef_search"] == s.parameters()["ef_search"] and rec["query_kind"] == "real queries"
     real = recall_at_k([[h.id for h in row] for row in s.search(held, 10)], exact)
-    assert real >= 0.97 and real >= after, (after, real)  # 0.99 on the tuning half
+    assert real >= 0.985, (after, real)  # 0.995 on the tuning half
 
 
 def test_unreachable_target_is_reported_not_hidden(tmp_path, caplog):

@@ -68,6 +68,14 @@ def engine_flags(fn):  # type: ignore[no-untyped-def]
     help="Skip (and count) documents with empty title and text instead of refusing the corpus.",
 )
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@click.option(
+    "--tuning-queries",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Queries like yours (one text per line, or a BEIR queries.jsonl) that an ANN store "
+    "tunes --target-recall on and measures its recall with; default: pseudo-queries made "
+    "from the corpus.",
+)
 @engine_flags
 @store_options
 def index_cmd(
@@ -82,6 +90,7 @@ def index_cmd(
     force: bool,
     skip_empty: bool,
     no_progress: bool,
+    tuning_queries: str | None,
     engine: str,
     **options: object,
 ) -> None:
@@ -90,6 +99,7 @@ def index_cmd(
     Re-running skips ids the store already holds, so an interrupted run resumes.
     """
     from magretrieve.serving.indexing import check_corpus_file, index_corpus
+    from magretrieve.serving.tuning_queries import read_query_texts
     from magretrieve.stores.registry import check_spec_before_encoding
 
     engine_kw = {o.name: options.pop(o.name) for o in option_specs()}
@@ -100,6 +110,7 @@ def index_cmd(
     check_spec_before_encoding(store_spec, must_persist=True)
     # the whole file is validated first: a bad corpus never creates or half-fills a store
     documents = check_corpus_file(corpus, skip_empty=skip_empty)
+    tuning = read_query_texts(tuning_queries) if tuning_queries else None
     with Retriever.load(
         export_dir,
         store=store_spec,
@@ -108,6 +119,7 @@ def index_cmd(
         device=device,
         runtime=runtime,
         for_writing=True,
+        tuning_queries=tuning,
         **collect_store_options(**options),
     ) as retriever:
         report = index_corpus(

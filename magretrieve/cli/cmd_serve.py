@@ -96,6 +96,14 @@ from magretrieve.core.redact import redact
     help="Seconds a connection may wait without sending a complete request before it is "
     "closed (idle after an answer, or slow to send its headers).",
 )
+@click.option(
+    "--recall-sample",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.01,
+    show_default=True,
+    help="Share of /search queries re-run exactly in the background for the live recall@10 "
+    "gauge (/metrics, /info); 0 turns it off.",
+)
 @click.option("--force", is_flag=True, help="Serve a store built by another model.")
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
 @search_store_options
@@ -119,6 +127,7 @@ def serve_cmd(
     graph_workers: int,
     limit_concurrency: int,
     timeout_keep_alive: float,
+    recall_sample: float,
     force: bool,
     access_log: bool,
     **store_kw: object,
@@ -148,6 +157,7 @@ def serve_cmd(
         graph_workers=graph_workers,
         limit_concurrency=limit_concurrency,
         timeout_keep_alive=timeout_keep_alive,
+        recall_sample=recall_sample,
     )
     if threads is not None and threads < 1:
         raise ConfigError(f"--threads {threads}: must be at least 1 (intra-op threads)")

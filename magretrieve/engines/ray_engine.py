@@ -272,6 +272,14 @@ def index_corpus_ray(
             retriever.persist()  # keep what was written even when the run stops on an error
             if started:
                 ray.shutdown()
+    from magretrieve.data.readers import iter_corpus
+    from magretrieve.serving.indexing import use_pseudo_queries
+    from magretrieve.serving.tuning_queries import PseudoQuerySampler
+
+    sampler = PseudoQuerySampler()  # one more pass over the corpus: documents to make queries of
+    for _, doc in iter_corpus(path, skip_empty=True):
+        sampler.add([doc])
+    use_pseudo_queries(retriever, sampler)
     retriever.store.optimize()
     retriever.persist()
     return IndexReport(

@@ -68,6 +68,17 @@ class Metrics:
         self.rejected = Counter(
             "magretrieve_rejected", "Requests refused because the queue was full", registry=r
         )
+        # see magretrieve.server.recall_watch
+        self.recall_at_10 = Gauge(
+            "magretrieve_recall_at_10",
+            "recall@10 of sampled live /search queries against exact inner product",
+            registry=r,
+        )
+        self.recall_checked = Counter(
+            "magretrieve_recall_checked_queries",
+            "Live /search queries re-run exactly for the recall gauge",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

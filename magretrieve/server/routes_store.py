@@ -113,6 +113,10 @@ async def search(body: SearchRequest, request: Request) -> Response:
         hits = await run_in_threadpool(_search, holder, out.vectors, body.k, body.filter)
     except StoreError as exc:
         raise ApiError(422, state.public(str(exc))) from None
+    if state.recall_watch is not None and not body.filter:
+        state.recall_watch.offer(
+            out.vectors, hits, body.k
+        )  # a sample is re-run exactly, off this path
     results = [
         {"query": t, "truncated": cut, "hits": [h.to_dict() for h in hs]}
         for t, cut, hs in zip(texts, out.truncated, hits, strict=True)

@@ -66,6 +66,9 @@ class ServerSettings:
     model_id: str | None = None
     limit_concurrency: int = 1024
     timeout_keep_alive: float = 5.0
+    #: Share of unfiltered /search queries re-run exactly in the background for the live
+    #: recall@10 gauge (:mod:`magretrieve.server.recall_watch`); 0 turns the check off.
+    recall_sample: float = 0.01
 
     def __post_init__(self) -> None:
         for name in (
@@ -91,6 +94,8 @@ class ServerSettings:
                 "timeout_keep_alive must be above 0 and at most 3600 seconds, "
                 f"got {self.timeout_keep_alive}"
             )
+        if not 0 <= self.recall_sample <= 1:
+            raise ConfigError(f"recall_sample must be within 0..1, got {self.recall_sample}")
         if not 0 <= self.min_batch_fill <= 1:
             raise ConfigError(f"min_batch_fill must be within 0..1, got {self.min_batch_fill}")
         if self.model_id is not None:

@@ -19,6 +19,7 @@ from magretrieve.core.text import blank
 from magretrieve.server.batcher import Draining, DynamicBatcher, EncodeFn, QueueFull
 from magretrieve.server.errors import ApiError, scrub
 from magretrieve.server.metrics import Metrics
+from magretrieve.server.recall_watch import RecallWatch
 from magretrieve.server.settings import ServerSettings
 from magretrieve.server.store_holder import StoreHolder
 
@@ -67,6 +68,14 @@ class ServerState:
             encode_alone=self._batch_encoder(alone_encoder) if alone_encoder is not None else None,
         )
         self.ready = False
+        self.recall_watch: RecallWatch | None = None
+        if retriever is not None and settings.recall_sample > 0:
+            self.recall_watch = RecallWatch(
+                retriever,
+                self.metrics,
+                settings.recall_sample,
+                current=lambda: self.retriever,
+            )
         folder = str(self.manifest.folder or "")
         known = [(folder, "the export")]
         if retriever is not None:
@@ -133,6 +142,7 @@ class ServerState:
             },
             "store": store,
             "writes_enabled": s.writes_enabled and self.retriever is not None,
+            "recall_watch": self.recall_watch.info() if self.recall_watch is not None else None,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -149,6 +159,8 @@ class ServerState:
         """Finish queued encodes, then write and close the store."""
         self.ready = False
         self.batcher.close()
+        if self.recall_watch is not None:
+            self.recall_watch.close()
         if self.holder is not None:  # waits for store calls still running on worker threads
             self.holder.close(persist=self.settings.writes_enabled)
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from magretrieve.core.errors import ConfigError, DataError
 from magretrieve.data.readers import Document, is_empty, iter_corpus, read_error
+from magretrieve.serving.tuning_queries import PseudoQuerySampler, pseudo_queries
 
 if TYPE_CHECKING:  # pragma: no cover
     from magretrieve.serving.retriever import Retriever
@@ -233,6 +234,7 @@ def index_documents(
         threading.Thread(target=encode, name="magretrieve-index-encode", daemon=True),
     ]
     bar = tqdm(total=total, desc="indexing", unit="doc", disable=not progress)
+    sampler = PseudoQuerySampler()
     try:
         for thread in threads:
             thread.start()
@@ -244,6 +246,7 @@ def index_documents(
                 raise item
             batch, todo, vectors, cut = cast(tuple[list[Document], list[Document], Any, int], item)
             skipped += len(batch) - len(todo)
+            sampler.add(batch)
             if todo:
                 n = retriever.write_batch(todo, vectors)
                 truncated += cut
@@ -267,6 +270,7 @@ def index_documents(
             f"{source}: no document to index"
             + (f" ({empty[0]} empty document(s) skipped)" if empty[0] else "")
         )
+    use_pseudo_queries(retriever, sampler)
     retriever.store.optimize()
     retriever.persist()
     return IndexReport(
@@ -279,6 +283,14 @@ def index_documents(
         empty_skipped=empty[0],
         empty_ids=empty_ids,
     )
+
+
+def use_pseudo_queries(retriever: Retriever, sampler: PseudoQuerySampler) -> None:
+    """Give an ANN store pseudo-queries from the indexed documents to tune its recall on,
+    unless it already has tuning queries (the user's); see :mod:`.tuning_queries`."""
+    store = retriever.store
+    if store.tuning_queries is None and callable(getattr(store, "measure_recall", None)):
+        store.tuning_queries = pseudo_queries(retriever, sampler)
 
 
 def index_corpus(

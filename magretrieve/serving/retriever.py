@@ -324,6 +324,8 @@ class Retriever:
         manifest before the store is touched, so a broken export never creates a store.
         ``threads``, ``device`` and ``runtime`` go to :class:`~magretrieve.serving.runtime.OnnxEncoder`
         (``runtime=None``: the export's own, onnxruntime unless its manifest names another).
+        ``tuning_queries`` (a file of query texts, one per line, or a BEIR ``queries.jsonl``)
+        are what an ANN store tunes ``target_recall`` on (:meth:`use_tuning_queries`).
         """
         encoder = load_encoder(export_dir, threads=threads, device=device, runtime=runtime)
         # check the graphs against the manifest before a store is opened (or created)
@@ -332,6 +334,7 @@ class Retriever:
             warm("query")
             if for_writing:
                 warm("document")
+        tuning = store_options.pop("tuning_queries", None)
         if force and isinstance(store, str) and "force" in backend_for(store)[0].option_names:
             store_options.setdefault("force", True)  # a store that asks, e.g. a poor ANN index
         try:  # an existing store opens with its own dimension (d + 1 with a prior's offset)
@@ -344,10 +347,21 @@ class Retriever:
             retriever = cls(encoder, vs, force=force)
             if for_writing:
                 retriever._check_not_foreign()
+            if tuning is not None:
+                retriever.use_tuning_queries(tuning)
             return retriever
         except BaseException:
             vs.close()
             raise
+
+    def use_tuning_queries(self, queries: Any) -> None:
+        """Tune the store's ANN search on these queries (a file of query texts or a BEIR
+        ``queries.jsonl``, a list of texts, or vectors), encoded with the query graph; see
+        :mod:`magretrieve.serving.tuning_queries`."""
+        from magretrieve.serving.tuning_queries import user_queries
+        from magretrieve.stores import use_tuning_queries
+
+        use_tuning_queries(self.store, user_queries(self, queries))
 
     # ------------------------------------------------------------------ writing
 

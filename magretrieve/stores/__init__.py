@@ -28,6 +28,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import registry
 from magretrieve.stores.base import (
@@ -75,13 +77,52 @@ def open_store(
     ``ef_search``, ``nlist``, ``nprobe``, ``target_recall``, ``quantization``,
     ``shard_number``, ``replication_factor``, ...; see ``registry.OPTIONS``); ``None`` values
     are ignored, values out of range and options that do not apply to the backend are an error
-    raised before any backend library is called.
+    raised before any backend library is called. ``tuning_queries`` (query vectors, e.g. the
+    user's queries encoded with the model's query graph) are what an ANN store tunes
+    ``target_recall`` on instead of its synthetic sample (:func:`use_tuning_queries`).
     """
+    tuning = options.pop("tuning_queries", None)
     obj = spec_or_object
     if isinstance(obj, VectorStore):
-        return obj
-    if isinstance(obj, Path):
+        store = obj
+    elif isinstance(obj, Path):
         raise StoreError(f"{obj}: give a store spec such as 'faiss:{obj}'")
-    if not isinstance(obj, str):
-        return registry.open_object(obj, dimension, collection, options)
-    return registry.open_spec(obj, dimension, options)
+    elif not isinstance(obj, str):
+        store = registry.open_object(obj, dimension, collection, options)
+    else:
+        store = registry.open_spec(obj, dimension, options)
+    if tuning is not None:
+        try:
+            use_tuning_queries(store, tuning)
+        except BaseException:
+            if store is not obj:
+                store.close()
+            raise
+    return store
+
+
+def use_tuning_queries(store: VectorStore, tuning: Any) -> None:
+    """Tune ``store`` on these query vectors from now on (``TuningQueries`` or an array of
+    the user's query vectors); an ANN index already built is re-measured (and re-tuned to
+    its ``target_recall``) on them at once, in memory."""
+    from magretrieve.stores._ann_recall import USER, TuningQueries
+
+    if isinstance(tuning, str | Path):
+        raise StoreError(
+            f"{tuning}: open_store takes tuning query vectors; Retriever.load(..., "
+            "tuning_queries=FILE) or `magretrieve index --tuning-queries FILE` encodes a file"
+        )
+    if not isinstance(tuning, TuningQueries):
+        try:
+            tuning = TuningQueries(np.asarray(tuning, dtype=np.float32), USER)
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"{store.location}: tuning_queries: {exc}") from None
+    if tuning.vectors.shape[1] != store.dimension:
+        raise StoreError(
+            f"{store.location}: tuning queries have {tuning.vectors.shape[1]} dimensions, "
+            f"the store {store.dimension}"
+        )
+    store.tuning_queries = tuning
+    measure = getattr(store, "measure_recall", None)
+    if callable(measure) and store.describe()["parameters"].get("recall"):
+        measure(target_recall=getattr(store, "target_recall", None))

@@ -6,15 +6,25 @@ pgvector/pgvector#923, nmslib/hnswlib#74). So after an ANN index is built or opt
 store calls :func:`measure`: the truth is exact inner-product search over every stored vector,
 and recall@k = |ANN top-k ∩ exact top-k| / k, averaged.
 
-The queries (real ones when given) are made from the store's own vectors, and made to look like
-queries rather than documents. A stored vector's own direction is a poor stand-in: its best
-answer is itself, and a low-norm vector is one an inner-product graph rarely links to, so its
-recall measures reachability of that vector instead of the search around it (real queries stay
-far from every document and their answers are high-norm ones). So each tuning query is the
-direction of a sampled vector moved off it by isotropic noise (cosine :data:`SOURCE_COSINE`
-to it), and the sampled vector is left out of both the exact answer and the index's answer
-("held out"). ``benchmarks/results/mips_scale.md`` compares the recall measured this way with
-the recall on held-out real queries at every size.
+The queries should look like the queries the store will get, because recall depends on where
+queries sit: a query close to one stored point is easy, a query far from all of them (a MiniLM
+query and its relevant passage sit near cosine 0.5-0.7) is where a graph or a partition misses
+answers. A sample that is too easy stops the tuning too early and reports a recall the real
+queries do not get. So, best first:
+
+- the user's own queries (``--tuning-queries FILE``; :class:`TuningQueries` of kind
+  :data:`USER`), measured alone;
+- pseudo-queries made from the corpus (titles, first sentences and spans of stored documents
+  encoded with the **query** graph, each with its document held out of both answers; kind
+  :data:`PSEUDO`), which ``magretrieve index`` / ``index_corpus`` make when the store has an ANN
+  index, mixed with a quarter of the synthetic sample below;
+- otherwise (a store reopened without texts or an encoder) a synthetic sample made hard on
+  purpose: half are stored directions moved off by isotropic noise to cosine
+  :data:`FAR_COSINE`, half are mixtures of :data:`MIX_PARTS` stored directions moved off to
+  cosine :data:`MIX_COSINE`; every stored vector a query was made from is held out of the exact
+  answer and the index's answer, so the query is answered by its neighbourhood, not by itself.
+  ``benchmarks/results/recall_honesty.md`` measures how far each sample sits from the stored
+  points (mean max-cosine) beside real queries, and the recall each delivers.
 
 With a target (``target_recall`` / ``--target-recall``) the search knob (FAISS ``efSearch`` or
 ``nprobe``, set through ``faiss.ParameterSpace``; Qdrant ``hnsw_ef``) is raised step by step on
@@ -44,8 +54,27 @@ WARN_BELOW = 0.95
 K = 10
 #: Queries per half (tuning / reporting).
 QUERIES = 200
-#: Cosine between a tuning query and the stored direction it is made from.
+#: Cosine between a lightly perturbed query and the stored direction it is made from (the
+#: sample measured before the harder one; kept for comparison in the benchmarks).
 SOURCE_COSINE = 0.9
+#: Cosine between a far query and the stored direction it is made from.
+FAR_COSINE = 0.7
+#: Stored directions averaged into one mixture query, and its cosine to that average.
+MIX_PARTS = 3
+MIX_COSINE = 0.8
+#: Share of the synthetic sample mixed into pseudo-queries.
+SYNTHETIC_SHARE = 0.25
+#: Fewer given queries than this are topped up with the synthetic sample.
+MIN_GIVEN = 20
+
+#: What a store tuned on (``describe()["parameters"]["recall"]["query_kind"]``).
+USER = "user queries"
+PSEUDO = "pseudo-queries from the corpus (titles, first sentences, spans; query graph)"
+SYNTHETIC = (
+    f"synthetic: stored directions moved to cosine {FAR_COSINE} and mixtures of {MIX_PARTS} "
+    f"moved to cosine {MIX_COSINE}, sources held out"
+)
+REAL = "real queries"
 
 HNSW_EF = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 
@@ -76,33 +105,119 @@ def recall_at_k(found: Sequence[Sequence[str]], truth: Sequence[Sequence[str]]) 
     return float(np.mean(per)) if per else 1.0
 
 
-def sample_queries(
-    vectors: np.ndarray, n: int, seed: int, real: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """(queries, source rows): real queries if at least 20 are given (source -1), else ``n``
-    sampled stored directions moved off by noise (see the module), each with its source row."""
-    rng = np.random.default_rng(seed)
-    if real is not None and len(real) >= 20:  # real queries given: measure on those alone
-        q = rng.permutation(np.asarray(real, dtype=np.float32))
-        return q, np.full(len(q), -1, dtype=np.int64)
-    pick = rng.choice(len(vectors), size=min(n, len(vectors)), replace=False)
-    unit = vectors[pick].astype(np.float32)
-    unit /= np.maximum(np.linalg.norm(unit, axis=1, keepdims=True), 1e-12)
+@dataclass
+class TuningQueries:
+    """Query vectors a store tunes and measures on: ``kind`` says what they are (:data:`USER`,
+    :data:`PSEUDO`), ``sources`` the stored id each was made from (held out of both answers;
+    ``None`` for a query made from no document)."""
+
+    vectors: np.ndarray
+    kind: str
+    sources: Sequence[str | None] | None = None
+
+    def __post_init__(self) -> None:
+        self.vectors = np.ascontiguousarray(self.vectors, dtype=np.float32)
+        if self.vectors.ndim != 2:
+            raise ValueError("tuning query vectors must be a 2-d array")
+        if self.sources is not None and len(self.sources) != len(self.vectors):
+            raise ValueError("one source (or None) per tuning query")
+
+    def __len__(self) -> int:
+        return len(self.vectors)
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def _move_off(unit: np.ndarray, cosine: float, rng: np.random.Generator) -> np.ndarray:
+    """Each unit row moved off by isotropic noise to exactly ``cosine`` with itself."""
     noise = rng.standard_normal(unit.shape).astype(np.float32)
     noise -= (noise * unit).sum(axis=1, keepdims=True) * unit  # orthogonal to the source
-    noise /= np.maximum(np.linalg.norm(noise, axis=1, keepdims=True), 1e-12)
-    q = SOURCE_COSINE * unit + np.sqrt(1.0 - SOURCE_COSINE**2) * noise
-    source = pick.astype(np.int64)
-    if real is not None and len(real):
-        q = np.concatenate([np.asarray(real, dtype=np.float32), q])
-        source = np.concatenate([np.full(len(real), -1, dtype=np.int64), source])
+    noise = _unit(noise)
+    return (cosine * unit + np.sqrt(1.0 - cosine**2) * noise).astype(np.float32)
+
+
+def perturbed_sample(
+    vectors: np.ndarray, n: int, seed: int, cosine: float = SOURCE_COSINE
+) -> tuple[np.ndarray, list[list[int]]]:
+    """``n`` sampled stored directions moved off to ``cosine``, each with its source row."""
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(vectors), size=min(n, len(vectors)), replace=False)
+    return _move_off(_unit(vectors[pick]), cosine, rng), [[int(p)] for p in pick]
+
+
+def synthetic_sample(vectors: np.ndarray, n: int, seed: int) -> tuple[np.ndarray, list[list[int]]]:
+    """The hard synthetic sample (see the module): far-perturbed directions and mixtures."""
+    rng = np.random.default_rng(seed + 7919)
+    far = n - n // 2
+    q1, src1 = perturbed_sample(vectors, far, seed, FAR_COSINE)
+    parts = min(MIX_PARTS, len(vectors))
+    mixes = n // 2
+    if mixes == 0 or parts < 2:
+        return q1, src1
+    rows = np.stack([rng.choice(len(vectors), size=parts, replace=False) for _ in range(mixes)])
+    mean = _unit(_unit(vectors[rows.ravel()]).reshape(mixes, parts, -1).sum(axis=1))
+    q2 = _move_off(mean, MIX_COSINE, rng)
+    return np.concatenate([q1, q2]), src1 + [[int(r) for r in row] for row in rows]
+
+
+def sample_queries(
+    vectors: np.ndarray,
+    n: int,
+    seed: int,
+    given: np.ndarray | TuningQueries | None = None,
+    ids: Sequence[str] | None = None,
+) -> tuple[np.ndarray, list[frozenset[Any]], str]:
+    """(queries, held-out ids per query, what they are): see the module for the choice.
+
+    ``given`` is a :class:`TuningQueries` or a bare array of real query vectors; with at least
+    :data:`MIN_GIVEN` user or real queries those are used alone, pseudo-queries are mixed with
+    a :data:`SYNTHETIC_SHARE` of the synthetic sample, and too few are topped up with it.
+    ``ids`` name the rows of ``vectors`` (row numbers when absent).
+    """
+    rng = np.random.default_rng(seed)
+    name = (lambda r: ids[r]) if ids is not None else (lambda r: r)
+    if given is not None and not isinstance(given, TuningQueries):
+        given = TuningQueries(np.asarray(given, dtype=np.float32), REAL)
+    if given is not None and len(given) == 0:
+        given = None
+    take: list[np.ndarray] = []
+    held: list[frozenset[Any]] = []
+    kinds: list[str] = []
+    synthetic_n = n
+    if given is not None:
+        pick = rng.permutation(len(given))[: max(n, MIN_GIVEN) if given.kind == PSEUDO else None]
+        take.append(given.vectors[pick])
+        src = given.sources
+        held.extend(
+            frozenset() if src is None or src[i] is None else frozenset([src[i]]) for i in pick
+        )
+        kinds.append(given.kind)
+        if given.kind == PSEUDO and len(pick) >= MIN_GIVEN:
+            synthetic_n = max(1, int(round(len(pick) * SYNTHETIC_SHARE / (1 - SYNTHETIC_SHARE))))
+        elif len(pick) >= MIN_GIVEN:
+            synthetic_n = 0
+    if synthetic_n:
+        q, rows = synthetic_sample(vectors, synthetic_n, seed)
+        take.append(q)
+        held.extend(frozenset(name(r) for r in row) for row in rows)
+        kinds.append(SYNTHETIC)
+    q = np.concatenate(take)
     order = rng.permutation(len(q))
-    return np.ascontiguousarray(q[order], dtype=np.float32), source[order]
+    return (
+        np.ascontiguousarray(q[order], dtype=np.float32),
+        [held[i] for i in order],
+        " + ".join(kinds),
+    )
 
 
-def _held_out(rows: Sequence[Sequence[Any]], sources: Sequence[Any], k: int) -> list[list[Any]]:
-    """Each row without its query's source (the vector the query was made from), cut to k."""
-    return [[x for x in row if x != src][:k] for row, src in zip(rows, sources, strict=True)]
+def _held_out(
+    rows: Sequence[Sequence[Any]], held: Sequence[frozenset[Any]], k: int
+) -> list[list[Any]]:
+    """Each row without its query's sources (the vectors it was made from), cut to k."""
+    return [[x for x in row if x not in h][:k] for row, h in zip(rows, held, strict=True)]
 
 
 def measure(
@@ -113,7 +228,7 @@ def measure(
     knob: Knob | None = None,
     target: float | None = None,
     k: int = K,
-    queries: np.ndarray | None = None,
+    queries: np.ndarray | TuningQueries | None = None,
     ground_truth: str = "exact inner product over the stored vectors",
     where: str = "",
     seed: int = 0,
@@ -128,20 +243,26 @@ def measure(
     """
     n = len(ids)
     k = min(k, n - 1) if n > 1 else 1
-    q, source = sample_queries(vectors, 2 * QUERIES, seed, queries)
+    given = queries.vectors if isinstance(queries, TuningQueries) else queries
+    if given is not None and len(given) and np.shape(given)[1] != vectors.shape[1]:
+        raise ValueError(
+            f"{where}: tuning queries have {np.shape(given)[1]} dimensions, the store "
+            f"{vectors.shape[1]}"
+        )
+    q, held, kind = sample_queries(vectors, 2 * QUERIES, seed, queries, ids)
     half = max(1, len(q) // 2) if len(q) > 1 else 1
     parts = (slice(0, half), slice(half, None)) if len(q) > 1 else (slice(None), slice(None))
     ids_arr = np.asarray(ids, dtype=object)
-    wider = min(k + 1, n)  # one more answer, for the held-out source
+    most = max((len(h) for h in held), default=0)
+    wider = min(k + most, n)  # more answers, for the held-out sources
 
-    def part(which: slice) -> tuple[np.ndarray, list[Any]]:
-        src = [ids_arr[s] if s >= 0 else None for s in source[which]]
-        return q[which], src
+    def part(which: slice) -> tuple[np.ndarray, list[frozenset[Any]]]:
+        return q[which], held[which]
 
-    def answers(queries_: np.ndarray, src: list[Any]) -> list[list[Any]]:
+    def answers(queries_: np.ndarray, src: list[frozenset[Any]]) -> list[list[Any]]:
         return _held_out(search(queries_, wider), src, k)
 
-    def exact(queries_: np.ndarray, src: list[Any]) -> list[list[Any]]:
+    def exact(queries_: np.ndarray, src: list[frozenset[Any]]) -> list[list[Any]]:
         rows = exact_search(queries_, vectors, wider)[0]
         return _held_out([list(ids_arr[row]) for row in rows], src, k)
 
@@ -153,11 +274,7 @@ def measure(
         "k": k,
         "queries": len(eval_q),
         "ground_truth": ground_truth,
-        "query_kind": (
-            "real queries"
-            if all(s is None for s in eval_src)
-            else f"held-out stored directions (cosine {SOURCE_COSINE} to the source)"
-        ),
+        "query_kind": kind,
     }
     if knob is not None and target is not None:
         tune_truth = exact(tune_q, tune_src)

@@ -128,6 +128,9 @@ class VectorStore(ABC):
     max_id_bytes: int | None = None
     #: Largest ``k`` the backend answers (None: no limit).
     max_k: int | None = None
+    #: Query vectors an ANN store tunes and measures its recall on (``_ann_recall.TuningQueries``,
+    #: set by ``open_store(tuning_queries=...)`` or the Retriever); None: a synthetic sample.
+    tuning_queries: Any = None
 
     @property
     @abstractmethod

@@ -362,7 +362,7 @@ class ChromaStore(VectorStore):
             vectors,
             knob=knob,
             target=target_recall,
-            queries=queries,
+            queries=queries if queries is not None else self.tuning_queries,
             where=self.location,
         )
         self._set_ef(knob.current)

@@ -504,7 +504,7 @@ class FaissStore(RecordTableMixin, VectorStore):
                 vectors,
                 knob=knob,
                 target=target_recall,
-                queries=queries,
+                queries=queries if queries is not None else self.tuning_queries,
                 ground_truth=(
                     "exact inner product over the decoded (compressed) vectors"
                     if self._handle.lossy

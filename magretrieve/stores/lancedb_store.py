@@ -382,7 +382,7 @@ class LanceDBStore(VectorStore):
             vectors,
             knob=knob if tune else None,
             target=target_recall,
-            queries=queries,
+            queries=queries if queries is not None else self.tuning_queries,
             where=self.location,
         )
         recall["index_type"] = kind

@@ -48,6 +48,8 @@ from magretrieve.stores.base import (
 
 #: Key of the table COMMENT's JSON object under which the building model is recorded.
 META_KEY = "magretrieve"
+#: COMMENT key of the last recall measurement (with the ef_search it tuned to).
+RECALL_KEY = "magretrieve.recall"
 #: Index types this store builds.
 INDEX_TYPES = ("hnsw", "ivfflat", "flat")
 #: pgvector operator classes that rank by another metric than the inner product.
@@ -227,10 +229,13 @@ class PgVectorStore(VectorStore):
         ef_search: int | None = None,
         nlist: int | None = None,
         nprobe: int | None = None,
+        target_recall: float | None = None,
         owns_connection: bool = False,
         location: str | None = None,
     ) -> None:
         sql = _sql()
+        self.target_recall = target_recall
+        self.recall: dict[str, Any] | None = None
         self.conn = conn
         self._lock = threading.RLock()
         self._owns = owns_connection
@@ -259,6 +264,11 @@ class PgVectorStore(VectorStore):
                     )
         except psycopg().Error as exc:
             raise StoreError(f"{self._location}: {type(exc).__name__}: {one_line(exc)}") from None
+        recall = self._tx(lambda: read_comment(self.conn, self._name)).get(RECALL_KEY)
+        if isinstance(recall, dict):
+            self.recall = recall
+            if self.ef_search is None and recall.get("ef_search"):
+                self.ef_search = int(recall["ef_search"])  # the value --target-recall chose
 
     # ------------------------------------------------------------------ setup
 
@@ -465,6 +475,9 @@ class PgVectorStore(VectorStore):
     def _write_meta(self, meta: dict[str, Any]) -> None:
         """Record ``meta`` under the COMMENT's ``magretrieve`` key, keeping the COMMENT's other
         keys; a COMMENT that is not a JSON object is someone's text and is never replaced."""
+        self._write_comment_key(META_KEY, meta)
+
+    def _write_comment_key(self, key: str, meta: dict[str, Any]) -> None:
         sql = _sql()
 
         def write() -> None:
@@ -484,7 +497,7 @@ class PgVectorStore(VectorStore):
                     "there; it is left as it is. Clear it (COMMENT ON TABLE ... IS NULL) or use "
                     "another table"
                 )
-            text = json.dumps({**doc, META_KEY: meta}, sort_keys=True)
+            text = json.dumps({**doc, key: meta}, sort_keys=True)
             self.conn.execute(
                 sql.SQL("COMMENT ON TABLE {} IS {}").format(self._table, sql.Literal(text))
             )
@@ -501,6 +514,49 @@ class PgVectorStore(VectorStore):
             self._run("index build", lambda: self._create_index("ivfflat", {"lists": lists}))
             del self._pending_ivf
         self._run("analyze", lambda: self.conn.execute(sql.SQL("ANALYZE {}").format(self._table)))
+        indexes = self._tx(lambda: vector_indexes(self.conn, self._name, "embedding"))
+        if any(m == "hnsw" for _, m, _ in indexes) and self.count():
+            self.measure_recall(target_recall=self.target_recall)
+
+    def measure_recall(
+        self, queries: np.ndarray | None = None, target_recall: float | None = None
+    ) -> dict[str, Any] | None:
+        """recall@10 of the HNSW search against exact inner product (tuning ``hnsw.ef_search``,
+        at most pgvector's 1,000, to ``target_recall`` first); kept in the table's COMMENT.
+        See :mod:`magretrieve.stores._ann_recall`."""
+        from magretrieve.stores import _ann_recall
+
+        if target_recall is not None:
+            target_recall = registry.OPTIONS["target_recall"].check(target_recall, self.location)
+        ids = list(self.iter_ids())
+        if not ids:
+            return None
+        vectors = np.concatenate(
+            [self.get_vectors(ids[i : i + 4096]) for i in range(0, len(ids), 4096)]
+        )
+
+        def set_ef(value: int) -> None:
+            self.ef_search = int(value)
+
+        values = [v for v in _ann_recall.HNSW_EF if v <= 1000] + [1000]
+        knob = _ann_recall.Knob("ef_search", sorted(set(values)), set_ef, int(self.ef_search or 40))
+
+        def search(q: np.ndarray, k: int) -> list[list[str]]:
+            return [[h.id for h in row] for row in self.search(q, k, with_vectors=False)]
+
+        recall = _ann_recall.measure(
+            search,
+            ids,
+            vectors,
+            knob=knob,
+            target=target_recall,
+            queries=queries if queries is not None else self.tuning_queries,
+            where=self.location,
+        )
+        self.ef_search = knob.current
+        self.recall = recall
+        self._write_comment_key(RECALL_KEY, recall)
+        return recall
 
     def _describe(self) -> dict[str, Any]:
         indexes = self._tx(lambda: vector_indexes(self.conn, self._name, "embedding"))
@@ -510,6 +566,8 @@ class PgVectorStore(VectorStore):
         }
         if any(m == "hnsw" for _, m, _ in indexes):
             out["ef_search"] = self.ef_search or 40
+            if self.recall:
+                out["recall"] = self.recall
         if any(m == "ivfflat" for _, m, _ in indexes):
             out["nprobe"] = self.nprobe or 1
         return out
@@ -629,6 +687,7 @@ registry.register(
             "nlist",
             "nprobe",
             "prefetch",
+            "target_recall",
         ),
         adopts=_adopts,
         adopt=_adopt,

@@ -303,7 +303,7 @@ class QdrantStore(VectorStore):
             np.stack(vecs),
             knob=knob if tune else None,
             target=target_recall,
-            queries=queries,
+            queries=queries if queries is not None else self.tuning_queries,
             where=self.location,
         )
         if tune:

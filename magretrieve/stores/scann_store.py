@@ -96,7 +96,7 @@ REORDER = 100
 #: Tuning doubles ``reorder`` up to this many times while the target needs every leaf: AH
 #: scores are approximate, and once too few candidates are re-scored exactly no number of
 #: leaves makes up for it (the k-means tree then only costs time).
-REORDER_DOUBLINGS = 3
+REORDER_DOUBLINGS = 5
 #: Share of the leaves searched until measured otherwise (``leaves_to_search`` unset).
 LEAVES_SEARCHED = 0.1
 MAX_TRAINING_SAMPLE = 250_000
@@ -678,7 +678,7 @@ class ScannStore(RecordTableMixin, VectorStore):
                     vectors,
                     knob=knob,
                     target=target_recall,
-                    queries=queries,
+                    queries=queries if queries is not None else self.tuning_queries,
                     where=self.location,
                     warn=False,
                 )
