@@ -482,8 +482,11 @@ class Retriever:
         if not texts:
             return []
         for n, t in enumerate(texts):
-            if not isinstance(t, str) or not t.strip():
-                raise StoreError(f"query #{n} is empty or not a string: {t!r}")
+            if not isinstance(t, str) or blank(t):
+                raise StoreError(
+                    f"query #{n} is not a string, or empty or only whitespace and invisible "
+                    f"characters: {t!r}"
+                )
         qvecs = np.asarray(self.encoder.encode_queries(texts), dtype=np.float32)
         return self.search_vectors(qvecs, k=k)
 
