@@ -206,6 +206,14 @@ def test_haystack_store_settings_are_read():
     with pytest.warns(MagnitudeWarning, match="embedding_similarity_function=cosine"):
         check_vector_store(InMemoryDocumentStore(embedding_similarity_function="cosine"))
     assert store_ranking(object())[0] == "unknown"
+    from haystack_integrations.document_stores.qdrant import QdrantDocumentStore
+
+    with pytest.warns(MagnitudeWarning, match="similarity=cosine"):  # its default
+        check_vector_store(QdrantDocumentStore(location=":memory:", embedding_dim=8))
+    dot = QdrantDocumentStore(location=":memory:", embedding_dim=8, similarity="dot_product")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_vector_store(dot) == "inner_product"
 
 
 # ----------------------------------------------------------------------------- bad input
