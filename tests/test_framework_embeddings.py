@@ -120,6 +120,14 @@ def test_langchain_qdrant_store_distance_is_read(export_dir):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert check_vector_store(dot) == "inner_product"
+    from haystack.utils import Secret
+    from haystack_integrations.document_stores.pgvector import PgvectorDocumentStore
+
+    unused = Secret.from_token("postgresql://u@127.0.0.1:1/x")  # read only: nothing connects
+    with pytest.warns(MagnitudeWarning, match="vector_function=cosine_similarity"):  # default
+        check_vector_store(PgvectorDocumentStore(connection_string=unused))
+    ip = PgvectorDocumentStore(connection_string=unused, vector_function="inner_product")
+    assert store_ranking(ip)[0] == "inner_product"
     cos = QdrantVectorStore(client=client, collection_name="cos", embedding=emb)
     with pytest.warns(MagnitudeWarning, match="distance=cosine"):
         assert check_vector_store(cos) == "cosine"
@@ -214,6 +222,14 @@ def test_haystack_store_settings_are_read():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert check_vector_store(dot) == "inner_product"
+    from haystack.utils import Secret
+    from haystack_integrations.document_stores.pgvector import PgvectorDocumentStore
+
+    unused = Secret.from_token("postgresql://u@127.0.0.1:1/x")  # read only: nothing connects
+    with pytest.warns(MagnitudeWarning, match="vector_function=cosine_similarity"):  # default
+        check_vector_store(PgvectorDocumentStore(connection_string=unused))
+    ip = PgvectorDocumentStore(connection_string=unused, vector_function="inner_product")
+    assert store_ranking(ip)[0] == "inner_product"
 
 
 # ----------------------------------------------------------------------------- bad input
