@@ -279,7 +279,9 @@ def test_retriever_search_refuses_blank_queries_as_the_server_does(export_dir, t
     with Retriever.load(export_dir, store="memory:") as r:
         r.add_documents(docs)
         for blank in BLANKS:
-            with pytest.raises(StoreError, match="query #0 is not a string, or empty or only"):
+            with pytest.raises(
+                StoreError, match="query #0 is empty or only whitespace and invisible"
+            ):
                 r.search(blank, k=2)
         with pytest.raises(StoreError, match="query #1"):
             r.search_batch(["fine", "\u200b\u200b"], k=2)

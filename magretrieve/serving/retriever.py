@@ -484,8 +484,8 @@ class Retriever:
         for n, t in enumerate(texts):
             if not isinstance(t, str) or blank(t):
                 raise StoreError(
-                    f"query #{n} is not a string, or empty or only whitespace and invisible "
-                    f"characters: {t!r}"
+                    f"query #{n} is empty or only whitespace and invisible characters, or not "
+                    f"a string: {t!r}"
                 )
         qvecs = np.asarray(self.encoder.encode_queries(texts), dtype=np.float32)
         return self.search_vectors(qvecs, k=k)
