@@ -8,6 +8,7 @@ tests/test_framework_remote.py.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import warnings
@@ -286,3 +287,24 @@ def test_retriever_search_refuses_blank_queries_as_the_server_does(export_dir, t
         with pytest.raises(StoreError, match="query #1"):
             r.search_batch(["fine", "\u200b\u200b"], k=2)
         assert len(r.search("smoking", k=2)) == 2
+
+
+def test_remote_requests_are_split_by_the_servers_text_and_byte_limits():
+    """How RemoteEncoder splits texts, from a server's /info (the real server: test_framework_remote)."""
+    from magretrieve.serving.remote import RemoteEncoder, decode_embedding
+
+    remote = RemoteEncoder("http://127.0.0.1:1", "S3CRkey-value")
+    remote._info = {"dimension": 4, "limits": {"max_inputs": 4, "max_body_bytes": 1000}}
+    texts = ["x" * 300] * 5
+    # 90% of 1000 bytes = 900: two 300-character texts (304 bytes framed each) per request
+    assert remote._batches(texts, 4) == [(0, 2), (2, 4), (4, 5)]
+    assert remote._batches(["a"] * 9, 4) == [(0, 4), (4, 8), (8, 9)]
+    # non-ASCII is sent escaped (json.dumps), so it counts 6 bytes a character
+    assert remote._batches(["é" * 100] * 3, 4) == [(0, 1), (1, 2), (2, 3)]
+    assert remote._batches(["x" * 2000, "a"], 4) == [(0, 1), (1, 2)]  # one text alone may pass
+    vec = np.array([1.5, -2.0, 0.0, 3.25], dtype=np.float32)
+    assert decode_embedding(base64.b64encode(vec.astype("<f4").tobytes()).decode()).tolist() == (
+        vec.tolist()
+    )
+    assert decode_embedding([1.5, -2.0, 0.0, 3.25]).tolist() == vec.tolist()
+    assert "S3CRkey-value" not in repr(remote)

@@ -81,10 +81,6 @@ def _check_secret(value: Any, name: str) -> Secret:
     return value
 
 
-def _default_key() -> Secret:
-    return Secret.from_env_var(API_KEY_ENV, strict=False)
-
-
 class _Embedder:
     """What both embedders share: the source (export or server), its key, to_dict fields."""
 
@@ -94,13 +90,13 @@ class _Embedder:
         threads: int | None,
         runtime: str | None,
         url: str | None,
-        api_key: Secret | None,
+        api_key: Secret,
         timeout: float,
     ) -> None:
         self.export_dir, self.url = check_source(export_dir, url)
         self.threads = check_threads(threads)
         self.runtime = runtime
-        self.api_key = _check_secret(api_key if api_key is not None else _default_key(), "api_key")
+        self.api_key = _check_secret(api_key, "api_key")
         self.timeout = check_timeout(timeout)
         self._encoder = LazyEncoder(
             self.export_dir,
@@ -137,7 +133,7 @@ class MagRetrieveTextEmbedder(_Embedder):
         threads: int | None = None,
         runtime: str | None = None,
         url: str | None = None,
-        api_key: Secret | None = None,
+        api_key: Secret = Secret.from_env_var(API_KEY_ENV, strict=False),  # noqa: B008
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self._init_source(export_dir, threads, runtime, url, api_key, timeout)
@@ -188,7 +184,7 @@ class MagRetrieveDocumentEmbedder(_Embedder):
         threads: int | None = None,
         runtime: str | None = None,
         url: str | None = None,
-        api_key: Secret | None = None,
+        api_key: Secret = Secret.from_env_var(API_KEY_ENV, strict=False),  # noqa: B008
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self._init_source(export_dir, threads, runtime, url, api_key, timeout)
