@@ -212,8 +212,13 @@ def test_haystack_store_settings_are_read():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert check_vector_store(InMemoryDocumentStore()) == "inner_product"  # its default
+    from haystack.components.retrievers.in_memory import InMemoryEmbeddingRetriever
+
+    cosine = InMemoryDocumentStore(embedding_similarity_function="cosine")
     with pytest.warns(MagnitudeWarning, match="embedding_similarity_function=cosine"):
-        check_vector_store(InMemoryDocumentStore(embedding_similarity_function="cosine"))
+        check_vector_store(cosine)
+    with pytest.warns(MagnitudeWarning):  # read through the retriever that holds it
+        check_vector_store(InMemoryEmbeddingRetriever(document_store=cosine))
     assert store_ranking(object())[0] == "unknown"
     from haystack_integrations.document_stores.qdrant import QdrantDocumentStore
 

@@ -74,12 +74,12 @@ def _qdrant_collection_metric(client: Any, collection: str, vector_name: str | N
     return _metric(getattr(vectors, "distance", None))
 
 
-def store_ranking(store: Any) -> tuple[str, str]:
+def store_ranking(store: Any, _depth: int = 0) -> tuple[str, str]:
     """(``inner_product`` | ``cosine`` | ``euclidean`` | ``unknown``, the setting read)."""
-    for attr in _HOLDERS:  # a retriever / index / writer / storage context: its store
+    for attr in _HOLDERS if _depth < 3 else ():  # a retriever / index / writer: its store
         inner = getattr(store, attr, None)
         if inner is not None and inner is not store and not callable(inner):
-            return store_ranking(inner)
+            return store_ranking(inner, _depth + 1)
     cls = type(store).__name__
     module = type(store).__module__ or ""
     # LangChain
