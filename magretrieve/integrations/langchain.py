@@ -4,7 +4,7 @@ retriever that ranks by the model's inner product and keeps the decomposition.
     from magretrieve.integrations.langchain import MagRetrieveEmbeddings
 
     emb = MagRetrieveEmbeddings(export_dir="exported/qnorm")          # in this process
-    emb = MagRetrieveEmbeddings(url="http://127.0.0.1:8000")          # or a magretrieve serve
+    emb = MagRetrieveEmbeddings(url="http://127.0.0.1:8080")          # or a magretrieve serve
     emb.embed_query("statins")         # the query graph      (await emb.aembed_query(...))
     emb.embed_documents(["a", "b"])    # the document graph   (await emb.aembed_documents(...))
 

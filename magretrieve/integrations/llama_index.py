@@ -4,7 +4,7 @@ retriever that ranks by the model's inner product and keeps the decomposition.
     from magretrieve.integrations.llama_index import MagRetrieveEmbedding
 
     emb = MagRetrieveEmbedding(export_dir="exported/qnorm")       # in this process
-    emb = MagRetrieveEmbedding(url="http://127.0.0.1:8000")       # or a magretrieve serve
+    emb = MagRetrieveEmbedding(url="http://127.0.0.1:8080")       # or a magretrieve serve
     emb.get_query_embedding("statins")           # the query graph (aget_query_embedding too)
     emb.get_text_embedding_batch(["a", "b"])     # the document graph, embed_batch_size a call
 

@@ -1,7 +1,7 @@
 """A client of a running ``magretrieve serve`` with :class:`~magretrieve.serving.runtime.OnnxEncoder`'s
 encoding surface, so the framework integrations embed in-process or remotely alike.
 
-    enc = RemoteEncoder("http://127.0.0.1:8000", api_key=os.environ["MAGRETRIEVE_API_KEY"])
+    enc = RemoteEncoder("http://127.0.0.1:8080", api_key=os.environ["MAGRETRIEVE_API_KEY"])
     q = enc.encode_queries(["statins reduce mortality"])      # the server's query graph
     d = enc.encode_documents(texts)                           # its document graph, norms kept
 
@@ -49,7 +49,7 @@ class RemoteEncoderError(MagRetrieveError):
 def check_url(url: Any) -> str:
     """A server's base URL: ``http(s)://host[:port][/prefix]``, without credentials."""
     if not isinstance(url, str) or not url.strip():
-        raise ConfigError(f"url must be a server's base URL such as http://HOST:8000, got {url!r}")
+        raise ConfigError(f"url must be a server's base URL such as http://HOST:8080, got {url!r}")
     parts = urllib.parse.urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(
