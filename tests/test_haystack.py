@@ -4,13 +4,17 @@ The retriever component must return the magretrieve Retriever's own hits, in ord
 score decomposition in each Document's meta; the two embedders must give the vectors the
 Retriever indexes and searches with, so a Haystack store ranking by dot product
 (InMemoryDocumentStore) returns the same ranking and scores; every component must survive
-to_dict/from_dict and a Pipeline YAML round trip.
+to_dict/from_dict and a Pipeline YAML round trip, and no YAML may hold a credential.
+Runs on the installed haystack-ai (2.x or 3.x; 3.x loads YAML only from allowed modules).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import logging
 import os
+import uuid
 
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")  # no telemetry calls from tests
 
@@ -20,6 +24,7 @@ from haystack import Document, Pipeline
 from haystack.components.retrievers.in_memory import InMemoryEmbeddingRetriever
 from haystack.components.writers import DocumentWriter
 from haystack.document_stores.in_memory import InMemoryDocumentStore
+from haystack.utils import Secret
 
 from magretrieve.core.errors import ConfigError, StoreError
 from magretrieve.integrations.haystack import (
@@ -31,6 +36,14 @@ from magretrieve.serving.retriever import Retriever
 from magretrieve.serving.runtime import OnnxEncoder
 
 QUERIES = ["what does smoking cause", "how obesity risk"]
+MODULE = "magretrieve.integrations.haystack"
+
+
+def load_yaml(text: str) -> Pipeline:
+    """``Pipeline.loads`` trusting this module: haystack-ai 3.x asks for it, 2.x has no allowlist."""
+    if "allowed_modules" in inspect.signature(Pipeline.loads).parameters:
+        return Pipeline.loads(text, allowed_modules=[MODULE])
+    return Pipeline.loads(text)
 
 
 @pytest.fixture(scope="module")
@@ -149,30 +162,122 @@ def test_components_round_trip_through_to_dict_and_pipeline_yaml(export_dir, sto
         "export_dir": str(export_dir),
         "threads": 1,
         "runtime": None,
+        "url": None,
+        "api_key": {"type": "env_var", "env_vars": ["MAGRETRIEVE_API_KEY"], "strict": False},
+        "timeout": 60.0,
     }
 
     p = Pipeline()
     p.add_component("retriever", components[2])
-    loaded = Pipeline.loads(p.dumps())
+    loaded = load_yaml(p.dumps())
     docs = loaded.run({"retriever": {"query": QUERIES[0]}})["retriever"]["documents"]
     assert [d.id for d in docs] == [h.id for h in reference.search(QUERIES[0], k=2)]
 
 
-def test_bad_arguments_and_inputs_are_one_line_errors(export_dir, tmp_path):
+def test_bad_arguments_and_inputs_are_one_line_errors(export_dir, store_spec, tmp_path):
     with pytest.raises(ConfigError, match="top_k must be a positive integer, got 0"):
         MagRetrieveRetriever(export_dir, "memory:", top_k=0)
     with pytest.raises(ConfigError, match="store must be a store spec"):
         MagRetrieveRetriever(export_dir, "idx")
     with pytest.raises(ConfigError, match="export_dir must be an export folder path"):
-        MagRetrieveTextEmbedder(None)
+        MagRetrieveTextEmbedder(3)
+    with pytest.raises(ConfigError, match="export_dir must be an export folder path"):
+        MagRetrieveRetriever(None, "memory:")
     with pytest.raises(ConfigError, match="takes one string"):
         MagRetrieveTextEmbedder(export_dir).run(["a", "b"])
     with pytest.raises(ConfigError, match="item #1 is a str"):
         MagRetrieveDocumentEmbedder(export_dir).run([Document(content="a"), "b"])
     with pytest.raises(ConfigError, match="no text to embed"):
         MagRetrieveDocumentEmbedder(export_dir).run([Document(content="  ")])
+    # one blank rule (core.text.blank) with the server and index: invisible characters too
+    for blank in ["\u200b", "\x00\x07", "\u200d\ufeff ", "\u0301"]:
+        with pytest.raises(ConfigError, match="document 'b': no text to embed"):
+            MagRetrieveDocumentEmbedder(export_dir).run(
+                [Document(id="a", content="fine"), Document(id="b", content=blank)]
+            )
+        with pytest.raises(ConfigError, match="empty or only whitespace and invisible"):
+            MagRetrieveTextEmbedder(export_dir).run(blank)
+        with pytest.raises(StoreError, match="empty or only whitespace and invisible"):
+            MagRetrieveRetriever(export_dir, store_spec).run(blank)
+    with pytest.raises(ConfigError, match="api_key must be a haystack Secret"):
+        MagRetrieveTextEmbedder(url="http://127.0.0.1:1", api_key="plain-key")
+    with pytest.raises(ConfigError, match="either export_dir .* or url"):
+        MagRetrieveDocumentEmbedder()
     assert MagRetrieveDocumentEmbedder(export_dir).run([]) == {"documents": []}
     # the retriever searches an existing store; it never creates one
     missing = MagRetrieveRetriever(export_dir, f"faiss:{tmp_path / 'absent'}")
     with pytest.raises(StoreError):
         missing.run("a query")
+
+
+#: Every credential form a store spec or option takes ({s}: the secret).
+CREDENTIALS = [
+    ("uri userinfo", "pgvector:postgresql://u:{s}@127.0.0.1:1/db#t", {}),
+    ("uri userinfo with @", "pgvector:postgresql://u:a@{s}@127.0.0.1:1/db#t", {}),
+    ("uri query password", "pgvector:postgresql://u@127.0.0.1:1/db?password={s}#t", {}),
+    ("libpq key=value", "pgvector:host=127.0.0.1 port=1 dbname=x password={s}#t", {}),
+    ("libpq quoted", "pgvector:host=127.0.0.1 port=1 password='a b\\'{s}' dbname=x#t", {}),
+    ("milvus userinfo", "milvus:http://root:{s}@127.0.0.1:1/coll", {}),
+    ("milvus token option", "milvus:http://127.0.0.1:1/coll", {"token": "root:{s}"}),
+    ("qdrant api_key option", "qdrant:http://127.0.0.1:1/coll", {"api_key": "{s}"}),
+    ("qdrant userinfo", "qdrant:http://u:{s}@127.0.0.1:1/coll", {}),
+]
+
+
+@pytest.mark.parametrize(("form", "spec", "options"), CREDENTIALS, ids=[c[0] for c in CREDENTIALS])
+def test_pipeline_yaml_never_holds_a_store_credential(form, spec, options, export_dir, caplog):
+    s = "S3CR" + uuid.uuid4().hex[:10]
+    component = MagRetrieveRetriever(
+        export_dir, spec.format(s=s), store_options={k: v.format(s=s) for k, v in options.items()}
+    )
+    p = Pipeline()
+    p.add_component("retriever", component)
+    caplog.set_level(logging.WARNING)
+    for text in (p.dumps(), json.dumps(component.to_dict())):
+        assert s not in text and s[4:] not in text, text
+        assert "***" in text
+    # the user is told, and a pipeline loaded from the masked YAML refuses to start
+    assert "written masked" in caplog.text and s not in caplog.text
+    with pytest.raises(Exception, match=r"masked credential \(\*\*\*\)") as info:
+        load_yaml(p.dumps())
+    assert s not in str(info.value)
+
+
+def test_secrets_round_trip_as_environment_variable_references(
+    export_dir, store_spec, reference, monkeypatch
+):
+    """The way to keep a credentialed spec in YAML: a Secret naming the variable that holds it."""
+    monkeypatch.setenv("MR_TEST_STORE", store_spec)
+    monkeypatch.setenv("MR_TEST_QDRANT_KEY", "S3CRnever-written")
+    monkeypatch.setenv("MAGRETRIEVE_API_KEY", "S3CRserver-key")
+    retriever = MagRetrieveRetriever(
+        export_dir,
+        Secret.from_env_var("MR_TEST_STORE"),
+        top_k=2,
+        store_options={"api_key": Secret.from_env_var("MR_TEST_QDRANT_KEY")},
+    )
+    assert retriever.to_dict()["init_parameters"]["store"] == {
+        "type": "env_var",
+        "env_vars": ["MR_TEST_STORE"],
+        "strict": True,
+    }
+    embedder = MagRetrieveTextEmbedder(url="http://127.0.0.1:1")
+    p = Pipeline()
+    p.add_component("retriever", retriever)
+    p.add_component("embed", embedder)
+    text = p.dumps()
+    for secret in ("S3CRnever-written", "S3CRserver-key", store_spec):
+        assert secret not in text
+    assert "MR_TEST_STORE" in text and "MAGRETRIEVE_API_KEY" in text
+    loaded = load_yaml(text)
+    again = loaded.get_component("retriever")
+    assert isinstance(again.store, Secret) and again.store.resolve_value() == store_spec
+    assert loaded.get_component("embed").api_key.resolve_value() == "S3CRserver-key"
+    assert again.to_dict() == retriever.to_dict()
+    # the memory: store takes no api_key; searching through the Secret spec alone works
+    plain = MagRetrieveRetriever(export_dir, Secret.from_env_var("MR_TEST_STORE"), top_k=2)
+    docs = plain.run(QUERIES[0])["documents"]
+    assert [d.id for d in docs] == [h.id for h in reference.search(QUERIES[0], k=2)]
+    # a token Secret is refused by Haystack itself rather than written
+    with pytest.raises(ValueError, match="Cannot serialize token-based secret"):
+        MagRetrieveRetriever(export_dir, Secret.from_token("memory:")).to_dict()

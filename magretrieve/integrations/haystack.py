@@ -1,4 +1,5 @@
-"""Haystack 2.x components that embed with an export and search by the model's inner product.
+r"""Haystack components that embed with an export (or a ``magretrieve serve``) and search by the
+model's inner product.
 
     from haystack import Pipeline
     from magretrieve.integrations.haystack import MagRetrieveRetriever
@@ -9,7 +10,7 @@
     docs = p.run({"retriever": {"query": "statins reduce mortality"}})["retriever"]["documents"]
     docs[0].score, docs[0].meta["doc_norm"], docs[0].meta["cosine"], docs[0].meta["query_norm"]
 
-- :class:`MagRetrieveTextEmbedder`: a query's vector from the export's query graph
+- :class:`MagRetrieveTextEmbedder`: a query's vector from the query graph
   (``{"embedding": [...]}``), for a Haystack embedding retriever;
 - :class:`MagRetrieveDocumentEmbedder`: documents' vectors from the document graph, with
   each vector's norm under ``meta["doc_norm"]`` (the magnitude the model kept);
@@ -18,19 +19,25 @@
   the payload's fields plus ``id``, ``score``, ``doc_norm``, ``cosine``, ``query_norm``,
   ``rank`` and ``payload``.
 
-Each component is described by plain values (an export folder, a store spec), so
-``to_dict``/``from_dict`` and Pipeline YAML round-trip; the ONNX sessions and the store open
-in ``warm_up`` (which a Pipeline calls) or on the first run. A Haystack document store keeps
-the magnitude only if it ranks by dot product (``InMemoryDocumentStore`` does by default;
-``QdrantDocumentStore`` defaults to cosine, which discards it): see docs/stores.md.
+The embedders encode in this process (``export_dir``) or call a running server (``url``, with
+``api_key`` a Haystack ``Secret``, by default ``$MAGRETRIEVE_API_KEY``). Every component is
+described by plain values and ``Secret``\ s, so ``to_dict``/``from_dict`` and Pipeline YAML
+round-trip and never hold a credential: a store spec or store option given as a plain string
+is written with its credentials masked (a pipeline loaded from it refuses to start and says how
+to pass them), one given as ``Secret.from_env_var(...)`` is written as the variable's name.
+The ONNX sessions, the server's ``/info`` and the store open in ``warm_up`` (which a Pipeline
+calls) or on the first run. A Haystack document store keeps the magnitude only if it ranks by
+dot product (docs/integrations.md). Haystack 2.x and 3.x; 3.x loads a pipeline of these
+components only with ``allowed_modules=["magretrieve.integrations.haystack"]``.
 Needs ``pip install 'magretrieve[haystack]'``.
 """
 
 from __future__ import annotations
 
+import copy
+import logging
 import threading
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from magretrieve.stores.base import require
@@ -38,70 +45,111 @@ from magretrieve.stores.base import require
 require("haystack", "haystack-ai", "haystack")
 
 from haystack import Document, component, default_from_dict, default_to_dict  # noqa: E402
+from haystack.utils import Secret, deserialize_secrets_inplace  # noqa: E402
 
+from magretrieve.core.env import API_KEY_ENV  # noqa: E402
 from magretrieve.core.errors import ConfigError  # noqa: E402
+from magretrieve.core.redact import MASK, is_secret_name, redact, redact_value  # noqa: E402
 from magretrieve.integrations._common import check_top_k, hit_metadata, hit_text  # noqa: E402
+from magretrieve.integrations._encoder import (  # noqa: E402
+    DEFAULT_TIMEOUT,
+    LazyEncoder,
+    check_source,
+    check_threads,
+    check_timeout,
+)
+from magretrieve.serving.remote import check_text  # noqa: E402
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["MagRetrieveDocumentEmbedder", "MagRetrieveRetriever", "MagRetrieveTextEmbedder"]
 
 
 def _check_export_dir(value: Any) -> str:
-    if not isinstance(value, (str, Path)) or not str(value):
-        raise ConfigError(f"export_dir must be an export folder path, got {value!r}")
-    return str(value)
+    if value is None:
+        raise ConfigError("export_dir must be an export folder path, got None")
+    export_dir, _ = check_source(value, None)
+    return str(export_dir)
 
 
-def _check_threads(value: Any) -> int | None:
-    return None if value is None else check_top_k(value, "threads")
+def _check_secret(value: Any, name: str) -> Secret:
+    if not isinstance(value, Secret):
+        raise ConfigError(
+            f"{name} must be a haystack Secret, e.g. Secret.from_env_var({API_KEY_ENV!r}), "
+            f"got {type(value).__name__} (a plain string would be written into the pipeline YAML)"
+        )
+    return value
 
 
-class _LazyEncoder:
-    """The export's :class:`~magretrieve.serving.runtime.OnnxEncoder`, opened once on first use."""
+class _Embedder:
+    """What both embedders share: the source (export or server), its key, to_dict fields."""
 
-    def __init__(self, export_dir: str, threads: int | None, runtime: str | None) -> None:
-        self.export_dir, self.threads, self.runtime = export_dir, threads, runtime
-        self._encoder: Any = None
-        self._lock = threading.Lock()
+    def _init_source(
+        self,
+        export_dir: str | None,
+        threads: int | None,
+        runtime: str | None,
+        url: str | None,
+        api_key: Secret,
+        timeout: float,
+    ) -> None:
+        self.export_dir, self.url = check_source(export_dir, url)
+        self.threads = check_threads(threads)
+        self.runtime = runtime
+        self.api_key = _check_secret(api_key, "api_key")
+        self.timeout = check_timeout(timeout)
+        self._encoder = LazyEncoder(
+            self.export_dir,
+            self.url,
+            api_key=self.api_key.resolve_value,
+            threads=self.threads,
+            runtime=runtime,
+            timeout=self.timeout,
+        )
 
-    def get(self, side: str) -> Any:
-        with self._lock:
-            if self._encoder is None:
-                from magretrieve.serving.runtime import OnnxEncoder
-
-                self._encoder = OnnxEncoder.load(
-                    self.export_dir, threads=self.threads, runtime=self.runtime
-                )
-            self._encoder.session(side)  # checks the graph against the manifest once
-            return self._encoder
+    def _source_dict(self) -> dict[str, Any]:
+        return {
+            "export_dir": self.export_dir,
+            "threads": self.threads,
+            "runtime": self.runtime,
+            "url": self.url,
+            "api_key": self.api_key.to_dict(),
+            "timeout": self.timeout,
+        }
 
 
 @component
-class MagRetrieveTextEmbedder:
-    """Embeds one query with the export's query graph: ``{"embedding": list[float]}``.
+class MagRetrieveTextEmbedder(_Embedder):
+    """Embeds one query with the query graph: ``{"embedding": list[float]}``.
 
     The vector is ``q / ‖q‖^γq`` exactly as :class:`~magretrieve.serving.retriever.Retriever`
-    searches with it (the manifest's query prefix and max length applied).
+    searches with it (the manifest's query prefix and max length applied), computed from
+    ``export_dir`` in this process or by the server at ``url``.
     """
 
     def __init__(
-        self, export_dir: str, threads: int | None = None, runtime: str | None = None
+        self,
+        export_dir: str | None = None,
+        threads: int | None = None,
+        runtime: str | None = None,
+        url: str | None = None,
+        api_key: Secret = Secret.from_env_var(API_KEY_ENV, strict=False),  # noqa: B008
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
-        self.export_dir = _check_export_dir(export_dir)
-        self.threads = _check_threads(threads)
-        self.runtime = runtime
-        self._encoder = _LazyEncoder(self.export_dir, self.threads, runtime)
+        self._init_source(export_dir, threads, runtime, url, api_key, timeout)
 
     def warm_up(self) -> None:
-        """Open the export and its query graph (a Pipeline calls this before running)."""
-        self._encoder.get("query")
+        """Open the export's query graph, or read the server's ``/info`` (a Pipeline calls
+        this before running)."""
+        self._encoder.warm_up("query")
 
     def to_dict(self) -> dict[str, Any]:
-        return default_to_dict(
-            self, export_dir=self.export_dir, threads=self.threads, runtime=self.runtime
-        )
+        return default_to_dict(self, **self._source_dict())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MagRetrieveTextEmbedder:
+        data = copy.deepcopy(data)
+        deserialize_secrets_inplace(data.get("init_parameters", {}), keys=["api_key"])
         return default_from_dict(cls, data)
 
     @component.output_types(embedding=list[float])
@@ -111,51 +159,52 @@ class MagRetrieveTextEmbedder:
                 f"MagRetrieveTextEmbedder takes one string; got {type(text).__name__} "
                 "(use MagRetrieveDocumentEmbedder for documents)"
             )
-        vector = self._encoder.get("query").encode_queries([text])[0]
+        check_text(text, 0)
+        vector = self._encoder.encode([text], "query")[0]
         return {"embedding": [float(x) for x in vector]}
 
 
 @component
-class MagRetrieveDocumentEmbedder:
-    """Embeds Haystack documents with the export's document graph.
+class MagRetrieveDocumentEmbedder(_Embedder):
+    """Embeds Haystack documents with the document graph.
 
     The embedded text is ``meta[title_field] + " " + content`` when the document has that
     field (as :class:`~magretrieve.serving.retriever.Retriever` joins title and text), else the
     content. Each returned document is a copy with ``embedding`` set and ``meta["doc_norm"]``
     = the vector's norm, so the magnitude stays visible after a cosine store drops it.
+    ``batch_size`` is the texts per graph run (local) or the most per request (remote; the
+    server's ``max_inputs`` caps it).
     """
 
     def __init__(
         self,
-        export_dir: str,
+        export_dir: str | None = None,
         title_field: str | None = "title",
         batch_size: int = 32,
         threads: int | None = None,
         runtime: str | None = None,
+        url: str | None = None,
+        api_key: Secret = Secret.from_env_var(API_KEY_ENV, strict=False),  # noqa: B008
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
-        self.export_dir = _check_export_dir(export_dir)
+        self._init_source(export_dir, threads, runtime, url, api_key, timeout)
         self.title_field = title_field
         self.batch_size = check_top_k(batch_size, "batch_size")
-        self.threads = _check_threads(threads)
-        self.runtime = runtime
-        self._encoder = _LazyEncoder(self.export_dir, self.threads, runtime)
 
     def warm_up(self) -> None:
-        """Open the export and its document graph (a Pipeline calls this before running)."""
-        self._encoder.get("document")
+        """Open the export's document graph, or read the server's ``/info`` (a Pipeline calls
+        this before running)."""
+        self._encoder.warm_up("document")
 
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(
-            self,
-            export_dir=self.export_dir,
-            title_field=self.title_field,
-            batch_size=self.batch_size,
-            threads=self.threads,
-            runtime=self.runtime,
+            self, title_field=self.title_field, batch_size=self.batch_size, **self._source_dict()
         )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MagRetrieveDocumentEmbedder:
+        data = copy.deepcopy(data)
+        deserialize_secrets_inplace(data.get("init_parameters", {}), keys=["api_key"])
         return default_from_dict(cls, data)
 
     def _text(self, doc: Document, position: int) -> str:
@@ -167,8 +216,10 @@ class MagRetrieveDocumentEmbedder:
         content = doc.content or ""
         title = doc.meta.get(self.title_field) if self.title_field else None
         text = f"{title} {content}".strip() if isinstance(title, str) and title else content
-        if not text.strip():
-            raise ConfigError(f"document {doc.id!r}: no text to embed (empty content and title)")
+        try:
+            check_text(text, position)
+        except ConfigError as exc:
+            raise ConfigError(f"document {doc.id!r}: no text to embed ({exc})") from None
         return text
 
     @component.output_types(documents=list[Document])
@@ -180,7 +231,7 @@ class MagRetrieveDocumentEmbedder:
         texts = [self._text(d, n) for n, d in enumerate(documents)]
         if not texts:
             return {"documents": []}
-        vectors = self._encoder.get("document").encode_documents(texts, batch_size=self.batch_size)
+        vectors = self._encoder.encode(texts, "document", batch_size=self.batch_size)
         norms = np.linalg.norm(vectors, axis=1)
         out = [
             replace(
@@ -193,6 +244,71 @@ class MagRetrieveDocumentEmbedder:
         return {"documents": out}
 
 
+def _masked_refusal(where: str) -> ConfigError:
+    return ConfigError(
+        f"{where} holds a masked credential ({MASK}): pipeline YAML never holds secrets. Pass "
+        "the spec as store=Secret.from_env_var('VAR') (the variable holding the whole spec), "
+        "give a secret store option Secret.from_env_var('VAR') as its value, or (pgvector) "
+        "leave the password out of the spec and set $PGPASSWORD"
+    )
+
+
+def _check_store(store: Any) -> str | Secret:
+    if isinstance(store, Secret):
+        return store
+    if not isinstance(store, str) or ":" not in store:
+        raise ConfigError(
+            f"store must be a store spec such as 'faiss:PATH' (or a haystack Secret holding "
+            f"one), got {redact(store) if isinstance(store, str) else store!r}"
+        )
+    if MASK in store:
+        raise _masked_refusal("the store spec")
+    return store
+
+
+def _check_store_options(options: Any) -> dict[str, Any]:
+    if options is not None and not isinstance(options, dict):
+        raise ConfigError(f"store_options must be a dict, got {type(options).__name__}")
+    out = dict(options or {})
+    for name, value in out.items():
+        if value == MASK:
+            raise _masked_refusal(f"store option {name!r}")
+    return out
+
+
+def _serialize_store(store: str | Secret) -> Any:
+    if isinstance(store, Secret):
+        return store.to_dict()
+    masked = redact(store)
+    if masked != store:
+        logger.warning(
+            "the store spec holds a credential: it is written masked, and a pipeline loaded "
+            "from this YAML will refuse to start; pass store=Secret.from_env_var('VAR') instead"
+        )
+    return masked
+
+
+def _serialize_options(options: dict[str, Any]) -> dict[str, Any] | None:
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if isinstance(value, Secret):
+            out[name] = value.to_dict()
+        elif is_secret_name(name) and value is not None:
+            logger.warning(
+                "store option %r is a credential: it is written masked; pass it as "
+                "Secret.from_env_var('VAR') instead",
+                name,
+            )
+            out[name] = MASK
+        else:
+            out[name] = redact_value(value)
+    return out or None
+
+
+def _is_serialized_secret(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("type") in ("env_var", "token")
+
+
 @component
 class MagRetrieveRetriever:
     """Top-``top_k`` documents of a magretrieve store by the model's inner product.
@@ -200,28 +316,27 @@ class MagRetrieveRetriever:
     ``export_dir`` and ``store`` (a spec such as ``faiss:PATH`` or ``qdrant:URL/COLLECTION``)
     are what :meth:`Retriever.load <magretrieve.serving.retriever.Retriever.load>` takes;
     ``store_options`` go to the store (e.g. ``{"ef_search": 128}``). The store must exist:
-    this component searches, it never creates one.
+    this component searches, it never creates one. A spec or option holding a credential is
+    best given as a ``Secret`` (``store=Secret.from_env_var("MAGRETRIEVE_STORE")``,
+    ``store_options={"api_key": Secret.from_env_var("QDRANT_API_KEY")}``), resolved when the
+    store opens; ``to_dict`` writes plain-string credentials masked.
     """
 
     def __init__(
         self,
         export_dir: str,
-        store: str,
+        store: str | Secret,
         top_k: int = 10,
         threads: int | None = None,
         runtime: str | None = None,
         store_options: dict[str, Any] | None = None,
     ) -> None:
         self.export_dir = _check_export_dir(export_dir)
-        if not isinstance(store, str) or ":" not in store:
-            raise ConfigError(f"store must be a store spec such as 'faiss:PATH', got {store!r}")
-        self.store = store
+        self.store = _check_store(store)
         self.top_k = check_top_k(top_k, "top_k")
-        self.threads = _check_threads(threads)
+        self.threads = check_threads(threads)
         self.runtime = runtime
-        if store_options is not None and not isinstance(store_options, dict):
-            raise ConfigError(f"store_options must be a dict, got {type(store_options).__name__}")
-        self.store_options = dict(store_options or {})
+        self.store_options = _check_store_options(store_options)
         self._retriever: Any = None
         self._lock = threading.Lock()
 
@@ -236,13 +351,22 @@ class MagRetrieveRetriever:
 
                 self._retriever = Retriever.load(
                     self.export_dir,
-                    store=self.store,
+                    store=self._resolve(self.store, "store"),
                     threads=self.threads,
                     runtime=self.runtime,
                     create=False,
-                    **self.store_options,
+                    **{k: self._resolve(v, k) for k, v in self.store_options.items()},
                 )
             return self._retriever
+
+    @staticmethod
+    def _resolve(value: Any, name: str) -> Any:
+        if not isinstance(value, Secret):
+            return value
+        resolved = value.resolve_value()
+        if resolved is None:
+            raise ConfigError(f"{name}: the Secret resolves to nothing (its variable is unset)")
+        return resolved
 
     def close(self) -> None:
         """Close the store (the component reopens it on its next run)."""
@@ -255,15 +379,25 @@ class MagRetrieveRetriever:
         return default_to_dict(
             self,
             export_dir=self.export_dir,
-            store=self.store,
+            store=_serialize_store(self.store),
             top_k=self.top_k,
             threads=self.threads,
             runtime=self.runtime,
-            store_options=self.store_options or None,
+            store_options=_serialize_options(self.store_options),
         )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MagRetrieveRetriever:
+        data = copy.deepcopy(data)
+        params = data.get("init_parameters", {})
+        if _is_serialized_secret(params.get("store")):
+            params["store"] = Secret.from_dict(params["store"])
+        options = params.get("store_options")
+        if isinstance(options, dict):
+            params["store_options"] = {
+                k: Secret.from_dict(v) if _is_serialized_secret(v) else v
+                for k, v in options.items()
+            }
         return default_from_dict(cls, data)
 
     @component.output_types(documents=list[Document])

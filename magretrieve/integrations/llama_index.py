@@ -1,4 +1,15 @@
-"""A LlamaIndex retriever that ranks by the model's inner product and keeps the decomposition.
+"""LlamaIndex objects that keep the model's magnitude: an embedding model for any index, and a
+retriever that ranks by the model's inner product and keeps the decomposition.
+
+    from magretrieve.integrations.llama_index import MagRetrieveEmbedding
+
+    emb = MagRetrieveEmbedding(export_dir="exported/qnorm")       # in this process
+    emb = MagRetrieveEmbedding(url="http://127.0.0.1:8080")       # or a magretrieve serve
+    emb.get_query_embedding("statins")           # the query graph (aget_query_embedding too)
+    emb.get_text_embedding_batch(["a", "b"])     # the document graph, embed_batch_size a call
+
+The index's vector store must rank by inner product to keep the documents' magnitude
+(LlamaIndex's default ``SimpleVectorStore`` ranks by cosine; docs/integrations.md).
 
     from magretrieve import Retriever
     from magretrieve.integrations.llama_index import MagRetrieveRetriever
@@ -18,14 +29,18 @@ Needs ``pip install 'magretrieve[llama-index]'``.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
+from magretrieve.core.env import API_KEY_ENV
 from magretrieve.stores.base import require
 
 require("llama_index.core", "llama-index-core", "llama-index")
 
+from llama_index.core.base.embeddings.base import BaseEmbedding  # noqa: E402
 from llama_index.core.retrievers import BaseRetriever  # noqa: E402
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode  # noqa: E402
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator  # noqa: E402
 
 from magretrieve.integrations._common import (  # noqa: E402
     SCORE_KEYS,
@@ -34,8 +49,108 @@ from magretrieve.integrations._common import (  # noqa: E402
     hit_metadata,
     hit_text,
 )
+from magretrieve.integrations._encoder import (  # noqa: E402
+    DEFAULT_TIMEOUT,
+    LazyEncoder,
+    check_source,
+    check_threads,
+    check_timeout,
+)
+from magretrieve.integrations.vector_stores import check_vector_store  # noqa: E402
 
-__all__ = ["MagRetrieveRetriever"]
+__all__ = ["MagRetrieveEmbedding", "MagRetrieveRetriever"]
+
+
+def _key_from_env() -> SecretStr | None:
+    value = os.environ.get(API_KEY_ENV)
+    return SecretStr(value) if value else None
+
+
+class MagRetrieveEmbedding(BaseEmbedding):
+    """LlamaIndex ``BaseEmbedding``: query embeddings by the query graph, text (node)
+    embeddings by the document graph (each document's magnitude kept), from an export folder
+    or a server.
+
+    Give ``export_dir`` (encoded in this process; ``threads``, ``runtime`` as for
+    ``OnnxEncoder``) or ``url`` (a ``magretrieve serve`` base URL; ``api_key`` defaults to
+    ``$MAGRETRIEVE_API_KEY`` and is never serialized). LlamaIndex hands
+    ``_get_text_embeddings`` ``embed_batch_size`` texts at a time; a remote call splits them
+    further to the server's ``max_inputs``.
+    """
+
+    model_name: str = Field(default="magretrieve", description="A label; the export decides.")
+    export_dir: str | None = Field(default=None, description="An export folder (in-process).")
+    url: str | None = Field(default=None, description="A magretrieve serve base URL (remote).")
+    api_key: SecretStr | None = Field(
+        default_factory=_key_from_env,
+        exclude=True,
+        description="The server's key; default $MAGRETRIEVE_API_KEY.",
+    )
+    threads: int | None = Field(default=None, description="onnxruntime threads (in-process).")
+    runtime: str | None = Field(default=None, description="The graphs' runtime (in-process).")
+    timeout: float = Field(default=DEFAULT_TIMEOUT, description="Seconds per request (remote).")
+
+    _encoder: LazyEncoder = PrivateAttr()
+
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _check_threads(cls, value: Any) -> Any:
+        return check_threads(value)
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _check_timeout(cls, value: Any) -> Any:
+        return check_timeout(value)
+
+    @model_validator(mode="after")
+    def _check_source(self) -> MagRetrieveEmbedding:
+        self.export_dir, self.url = check_source(self.export_dir, self.url)
+        return self
+
+    def model_post_init(self, context: Any, /) -> None:
+        super().model_post_init(context)
+        key = self.api_key
+        self._encoder = LazyEncoder(
+            self.export_dir,
+            self.url,
+            api_key=(lambda: key.get_secret_value()) if key is not None else None,
+            threads=self.threads,
+            runtime=self.runtime,
+            timeout=self.timeout,
+        )
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "MagRetrieveEmbedding"
+
+    def _embed(self, texts: list[str], side: str) -> list[list[float]]:
+        vectors = self._encoder.encode(texts, side)
+        return [[float(x) for x in v] for v in vectors]
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return self._embed([query], "query")[0]
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return await asyncio.to_thread(self._get_query_embedding, query)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self._embed([text], "document")[0]
+
+    async def _aget_text_embedding(self, text: str) -> list[float]:
+        return await asyncio.to_thread(self._get_text_embedding, text)
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return self._embed(texts, "document")
+
+    async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return await asyncio.to_thread(self._get_text_embeddings, texts)
+
+    def check_store(self, store: Any) -> str:
+        """How ``store`` (a LlamaIndex vector store, index or storage context) ranks; warns
+        (:class:`~magretrieve.integrations.vector_stores.MagnitudeWarning`) when it drops the
+        documents' magnitude."""
+        return check_vector_store(store)
+
 
 _HIDDEN = [*SCORE_KEYS, "payload"]
 

@@ -496,8 +496,11 @@ class Retriever:
         if not texts:
             return []
         for n, t in enumerate(texts):
-            if not isinstance(t, str) or not t.strip():
-                raise StoreError(f"query #{n} is empty or not a string: {t!r}")
+            if not isinstance(t, str) or blank(t):
+                raise StoreError(
+                    f"query #{n} is empty or only whitespace and invisible characters, or not "
+                    f"a string: {t!r}"
+                )
         qvecs = np.asarray(self.encoder.encode_queries(texts), dtype=np.float32)
         return self.search_vectors(qvecs, k=k)
 

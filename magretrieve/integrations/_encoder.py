@@ -1,0 +1,116 @@
+"""Where the framework embeddings get their vectors: an export folder or a running server.
+
+Every framework class here is built from either ``export_dir`` (an in-process
+:class:`~magretrieve.serving.runtime.OnnxEncoder`) or ``url`` (+ API key, a
+:class:`~magretrieve.serving.remote.RemoteEncoder` talking to ``magretrieve serve``); both
+encode queries with the query graph and documents with the document graph, so one object
+gives each side its own vectors. :class:`LazyEncoder` opens either on first use, once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from magretrieve.core.config import SIDES
+from magretrieve.core.errors import ConfigError
+from magretrieve.integrations._common import check_top_k
+from magretrieve.serving.remote import DEFAULT_TIMEOUT, check_text, check_url
+
+__all__ = ["DEFAULT_TIMEOUT", "LazyEncoder", "check_source"]
+
+
+def check_source(export_dir: Any, url: Any) -> tuple[str | None, str | None]:
+    """Exactly one of an export folder path and a server URL, checked."""
+    if (export_dir is None) == (url is None):
+        raise ConfigError(
+            "give either export_dir (an export folder, encoded in this process) or url "
+            "(a magretrieve serve base URL, with api_key), not "
+            + ("both" if export_dir is not None else "neither")
+        )
+    if export_dir is not None:
+        if not isinstance(export_dir, (str, Path)) or not str(export_dir):
+            raise ConfigError(f"export_dir must be an export folder path, got {export_dir!r}")
+        return str(export_dir), None
+    return None, check_url(url)
+
+
+def check_threads(value: Any) -> int | None:
+    return None if value is None else check_top_k(value, "threads")
+
+
+def check_timeout(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"timeout must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+class LazyEncoder:
+    """The export's ``OnnxEncoder`` or the server's ``RemoteEncoder``, opened once on first use.
+
+    ``api_key`` is called when the remote encoder opens (a Haystack ``Secret`` or a pydantic
+    ``SecretStr`` is resolved then, not kept as text by the framework object).
+    """
+
+    def __init__(
+        self,
+        export_dir: str | None = None,
+        url: str | None = None,
+        api_key: Callable[[], str | None] | None = None,
+        threads: int | None = None,
+        runtime: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.export_dir, self.url = check_source(export_dir, url)
+        self.api_key = api_key
+        self.threads, self.runtime, self.timeout = threads, runtime, timeout
+        self._encoder: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def remote(self) -> bool:
+        return self.url is not None
+
+    def get(self, side: str) -> Any:
+        """The opened encoder; in local mode the side's graph is loaded and checked once."""
+        with self._lock:
+            if self._encoder is None:
+                if self.url is not None:
+                    from magretrieve.serving.remote import RemoteEncoder
+
+                    key = self.api_key() if self.api_key is not None else None
+                    self._encoder = RemoteEncoder(self.url, key, timeout=self.timeout)
+                else:
+                    from magretrieve.serving.runtime import OnnxEncoder
+
+                    self._encoder = OnnxEncoder.load(
+                        str(self.export_dir), threads=self.threads, runtime=self.runtime
+                    )
+            if self.url is None:
+                self._encoder.session(side)  # checks the graph against the manifest once
+            return self._encoder
+
+    def warm_up(self, side: str) -> None:
+        """Open the encoder (local: the side's graph; remote: the server's ``/info``)."""
+        encoder = self.get(side)
+        if self.url is not None:
+            encoder.info()
+
+    def encode(self, texts: Sequence[str], side: str, batch_size: int | None = None) -> np.ndarray:
+        """float32 (n, dim) vectors of ``texts`` by the ``side`` graph; blank texts refused."""
+        if side not in SIDES:
+            raise ConfigError(f"side must be one of {SIDES}, got {side!r}")
+        if isinstance(texts, str):
+            raise ConfigError("pass a list of texts, not a single string")
+        texts = list(texts)
+        for n, text in enumerate(texts):
+            check_text(text, n)
+        encoder = self.get(side)
+        fn = encoder.encode_queries if side == "query" else encoder.encode_documents
+        if batch_size is None:
+            return np.asarray(fn(texts), dtype=np.float32)
+        return np.asarray(fn(texts, batch_size=batch_size), dtype=np.float32)

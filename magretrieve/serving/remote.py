@@ -1,0 +1,303 @@
+"""A client of a running ``magretrieve serve`` with :class:`~magretrieve.serving.runtime.OnnxEncoder`'s
+encoding surface, so the framework integrations embed in-process or remotely alike.
+
+    enc = RemoteEncoder("http://127.0.0.1:8080", api_key=os.environ["MAGRETRIEVE_API_KEY"])
+    q = enc.encode_queries(["statins reduce mortality"])      # the server's query graph
+    d = enc.encode_documents(texts)                           # its document graph, norms kept
+
+Each call posts to ``POST /v1/embeddings`` with ``input_type`` set to the side (never guessed),
+asks for base64 (the exact float32 bytes the server computed) and splits the texts into
+requests the server accepts: at most ``limits.max_inputs`` texts and ``limits.max_body_bytes``
+bytes each, read once from ``GET /info``. A refusal or an unreachable server is one
+:class:`RemoteEncoderError` holding the server's own message; the API key never appears in a
+message or a ``repr``. Standard library only (``urllib``): no torch, no extra package.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from magretrieve.core.config import SIDES
+from magretrieve.core.errors import ConfigError, MagRetrieveError
+from magretrieve.core.redact import redact, remember_secrets
+from magretrieve.core.text import blank, lone_surrogate
+
+#: Seconds one request may take before the call gives up.
+DEFAULT_TIMEOUT = 60.0
+#: Times a request answered 503 (queue full, server draining) is sent again, after the
+#: server's ``Retry-After`` (at most :data:`MAX_RETRY_WAIT` seconds).
+RETRIES_503 = 3
+MAX_RETRY_WAIT = 10.0
+#: Share of the server's body limit one request may fill (JSON framing, the other fields).
+BODY_SHARE = 0.9
+
+
+class RemoteEncoderError(MagRetrieveError):
+    """The server refused a request or could not be reached; the message is the server's."""
+
+
+def check_url(url: Any) -> str:
+    """A server's base URL: ``http(s)://host[:port][/prefix]``, without credentials."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError(f"url must be a server's base URL such as http://HOST:8080, got {url!r}")
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"url must start with http:// or https:// and name a host, got {redact(url)!r}"
+        )
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError("url must not hold credentials; pass the server's key as api_key")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"url must be a base URL without ?query or #fragment: {url!r}")
+    return url.strip().rstrip("/")
+
+
+def check_api_key(api_key: Any) -> str | None:
+    """None (a server without a key) or the key, which HTTP can send as a bearer token."""
+    if api_key is None:
+        return None
+    if not isinstance(api_key, str):
+        raise ConfigError(f"api_key must be a string, got {type(api_key).__name__}")
+    if not api_key.strip() or api_key != api_key.strip():
+        raise ConfigError("api_key is empty or begins or ends with whitespace")
+    remember_secrets(options={"api_key": api_key})
+    return api_key
+
+
+class RemoteEncoder:
+    """Encodes queries and documents with the graphs of a ``magretrieve serve`` process.
+
+    ``url`` is the server's base URL, ``api_key`` its key (None for a server started without
+    one), ``timeout`` seconds per request, ``model`` the id sent in each request (None: the
+    server's own). Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        model: str | None = None,
+    ) -> None:
+        self.url = check_url(url)
+        self._api_key = check_api_key(api_key)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.timeout = float(timeout)
+        if model is not None and not isinstance(model, str):
+            raise ConfigError(f"model must be a string, got {type(model).__name__}")
+        self.model = model
+        self._info: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        #: Texts the server cut at the side's max length in the most recent call.
+        self.last_truncated = 0
+
+    # ------------------------------------------------------------------ the server's facts
+
+    def info(self) -> dict[str, Any]:
+        """The server's ``GET /info`` (manifest facts and limits), read once."""
+        with self._lock:
+            if self._info is None:
+                answer = self._request("GET", "/info")
+                if not isinstance(answer, dict) or "dimension" not in answer:
+                    raise RemoteEncoderError(
+                        f"{self.url}/info did not answer like a magretrieve server"
+                    )
+                self._info = answer
+            return self._info
+
+    @property
+    def dim(self) -> int:
+        return int(self.info()["dimension"])
+
+    @property
+    def max_inputs(self) -> int:
+        """Most texts the server takes in one request."""
+        limits = self.info().get("limits") or {}
+        return int(limits.get("max_inputs") or self.info().get("max_client_batch_size") or 1)
+
+    @property
+    def max_body_bytes(self) -> int | None:
+        limits = self.info().get("limits") or {}
+        value = limits.get("max_body_bytes")
+        return int(value) if value else None
+
+    # ------------------------------------------------------------------ encoding
+
+    def encode_queries(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
+        """float32 (n, dim) query vectors from the server's query graph."""
+        return self._encode(texts, "query", batch_size)
+
+    def encode_documents(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
+        """float32 (n, dim) document vectors from the server's document graph (norms kept)."""
+        return self._encode(texts, "document", batch_size)
+
+    def _encode(self, texts: Sequence[str], side: str, batch_size: int | None) -> np.ndarray:
+        if side not in SIDES:
+            raise ConfigError(f"side must be one of {SIDES}, got {side!r}")
+        if isinstance(texts, str):
+            raise ConfigError("pass a list of texts, not a single string")
+        texts = list(texts)
+        for n, text in enumerate(texts):
+            check_text(text, n)
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        rows = min(batch_size or self.max_inputs, self.max_inputs)
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        truncated = 0
+        for start, stop in self._batches(texts, rows):
+            vectors, cut = self._post(texts[start:stop], side, start)
+            out[start:stop] = vectors
+            truncated += cut
+        self.last_truncated = truncated
+        return out
+
+    def _batches(self, texts: list[str], rows: int) -> list[tuple[int, int]]:
+        """(start, stop) of each request: at most ``rows`` texts and a share of the body limit."""
+        limit = self.max_body_bytes
+        budget = int(limit * BODY_SHARE) if limit else None
+        spans: list[tuple[int, int]] = []
+        start, size = 0, 0
+        for n, text in enumerate(texts):
+            length = len(json.dumps(text)) + 2  # the JSON string and its separator
+            if n > start and (n - start >= rows or (budget and size + length > budget)):
+                spans.append((start, n))
+                start, size = n, 0
+            size += length
+        spans.append((start, len(texts)))
+        return spans
+
+    def _post(self, texts: list[str], side: str, offset: int) -> tuple[np.ndarray, int]:
+        body: dict[str, Any] = {"input": texts, "input_type": side, "encoding_format": "base64"}
+        if self.model is not None:
+            body["model"] = self.model
+        try:
+            answer = self._request("POST", "/v1/embeddings", body)
+        except RemoteEncoderError as exc:
+            if offset:  # the server counts inputs from 0 in each request
+                raise RemoteEncoderError(f"{exc} (request of texts #{offset}…)") from None
+            raise
+        data = answer.get("data") if isinstance(answer, dict) else None
+        if not isinstance(data, list) or len(data) != len(texts):
+            raise RemoteEncoderError(
+                f"{self.url}/v1/embeddings answered {len(data) if isinstance(data, list) else 0} "
+                f"vectors for {len(texts)} texts"
+            )
+        if answer.get("input_type") not in (None, side):
+            raise RemoteEncoderError(
+                f"{self.url}/v1/embeddings encoded the {answer.get('input_type')} side "
+                f"when asked for {side}"
+            )
+        dim = self.dim
+        vectors = np.zeros((len(texts), dim), dtype=np.float32)
+        cut = 0
+        for item in data:
+            index = int(item["index"])
+            vector = decode_embedding(item["embedding"])
+            if vector.shape != (dim,):
+                raise RemoteEncoderError(
+                    f"{self.url}/v1/embeddings answered a vector of dimension {vector.shape[0]}; "
+                    f"its /info says {dim}"
+                )
+            vectors[index] = vector
+            cut += bool(item.get("truncated"))
+        return vectors, cut
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _request(self, method: str, path: str, body: Any = None) -> Any:
+        data = json.dumps(body).encode("utf-8") if body is not None else None
+        headers = {"Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        if self._api_key is not None:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        where = f"{method} {self.url}{path}"
+        for attempt in range(RETRIES_503 + 1):
+            request = urllib.request.Request(
+                self.url + path, data=data, headers=headers, method=method
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    raw = response.read()
+                break
+            except urllib.error.HTTPError as exc:
+                raw = exc.read()
+                if exc.code == 503 and attempt < RETRIES_503:
+                    time.sleep(_retry_after(exc.headers.get("Retry-After")))
+                    continue
+                raise RemoteEncoderError(
+                    f"{where} answered {exc.code}: {_server_message(raw, exc.reason)}"
+                ) from None
+            except urllib.error.URLError as exc:
+                raise RemoteEncoderError(f"cannot reach {where}: {exc.reason}") from None
+            except TimeoutError:
+                raise RemoteEncoderError(f"{where}: no answer within {self.timeout:g} s") from None
+            except OSError as exc:
+                raise RemoteEncoderError(f"{where}: {exc}") from None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise RemoteEncoderError(f"{where} did not answer JSON") from None
+
+    def __repr__(self) -> str:
+        key = "set" if self._api_key else "none"
+        return f"RemoteEncoder({self.url}, api_key={key}, timeout={self.timeout:g})"
+
+
+def check_text(text: Any, position: int) -> None:
+    """The rule the server applies, checked before any request: a non-blank Unicode string."""
+    if not isinstance(text, str):
+        raise ConfigError(f"text #{position} is a {type(text).__name__}, not a string")
+    if blank(text):
+        raise ConfigError(
+            f"text #{position} is empty or only whitespace and invisible characters: "
+            "nothing to encode"
+        )
+    bad = lone_surrogate(text)
+    if bad is not None:
+        raise ConfigError(f"text #{position} holds a lone surrogate at character {bad}")
+
+
+def decode_embedding(value: Any) -> np.ndarray:
+    """One vector from an ``embedding`` field: base64 little-endian float32, or a number list."""
+    if isinstance(value, str):
+        return np.frombuffer(base64.b64decode(value), dtype="<f4").astype(np.float32)
+    return np.asarray(value, dtype=np.float32)
+
+
+def _server_message(raw: bytes, reason: Any) -> str:
+    """The ``error.message`` of a JSON error body, else the HTTP reason."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        if isinstance(body.get("detail"), str):
+            return str(body["detail"])
+    return str(reason or "no message")
+
+
+def _retry_after(value: str | None) -> float:
+    try:
+        return min(max(float(value or 1), 0.0), MAX_RETRY_WAIT)
+    except ValueError:
+        return 1.0
