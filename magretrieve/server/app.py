@@ -22,7 +22,7 @@ from starlette.responses import Response
 
 from magretrieve.core.errors import MagRetrieveError, StoreError
 from magretrieve.core.version import __version__
-from magretrieve.server import routes_embed, routes_ops, routes_store
+from magretrieve.server import routes_embed, routes_ops, routes_page, routes_store
 from magretrieve.server.errors import ApiError, error_response, validation_message
 from magretrieve.server.middleware import ServerMiddleware
 from magretrieve.server.settings import ServerSettings
@@ -149,9 +149,12 @@ def create_app(
         description=DESCRIPTION,
         lifespan=lifespan,
         debug=False,
+        # /docs is served from the package (routes_page), not from a CDN; no ReDoc page
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.magretrieve = state
-    for module in (routes_embed, routes_store, routes_ops):
+    for module in (routes_embed, routes_store, routes_ops, routes_page):
         app.include_router(module.router)
 
     @app.exception_handler(ApiError)
