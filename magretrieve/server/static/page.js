@@ -195,6 +195,21 @@
     return seg;
   }
 
+  /** ‖d‖ against the hits' mean, a bar from the centre: right above it, left below it. */
+  function normGauge(norm, mean, maxDev) {
+    const wrap = el("div", "gauge");
+    const rel = mean > 0 ? (100 * (norm - mean)) / mean : 0;
+    const sign = rel >= 0 ? "+" : "−";
+    wrap.append(el("span", "gauge-label", "‖d‖ vs mean"));
+    const track = el("span", "gauge-track");
+    const fill = el("span", `gauge-fill ${norm >= mean ? "up" : "down"}`);
+    fill.style.width = `${((50 * Math.abs(norm - mean)) / maxDev).toFixed(3)}%`;
+    track.append(fill);
+    track.setAttribute("aria-hidden", "true");
+    wrap.append(track, el("span", "gauge-value num", `${sign}${Math.abs(rel).toFixed(1)} %`));
+    return wrap;
+  }
+
   function part(name, value, className) {
     const wrap = el("div", className);
     wrap.append(el("dt", null, name), el("dd", "num", value));
@@ -219,6 +234,7 @@
     const spread = Math.max(...hits.map((h) => h.doc_norm)) - Math.min(...hits.map((h) => h.doc_norm));
     const anyOffset = hits.some((h) => h.offset !== 0);
     const flat = spread <= 1e-6 * Math.max(mean, 1e-12) && !anyOffset;
+    const maxDev = Math.max(...hits.map((h) => Math.abs(h.doc_norm - mean)), 1e-12);
     let moved = 0;
     for (const row of rows) {
       const h = row.hit;
@@ -245,6 +261,8 @@
       drawn.setAttribute("role", "img");
       drawn.setAttribute("aria-label", formula);
       item.append(drawn);
+
+      item.append(normGauge(h.doc_norm, mean, maxDev));
 
       const parts = el("dl", "parts");
       parts.append(
