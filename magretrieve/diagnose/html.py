@@ -13,7 +13,7 @@ import html
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from magretrieve.diagnose.magnitude import ANTI_D, CARRIES_D
 
@@ -78,7 +78,7 @@ def num(value: Any, digits: int = 3) -> str:
     )
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -164,7 +164,9 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     out = ["<table><thead><tr>", *(f"<th>{esc(h)}</th>" for h in head), "</tr></thead><tbody>"]
     for row in rows:
         cells = (
-            f'<td class="num">{num(v)}</td>' if _finite(v) or v is None else f"<td>{esc(v)}</td>"
+            f'<td class="num">{num(v)}</td>'
+            if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+            else f"<td>{esc(v)}</td>"
             for v in row
         )
         out += ["<tr>", *cells, "</tr>"]
