@@ -351,7 +351,54 @@ def test_search_page_in_chromium(chromium, export_dir, store_dir, tmp_path) -> N
         assert docs.locator(".opblock").count() >= 6
         shot(docs, tmp_path, "serve-docs.png")
 
-        for r in (rec, rec_narrow, rec_docs):
+        # a store with a prior: the offset is drawn and the parts read m(d) and b(d); a title
+        # is shown as text, never as markup (the /search answer is stood in for by the test)
+        prior = context.new_page()
+        rec_prior = Recorder(prior)
+        fake = [
+            (2.0, 0.8, 0.3, "<b>bold</b>"),
+            (2.5, 0.7, -0.1, "second"),
+            (1.5, 0.9, 0.0, "third"),
+        ]
+        fake_hits = [
+            {
+                "rank": i,
+                "id": f"p{i}",
+                "score": dn * cos + off,
+                "doc_norm": dn,
+                "cosine": cos,
+                "query_norm": 1.0,
+                "multiplier": dn,
+                "offset": off,
+                "payload": {"title": title, "text": "t"},
+            }
+            for i, (dn, cos, off, title) in enumerate(fake, start=1)
+        ]
+        body = json.dumps({"query": "prior", "truncated": False, "hits": fake_hits})
+        prior.route(
+            server.url + "/search",
+            lambda route: route.fulfill(status=200, content_type="application/json", body=body),
+        )
+        prior.goto(server.url + "/")
+        prior.fill("#q", "prior")
+        prior.press("#q", "Enter")
+        prior.wait_for_selector("#hits > li")
+        bars = read_bars(prior)
+        solid, _ = decomposition(fake_hits)
+        for b, want in zip(bars, solid, strict=True):
+            drawn = sum(seg["frac"] for seg in b["segs"] if seg["kind"] in ("base", "up", "offset"))
+            assert drawn == pytest.approx(want, abs=0.01)
+        assert [seg["kind"] for seg in bars[0]["segs"]][-1] == "offset"
+        assert "offset-down" in [seg["kind"] for seg in bars[1]["segs"]]
+        assert "+ offset 0.300" in bars[0]["label"]
+        terms = prior.eval_on_selector_all(
+            "#hits > li:first-child .parts dt", "ds => ds.map(d => d.textContent)"
+        )
+        assert terms == ["‖q‖", "m(d)", "cos θ", "b(d)", "score"]
+        assert prior.text_content("#hits > li:first-child h3") == "<b>bold</b>"
+        assert prior.locator("#hits b").count() == 0
+
+        for r in (rec, rec_narrow, rec_docs, rec_prior):
             assert r.foreign(server.url) == [], r.foreign(server.url)
             assert r.errors == []
         urls = rec.urls()
