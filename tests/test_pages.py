@@ -273,7 +273,7 @@ def test_search_page_in_chromium(chromium, export_dir, store_dir, tmp_path) -> N
         rec = Recorder(page)
         page.goto(server.url + "/")
         page.wait_for_selector('#ready[data-state="ready"]')
-        page.wait_for_function("document.querySelector('[data-fact=count]').textContent !== '–'")
+        page.locator('[data-fact="count"]', has_text=re.compile(r"\d")).wait_for()
         facts = page.evaluate(
             "() => Object.fromEntries([...document.querySelectorAll('[data-fact]')]"
             ".map(d => [d.dataset.fact, d.textContent]))"
@@ -430,7 +430,7 @@ def test_api_key_flow_in_chromium(chromium, export_dir, store_dir, tmp_path) -> 
         page.keyboard.type("wrong-key")
         page.keyboard.press("Enter")
         page.press("#q", "Enter")
-        page.wait_for_function("document.querySelector('#status').textContent.includes('refused')")
+        page.locator("#status", has_text="refused").wait_for()
         assert page.is_visible("#key-form")
         # the right key, typed and entered with the keyboard
         page.focus("#key")
