@@ -8,11 +8,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -171,12 +173,56 @@ def chroma_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
         yield url
 
 
+#: Debian's Chromium (packages chromium, chromium-driver); Playwright drives it, its own browser
+#: download is not used.
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def ensure_chromium() -> Path:
+    """``/usr/bin/chromium``, installed from Debian's packages when missing (the tests run as
+    root in CI, as they start PostgreSQL themselves)."""
+    if not CHROMIUM.exists():
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (
+            ["apt-get", "update", "-q"],
+            ["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"],
+        ):
+            subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    assert CHROMIUM.exists(), f"{CHROMIUM} is missing after apt-get install chromium"
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Any]:
+    """A headless Debian Chromium driven by Playwright, for this session."""
+    from playwright.sync_api import sync_playwright
+
+    path = ensure_chromium()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(path), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
 # --- test lanes -----------------------------------------------------------------------------
 # The unit lane is `pytest -m "not integration and not slow"`; the integration lane is
 # `-m "integration or slow"` (scripts/test.sh runs both). Tests are put in the integration lane
 # by what they use, not by name, so a new test joins the right lane without an edit here:
-#: fixtures that start or need a real server (PostgreSQL, a local Ray cluster)
-SERVER_FIXTURES = frozenset({"pg_uri", "ray_local", "milvus_server_url", "chroma_server_url"})
+#: fixtures that start or need a real server (PostgreSQL, a local Ray cluster) or a browser
+SERVER_FIXTURES = frozenset(
+    {"pg_uri", "ray_local", "milvus_server_url", "chroma_server_url", "chromium"}
+)
 #: roots of client libraries of real servers, and of database engines that run embedded in the
 #: test process (LanceDB, Chroma): a test module importing one talks to a real database
 SERVER_CLIENTS = frozenset(

@@ -49,8 +49,13 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_wheel_holds_every_module_of_the_tree(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    expected = tree_modules(("*.py", "*.json"))  # modules and the data files they read
+    # modules, the data files they read, and the pages and assets the server serves
+    expected = tree_modules(("*.py", "*.json", "*.html", "*.css", "*.js", "*.svg"))
     assert {"magretrieve/diagnose/evidence.json", "magretrieve/stores/base.py"} <= expected
+    assert {
+        "magretrieve/server/static/index.html",
+        "magretrieve/server/static/swagger/swagger-ui-bundle.js",
+    } <= expected
     expected.add("magretrieve/py.typed")  # PEP 561: type checkers read the package's hints
     missing = sorted(expected - names)
     assert not missing, f"{wheel.name} lacks {missing}"

@@ -172,7 +172,9 @@ def diagnose_command(
                 ],
             )
     click.echo("")
-    click.echo(f"wrote {report.get('report')} and {len(report['plots'])} plots")
+    click.echo(
+        f"wrote {report.get('report')}, {report.get('html')} and {len(report['plots'])} plots"
+    )
 
 
 def _hit(agrees: bool | None) -> str:

@@ -6,7 +6,8 @@
   the top-100), norm–length correlation; for the model and for any trained runs passed;
 * :mod:`.side` — ΔCV probe trainings (paper v1) and the experimental Fisher κ;
 * :mod:`.symmetry` — STS Spearman per mode in both orders and the asymmetry;
-* :mod:`.plots` — PNG figures; :mod:`.report` — the recommendation and ``diagnose.json``.
+* :mod:`.plots` — PNG figures; :mod:`.report` — the recommendation and ``diagnose.json``;
+  :mod:`.html` — ``diagnose.html``, the same report as one self-contained page.
 
 Torch is imported only when this package is used (``import magretrieve`` stays torch-free).
 """
@@ -267,5 +268,8 @@ def diagnose(
     report["verdict"] = verdict_text(report)
     report["seconds"] = time.perf_counter() - started
     if out_dir is not None:
+        from magretrieve.diagnose.html import write_html
+
+        report["html"] = str(write_html(report, out_dir))
         report["report"] = str(write_report(report, out_dir))
     return report

@@ -27,6 +27,7 @@ from magretrieve.server import (
     routes_embed,
     routes_models,
     routes_ops,
+    routes_page,
     routes_store,
 )
 from magretrieve.server.errors import ApiError, error_response, not_json, validation_message
@@ -174,9 +175,19 @@ def create_app(
         description=DESCRIPTION,
         lifespan=lifespan,
         debug=False,
+        # /docs is served from the package (routes_page), not from a CDN; no ReDoc page
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.magretrieve = state
-    for module in (routes_embed, routes_cohere, routes_models, routes_store, routes_ops):
+    for module in (
+        routes_embed,
+        routes_cohere,
+        routes_models,
+        routes_store,
+        routes_ops,
+        routes_page,
+    ):
         app.include_router(module.router)
 
     @app.exception_handler(ApiError)

@@ -88,7 +88,7 @@ class ServerMiddleware:
                 )
             elif (
                 self.key is not None
-                and needs_key(path)
+                and needs_key(path, scope.get("method", "GET"))
                 and not authorized(headers.get(b"authorization"), self.key)
             ):
                 await _send_error(
