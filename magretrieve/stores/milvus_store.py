@@ -35,6 +35,7 @@ from magretrieve.stores.base import (
     StoreRecord,
     VectorStore,
     metric_refusal,
+    missing_store,
     one_line,
     require,
 )
@@ -141,10 +142,7 @@ class MilvusStore(VectorStore):
                 self._open_existing(dimension)
             else:
                 if dimension is None:
-                    raise StoreError(
-                        f"{self._location}: collection does not exist; pass a dimension to "
-                        "create it"
-                    )
+                    raise missing_store(self._location, f"Milvus collection {collection!r}")
                 self._create(int(dimension), index, hnsw_m, ef_construction, nlist)
             client.load_collection(collection)
         except pymilvus().MilvusException as exc:
@@ -387,6 +385,13 @@ def open_milvus(
     else:
         path = Path(location["path"])
         where = f"milvus:{path}/{location['collection']}"
+        if path.exists() and not path.is_dir():  # Milvus Lite keeps a folder at this path
+            raise StoreError(
+                f"{where}: {path} is a file, not a Milvus Lite store (Milvus Lite keeps its "
+                "data in a folder at this path); is it another program's file? Give another path"
+            )
+        if dimension is None and not path.is_dir():
+            raise missing_store(where, "Milvus Lite store")  # opening would create one
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # a parent that is a file, or no permission
