@@ -130,7 +130,10 @@ class ChromaStore(VectorStore):
             hnsw = (self.col.configuration or {}).get("hnsw") or {}
             check_reopen(
                 self._location,
-                {"hnsw_m": hnsw.get("max_neighbors"), "ef_construction": hnsw.get("ef_construction")},
+                {
+                    "hnsw_m": hnsw.get("max_neighbors"),
+                    "ef_construction": hnsw.get("ef_construction"),
+                },
                 {"hnsw_m": hnsw_m, "ef_construction": ef_construction},
             )
             if ef_search is not None:

@@ -29,6 +29,7 @@ import numpy as np
 from magretrieve.core.errors import StoreError
 from magretrieve.core.redact import redact
 from magretrieve.stores import registry
+from magretrieve.stores._writer_lock import engine_busy, holder_of
 from magretrieve.stores.base import (
     Batch,
     StoreHit,
@@ -404,14 +405,12 @@ def open_milvus(
         token = token if token is not None else os.environ.get("MILVUS_TOKEN", "")
         # a token authenticates against a server; Milvus Lite has no users
         client = mv.MilvusClient(uri, token=token) if token and not lite else mv.MilvusClient(uri)
-    except Exception as exc:  # connection refused, lite file locked by another process
-        hint = (
-            "; Milvus Lite opens a .db in one process at a time: is another process using it?"
-            if lite
-            else ""
-        )
+    except Exception as exc:  # connection refused, lite folder locked by another process
+        holder = holder_of(Path(lite) / "LOCK") if lite else None
+        if holder is not None:
+            raise engine_busy(where, holder, "Milvus Lite") from None
         raise StoreError(
-            f"{where}: cannot open Milvus ({type(exc).__name__}: {one_line(exc)}){hint}"
+            f"{where}: cannot open Milvus ({type(exc).__name__}: {one_line(exc)})"
         ) from None
     if lite is not None:
         _LITE_USERS[lite] = _LITE_USERS.get(lite, 0) + 1

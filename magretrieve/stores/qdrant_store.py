@@ -48,6 +48,7 @@ from magretrieve.stores._qdrant_common import (
     split_payload,
     to_hits,
 )
+from magretrieve.stores._writer_lock import engine_busy, holder_of
 from magretrieve.stores.base import (
     Batch,
     StoreHit,
@@ -467,12 +468,18 @@ def _open_local(
     loc: dict[str, str], dimension: int | None, opts: dict[str, Any], annotating: bool = False
 ) -> VectorStore:
     def make(client_cls: Any, client_opts: dict[str, Any]) -> Any:
-        if dimension is None and not (Path(loc["path"]) / "collection" / loc["collection"]).is_dir():
+        if (
+            dimension is None
+            and not (Path(loc["path"]) / "collection" / loc["collection"]).is_dir()
+        ):
             raise missing_store(where, f"Qdrant collection {loc['collection']!r}")
         Path(loc["path"]).mkdir(parents=True, exist_ok=True)
         try:
             return client_cls(path=loc["path"], force_disable_check_same_thread=True)
         except RuntimeError as exc:  # portalocker: another process holds the folder
+            holder = holder_of(Path(loc["path"]) / ".lock")
+            if holder is not None:
+                raise engine_busy(where, holder, "embedded Qdrant") from None
             raise StoreError(f"{loc['path']}: cannot open embedded Qdrant ({exc})") from None
 
     where = f"qdrant-local:{loc['path']}/{loc['collection']}"
