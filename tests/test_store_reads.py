@@ -217,3 +217,52 @@ def test_a_milvus_path_that_is_another_programs_file_is_refused(tmp_path):
         assert "another process" not in str(info.value)
     assert other.read_bytes() == before
     assert json.dumps(sorted(os.listdir(tmp_path))) == '["notes.db"]'
+
+
+# ----------------------------------------------------------------------------- LanceDB tuning
+
+
+def partitioned(n: int = 3000, dim: int = 32) -> np.ndarray:
+    """Tight clusters with log-normal norms: an IVF index over them needs its nprobe tuned."""
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(40, dim))
+    docs = centers[rng.integers(0, 40, n)] + 0.2 * rng.normal(size=(n, dim))
+    return (docs * np.exp(rng.normal(0, 0.6, size=(n, 1)))).astype(np.float32)
+
+
+def test_lancedb_target_recall_tunes_nprobe_on_ivf_hnsw(tmp_path):
+    vectors = partitioned()
+    spec = f"lancedb:{tmp_path}/db/docs"
+    store = open_store(spec, dimension=32, index_type="IVF_HNSW_SQ", nlist=200, target_recall=0.95)
+    store.add([f"d{i}" for i in range(len(vectors))], vectors)
+    store.optimize()
+    recall = store.recall
+    assert recall["target_met_on_tuning_queries"] is True
+    assert recall["recall_at_10"] >= 0.95
+    assert 1 <= recall["nprobe"] <= 200 and recall["ef_search"] < 4096
+    store.close()
+    reopened = open_store(spec)  # the tuned pair is what a later search uses
+    params = reopened.describe()["parameters"]
+    assert (params["nprobe"], params["ef_search"]) == (recall["nprobe"], recall["ef_search"])
+    assert params["index"] == "IVF_HNSW_SQ"
+
+
+def test_lancedb_refusal_advises_a_way_out_that_exists(tmp_path):
+    vectors = partitioned()
+    ids = [f"d{i}" for i in range(len(vectors))]
+    spec = f"lancedb:{tmp_path}/db/docs"
+    store = open_store(spec, dimension=32, index_type="IVF_HNSW_SQ", nlist=400)
+    store.add(ids, vectors)
+    with pytest.raises(StoreError, match=r"IVF_HNSW_SQ measured recall@10 0\.\d+") as info:
+        store.optimize()
+    message = str(info.value)
+    assert "use IVF_HNSW_SQ" not in message  # not the index it just refused
+    assert "--target-recall 0.99" in message and "nprobe" in message
+    assert store.describe()["parameters"]["index"] == "exact scan"
+    store.close()
+    advised = open_store(
+        spec, dimension=32, index_type="IVF_HNSW_SQ", nlist=400, target_recall=0.99
+    )
+    advised.optimize()  # the advice works: no refusal
+    assert advised.recall["recall_at_10"] >= 0.95
+    advised.close()
