@@ -127,12 +127,12 @@ class ChromaStore(VectorStore):
         if collection in existing:
             self.col = self._run("open", lambda: self.client.get_collection(collection))
             self._check_existing(dimension)
-            hnsw = (self.col.configuration or {}).get("hnsw") or {}
+            built = (self.col.configuration or {}).get("hnsw") or {}
             check_reopen(
                 self._location,
                 {
-                    "hnsw_m": hnsw.get("max_neighbors"),
-                    "ef_construction": hnsw.get("ef_construction"),
+                    "hnsw_m": built.get("max_neighbors"),
+                    "ef_construction": built.get("ef_construction"),
                 },
                 {"hnsw_m": hnsw_m, "ef_construction": ef_construction},
             )
