@@ -266,3 +266,19 @@ def test_lancedb_refusal_advises_a_way_out_that_exists(tmp_path):
     advised.optimize()  # the advice works: no refusal
     assert advised.recall["recall_at_10"] >= 0.95
     advised.close()
+
+
+def test_chroma_raises_ef_search_itself_below_its_warning_line(tmp_path):
+    """A measurement below the warning line is not only reported: the store raises
+    ef_search until its own measurement clears the line, and keeps that value."""
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(2000, 64)) * np.exp(rng.normal(0, 0.5, size=(2000, 1)))
+    spec = f"chroma:{tmp_path}/db/docs"
+    store = open_store(spec, dimension=64, ef_search=16, hnsw_m=4)
+    store.add([f"d{i}" for i in range(2000)], vectors.astype(np.float32))
+    store.optimize()
+    recall = store.recall
+    assert recall["raised_from"]["ef_search"] == 16
+    assert recall["raised_from"]["recall_at_10"] < 0.95 <= recall["recall_at_10"]
+    assert recall["ef_search"] > 16 and store.ef_search == recall["ef_search"]
+    store.close()
