@@ -655,3 +655,30 @@ def test_a_missing_store_is_refused_and_nothing_is_created(tmp_path, pg_uri):
         one_line_failure(out)
         assert needle in out.output
     assert not missing.exists()
+
+
+def test_pgvector_rows_without_vectors_are_refused_naming_the_row(tmp_path, pg_uri):
+    """A typical pipeline's table may hold rows whose embedding is still NULL: annotate
+    names the first such row in one line, and writes nothing."""
+    import psycopg
+
+    _, units, _ = cosine_collection(tmp_path / "q", n=40)
+    spec = cosine_table(pg_uri, units)
+    table = spec.rsplit("#", 1)[1]
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {table} (id, content, embedding) VALUES (900, 'later', NULL)")
+    out = CliRunner().invoke(main, ["annotate", "--store", spec, "--corpus-prior", "0.5"])
+    assert out.exit_code == 1 and isinstance(out.exception, SystemExit), out.output
+    assert "Traceback" not in out.output
+    last = out.output.strip().splitlines()[-1]  # after the reading bar: one error line
+    assert last.startswith("Error: ") and "point 900 has no vector" in last
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        columns = [
+            r[0]
+            for r in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = %s", (table,)
+            )
+        ]
+        comment = conn.execute("SELECT obj_description(%s::regclass)", (table,)).fetchone()[0]
+    assert sorted(columns) == ["content", "embedding", "id"]  # no magnitude column added
+    assert comment is None

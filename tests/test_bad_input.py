@@ -1389,6 +1389,17 @@ def fit_prior_out_is_folder(env: Env) -> Built:
     )
 
 
+def fit_prior_no_relevant_judgement(env: Env) -> Built:
+    path = _qrels(env, "query-id\tcorpus-id\tscore\nq0\td00\t0\nq1\td10\t0\n", split="train")
+    out = env.tmp / "prior.json"
+    return Built(
+        ["fit-prior", "--model", str(env.cosine_export), "--data", f"{env.beir}:train"]
+        + ["--out", str(out), "--method", "hub"],
+        [str(path), ":train has no relevant judgement"],
+        after=lambda: None if not out.exists() else pytest.fail(f"{out} was written"),
+    )
+
+
 def fit_prior_disk_full(env: Env) -> Built:
     import magretrieve.stores.base as base
 
@@ -1764,6 +1775,7 @@ HOSTILE_CASES: list[Case] = [
     ),
     Case("fit-prior-out-is-a-folder", fit_prior_out_is_folder, exit_code=2),
     Case("fit-prior-disk-full-keeps-old", fit_prior_disk_full),
+    Case("fit-prior-no-relevant-judgement", fit_prior_no_relevant_judgement),
     # --- 7. malformed side files ---------------------------------------------------------------------
     Case("prior-file-json-array", prior_file_case("[0.1, 10]", "JSON object", "list")),
     Case("prior-file-json-string", prior_file_case('"hub"', "JSON object", "str")),

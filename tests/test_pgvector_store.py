@@ -156,7 +156,7 @@ def test_foreign_table_and_dimension_mismatch_refused(pg_uri):
     open_store(spec(pg_uri, other), dimension=DIM).close()
     with pytest.raises(StoreError, match="vector size 16.*dimension 8"):
         open_store(spec(pg_uri, other), dimension=8)
-    with pytest.raises(StoreError, match="does not exist; pass a dimension"):
+    with pytest.raises(StoreError, match="no table .* here; the store is missing"):
         open_store(spec(pg_uri, table()))
 
 

@@ -153,6 +153,31 @@ def export_norms(
     return np.linalg.norm(vectors, axis=1), recipe
 
 
+def stacked_vectors(points: list[Any], where: str) -> np.ndarray:
+    """The points' vectors as one float32 array, or a StoreError naming the first point
+    without a vector (a NULL embedding in a SQL table) or with a vector of another length."""
+    size = None
+    for point in points:
+        vector = getattr(point, "vector", None)
+        length = int(np.size(vector)) if vector is not None and np.ndim(vector) == 1 else 0
+        if vector is not None and np.ndim(vector) == 1 and np.asarray(vector).dtype == object:
+            length = 0  # an array around a NULL
+        if not length:
+            raise StoreError(
+                f"{where}: point {point.id} has no vector; annotate reads every stored "
+                "vector (delete that row or give it a vector, then run annotate again)"
+            )
+        if size is not None and length != size:
+            raise StoreError(
+                f"{where}: point {point.id} has a vector of length {length}, others {size}"
+            )
+        size = length
+    try:
+        return np.asarray([p.vector for p in points], dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{where}: stored vectors are not numbers ({exc})") from None
+
+
 def annotate_store(
     store: str | Any,
     *,
@@ -207,7 +232,7 @@ def annotate_store(
             ids.extend(str(p.id) for p in points)
         if not ids:
             raise StoreError(f"{where}: the collection is empty; nothing to annotate")
-        vectors = np.asarray([p.vector for page in pages for p in page], dtype=np.float32)
+        vectors = stacked_vectors([p for page in pages for p in page], where)
         # Cosine ranks by direction: what a point stores is taken as its d̂
         norms = np.linalg.norm(vectors, axis=1)
         if (norms <= 0).any() or not np.isfinite(vectors).all():

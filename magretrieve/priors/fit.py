@@ -66,6 +66,13 @@ def fit_prior(
     check_cosine_model(encoder, "fit-prior")
     if not dataset.qrels:
         raise DataError(f"{dataset.name}:{dataset.split}: no judged queries to choose a prior on")
+    if not any(rel > 0 for docs in dataset.qrels.values() for rel in docs.values()):
+        # every candidate would score NDCG 0: a "choice" among them means nothing
+        where = f"{dataset.source}: " if getattr(dataset, "source", "") else ""
+        raise DataError(
+            f"{where}{dataset.name}:{dataset.split} has no relevant judgement (every grade is "
+            "0 or below), so no prior can be chosen on it; give a split with relevant documents"
+        )
     q, d, qids, doc_ids, truncated = encode_split(encoder, dataset, progress)
     selection = choose_prior(
         q,

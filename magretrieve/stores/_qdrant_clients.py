@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from magretrieve.core.errors import StoreError
+from magretrieve.stores._writer_lock import engine_busy, holder_of
 from magretrieve.stores.base import atomic_write_json, require
 
 #: Collection-metadata key under which the building model is recorded (qdrant-client).
@@ -272,7 +274,10 @@ class EdgeAPI:
         """Load the existing shard (after its config passed the store's checks)."""
         try:
             self.shard = self.models.EdgeShard.load(str(self.shard_path))
-        except Exception as exc:  # a damaged shard: name it, no traceback
+        except Exception as exc:  # held by another process, or a damaged shard: no traceback
+            holder = holder_of(self.shard_path / "wal")
+            if holder is not None:
+                raise engine_busy(self.where, holder, "Qdrant Edge") from None
             raise StoreError(
                 f"{self.shard_path}: cannot open the Qdrant Edge shard ({type(exc).__name__}: {exc})"
             ) from None
@@ -311,7 +316,15 @@ class EdgeAPI:
             ),
         )
         self.path.mkdir(parents=True, exist_ok=True)
-        self.shard = qe.EdgeShard.create(str(self.shard_path), config)
+        try:
+            self.shard = qe.EdgeShard.create(str(self.shard_path), config)
+        except Exception:  # another process created it meanwhile (and is locking it)
+            for _ in range(20):
+                holder = holder_of(self.shard_path / "wal")
+                if holder is not None:
+                    raise engine_busy(self.where, holder, "Qdrant Edge") from None
+                time.sleep(0.05)
+            raise
         return {"hnsw": hnsw, "shards": None}
 
     def upsert(self, points: list[tuple[str, list[float], dict[str, Any]]]) -> None:

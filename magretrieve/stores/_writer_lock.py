@@ -54,10 +54,15 @@ def _program(argv: list[str]) -> str:
     (``python magretrieve serve``). Options and their values stay out of the message, since a
     command line may hold an API key or a database password."""
     words: list[str] = []
+    module = False
     for word in argv:
+        if word == "-m" and len(words) == 1:  # python -m magretrieve index
+            module = True
+            continue
         if not word or word.startswith("-") or len(words) == 3:
             break
-        words.append(Path(word).name)
+        words.append(word if module else Path(word).name)
+        module = False
     return redact(" ".join(words))
 
 
@@ -111,3 +116,36 @@ class WriterLock:
             finally:
                 os.close(self._fd)
                 self._fd = None
+
+
+def holder_of(path: Path) -> str | None:
+    """Who holds a flock on ``path`` (``pid N (program)``), or None when nobody does.
+
+    For engines that lock their own files and open a store in one process at a time
+    (Milvus Lite, embedded Qdrant, Qdrant Edge): when their open fails, this tells a store
+    held by another process from a damaged one.
+    """
+    if fcntl is None or not path.exists():
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _holder(path)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def engine_busy(where: str, holder: str, engine: str) -> StoreError:
+    """The refusal of a store whose engine another process holds open (one process at a time:
+    readers wait too); worded like :class:`WriterLock`'s, so every store answers alike."""
+    return StoreError(
+        f"{where}: another process holds this store ({holder}); {engine} opens a store in one "
+        "process at a time, so wait for it to finish"
+    )

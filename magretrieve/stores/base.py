@@ -175,6 +175,17 @@ class VectorStore(ABC):
     def _count(self) -> int:
         raise NotImplementedError
 
+    def _query_exact(
+        self, queries: np.ndarray, k: int, with_vectors: bool
+    ) -> list[list[StoreHit]] | None:
+        """Top-``k`` by an exact scan, for the rows the index answered short (see
+        :meth:`search`); None where the backend has none (the search is then refused)."""
+        return None
+
+    def _short_advice(self) -> str:
+        """How a user makes the index answer every hit (a setting to raise)."""
+        return "raise its search breadth (--ef-search / --nprobe) or use an exact index"
+
     def _scan_ids(self) -> Iterator[str]:
         raise NotImplementedError
 
@@ -296,7 +307,32 @@ class VectorStore(ABC):
         if not len(q):  # no queries: nothing to ask the backend (some fail on an empty batch)
             return []
         with self._driver("search"):
-            return self._query(q, k, with_vectors)
+            hits = self._query(q, k, with_vectors)
+            if any(len(row) < k for row in hits):
+                self._fill_short_rows(q, k, with_vectors, hits)
+            return hits
+
+    def _fill_short_rows(
+        self, q: np.ndarray, k: int, with_vectors: bool, hits: list[list[StoreHit]]
+    ) -> None:
+        """A search returns ``min(k, count)`` hits or says why: rows an approximate index
+        answered short (HNSW graphs over inner product can stop early) are answered by the
+        backend's exact scan, or the search is refused naming the shortfall."""
+        stored = int(self._count())
+        want = min(k, stored)
+        short = [n for n, row in enumerate(hits) if len(row) < want]
+        if not short:
+            return
+        exact = self._query_exact(q[short], want, with_vectors)
+        if exact is None:
+            got = len(hits[short[0]])
+            raise StoreError(
+                f"{self.location}: the {self.kind} index answered {got} of the {want} hits "
+                f"asked (k={k}, {stored} stored) for query "
+                f"{short[0]}; {self._short_advice()}"
+            )
+        for n, row in zip(short, exact, strict=True):
+            hits[n] = row
 
     def delete(self, ids: Sequence[str]) -> int:
         """Remove points; unknown ids are ignored. Returns how many were removed."""
@@ -619,6 +655,43 @@ def check_payload(payload: Any, doc_id: str, where: str) -> dict[str, Any]:
         )
 
     return walk(payload, "")
+
+
+def missing_store(where: str, what: str) -> StoreError:
+    """The one answer of a read-only open (no dimension given) of a store that does not exist:
+    it names what is missing and says that nothing was created, whatever the backend."""
+    return StoreError(
+        f"{where}: no {what} here; the store is missing and nothing was created (check the "
+        "spec; writing to a store creates it, e.g. magretrieve index)"
+    )
+
+
+def check_reopen(where: str, recorded: Mapping[str, Any], asked: Mapping[str, Any]) -> None:
+    """Refuse build options of a reopen that differ from the ones recorded at creation.
+
+    ``asked`` holds the options given now (None: not given), ``recorded`` what the store was
+    built with (None: unknown). Build options shape an index that exists, so a store never
+    ignores them silently: it is refused here, the same way on every backend (FAISS's rule).
+    """
+    from magretrieve.stores import registry  # the registry imports the backends lazily
+
+    for key, value in asked.items():
+        old = recorded.get(key)
+        if value is None or old is None or _same(old, value):
+            continue
+        option = registry.OPTIONS.get(key)
+        label = (option.cli if option is not None else None) or key
+        raise StoreError(
+            f"{where}: {label} {value} differs from the {old} the store was built with; it "
+            "cannot change on reopen. Leave it out to use the store as built, or index into a "
+            "new store to rebuild"
+        )
+
+
+def _same(old: Any, new: Any) -> bool:
+    if isinstance(old, str) and isinstance(new, str):
+        return old.strip().upper() == new.strip().upper()
+    return bool(old == new)
 
 
 def metric_refusal(where: str, found: str, native: str, advice: str = "") -> StoreError:

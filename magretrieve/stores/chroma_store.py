@@ -17,7 +17,13 @@ Rules kept here, as in the other stores:
   ``ef_search`` pass through, and after ``optimize()`` recall@10 is measured against exact
   search. Chroma applies a changed ``ef_search`` only when it loads the collection again, so
   tuning to ``target_recall`` reopens the embedded client for each value it tries; a server
-  reloads on its own schedule, so there ``target_recall`` is refused (give ``ef_search``).
+  reloads on its own schedule, so there ``target_recall`` is refused (give ``ef_search``);
+- Chroma's embedded engine is not safe for two writing processes, so an embedded folder takes
+  the folder writer lock (:mod:`._writer_lock`) at its first write, as ``faiss:`` does, and
+  reloads the folder then (another writer may have committed since it was opened); searching
+  beside a writer needs no lock;
+- a read-only open (no dimension) of a missing folder or collection creates nothing; reopening
+  with ``hnsw_m``/``ef_construction`` other than the collection's is refused.
 """
 
 from __future__ import annotations
@@ -34,7 +40,16 @@ import numpy as np
 from magretrieve.core.errors import StoreError
 from magretrieve.core.redact import redact
 from magretrieve.stores import _ann_recall, registry
-from magretrieve.stores.base import Batch, StoreHit, StoreRecord, VectorStore, require
+from magretrieve.stores._writer_lock import WriterLock
+from magretrieve.stores.base import (
+    Batch,
+    StoreHit,
+    StoreRecord,
+    VectorStore,
+    check_reopen,
+    missing_store,
+    require,
+)
 
 #: Collection metadata key under which the building model is recorded (a JSON string).
 META_KEY = "magretrieve.metadata"
@@ -44,6 +59,9 @@ RECALL_KEY = "magretrieve.recall"
 COLLECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]")
 #: Records per Chroma request (its batch limit is larger; this keeps requests small).
 PAGE = 1000
+#: Results (queries × k) per Chroma query request: it reads them back with one SQL statement,
+#: and SQLite binds at most 32,766 variables.
+QUERY_RESULTS = 10_000
 FORM = "chroma:PATH/COLLECTION"
 
 
@@ -82,8 +100,11 @@ class ChromaStore(VectorStore):
         target_recall: float | None = None,
         location: str | None = None,
         reopen: Any = None,
+        writer: WriterLock | None = None,
     ) -> None:
         self.client = client
+        #: The embedded folder's writer lock (None for a server, which serializes writes).
+        self._writer = writer
         #: Makes a fresh embedded client (None for a server), so a new ef_search takes effect.
         self._reopen = reopen
         self.name = collection
@@ -100,16 +121,26 @@ class ChromaStore(VectorStore):
                 "letters, digits, '.', '_' and '-', starting and ending with a letter or digit"
             )
         existing = self._run("list collections", lambda: self._names())
+        if collection not in existing and dimension is not None:
+            self._begin_write()  # creating is a write; another process may have created it
+            existing = self._run("list collections", lambda: self._names())
         if collection in existing:
-            self.col = self._run("open", lambda: client.get_collection(collection))
+            self.col = self._run("open", lambda: self.client.get_collection(collection))
             self._check_existing(dimension)
+            built = (self.col.configuration or {}).get("hnsw") or {}
+            check_reopen(
+                self._location,
+                {
+                    "hnsw_m": built.get("max_neighbors"),
+                    "ef_construction": built.get("ef_construction"),
+                },
+                {"hnsw_m": hnsw_m, "ef_construction": ef_construction},
+            )
             if ef_search is not None:
                 self._set_ef(ef_search)
         else:
             if dimension is None:
-                raise StoreError(
-                    f"{self._location}: collection does not exist; pass a dimension to create it"
-                )
+                raise missing_store(self._location, f"Chroma collection {collection!r}")
             hnsw: dict[str, Any] = {"space": "ip"}
             for key, value in (
                 ("max_neighbors", hnsw_m),
@@ -120,7 +151,7 @@ class ChromaStore(VectorStore):
                     hnsw[key] = int(value)
             self.col = self._run(
                 "create",
-                lambda: client.create_collection(
+                lambda: self.client.create_collection(
                     collection,
                     configuration={"hnsw": hnsw},
                     metadata={"magretrieve.dimension": int(dimension)},
@@ -179,9 +210,23 @@ class ChromaStore(VectorStore):
         hnsw = (self.col.configuration or {}).get("hnsw") or {}
         return hnsw.get("ef_search")
 
+    def _begin_write(self) -> None:
+        """Before the first write of this object: take the folder's writer lock, then load the
+        folder again (its engine keeps what it read at open; another writer may have
+        committed since)."""
+        if self._writer is None or self._writer.held:
+            return
+        self._writer.acquire()
+        if self._reopen is not None:
+            self.client.close()
+            self.client = self._reopen()
+            if hasattr(self, "col"):
+                self.col = self._run("open", lambda: self.client.get_collection(self.name))
+
     def _set_ef(self, value: int) -> None:
         if self.ef_search == int(value):
             return
+        self._begin_write()  # Chroma keeps ef_search in the collection's configuration
         self._run(
             "set ef_search",
             lambda: self.col.modify(configuration={"hnsw": {"ef_search": int(value)}}),
@@ -194,6 +239,7 @@ class ChromaStore(VectorStore):
     # ------------------------------------------------------------------ primitives
 
     def _upsert(self, batch: Batch) -> None:
+        self._begin_write()
         metas = [
             {"payload": json.dumps(payload, allow_nan=False), "doc_norm": norm}
             for _, _, payload, norm in batch.rows()
@@ -210,8 +256,16 @@ class ChromaStore(VectorStore):
         n = self._count()
         if n == 0 or len(q) == 0:
             return [[] for _ in range(len(q))]
+        k = min(k, n)
+        step = max(1, QUERY_RESULTS // k)  # Chroma binds every result id in one SQL statement
+        if len(q) > step:
+            return [
+                row
+                for start in range(0, len(q), step)
+                for row in self._query(q[start : start + step], k, with_vectors)
+            ]
         include = ["metadatas", "distances"] + (["embeddings"] if with_vectors else [])
-        res = self.col.query(query_embeddings=q, n_results=min(k, n), include=include)
+        res = self.col.query(query_embeddings=q, n_results=k, include=include)
         out = []
         for row in range(len(q)):
             hits = []
@@ -231,7 +285,37 @@ class ChromaStore(VectorStore):
             out.append(hits)
         return out
 
+    def _query_exact(
+        self, q: np.ndarray, k: int, with_vectors: bool
+    ) -> list[list[StoreHit]] | None:
+        """Chroma's HNSW search in space ``ip`` can stop short of ``k`` hits (at any
+        ef_search): those rows are answered by an exact scan of the stored vectors."""
+        ids, vectors = self._all_vectors()
+        scores = q.astype(np.float32) @ vectors.T
+        out = []
+        for row in scores:
+            k_row = min(k, len(ids))
+            top = np.argpartition(-row, k_row - 1)[:k_row]
+            top = top[np.lexsort((top, -row[top]))]
+            chosen = [ids[int(i)] for i in top]
+            got = self._get(chosen, ["metadatas"])
+            metas = {str(i): m or {} for i, m in zip(got["ids"], got["metadatas"], strict=True)}
+            out.append(
+                [
+                    StoreHit(
+                        ids[int(i)],
+                        float(row[int(i)]),
+                        json.loads(metas.get(ids[int(i)], {}).get("payload") or "{}"),
+                        vectors[int(i)].copy() if with_vectors else None,
+                        doc_norm=float(np.linalg.norm(vectors[int(i)].astype(np.float64))),
+                    )
+                    for i in top
+                ]
+            )
+        return out
+
     def _delete(self, ids: list[str]) -> int:
+        self._begin_write()
         present = sorted(self._existing(ids))
         for start in range(0, len(present), PAGE):
             self.col.delete(ids=present[start : start + PAGE])
@@ -308,6 +392,7 @@ class ChromaStore(VectorStore):
         replaces the whole mapping). Legacy ``hnsw:*`` keys are left out: Chroma refuses a
         ``modify`` that carries ``hnsw:space``, and it keeps those settings in the collection's
         configuration, which stays as it is."""
+        self._begin_write()
         current = {
             k: v
             for k, v in (
@@ -349,9 +434,8 @@ class ChromaStore(VectorStore):
         ids, vectors = self._all_vectors()
         if not ids:
             return None
-        knob = _ann_recall.Knob(
-            "ef_search", _ann_recall.HNSW_EF, self._set_ef, int(self.ef_search or 100)
-        )
+        before = int(self.ef_search or 100)
+        knob = _ann_recall.Knob("ef_search", _ann_recall.HNSW_EF, self._set_ef, before)
 
         def search(q: np.ndarray, k: int) -> list[list[str]]:
             return [[h.id for h in row] for row in self.search(q, k, with_vectors=False)]
@@ -364,7 +448,21 @@ class ChromaStore(VectorStore):
             target=target_recall,
             queries=queries if queries is not None else self.tuning_queries,
             where=self.location,
+            warn=target_recall is not None,
         )
+        value = recall[f"recall_at_{recall['k']}"]
+        if target_recall is None and value < _ann_recall.WARN_BELOW:
+            # below the warning line at the settings given: raise ef_search until it is not
+            recall = _ann_recall.measure(
+                search,
+                ids,
+                vectors,
+                knob=knob,
+                target=_ann_recall.WARN_BELOW,
+                queries=queries,
+                where=self.location,
+            )
+            recall["raised_from"] = {"ef_search": before, f"recall_at_{recall['k']}": value}
         self._set_ef(knob.current)
         self._write_meta_value(RECALL_KEY, recall)
         return recall
@@ -388,6 +486,8 @@ class ChromaStore(VectorStore):
         if self.client is not None:
             self.client.close()
             self.client = None
+        if self._writer is not None:
+            self._writer.release()
 
 
 # ----------------------------------------------------------------------------- registry entry
@@ -428,6 +528,8 @@ def open_chroma(
     else:
         path = Path(location["path"])
         where = f"chroma:{path}/{location['collection']}"
+        if dimension is None and not (path / "chroma.sqlite3").is_file():
+            raise missing_store(where, "Chroma folder")  # PersistentClient would create one
 
         def reopen() -> Any:
             try:
@@ -438,7 +540,13 @@ def open_chroma(
         client = reopen()
         try:
             return ChromaStore(
-                client, location["collection"], dimension, location=where, reopen=reopen, **options
+                client,
+                location["collection"],
+                dimension,
+                location=where,
+                reopen=reopen,
+                writer=WriterLock(path, where),
+                **options,
             )
         except BaseException:
             client.close()

@@ -42,6 +42,7 @@ from magretrieve.stores.base import (
     VectorStore,
     atomic_write_json,
     check_dimension,
+    missing_store,
     reading_store,
 )
 
@@ -251,7 +252,7 @@ class FaissStore(RecordTableMixin, VectorStore):
         if not _faiss_files.has_state(path):
             _faiss_files.check_no_orphans(path)
             if dimension is None:
-                raise StoreError(f"{path}: no FAISS store here; pass a dimension to create one")
+                raise missing_store(str(path), "FAISS store")
             return cls(int(dimension), path, **options)
         with reading_store(path / STATE_FILE, RuntimeError):  # RuntimeError: FAISS cannot parse it
             saved = _faiss_files.read(path)

@@ -15,13 +15,22 @@ Rules kept here, as in the other stores:
   it, the index settings and the last recall measurement are kept in the ``vector`` field's
   metadata, so they travel with the table's versions;
 - each add is one ``merge_insert`` on ``doc_id`` (an atomic new table version): a crash leaves
-  the previous version or the new one.
+  the previous version or the new one;
+- two processes merging into one table can both insert the same new id (each commit is atomic,
+  the pair is not), so the folder takes the writer lock of :mod:`._writer_lock` at its first
+  write, as ``faiss:`` does, and reads the newest table version then; searching beside a writer
+  needs no lock;
+- a read-only open (no dimension) of a missing table creates nothing; reopening with index
+  options other than the recorded ones is refused;
+- LanceDB's Rust log (``LANCEDB_LOG``) stays at ``error`` unless debug logging is on
+  (``magretrieve -v``) or the variable is set.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +39,16 @@ import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import _ann_recall, registry
-from magretrieve.stores.base import Batch, StoreHit, StoreRecord, VectorStore, require
+from magretrieve.stores._writer_lock import WriterLock
+from magretrieve.stores.base import (
+    Batch,
+    StoreHit,
+    StoreRecord,
+    VectorStore,
+    check_reopen,
+    missing_store,
+    require,
+)
 
 FORM = "lancedb:PATH/TABLE"
 #: Keys of the ``vector`` field's metadata.
@@ -51,9 +69,30 @@ IDS_PER_EXPRESSION = 512
 
 
 def lancedb() -> Any:
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):  # read when the module loads
+        os.environ.setdefault("LANCEDB_LOG", "error")
     mod = require("lancedb", "lancedb", "lancedb")
     logging.getLogger("lancedb").setLevel(logging.ERROR)
     return mod
+
+
+#: ef_search while nprobe of an IVF_HNSW index is tuned (then ef_search is tuned at that nprobe).
+PROBE_EF = 256
+
+
+def _way_out(kind: str, target: float | None, nprobe: int | None, nlist: int) -> str:
+    """What can bring an index over the bar, naming only options that exist for ``kind``."""
+    ways = []
+    if nlist and (nprobe or 0) < nlist:
+        ways.append(
+            f"--target-recall 0.99 (tunes nprobe, now {nprobe or 'default'}, of {nlist} "
+            f"partitions{' and ef_search' if 'HNSW' in kind else ''})"
+            if target is None
+            else f"--nprobe up to {nlist} (every partition probed)"
+        )
+    ways.append("--force keeps this index as it is")
+    ways.append("leaving --faiss-index out searches the table exactly")
+    return "; ".join(ways)
 
 
 def sql_string(value: str) -> str:
@@ -86,14 +125,23 @@ class LanceDBStore(VectorStore):
         target_recall: float | None = None,
         force: bool = False,
         location: str | None = None,
+        writer: WriterLock | None = None,
     ) -> None:
         self.db = db
+        #: The folder's writer lock (None: the caller serializes writes).
+        self._writer = writer
         self.name = table
         self._location = location or f"lancedb table {table!r}"
         self.target_recall = target_recall
         self.force = force
         self.ef_search, self.nprobe = ef_search, nprobe
         self._build: dict[str, Any] = {}
+        asked = {
+            "index_type": index_type.upper() if index_type is not None else None,
+            "hnsw_m": hnsw_m,
+            "ef_construction": ef_construction,
+            "nlist": nlist,
+        }
         if index_type is not None:
             kind = index_type.upper()
             if kind not in INDEX_TYPES:
@@ -104,15 +152,16 @@ class LanceDBStore(VectorStore):
             self._build = {"index_type": kind, "hnsw_m": hnsw_m, "ef_construction": ef_construction}
             self._build["nlist"] = nlist
         names = self._run("list tables", self._table_names)
+        if table not in names and dimension is not None:
+            self._begin_write()  # creating is a write; another process may have created it
+            names = self._run("list tables", self._table_names)
         if table in names:
             self.tbl = self._run("open", lambda: db.open_table(table))
             self.created_here = False
             self._check_existing(dimension)
         else:
             if dimension is None:
-                raise StoreError(
-                    f"{self._location}: table does not exist; pass a dimension to create it"
-                )
+                raise missing_store(self._location, f"LanceDB table {table!r}")
             pa = require("pyarrow", "pyarrow", "lancedb")
             schema = pa.schema(
                 [
@@ -125,10 +174,31 @@ class LanceDBStore(VectorStore):
             self.tbl = self._run("create", lambda: db.create_table(table, schema=schema))
             self._dim = int(dimension)
         recorded = self._field_meta(INDEX_KEY) or {}
+        if recorded:
+            check_reopen(
+                self._location,
+                {
+                    "index_type": recorded.get("index_type"),
+                    "hnsw_m": recorded.get("m", recorded.get("hnsw_m")),
+                    "ef_construction": recorded.get("ef_construction"),
+                    "nlist": recorded.get("nlist"),
+                },
+                asked,
+            )
+            self._build = recorded
         if not self._build and recorded:
             self._build = recorded  # reopened: the index the table was built with
         if recorded.get("tuned") and ef_search is None and nprobe is None:
             self.ef_search, self.nprobe = recorded.get("ef_search"), recorded.get("nprobe")
+
+    def _begin_write(self) -> None:
+        """Before the first write of this object: take the folder's writer lock, then read the
+        newest table version (another writer may have committed since it was opened)."""
+        if self._writer is None or self._writer.held:
+            return
+        self._writer.acquire()
+        if hasattr(self, "tbl"):
+            self.tbl = self._run("open", lambda: self.db.open_table(self.name))
 
     def _table_names(self) -> list[str]:
         listed = self.db.list_tables() if hasattr(self.db, "list_tables") else None
@@ -187,6 +257,7 @@ class LanceDBStore(VectorStore):
         return value if isinstance(value, dict) and value else None
 
     def _write_field_meta(self, key: str, value: Mapping[str, Any] | None) -> None:
+        self._begin_write()
         text = json.dumps(dict(value), sort_keys=True) if value else None  # None deletes the key
         self._run(
             "write metadata",
@@ -212,6 +283,7 @@ class LanceDBStore(VectorStore):
     # ------------------------------------------------------------------ primitives
 
     def _upsert(self, batch: Batch) -> None:
+        self._begin_write()
         pa = require("pyarrow", "pyarrow", "lancedb")
         data = pa.table(
             {
@@ -241,11 +313,13 @@ class LanceDBStore(VectorStore):
             s = s.ef(max(int(self.ef_search), k))
         return s
 
-    def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
+    def _query(
+        self, q: np.ndarray, k: int, with_vectors: bool, exact: bool = False
+    ) -> list[list[StoreHit]]:
         columns = ["doc_id", "payload", "doc_norm"] + (["vector"] if with_vectors else [])
         out = []
         for row in q:
-            res = self._search(row, k, columns, exact=False).to_arrow()
+            res = self._search(row, k, columns, exact=exact).to_arrow()
             cols = {name: res[name].to_pylist() for name in res.column_names}
             hits = []
             for j, doc_id in enumerate(cols["doc_id"]):
@@ -262,6 +336,12 @@ class LanceDBStore(VectorStore):
             out.append(hits)
         return out
 
+    def _query_exact(
+        self, q: np.ndarray, k: int, with_vectors: bool
+    ) -> list[list[StoreHit]] | None:
+        """Rows a vector index answered short (too few partitions probed): the exact scan."""
+        return self._query(q, k, with_vectors, exact=True)
+
     def _rows(self, ids: Sequence[str], columns: list[str]) -> dict[str, dict[str, Any]]:
         found: dict[str, dict[str, Any]] = {}
         unique = sorted(set(ids))
@@ -273,6 +353,7 @@ class LanceDBStore(VectorStore):
         return found
 
     def _delete(self, ids: list[str]) -> int:
+        self._begin_write()
         present = sorted(self._existing(ids))
         for start in range(0, len(present), IDS_PER_EXPRESSION):
             self.tbl.delete(_in_list(present[start : start + IDS_PER_EXPRESSION]))
@@ -320,6 +401,7 @@ class LanceDBStore(VectorStore):
         kind = self._build.get("index_type")
         if not kind or kind == "FLAT" or not self.count():
             return
+        self._begin_write()
         if self._index() is None:
             self._create_index(kind)
         self.measure_recall(target_recall=self.target_recall)
@@ -376,6 +458,29 @@ class LanceDBStore(VectorStore):
         def search(q: np.ndarray, k: int) -> list[list[str]]:
             return [[h.id for h in row] for row in self.search(q, k, with_vectors=False)]
 
+        if tune and "HNSW" in kind:
+            # IVF_HNSW_*: a partition left unprobed is missed at any ef, so nprobe is tuned
+            # first (at a generous ef), then ef_search at that nprobe
+            def set_nprobe_first(value: int) -> None:
+                self.nprobe = int(value)
+
+            nlist = int(self._build.get("nlist") or 1)
+            chosen_ef = self.ef_search
+            self.ef_search = max(int(self.ef_search or 0), PROBE_EF)
+            _ann_recall.measure(
+                search,
+                ids,
+                vectors,
+                knob=_ann_recall.Knob(
+                    "nprobe", _ann_recall.nprobe_values(nlist), set_nprobe_first, self.nprobe or 0
+                ),
+                target=target_recall,
+                queries=queries,
+                where=self.location,
+                warn=False,
+            )
+            self.ef_search = chosen_ef
+
         recall = _ann_recall.measure(
             search,
             ids,
@@ -386,8 +491,12 @@ class LanceDBStore(VectorStore):
             where=self.location,
         )
         recall["index_type"] = kind
+        if "HNSW" in kind and self.nprobe:
+            recall["nprobe"] = int(self.nprobe)
         value = recall[f"recall_at_{recall['k']}"]
         if value < _ann_recall.WARN_BELOW and not self.force:
+            self._begin_write()
+            nlist = int(self._build.get("nlist") or 0)
             self._run("drop index", lambda: self.tbl.drop_index(self._index().name))
             self._write_field_meta(INDEX_KEY, None)
             self._write_field_meta(RECALL_KEY, None)
@@ -395,8 +504,8 @@ class LanceDBStore(VectorStore):
             raise StoreError(
                 f"{self._location}: {kind} measured recall@{recall['k']} {value:.3f} against "
                 f"exact search (< {_ann_recall.WARN_BELOW}) on these magnitude-keeping vectors; "
-                "the index was dropped and the table is searched exactly (pass --force to keep "
-                "it, or use IVF_HNSW_SQ / the exact scan)"
+                "the index was dropped and the table is searched exactly. Ways out: "
+                f"{_way_out(kind, target_recall, self.nprobe, nlist)}"
             )
         index_meta = dict(self._field_meta(INDEX_KEY) or {"index_type": kind})
         index_meta.update({"ef_search": self.ef_search, "nprobe": self.nprobe, "tuned": tune})
@@ -421,7 +530,9 @@ class LanceDBStore(VectorStore):
         return out
 
     def close(self) -> None:
-        """LanceDB tables hold no handle that needs closing (every write is a version)."""
+        """Release the writer lock (LanceDB tables hold no handle: every write is a version)."""
+        if self._writer is not None:
+            self._writer.release()
 
 
 # ----------------------------------------------------------------------------- registry entry
@@ -434,11 +545,20 @@ def open_lancedb(
     mod = lancedb()
     path = Path(location["path"])
     where = f"lancedb:{path}/{location['collection']}"
+    if dimension is None and not (path / f"{location['collection']}.lance").is_dir():
+        raise missing_store(where, f"LanceDB table {location['collection']!r}")
     try:
         db = mod.connect(str(path))
     except Exception as exc:
         raise StoreError(f"{where}: cannot open the LanceDB folder ({exc})") from None
-    return LanceDBStore(db, location["collection"], dimension, location=where, **options)
+    return LanceDBStore(
+        db,
+        location["collection"],
+        dimension,
+        location=where,
+        writer=WriterLock(path, where),
+        **options,
+    )
 
 
 def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> LanceDBStore:

@@ -27,6 +27,7 @@ from magretrieve.stores.base import (
     VectorStore,
     atomic_write_bytes,
     atomic_write_json,
+    missing_store,
     plain_file,
     read_state_file,
     reading_store,
@@ -64,7 +65,7 @@ class MemoryStore(IdMapMixin, VectorStore):
         state_file = path / STATE_FILE
         if not state_file.is_file():
             if dimension is None:
-                raise StoreError(f"{path}: no memory store here; pass a dimension to create one")
+                raise missing_store(str(path), "memory store")
             return cls(dimension, path)
         state = read_state_file(state_file, "magretrieve-memory-store", "memory")
         with reading_store(state_file, OSError):

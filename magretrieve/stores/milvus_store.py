@@ -29,12 +29,14 @@ import numpy as np
 from magretrieve.core.errors import StoreError
 from magretrieve.core.redact import redact
 from magretrieve.stores import registry
+from magretrieve.stores._writer_lock import engine_busy, holder_of
 from magretrieve.stores.base import (
     Batch,
     StoreHit,
     StoreRecord,
     VectorStore,
     metric_refusal,
+    missing_store,
     one_line,
     require,
 )
@@ -141,10 +143,7 @@ class MilvusStore(VectorStore):
                 self._open_existing(dimension)
             else:
                 if dimension is None:
-                    raise StoreError(
-                        f"{self._location}: collection does not exist; pass a dimension to "
-                        "create it"
-                    )
+                    raise missing_store(self._location, f"Milvus collection {collection!r}")
                 self._create(int(dimension), index, hnsw_m, ef_construction, nlist)
             client.load_collection(collection)
         except pymilvus().MilvusException as exc:
@@ -387,6 +386,13 @@ def open_milvus(
     else:
         path = Path(location["path"])
         where = f"milvus:{path}/{location['collection']}"
+        if path.exists() and not path.is_dir():  # Milvus Lite keeps a folder at this path
+            raise StoreError(
+                f"{where}: {path} is a file, not a Milvus Lite store (Milvus Lite keeps its "
+                "data in a folder at this path); is it another program's file? Give another path"
+            )
+        if dimension is None and not path.is_dir():
+            raise missing_store(where, "Milvus Lite store")  # opening would create one
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # a parent that is a file, or no permission
@@ -399,14 +405,12 @@ def open_milvus(
         token = token if token is not None else os.environ.get("MILVUS_TOKEN", "")
         # a token authenticates against a server; Milvus Lite has no users
         client = mv.MilvusClient(uri, token=token) if token and not lite else mv.MilvusClient(uri)
-    except Exception as exc:  # connection refused, lite file locked by another process
-        hint = (
-            "; Milvus Lite opens a .db in one process at a time: is another process using it?"
-            if lite
-            else ""
-        )
+    except Exception as exc:  # connection refused, lite folder locked by another process
+        holder = holder_of(Path(lite) / "LOCK") if lite else None
+        if holder is not None:
+            raise engine_busy(where, holder, "Milvus Lite") from None
         raise StoreError(
-            f"{where}: cannot open Milvus ({type(exc).__name__}: {one_line(exc)}){hint}"
+            f"{where}: cannot open Milvus ({type(exc).__name__}: {one_line(exc)})"
         ) from None
     if lite is not None:
         _LITE_USERS[lite] = _LITE_USERS.get(lite, 0) + 1

@@ -42,6 +42,7 @@ from magretrieve.stores.base import (
     StoreRecord,
     VectorStore,
     metric_refusal,
+    missing_store,
     one_line,
     require,
 )
@@ -256,9 +257,7 @@ class PgVectorStore(VectorStore):
                     self._open_existing(dimension)
                 else:
                     if dimension is None:
-                        raise StoreError(
-                            f"{self._location}: table does not exist; pass a dimension to create it"
-                        )
+                        raise missing_store(self._location, f"table {'.'.join(self._name)!r}")
                     self._create(
                         int(dimension), index_type or "hnsw", hnsw_m, ef_construction, nlist
                     )

@@ -48,11 +48,13 @@ from magretrieve.stores._qdrant_common import (
     split_payload,
     to_hits,
 )
+from magretrieve.stores._writer_lock import engine_busy, holder_of
 from magretrieve.stores.base import (
     Batch,
     StoreHit,
     StoreRecord,
     VectorStore,
+    missing_store,
     one_line,
     point_uuid,
     require,
@@ -153,10 +155,10 @@ class QdrantStore(VectorStore):
             self.created_here = False
         else:
             if dimension is None:
-                raise StoreError(
-                    f"{api.label} does not exist; pass a dimension to create it"
+                raise (
+                    missing_store(getattr(api, "where", api.label), api.label)
                     if not hasattr(api, "shard_path")
-                    else f"{api.path}: no Qdrant Edge store here; pass a dimension to create one"
+                    else missing_store(str(api.path), "Qdrant Edge store")
                 )
             self._dim = int(dimension)
             made = api.create(self._dim, hnsw_m, ef_construction, quantization, **create_options)
@@ -466,10 +468,18 @@ def _open_local(
     loc: dict[str, str], dimension: int | None, opts: dict[str, Any], annotating: bool = False
 ) -> VectorStore:
     def make(client_cls: Any, client_opts: dict[str, Any]) -> Any:
+        if (
+            dimension is None
+            and not (Path(loc["path"]) / "collection" / loc["collection"]).is_dir()
+        ):
+            raise missing_store(where, f"Qdrant collection {loc['collection']!r}")
         Path(loc["path"]).mkdir(parents=True, exist_ok=True)
         try:
             return client_cls(path=loc["path"], force_disable_check_same_thread=True)
         except RuntimeError as exc:  # portalocker: another process holds the folder
+            holder = holder_of(Path(loc["path"]) / ".lock")
+            if holder is not None:
+                raise engine_busy(where, holder, "embedded Qdrant") from None
             raise StoreError(f"{loc['path']}: cannot open embedded Qdrant ({exc})") from None
 
     where = f"qdrant-local:{loc['path']}/{loc['collection']}"

@@ -77,6 +77,7 @@ from magretrieve.stores.base import (
     atomic_write_json,
     check_dimension,
     fsync_dir,
+    missing_store,
     plain_file,
     read_state_file,
     reading_store,
@@ -244,7 +245,7 @@ class ScannStore(RecordTableMixin, VectorStore):
                     "its first commit; delete the folder and re-index"
                 )
             if dimension is None:
-                raise StoreError(f"{path}: no ScaNN store here; pass a dimension to create one")
+                raise missing_store(str(path), "ScaNN store")
             return cls(int(dimension), path, **checked)
         with reading_store(path / STATE_FILE, OSError):
             return cls._load(path, dimension, checked)
