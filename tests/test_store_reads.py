@@ -150,19 +150,42 @@ def test_chroma_answers_k_hits_where_its_graph_stops_short(tmp_path):
         store.close()
 
 
-def test_an_index_that_cannot_answer_k_hits_says_why(tmp_path):
+def test_an_index_that_answers_short_is_completed_by_an_exact_scan(tmp_path):
+    """FAISS IVF probing one of 16 lists holds fewer than k points in the lists it probes:
+    the base answers those rows from the stored points themselves, exactly."""
+    vectors = np.random.default_rng(0).normal(size=(400, 8)).astype(np.float32)
+    ids = [f"d{i}" for i in range(400)]
+    store = open_store(f"faiss:{tmp_path}/f", dimension=8, index_type="ivf", nlist=16, nprobe=1)
+    store.add(ids, vectors, [{"n": i} for i in range(400)])
+    assert min(len(row) for row in store._query(vectors[:2], 200, False)) < 200
+    hits = store.search(vectors[:2], 200)
+    for row, scores in zip(hits, vectors[:2] @ vectors.T, strict=True):
+        assert [h.id for h in row] == [ids[i] for i in np.argsort(-scores, kind="stable")[:200]]
+        np.testing.assert_allclose([h.score for h in row], np.sort(scores)[::-1][:200], rtol=1e-5)
+        assert row[0].payload == {"n": int(row[0].id[1:])}
+        np.testing.assert_allclose(row[0].doc_norm, np.linalg.norm(vectors[int(row[0].id[1:])]))
+    assert len(store.search(vectors[:2], 5)[0]) == 5  # what it can answer, it answers
+
+
+def test_a_store_that_cannot_scan_says_why_it_answered_short(tmp_path, monkeypatch):
+    from magretrieve.stores.faiss_store import FaissStore
+
     vectors = np.random.default_rng(0).normal(size=(400, 8)).astype(np.float32)
     store = open_store(f"faiss:{tmp_path}/f", dimension=8, index_type="ivf", nlist=16, nprobe=1)
     store.add([f"d{i}" for i in range(400)], vectors)
+
+    def no_scan(self):
+        raise NotImplementedError
+
+    monkeypatch.setattr(FaissStore, "_scan_ids", no_scan)
     with pytest.raises(
         StoreError, match=r"answered \d+ of the 200 hits asked \(k=200, 400 stored\)"
     ):
         store.search(vectors[:2], 200)
-    assert len(store.search(vectors[:2], 5)[0]) == 5  # what it can answer, it answers
 
 
 def test_the_servers_filtered_search_finds_every_match_on_chroma(tmp_path):
-    from magretrieve.server.routes_store import _search
+    from magretrieve.server.routes_store import _search_in
     from magretrieve.serving.retriever import Retriever
 
     vectors = clustered(2400)
@@ -174,7 +197,7 @@ def test_the_servers_filtered_search_finds_every_match_on_chroma(tmp_path):
         )
         retriever = Retriever(FakeEncoder(dim=32), store, force=True)
         query = np.random.default_rng(2).normal(size=(1, 32)).astype(np.float32)
-        hits = _search(retriever, query, 20, {"group": "wanted"})[0]
+        hits = _search_in(retriever, query, 20, {"group": "wanted"})[0]
         assert sorted(h.id for h in hits) == sorted(ids[i] for i in range(7, 2400, 120))
     finally:
         store.close()

@@ -11,6 +11,7 @@ can refuse to mix models.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -90,6 +91,9 @@ RESERVED_PAYLOAD_KEYS = ("doc_id", "doc_norm")
 #: Largest magnitude of a payload integer: Qdrant and Milvus keep JSON integers as int64.
 INT64_RANGE = (-(2**63), 2**63 - 1)
 #: What reading a store file with the right checksum but the wrong content raises.
+#: Points read back per step of the exact scan that answers rows an index answered short.
+EXACT_SCAN_CHUNK = 4096
+
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)
 
 
@@ -179,8 +183,53 @@ class VectorStore(ABC):
         self, queries: np.ndarray, k: int, with_vectors: bool
     ) -> list[list[StoreHit]] | None:
         """Top-``k`` by an exact scan, for the rows the index answered short (see
-        :meth:`search`); None where the backend has none (the search is then refused)."""
-        return None
+        :meth:`search`): the stored points are read back in chunks through the backend's own
+        primitives (``_scan_ids`` + ``_fetch``), so memory stays at one chunk plus ``k``
+        candidates a query. A backend with a faster scan overrides this; one that cannot list
+        its ids returns None (the search is then refused, naming the shortfall)."""
+        try:
+            id_iter = iter(self._scan_ids())
+        except NotImplementedError:
+            return None
+        q = np.asarray(queries, dtype=np.float32)
+        best_scores = np.empty((len(q), 0), dtype=np.float32)
+        best_ids = np.empty((len(q), 0), dtype=object)
+        while chunk := list(itertools.islice(id_iter, EXACT_SCAN_CHUNK)):
+            records = list(self._fetch(chunk))
+            if not records:
+                continue
+            vectors = np.stack([np.asarray(r.vector, dtype=np.float32) for r in records])
+            chunk_ids = np.array([r.id for r in records], dtype=object)
+            scores = np.concatenate([best_scores, q @ vectors.T], axis=1)
+            names = np.concatenate(
+                [best_ids, np.broadcast_to(chunk_ids, (len(q), len(chunk_ids)))], axis=1
+            )
+            keep = min(k, scores.shape[1])
+            part = np.argpartition(-scores, keep - 1, axis=1)[:, :keep]
+            best_scores = np.take_along_axis(scores, part, axis=1)
+            best_ids = np.take_along_axis(names, part, axis=1)
+        out: list[list[StoreHit]] = []
+        for row_scores, row_ids in zip(best_scores, best_ids, strict=True):
+            order = sorted(range(len(row_ids)), key=lambda j: (-row_scores[j], row_ids[j]))
+            chosen = [str(row_ids[j]) for j in order]
+            found = {r.id: r for r in self._fetch(chosen)}
+            row: list[StoreHit] = []
+            for j, doc_id in zip(order, chosen, strict=True):
+                record = found.get(doc_id)
+                if record is None:  # deleted while the scan ran
+                    continue
+                vector = np.asarray(record.vector, dtype=np.float32)
+                row.append(
+                    StoreHit(
+                        doc_id,
+                        float(row_scores[j]),
+                        dict(record.payload),
+                        vector.copy() if with_vectors else None,
+                        doc_norm=float(np.linalg.norm(vector.astype(np.float64))),
+                    )
+                )
+            out.append(row)
+        return out
 
     def _short_advice(self) -> str:
         """How a user makes the index answer every hit (a setting to raise)."""
