@@ -119,6 +119,12 @@ REOPEN = [
         r"--ef-construction 200 differs from the 64",
     ),
     ("qdrant-edge", {}, {"quantization": "int8"}, r"int8 differs from the none"),
+    (
+        "qdrant-edge",
+        {"indexing_threshold": 10},
+        {"indexing_threshold": 20},
+        r"20 differs from the 10",
+    ),
     ("pgvector", {"hnsw_m": 8}, {"hnsw_m": 24}, r"--hnsw-m 24 differs from the 8"),
     (
         "pgvector",
