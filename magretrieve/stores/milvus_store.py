@@ -115,6 +115,8 @@ class MilvusStore(VectorStore):
     thread_safe_search = False
     max_id_bytes = MAX_ID_LENGTH
     max_k = MAX_K
+    #: The vector index as Milvus describes it, with the recorded build parameters.
+    _index: dict[str, Any]
 
     def __init__(
         self,
