@@ -63,6 +63,27 @@ def test_collection_with_another_metric_is_refused(tmp_path, metric):
         open_store(f"milvus:{tmp_path / 'm.db'}/theirs", dimension=DIM)
 
 
+def test_a_collection_without_recorded_build_options_keeps_only_its_index_type(tmp_path):
+    """A collection whose build options were never recorded (another program built it, or an
+    older magretrieve): its index type, which Milvus reports, is still checked; its
+    parameters are unknown and any are accepted."""
+    client = MilvusClient(str(tmp_path / "m.db"))
+    schema = client.create_schema(auto_id=False)
+    schema.add_field("doc_id", DataType.VARCHAR, is_primary=True, max_length=64)
+    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=DIM)
+    schema.add_field("payload", DataType.JSON)
+    schema.add_field("doc_norm", DataType.FLOAT)
+    index = client.prepare_index_params()
+    index.add_index("vector", index_type="HNSW", metric_type="IP", params={"M": 8})
+    client.create_collection("older", schema=schema, index_params=index)
+    client.close()
+    spec = f"milvus:{tmp_path / 'm.db'}/older"
+    with pytest.raises(StoreError, match=r"IVF_FLAT differs from the HNSW .*cannot change"):
+        open_store(spec, dimension=DIM, index_type="IVF_FLAT")
+    with open_store(spec, dimension=DIM, index_type="HNSW", hnsw_m=24) as store:
+        assert store.parameters()["index_type"] == "HNSW"
+
+
 def test_metadata_and_points_survive_a_new_process(tmp_path):
     ids, docs, _ = data(n=30)
     spec = f"milvus:{tmp_path / 'm.db'}/docs"

@@ -127,6 +127,54 @@ def test_ivfflat_is_built_after_the_load_and_exact_with_all_lists(pg_uri):
     assert recall(got, exact(queries, docs, ids, 10)) == 1.0
 
 
+def test_a_reopen_before_optimize_still_builds_the_recorded_ivfflat_index(pg_uri):
+    """The index type and lists given at creation are recorded in the COMMENT: a store
+    reopened before optimize() builds the IVFFlat index it was created for, and refuses
+    other lists."""
+    ids, docs, _ = data(n=200)
+    name = table()
+    with open_store(spec(pg_uri, name), dimension=DIM, index_type="ivfflat", nlist=4) as store:
+        store.add(ids, docs)
+    with pytest.raises(StoreError, match=r"--nlist 8 differs from the 4"):
+        open_store(spec(pg_uri, name), nlist=8)
+    with open_store(spec(pg_uri, name)) as store:
+        assert store.parameters()["index"] == "exact (sequential scan)"
+        store.optimize()
+        assert store.parameters()["index"] == "ivfflat (vector_ip_ops)"
+    with psycopg.connect(pg_uri) as conn:
+        (options,) = conn.execute(
+            "SELECT ic.reloptions FROM pg_index ix JOIN pg_class ic ON ic.oid = ix.indexrelid "
+            "JOIN pg_am am ON am.oid = ic.relam WHERE ix.indrelid = %s::regclass "
+            "AND am.amname = 'ivfflat'",
+            (name,),
+        ).fetchone()
+    assert options == ["lists=4"]
+
+
+def test_a_table_without_the_record_is_checked_by_its_index_definition(pg_uri):
+    """A table created before magretrieve recorded its build options: an HNSW index's
+    parameters come from the index definition; without an index nothing is known and any
+    option is accepted."""
+    indexed, bare = table(), table()
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        for name in (indexed, bare):
+            conn.execute(
+                f"CREATE TABLE {name} (doc_id text PRIMARY KEY, embedding vector({DIM}) "
+                "NOT NULL, payload jsonb NOT NULL DEFAULT '{}', doc_norm real NOT NULL)"
+            )
+        conn.execute(f"CREATE INDEX ON {indexed} USING hnsw (embedding vector_ip_ops) WITH (m = 8)")
+    with pytest.raises(StoreError, match=r"--hnsw-m 24 differs from the 8"):
+        open_store(spec(pg_uri, indexed), hnsw_m=24)
+    with pytest.raises(StoreError, match=r"--ef-construction 100 differs from the 64"):
+        open_store(spec(pg_uri, indexed), ef_construction=100)  # pgvector's default
+    with pytest.raises(StoreError, match=r"ivfflat differs from the hnsw"):
+        open_store(spec(pg_uri, indexed), index_type="ivfflat")
+    with open_store(spec(pg_uri, indexed), hnsw_m=8, ef_search=50) as store:
+        assert store.parameters()["ef_search"] == 50
+    with open_store(spec(pg_uri, bare), index_type="hnsw", hnsw_m=24) as store:
+        assert store.parameters()["index"] == "exact (sequential scan)"
+
+
 @pytest.mark.parametrize("opclass", ["vector_cosine_ops", "vector_l2_ops"])
 def test_table_indexed_by_another_metric_is_refused(pg_uri, opclass):
     name = table()

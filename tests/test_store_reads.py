@@ -3,7 +3,8 @@
 - A read-only open (no dimension) of a store that does not exist creates nothing, on every
   folder backend and through ``magretrieve search``, and says the store is missing.
 - Reopening with build options other than the recorded ones is refused (FAISS's rule) on
-  Chroma and LanceDB; leaving them out opens the store as built.
+  Chroma, LanceDB, Milvus Lite, Qdrant Edge and pgvector; search-time knobs may differ, and
+  leaving the build options out opens the store as built.
 - A search returns ``min(k, count)`` hits or says why: Chroma's HNSW graph in space ``ip``
   stops short of k on clustered vectors, and the store answers those rows by an exact scan,
   so the server's filtered search finds every matching document; an index that cannot
@@ -20,6 +21,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import uuid
 
 import numpy as np
 import pytest
@@ -100,12 +102,55 @@ REOPEN = [
         {"hnsw_m": 16},
         r"--hnsw-m 16 differs from the 8",
     ),
+    ("milvus", {"index_type": "HNSW", "hnsw_m": 8}, {"hnsw_m": 24}, r"--hnsw-m 24 differs"),
+    (
+        "milvus",
+        {"index_type": "HNSW", "ef_construction": 64},
+        {"ef_construction": 200},
+        r"--ef-construction 200 differs from the 64",
+    ),
+    ("milvus", {"index_type": "IVF_FLAT", "nlist": 8}, {"nlist": 16}, r"--nlist 16 differs"),
+    ("milvus", {}, {"index_type": "HNSW"}, r"HNSW differs from the FLAT"),
+    ("qdrant-edge", {"hnsw_m": 8}, {"hnsw_m": 24}, r"--hnsw-m 24 differs from the 8"),
+    (
+        "qdrant-edge",
+        {"ef_construction": 64},
+        {"ef_construction": 200},
+        r"--ef-construction 200 differs from the 64",
+    ),
+    ("qdrant-edge", {}, {"quantization": "int8"}, r"int8 differs from the none"),
+    (
+        "qdrant-edge",
+        {"indexing_threshold": 10},
+        {"indexing_threshold": 20},
+        r"20 differs from the 10",
+    ),
+    ("pgvector", {"hnsw_m": 8}, {"hnsw_m": 24}, r"--hnsw-m 24 differs from the 8"),
+    (
+        "pgvector",
+        {"ef_construction": 32},
+        {"ef_construction": 200},
+        r"--ef-construction 200 differs from the 32",
+    ),
+    ("pgvector", {}, {"hnsw_m": 24}, r"--hnsw-m 24 differs from the 16"),  # pgvector's default
+    (
+        "pgvector",
+        {"index_type": "ivfflat", "nlist": 4},
+        {"nlist": 8},
+        r"--nlist 8 differs from the 4",
+    ),
+    ("pgvector", {"index_type": "flat"}, {"index_type": "hnsw"}, r"hnsw differs from the flat"),
 ]
 
 
 @pytest.mark.parametrize(("backend", "built", "asked", "message"), REOPEN)
-def test_reopening_with_other_build_options_is_refused(tmp_path, backend, built, asked, message):
-    spec = MISSING[backend].format(d=tmp_path)
+def test_reopening_with_other_build_options_is_refused(
+    request, tmp_path, backend, built, asked, message
+):
+    if backend == "pgvector":  # a table on the session's PostgreSQL server
+        spec = f"pgvector:{request.getfixturevalue('pg_uri')}#t_{uuid.uuid4().hex[:10]}"
+    else:
+        spec = MISSING[backend].format(d=tmp_path)
     vectors = np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)
     store = open_store(spec, dimension=8, **built)
     store.add([f"d{i}" for i in range(300)], vectors)
@@ -123,6 +168,11 @@ def test_reopening_with_other_build_options_is_refused(tmp_path, backend, built,
         assert reopened.count() == 300
     finally:
         reopened.close()
+    tuned = open_store(spec, dimension=8, ef_search=77)  # a search-time knob may differ
+    try:
+        assert tuned.describe()["parameters"].get("ef_search", 77) == 77
+    finally:
+        tuned.close()
 
 
 # ----------------------------------------------------------------------------- k hits

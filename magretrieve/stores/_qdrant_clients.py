@@ -263,6 +263,7 @@ class EdgeAPI:
                 "size": size,
                 "quantized": bool(cfg.get("quantization_config")),
                 "hnsw": dict(cfg.get("hnsw_config") or {}),
+                "indexing_threshold": (cfg.get("optimizers") or {}).get("indexing_threshold"),
                 "shards": None,
             }
         except Exception as exc:  # a damaged config: name it, no traceback

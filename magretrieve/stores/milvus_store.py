@@ -35,6 +35,7 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
+    check_reopen,
     metric_refusal,
     missing_store,
     one_line,
@@ -43,6 +44,11 @@ from magretrieve.stores.base import (
 
 #: Collection property under which the building model is recorded (a JSON string).
 META_KEY = "magretrieve.metadata"
+#: Collection property recording the index's build options (a JSON string): Milvus Lite's
+#: describe_index reports the index type but not M, efConstruction or nlist.
+INDEX_KEY = "magretrieve.index"
+#: Build options: this store's option name -> the Milvus index parameter.
+BUILD_PARAMS = {"hnsw_m": "M", "ef_construction": "efConstruction", "nlist": "nlist"}
 #: Longest document id (the VARCHAR primary key's max_length).
 MAX_ID_LENGTH = 1024
 #: Index types this store builds (Milvus names).
@@ -109,6 +115,8 @@ class MilvusStore(VectorStore):
     thread_safe_search = False
     max_id_bytes = MAX_ID_LENGTH
     max_k = MAX_K
+    #: The vector index as Milvus describes it, with the recorded build parameters.
+    _index: dict[str, Any]
 
     def __init__(
         self,
@@ -133,6 +141,12 @@ class MilvusStore(VectorStore):
         self.ef_search = ef_search
         self.nprobe = nprobe
         index = (index_type or "FLAT").upper()
+        asked = {
+            "index_type": index_type,
+            "hnsw_m": hnsw_m,
+            "ef_construction": ef_construction,
+            "nlist": nlist,
+        }
         if index not in INDEX_TYPES:
             raise StoreError(
                 f"{self._location}: index_type {index_type!r} is not one of {', '.join(INDEX_TYPES)}"
@@ -141,6 +155,7 @@ class MilvusStore(VectorStore):
             if client.has_collection(collection):
                 self.created_here = False
                 self._open_existing(dimension)
+                self._check_reopen(asked)
             else:
                 if dimension is None:
                     raise missing_store(self._location, f"Milvus collection {collection!r}")
@@ -170,6 +185,22 @@ class MilvusStore(VectorStore):
                 f"{dimension}"
             )
         self._dim = dim
+
+    def _check_reopen(self, asked: Mapping[str, Any]) -> None:
+        """Refuse build options that differ from the ones the collection's index was built
+        with: its type from the index itself, its parameters from the collection property
+        written at creation. A collection created without that property (by another program,
+        or before magretrieve recorded it) has unknown parameters, and any are accepted."""
+        props = self.client.describe_collection(self.collection).get("properties") or {}
+        try:
+            built = json.loads(props.get(INDEX_KEY) or "{}")
+        except ValueError:
+            built = {}
+        built = built if isinstance(built, dict) else {}
+        self._index = {**built, **self._index}
+        recorded = {"index_type": self._index.get("index_type")}
+        recorded.update({k: built.get(p) for k, p in BUILD_PARAMS.items()})
+        check_reopen(self._location, recorded, asked)
 
     def _metric(self) -> str:
         for name in self.client.list_indexes(self.collection):
@@ -206,6 +237,9 @@ class MilvusStore(VectorStore):
             schema=schema,
             index_params=index_params,
             consistency_level="Strong",
+        )
+        self.client.alter_collection_properties(
+            self.collection, properties={INDEX_KEY: json.dumps({"index_type": index, **params})}
         )
         self._index = {"index_type": index, "metric_type": "IP", **params}
         self._dim = dim

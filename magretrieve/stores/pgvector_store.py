@@ -41,6 +41,7 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
+    check_reopen,
     metric_refusal,
     missing_store,
     one_line,
@@ -51,8 +52,13 @@ from magretrieve.stores.base import (
 META_KEY = "magretrieve"
 #: COMMENT key of the last recall measurement (with the ef_search it tuned to).
 RECALL_KEY = "magretrieve.recall"
+#: COMMENT key of the build options given at creation (the index type, which no index tells
+#: for an exact-scan table or an IVFFlat index not built yet, and its parameters).
+INDEX_KEY = "magretrieve.index"
 #: Index types this store builds.
 INDEX_TYPES = ("hnsw", "ivfflat", "flat")
+#: pgvector's defaults of the index parameters a definition leaves out.
+INDEX_DEFAULTS = {"hnsw": {"m": 16, "ef_construction": 64}, "ivfflat": {"lists": 100}}
 #: pgvector operator classes that rank by another metric than the inner product.
 OTHER_OPCLASSES = {
     "vector_cosine_ops": "cosine distance",
@@ -135,6 +141,31 @@ def vector_indexes(conn: Any, table: tuple[str, ...], column: str) -> list[tuple
         (".".join(_quote(p) for p in table), column),
     ).fetchall()
     return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+
+def index_parameters(conn: Any, table: tuple[str, ...], column: str) -> dict[str, dict[str, int]]:
+    """{access method: its build parameters} of the indexes on ``table.column``, pgvector's
+    defaults filled in where the definition leaves one out (``m``, ``lists``, ...)."""
+    rows = conn.execute(
+        """
+        SELECT am.amname, ic.reloptions
+        FROM pg_index ix
+        JOIN pg_class ic ON ic.oid = ix.indexrelid
+        JOIN pg_am am ON am.oid = ic.relam
+        JOIN pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = ix.indkey[0]
+        WHERE ix.indrelid = %s::regclass AND a.attname = %s
+        """,
+        (".".join(_quote(p) for p in table), column),
+    ).fetchall()
+    out: dict[str, dict[str, int]] = {}
+    for method, reloptions in rows:
+        params = dict(INDEX_DEFAULTS.get(str(method), {}))
+        for item in reloptions or ():
+            key, _, value = str(item).partition("=")
+            if value.isdigit():
+                params[key] = int(value)
+        out[str(method)] = params
+    return out
 
 
 def column_dimension(conn: Any, table: tuple[str, ...], column: str) -> int | None:
@@ -255,6 +286,14 @@ class PgVectorStore(VectorStore):
                 if table_exists(conn, self._name):
                     self.created_here = False
                     self._open_existing(dimension)
+                    self._check_reopen(
+                        {
+                            "index_type": index_type,
+                            "hnsw_m": hnsw_m,
+                            "ef_construction": ef_construction,
+                            "nlist": nlist,
+                        }
+                    )
                 else:
                     if dimension is None:
                         raise missing_store(self._location, f"table {'.'.join(self._name)!r}")
@@ -297,6 +336,29 @@ class PgVectorStore(VectorStore):
             )
         self._dim = dim
 
+    def _check_reopen(self, asked: Mapping[str, Any]) -> None:
+        """Refuse build options that differ from the ones the table was built with: an index's
+        parameters from its definition, the index type (and the lists of an IVFFlat index
+        optimize() has not built yet) from the COMMENT written at creation. A table without
+        that record (created before magretrieve wrote it, or by another program) and without
+        an index has unknown options, and any are accepted."""
+        built = read_comment(self.conn, self._name).get(INDEX_KEY)
+        built = built if isinstance(built, dict) else {}
+        indexes = index_parameters(self.conn, self._name, "embedding")
+        recorded: dict[str, Any] = {"index_type": built.get("index_type")}
+        if "hnsw" in indexes:
+            hnsw = indexes["hnsw"]
+            recorded.update(
+                index_type="hnsw", hnsw_m=hnsw.get("m"), ef_construction=hnsw.get("ef_construction")
+            )
+        elif "ivfflat" in indexes:
+            recorded.update(index_type="ivfflat", nlist=indexes["ivfflat"].get("lists"))
+        elif built.get("index_type") == "ivfflat":
+            recorded["nlist"] = built.get("nlist")
+            # the index is still to build: optimize() builds it, as it would have before
+            self._pending_ivf = asked.get("nlist") or built.get("nlist")
+        check_reopen(self._location, recorded, asked)
+
     def _check_indexes(self) -> None:
         for name, method, opclass in vector_indexes(self.conn, self._name, "embedding"):
             if opclass in OTHER_OPCLASSES:
@@ -323,6 +385,17 @@ class PgVectorStore(VectorStore):
                 "CREATE TABLE {} (doc_id text PRIMARY KEY, embedding vector({}) NOT NULL, "
                 "payload jsonb NOT NULL DEFAULT '{{}}', doc_norm real NOT NULL)"
             ).format(self._table, sql.Literal(dim))
+        )
+        built = {
+            "index_type": index_type,
+            "hnsw_m": hnsw_m,
+            "ef_construction": ef_construction,
+            "nlist": nlist,
+        }
+        self.conn.execute(
+            sql.SQL("COMMENT ON TABLE {} IS {}").format(
+                self._table, sql.Literal(json.dumps({INDEX_KEY: built}, sort_keys=True))
+            )
         )
         if index_type == "hnsw":
             self._create_index("hnsw", {"m": hnsw_m, "ef_construction": ef_construction})

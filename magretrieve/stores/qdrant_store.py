@@ -54,6 +54,7 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
+    check_reopen,
     missing_store,
     one_line,
     point_uuid,
@@ -149,6 +150,7 @@ class QdrantStore(VectorStore):
                 else ". Create a new collection, or rank this Cosine one by cos·m(d) after "
                 "`magretrieve annotate`",
             )
+            self._check_reopen(cfg, hnsw_m, ef_construction, quantization, create_options)
             api.open()
             self.quantization = "int8" if cfg["quantized"] else None
             self._hnsw, self._shards = cfg["hnsw"] or {}, cfg["shards"]
@@ -169,6 +171,37 @@ class QdrantStore(VectorStore):
             recall = self._doc().get("recall") or {}
             if "target" in recall:
                 self.ef_search = recall.get("hnsw_ef")  # the value --target-recall chose
+
+    def _check_reopen(
+        self,
+        cfg: dict[str, Any],
+        hnsw_m: int | None,
+        ef_construction: int | None,
+        quantization: str | None,
+        create_options: dict[str, Any],
+    ) -> None:
+        """Refuse build options that differ from the ones the collection or shard was built
+        with (its own config records them). Embedded qdrant-client builds no index and reports
+        its defaults whatever was asked, so it has nothing recorded to compare."""
+        if self.embedded:
+            return
+        hnsw = cfg["hnsw"] or {}
+        recorded: dict[str, Any] = {
+            "hnsw_m": hnsw.get("m"),
+            "ef_construction": hnsw.get("ef_construct"),
+            "quantization": "int8" if cfg["quantized"] else "none",
+            "full_scan_threshold": hnsw.get("full_scan_threshold"),
+            "indexing_threshold": cfg.get("indexing_threshold"),
+        }
+        if cfg["shards"] is not None:
+            recorded["shard_number"], recorded["replication_factor"] = cfg["shards"]
+        asked = {
+            "hnsw_m": hnsw_m,
+            "ef_construction": ef_construction,
+            "quantization": quantization,
+            **{k: create_options.get(k) for k in recorded if k in create_options},
+        }
+        check_reopen(self.api.where, recorded, asked)
 
     @property
     def dimension(self) -> int:
