@@ -486,7 +486,7 @@ def test_a_search_costs_one_small_file_read_when_nothing_changed(
         assert per_check < 2e-3, per_check  # microseconds in practice; far below a search
 
 
-@pytest.mark.parametrize("kind", ["faiss", "memory", "scann"])
+@pytest.mark.parametrize("kind", ["faiss", "memory", "scann", "chroma", "lancedb"])
 def test_every_folder_store_reloads_a_generation_another_writer_committed(
     tmp_path, export_dir, kind
 ):
@@ -495,6 +495,8 @@ def test_every_folder_store_reloads_a_generation_another_writer_committed(
     if kind == "scann":
         pytest.importorskip("scann")
     spec = f"{kind}:{tmp_path / 'store'}"
+    if kind in ("chroma", "lancedb"):  # embedded databases: a collection in the folder
+        spec += "/docs"
     doc = {"_id": "fresh-1", "text": "zebra quantum lattice", "year": 2021}
     with app_client(export_dir, spec) as writer:
         seed = {"_id": "seed", "text": "a first document"}
