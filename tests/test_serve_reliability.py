@@ -13,7 +13,8 @@ Catalogue of what a client can do to ``magretrieve serve`` and what it gets:
   ``--timeout-keep-alive``, the ``--limit-concurrency`` limit sheds the rest, and ``/health``
   answers through all of it (real server processes: integration lane);
 - a replica serving a folder store answers from the generation another process committed
-  (two server processes and one writer; integration lane).
+  (two server processes and one writer; integration lane), embedded Chroma and LanceDB
+  included (``magretrieve index`` writing from another process).
 """
 
 from __future__ import annotations
@@ -486,7 +487,11 @@ def test_a_search_costs_one_small_file_read_when_nothing_changed(
         assert per_check < 2e-3, per_check  # microseconds in practice; far below a search
 
 
-@pytest.mark.parametrize("kind", ["faiss", "memory", "scann"])
+#: embedded database engines run in the test process: the integration lane (conftest.py)
+EMBEDDED = [pytest.param(k, marks=pytest.mark.integration) for k in ("chroma", "lancedb")]
+
+
+@pytest.mark.parametrize("kind", ["faiss", "memory", "scann", *EMBEDDED])
 def test_every_folder_store_reloads_a_generation_another_writer_committed(
     tmp_path, export_dir, kind
 ):
@@ -495,6 +500,8 @@ def test_every_folder_store_reloads_a_generation_another_writer_committed(
     if kind == "scann":
         pytest.importorskip("scann")
     spec = f"{kind}:{tmp_path / 'store'}"
+    if kind in ("chroma", "lancedb"):  # embedded databases: a collection in the folder
+        spec += "/docs"
     doc = {"_id": "fresh-1", "text": "zebra quantum lattice", "year": 2021}
     with app_client(export_dir, spec) as writer:
         seed = {"_id": "seed", "text": "a first document"}
@@ -528,3 +535,39 @@ def test_every_folder_store_reloads_a_generation_another_writer_committed(
         assert gone.json() == {"deleted": 1}
         assert ids() == ["seed"] and holder.reloads == 2
         assert ids() == ["seed"] and holder.reloads == 2  # nothing new: no reload
+
+
+@pytest.mark.parametrize("kind", EMBEDDED)
+def test_an_embedded_database_replica_answers_what_another_process_indexed(
+    tmp_path, export_dir, kind
+):
+    """The reader holds Chroma's loaded HNSW segment / LanceDB's opened table version;
+    ``magretrieve index`` in another process writes, and the reader's next search finds it
+    (in one process Chroma shares its engine between opens, so this needs two processes)."""
+    spec = f"{kind}:{tmp_path / 'store'}/docs"
+    with app_client(export_dir, spec) as writer:
+        seed = {"_id": "seed", "text": "a first document"}
+        assert writer.post("/documents", json={"documents": [seed]}, headers=HEADERS).is_success
+    corpus = tmp_path / "more.jsonl"
+    corpus.write_text(json.dumps({"_id": "fresh-1", "text": "zebra quantum lattice"}) + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "MAGRETRIEVE_API_KEY"}
+    with app_client(export_dir, spec) as reader:
+        holder = reader.app.state.magretrieve.holder
+
+        def ids() -> list[str]:
+            body = {"query": "zebra quantum lattice", "k": 10}
+            resp = reader.post("/search", json=body, headers=HEADERS)
+            assert resp.status_code == 200, resp.text
+            return sorted(h["id"] for h in resp.json()["hits"])
+
+        assert ids() == ["seed"]
+        held = holder.generation
+        proc = subprocess.run(
+            [sys.executable, "-m", "magretrieve", "index", str(export_dir), str(corpus),
+             "--store", spec],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert ids() == ["fresh-1", "seed"] and holder.reloads == 1
+        info = reader.get("/info").json()["store"]
+        assert info["count"] == 2 and info["generation"] > held

@@ -10,7 +10,9 @@ Two things need one place that store calls pass through:
   closed, instead of writing into a closed one.
 * **Replicas see other processes' commits.** A folder store (``faiss:``, ``scann:``,
   ``memory:DIR``) is read into memory when it opens; another process (``magretrieve index``,
-  a writing replica) commits a new generation by switching the store's state file. Before
+  a writing replica) commits a new generation by switching the store's state file. Embedded
+  ``chroma:`` and ``lancedb:`` keep what they loaded too; their writer bumps a generation
+  marker file after each write (:mod:`magretrieve.stores._generation`). Before
   each call the holder compares the generation on disk with the one it holds (one small file
   read) and, when another process moved it, reopens the store and answers from the new state.
   Stores without a generation marker (database stores) read their engine's live state and are
@@ -100,6 +102,8 @@ class StoreHolder:
         with self._reloading:  # one reload at a time; the others wait for its result
             if self._closed or self.stale() is None:
                 return False
+            if self.retriever.store.reloads_in_place:
+                return self._reload_in_place(on_disk)
             try:
                 fresh = self._reopen()
             except Exception as exc:  # keep answering from the state held
@@ -122,6 +126,19 @@ class StoreHolder:
                 return False
             logger.info("store reloaded at generation %s", fresh.store.generation)
             return True
+
+    def _reload_in_place(self, on_disk: int) -> bool:
+        """Reload a store whose engine every open in this process shares (embedded Chroma):
+        the calls running finish first, then the store drops its engine and reads the disk."""
+        with self._lock.write():
+            try:
+                self.retriever.store.reload()
+            except Exception as exc:  # tried again at the next call
+                logger.warning("store generation %s not loaded: %s", on_disk, exc)
+                return False
+            self.reloads += 1
+        logger.info("store reloaded at generation %s", self.generation)
+        return True
 
     # ------------------------------------------------------------------ lifecycle
 

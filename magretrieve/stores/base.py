@@ -476,6 +476,15 @@ class VectorStore(ABC):
         process committed since; reopening the store reads the newer one."""
         return None
 
+    #: Whether :meth:`reload` reads a newer generation into this object. Set where every
+    #: open of a folder in one process shares one engine (embedded Chroma), so a second open
+    #: beside this one would share its stale state instead of reading the disk.
+    reloads_in_place = False
+
+    def reload(self) -> None:
+        """Read the newest committed generation into this object (``reloads_in_place``)."""
+        raise NotImplementedError
+
     def optimize(self) -> None:  # noqa: B027 - optional hook
         """Finish a bulk load (train/build indexes); a no-op where nothing is deferred."""
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.core.redact import redact
-from magretrieve.stores import _ann_recall, registry
+from magretrieve.stores import _ann_recall, _generation, registry
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
@@ -101,10 +101,13 @@ class ChromaStore(VectorStore):
         location: str | None = None,
         reopen: Any = None,
         writer: WriterLock | None = None,
+        generation: int | None = None,
     ) -> None:
         self.client = client
         #: The embedded folder's writer lock (None for a server, which serializes writes).
         self._writer = writer
+        #: The folder's generation marker as read before the client loaded it (embedded only).
+        self._generation = generation
         #: Makes a fresh embedded client (None for a server), so a new ef_search takes effect.
         self._reopen = reopen
         self.name = collection
@@ -217,11 +220,38 @@ class ChromaStore(VectorStore):
         if self._writer is None or self._writer.held:
             return
         self._writer.acquire()
+        self._generation = _generation.read(self._writer.folder)
         if self._reopen is not None:
             self.client.close()
             self.client = self._reopen()
             if hasattr(self, "col"):
                 self.col = self._run("open", lambda: self.client.get_collection(self.name))
+
+    def _committed(self) -> None:
+        """After each write: bump the folder's generation marker, so readers reload."""
+        if self._writer is not None:
+            self._generation = _generation.bump(self._writer.folder)
+
+    @property
+    def generation(self) -> int | None:
+        return self._generation
+
+    def disk_generation(self) -> int | None:
+        return _generation.read(self._writer.folder) if self._writer is not None else None
+
+    @property
+    def reloads_in_place(self) -> bool:  # type: ignore[override]
+        # every PersistentClient of a folder in one process shares one engine, which keeps
+        # the HNSW segment it loaded: only dropping the last client reads the disk again
+        return self._reopen is not None
+
+    def reload(self) -> None:
+        """Drop the embedded client and open the folder again (another process wrote)."""
+        gen = self.disk_generation()
+        self.client.close()
+        self.client = self._reopen()
+        self.col = self._run("open", lambda: self.client.get_collection(self.name))
+        self._generation = gen
 
     def _set_ef(self, value: int) -> None:
         if self.ef_search == int(value):
@@ -231,6 +261,7 @@ class ChromaStore(VectorStore):
             "set ef_search",
             lambda: self.col.modify(configuration={"hnsw": {"ef_search": int(value)}}),
         )
+        self._committed()
         if self._reopen is not None:  # the loaded index keeps its ef until it is loaded again
             self.client.close()
             self.client = self._reopen()
@@ -251,6 +282,7 @@ class ChromaStore(VectorStore):
                 embeddings=batch.vectors[start:end],
                 metadatas=metas[start:end],
             )
+        self._committed()
 
     def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
         n = self._count()
@@ -319,6 +351,8 @@ class ChromaStore(VectorStore):
         present = sorted(self._existing(ids))
         for start in range(0, len(present), PAGE):
             self.col.delete(ids=present[start : start + PAGE])
+        if present:
+            self._committed()
         return len(present)
 
     def _count(self) -> int:
@@ -402,6 +436,7 @@ class ChromaStore(VectorStore):
         }
         current[key] = json.dumps(dict(value or {}), sort_keys=True)
         self._run("write metadata", lambda: self.col.modify(metadata=current))
+        self._committed()
 
     def _read_meta(self) -> dict[str, Any] | None:
         return self._meta_value(META_KEY)
@@ -530,6 +565,7 @@ def open_chroma(
         where = f"chroma:{path}/{location['collection']}"
         if dimension is None and not (path / "chroma.sqlite3").is_file():
             raise missing_store(where, "Chroma folder")  # PersistentClient would create one
+        generation = _generation.read(path)  # before the client loads what it counts
 
         def reopen() -> Any:
             try:
@@ -546,6 +582,7 @@ def open_chroma(
                 location=where,
                 reopen=reopen,
                 writer=WriterLock(path, where),
+                generation=generation,
                 **options,
             )
         except BaseException:

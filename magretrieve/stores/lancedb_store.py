@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
-from magretrieve.stores import _ann_recall, registry
+from magretrieve.stores import _ann_recall, _generation, registry
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
@@ -130,6 +130,9 @@ class LanceDBStore(VectorStore):
         self.db = db
         #: The folder's writer lock (None: the caller serializes writes).
         self._writer = writer
+        #: The folder's generation marker as read before the table was opened (a table
+        #: object keeps reading the version it opened; a newer marker means reopen).
+        self._generation = _generation.read(writer.folder) if writer is not None else None
         self.name = table
         self._location = location or f"lancedb table {table!r}"
         self.target_recall = target_recall
@@ -197,8 +200,21 @@ class LanceDBStore(VectorStore):
         if self._writer is None or self._writer.held:
             return
         self._writer.acquire()
+        self._generation = _generation.read(self._writer.folder)
         if hasattr(self, "tbl"):
             self.tbl = self._run("open", lambda: self.db.open_table(self.name))
+
+    def _committed(self) -> None:
+        """After each write: bump the folder's generation marker, so readers reopen."""
+        if self._writer is not None:
+            self._generation = _generation.bump(self._writer.folder)
+
+    @property
+    def generation(self) -> int | None:
+        return self._generation
+
+    def disk_generation(self) -> int | None:
+        return _generation.read(self._writer.folder) if self._writer is not None else None
 
     def _table_names(self) -> list[str]:
         listed = self.db.list_tables() if hasattr(self.db, "list_tables") else None
@@ -263,6 +279,7 @@ class LanceDBStore(VectorStore):
             "write metadata",
             lambda: self.tbl.update_field_metadata({"path": "vector", "metadata": {key: text}}),
         )
+        self._committed()
 
     # ------------------------------------------------------------------ properties
 
@@ -300,6 +317,7 @@ class LanceDBStore(VectorStore):
         self.tbl.merge_insert(
             "doc_id"
         ).when_matched_update_all().when_not_matched_insert_all().execute(data)
+        self._committed()
 
     def _search(self, q: np.ndarray, k: int, columns: list[str], exact: bool) -> Any:
         # LanceDB's limit is a 32-bit count: ask for at most the rows there are
@@ -357,6 +375,8 @@ class LanceDBStore(VectorStore):
         present = sorted(self._existing(ids))
         for start in range(0, len(present), IDS_PER_EXPRESSION):
             self.tbl.delete(_in_list(present[start : start + IDS_PER_EXPRESSION]))
+        if present:
+            self._committed()
         return len(present)
 
     def _count(self) -> int:
