@@ -201,9 +201,12 @@ def ensure_chromium() -> Path:
     return CHROMIUM
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
-    """A headless Debian Chromium driven by Playwright, for this session."""
+    """A headless Debian Chromium driven by Playwright, for one test module.
+
+    Playwright's sync API runs an event loop in this thread while it is open, and
+    ``asyncio.run`` refuses to start beside it: it must close before other modules run."""
     from playwright.sync_api import sync_playwright
 
     path = ensure_chromium()
