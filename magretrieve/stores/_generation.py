@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 #: The marker file in the store folder: the decimal generation, replaced atomically.
 MARKER = ".magretrieve-generation"
@@ -32,3 +33,24 @@ def bump(folder: Path) -> int:
     tmp.write_text(f"{gen}\n")
     os.replace(tmp, Path(folder) / MARKER)  # readers see the old number or the new, never half
     return gen
+
+
+class MarkerGeneration:
+    """``generation`` / ``disk_generation`` / ``_committed`` for a store whose writer lock
+    (``_writer``, None for a server client) guards a folder counted by the marker; the store
+    sets ``_generation`` when it loads the folder."""
+
+    _writer: Any
+    _generation: int | None
+
+    def _committed(self) -> None:
+        """After each write: bump the folder's generation marker, so readers reload."""
+        if self._writer is not None:
+            self._generation = bump(self._writer.folder)
+
+    @property
+    def generation(self) -> int | None:
+        return self._generation
+
+    def disk_generation(self) -> int | None:
+        return read(self._writer.folder) if self._writer is not None else None

@@ -82,7 +82,7 @@ def _space(collection: Any) -> str:
     return str(meta.get("hnsw:space", "l2")).lower()  # Chroma's default space is l2
 
 
-class ChromaStore(VectorStore):
+class ChromaStore(_generation.MarkerGeneration, VectorStore):
     """A Chroma collection in space ``ip``; scores are inner products (``1 − distance``)."""
 
     kind = "chroma"
@@ -226,18 +226,6 @@ class ChromaStore(VectorStore):
             self.client = self._reopen()
             if hasattr(self, "col"):
                 self.col = self._run("open", lambda: self.client.get_collection(self.name))
-
-    def _committed(self) -> None:
-        """After each write: bump the folder's generation marker, so readers reload."""
-        if self._writer is not None:
-            self._generation = _generation.bump(self._writer.folder)
-
-    @property
-    def generation(self) -> int | None:
-        return self._generation
-
-    def disk_generation(self) -> int | None:
-        return _generation.read(self._writer.folder) if self._writer is not None else None
 
     @property
     def reloads_in_place(self) -> bool:  # type: ignore[override]

@@ -104,7 +104,7 @@ def _in_list(ids: Sequence[str]) -> str:
     return f"doc_id IN ({', '.join(sql_string(i) for i in ids)})"
 
 
-class LanceDBStore(VectorStore):
+class LanceDBStore(_generation.MarkerGeneration, VectorStore):
     """A LanceDB table searched by dot product (exact scan unless an index was asked for)."""
 
     kind = "lancedb"
@@ -203,18 +203,6 @@ class LanceDBStore(VectorStore):
         self._generation = _generation.read(self._writer.folder)
         if hasattr(self, "tbl"):
             self.tbl = self._run("open", lambda: self.db.open_table(self.name))
-
-    def _committed(self) -> None:
-        """After each write: bump the folder's generation marker, so readers reopen."""
-        if self._writer is not None:
-            self._generation = _generation.bump(self._writer.folder)
-
-    @property
-    def generation(self) -> int | None:
-        return self._generation
-
-    def disk_generation(self) -> int | None:
-        return _generation.read(self._writer.folder) if self._writer is not None else None
 
     def _table_names(self) -> list[str]:
         listed = self.db.list_tables() if hasattr(self.db, "list_tables") else None
