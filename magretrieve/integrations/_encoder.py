@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.core.config import SIDES
 from magretrieve.core.errors import ConfigError
 from magretrieve.integrations._common import check_top_k
-from magretrieve.serving.remote import DEFAULT_TIMEOUT, check_text, check_url
+from magretrieve.serving.remote import DEFAULT_TIMEOUT, check_texts, check_url
 
 __all__ = ["DEFAULT_TIMEOUT", "LazyEncoder", "check_source"]
 
@@ -102,13 +101,7 @@ class LazyEncoder:
 
     def encode(self, texts: Sequence[str], side: str, batch_size: int | None = None) -> np.ndarray:
         """float32 (n, dim) vectors of ``texts`` by the ``side`` graph; blank texts refused."""
-        if side not in SIDES:
-            raise ConfigError(f"side must be one of {SIDES}, got {side!r}")
-        if isinstance(texts, str):
-            raise ConfigError("pass a list of texts, not a single string")
-        texts = list(texts)
-        for n, text in enumerate(texts):
-            check_text(text, n)
+        texts = check_texts(texts, side)  # the remote encoder checks them too: a local one does not
         encoder = self.get(side)
         fn = encoder.encode_queries if side == "query" else encoder.encode_documents
         if batch_size is None:

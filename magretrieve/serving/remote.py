@@ -144,13 +144,7 @@ class RemoteEncoder:
         return self._encode(texts, "document", batch_size)
 
     def _encode(self, texts: Sequence[str], side: str, batch_size: int | None) -> np.ndarray:
-        if side not in SIDES:
-            raise ConfigError(f"side must be one of {SIDES}, got {side!r}")
-        if isinstance(texts, str):
-            raise ConfigError("pass a list of texts, not a single string")
-        texts = list(texts)
-        for n, text in enumerate(texts):
-            check_text(text, n)
+        texts = check_texts(texts, side)
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
         ):
@@ -272,6 +266,19 @@ def check_text(text: Any, position: int) -> None:
     bad = lone_surrogate(text)
     if bad is not None:
         raise ConfigError(f"text #{position} holds a lone surrogate at character {bad}")
+
+
+def check_texts(texts: Sequence[str], side: str) -> list[str]:
+    """``texts`` as a list, checked before anything is encoded: a known side, a list (not one
+    string), no blank or unencodable text (named by its position)."""
+    if side not in SIDES:
+        raise ConfigError(f"side must be one of {SIDES}, got {side!r}")
+    if isinstance(texts, str):
+        raise ConfigError("pass a list of texts, not a single string")
+    texts = list(texts)
+    for n, text in enumerate(texts):
+        check_text(text, n)
+    return texts
 
 
 def decode_embedding(value: Any) -> np.ndarray:
