@@ -3,7 +3,9 @@
 * torch and transformers are imported only under train/, export/ and diagnose/;
 * every ``magretrieve.<layer>`` import follows the doc's "may import" table (lazy edges only
   inside a function body, and only those the doc lists);
-* CLI commands import no other command, and ``magretrieve index`` names no engine.
+* CLI commands import no other command, and ``magretrieve index`` names no engine;
+* no two modules of ``stores/`` import each other, directly or around a circle (lazy
+  imports inside a function count too: what they share goes into a small module of its own).
 """
 
 from __future__ import annotations
@@ -147,6 +149,99 @@ def test_serving_side_never_reaches_the_torch_side() -> None:
         may = table[layer]
         assert may is not None and not may & set(TORCH_LAYERS), layer
     assert "serving" not in (table["stores"] or set())
+
+
+def module_edges(path: Path) -> set[str]:
+    """Every module ``path`` imports, at module level or inside a function; ``from pkg import
+    name`` counts as an import of ``pkg.name`` when that is a module of the package."""
+    package = ".".join(("magretrieve", *path.relative_to(PACKAGE).parts[:-1]))
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join([*parts, node.module] if node.module else parts)
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.add(sub if module_file(sub) is not None else base)
+    return out
+
+
+def module_file(name: str) -> Path | None:
+    """The source file of a ``magretrieve.*`` module (a package's ``__init__.py``), or None."""
+    parts = name.split(".")
+    if parts[0] != "magretrieve":
+        return None
+    folder = PACKAGE.joinpath(*parts[1:])
+    for candidate in (folder.with_suffix(".py"), folder / "__init__.py"):
+        if len(parts) > 1 and candidate.is_file():
+            return candidate
+    return None
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` (module → modules it imports) as a path that ends where
+    it starts, or None when there is none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)) is not None:
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)) is not None:
+            return found
+    return None
+
+
+def test_no_import_circle_inside_stores() -> None:
+    """pgvector_store dispatches to pgvector_cosine_store, qdrant_store to qdrant_cosine_store;
+    the way back (or any other circle) would make each module half-initialized when the other
+    is imported first. Shared helpers live in their own modules (``_pgvector_sql``, ...)."""
+    stores = PACKAGE / "stores"
+    graph: dict[str, set[str]] = {}
+    for path in sorted(stores.glob("*.py")):
+        name = "magretrieve.stores" + ("" if path.stem == "__init__" else f".{path.stem}")
+        graph[name] = {
+            m for m in module_edges(path) if m.startswith("magretrieve.stores.") and m != name
+        }
+    assert "magretrieve.stores.pgvector_cosine_store" in graph["magretrieve.stores.pgvector_store"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle inside stores/: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
+        ({"a": {"b"}, "b": {"a"}}, ["a", "b", "a"]),
+        ({"a": {"b"}, "b": {"c"}, "c": {"b"}}, ["b", "c", "b"]),
+    ],
+)
+def test_the_cycle_finder_itself(graph: dict[str, set[str]], expected: list[str] | None) -> None:
+    assert find_cycle(graph) == expected
+
+
+def test_the_module_edge_reader_names_submodules() -> None:
+    """``from magretrieve.stores import registry`` (inside a function too) is an edge to the
+    registry module, not to the package: otherwise a lazy dispatch edge would go unseen."""
+    edges = module_edges(PACKAGE / "stores" / "pgvector_store.py")
+    assert {"magretrieve.stores.registry", "magretrieve.stores._pgvector_sql"} <= edges
+    assert "magretrieve.stores.pgvector_cosine_store" in edges  # imported inside store_for
 
 
 def test_cli_commands_do_not_import_each_other() -> None:

@@ -10,6 +10,11 @@ opens it as a :class:`~magretrieve.stores.qdrant_cosine_store.QdrantCosineStore`
 ``PgCosineStore``), which ranks by ``cos·m(d)`` inside the database, so ``Retriever`` and
 ``magretrieve search`` work unchanged with the cosine export.
 
+What it needs from the store is declared once, as
+:class:`~magretrieve.stores.annotation.AnnotatableStore` (both stores implement it): read every
+point, tell whether a field holds the user's data, begin marked incomplete, write m, record
+the metadata. Any other store is refused in one line.
+
 Safety rules:
 
 * a ``--field`` that holds data magretrieve did not write (a payload key or column of the
@@ -35,6 +40,23 @@ from magretrieve.priors import DocumentPrior, prior_from_dict
 from magretrieve.priors.base import unit
 from magretrieve.priors.rescale import META_KEY as MAGNITUDE_KEY
 from magretrieve.priors.rescale import head_recipe, incomplete_marker, magnitudes_for
+from magretrieve.stores.annotation import (
+    ANNOTATION_KEY,
+    DEFAULT_FIELD,
+    DEFAULT_PREFETCH,
+    INCOMPLETE_KEY,
+    AnnotatableStore,
+    annotation_of,
+    check_field_name,
+    is_incomplete,
+)
+
+#: What annotate says about a store it cannot annotate.
+NOT_ANNOTATABLE = (
+    "annotate works on an existing Cosine Qdrant collection (qdrant:, qdrant-local:, "
+    "qdrant-memory:) or pgvector table; to give another store a magnitude, write a new one "
+    "with `magretrieve rescale`"
+)
 
 
 @dataclass
@@ -54,7 +76,7 @@ class AnnotateReport:
         return dict(self.__dict__)
 
 
-def open_for_annotation(spec: str) -> Any:
+def open_for_annotation(spec: str) -> AnnotatableStore:
     """The Cosine collection a spec names, opened whether or not it was annotated before."""
     from magretrieve.stores import qdrant_store, registry
 
@@ -62,18 +84,24 @@ def open_for_annotation(spec: str) -> Any:
     if backend.prefix == "pgvector":
         from magretrieve.stores.pgvector_store import open_pgvector
 
-        return open_pgvector(loc["uri"], loc["table"], annotating=True)
+        return annotatable(open_pgvector(loc["uri"], loc["table"], annotating=True))
     opener = qdrant_store.OPENERS.get(backend.prefix)
     if backend.prefix == "qdrant-local" and not (Path(loc["path"]) / "collection").is_dir():
         # opening would create the folder: refuse first, so a typo leaves nothing behind
         raise StoreError(f"{spec}: no embedded Qdrant data in {loc['path']} to annotate")
     if opener is None:
-        raise StoreError(
-            f"{spec}: annotate works on an existing Cosine Qdrant collection (qdrant:, "
-            "qdrant-local:, qdrant-memory:) or pgvector table; to give another store a "
-            "magnitude, write a new one with `magretrieve rescale`"
-        )
-    return opener(loc, None, {}, annotating=True)
+        raise StoreError(f"{spec}: {NOT_ANNOTATABLE}")
+    return annotatable(opener(loc, None, {}, annotating=True))
+
+
+def annotatable(store: Any) -> AnnotatableStore:
+    """``store`` as the annotation protocol, or one line saying annotate cannot use it."""
+    if isinstance(store, AnnotatableStore):
+        return store
+    where = getattr(store, "location", None) or type(store).__name__
+    if hasattr(store, "close"):
+        store.close()
+    raise StoreError(f"{where}: {NOT_ANNOTATABLE}")
 
 
 def check_multiplier_only(prior: DocumentPrior) -> None:
@@ -87,15 +115,8 @@ def check_multiplier_only(prior: DocumentPrior) -> None:
         )
 
 
-def choose_field(target: Any, field: str | None, meta: dict[str, Any]) -> str:
+def choose_field(target: AnnotatableStore, field: str | None, meta: dict[str, Any]) -> str:
     """The field (payload key or column) that receives m(d); refuses one holding user data."""
-    from magretrieve.stores.qdrant_cosine_store import (
-        DEFAULT_FIELD,
-        annotation_of,
-        check_field_name,
-        is_incomplete,
-    )
-
     where = target.location
     if field is not None:
         check_field_name(field, where)
@@ -179,7 +200,7 @@ def stacked_vectors(points: list[Any], where: str) -> np.ndarray:
 
 
 def annotate_store(
-    store: str | Any,
+    store: str | AnnotatableStore,
     *,
     head: str | Path | None = None,
     prior: DocumentPrior | None = None,
@@ -191,6 +212,10 @@ def annotate_store(
 ) -> AnnotateReport:
     """Write ``m(d)`` into every point of an existing Cosine collection (see module doc).
 
+    ``store`` is a spec (opened here and closed at the end) or an open
+    :class:`~magretrieve.stores.annotation.AnnotatableStore` (left open); any other object is
+    refused in one line before anything is read.
+
     Exactly one of ``head`` (a run folder with a frozen-encoder norm head), ``prior`` (a
     multiplier-only :class:`~magretrieve.priors.DocumentPrior`, e.g. the hub prior; its corpus
     statistics are fitted on the stored vectors) or ``norms_from`` (a magnitude-keeping export
@@ -198,12 +223,6 @@ def annotate_store(
     one recorded by an earlier annotation, else ``magretrieve_m``.
     """
     from tqdm.auto import tqdm
-
-    from magretrieve.stores.qdrant_cosine_store import (
-        ANNOTATION_KEY,
-        DEFAULT_PREFETCH,
-        INCOMPLETE_KEY,
-    )
 
     if sum(x is not None for x in (head, prior, norms_from)) != 1:
         raise ConfigError(
@@ -217,6 +236,9 @@ def annotate_store(
     if prior is not None:
         check_multiplier_only(prior)
     recipe = head_recipe(head) if head is not None else None  # fail on a bad run before reading
+    if not isinstance(store, str) and not isinstance(store, AnnotatableStore):
+        where = getattr(store, "location", None) or type(store).__name__
+        raise StoreError(f"{where}: {NOT_ANNOTATABLE}")
     target = open_for_annotation(store) if isinstance(store, str) else store
     try:
         where = target.location

@@ -17,50 +17,53 @@ the vector its ``vector(n)`` column, the payload every other column (``to_jsonb(
 are written by the user's pipeline, so ``add`` is refused; rows added later have no ``m``: they
 are scored with ``m = 1`` and :meth:`PgCosineStore.describe` counts them in a warning until
 ``magretrieve annotate`` runs again. While the column's COMMENT holds the ``incomplete``
-marker, search ranks by plain cosine (one logged warning). Seen through the
-:class:`~magretrieve.stores.base.VectorStore` protocol a row's vector is ``m(d)·d̂``.
+marker, search ranks by plain cosine (one logged warning).
+
+It is an :class:`~magretrieve.stores.annotation.AnnotatableStore`: it implements the store
+primitives (so ids, queries and errors follow the base's rules, as on every store) and the
+annotation primitives ``magretrieve annotate`` drives. Seen through the store protocol a row's
+vector is ``m(d)·d̂``; a row whose vector is NULL is not a point (``get`` answers None for it).
+The SQL helpers it shares with :mod:`~magretrieve.stores.pgvector_store` live in
+:mod:`~magretrieve.stores._pgvector_sql`, so neither module imports the other.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from magretrieve.core.errors import StoreError
-from magretrieve.stores.base import (
-    StoreHit,
-    StoreRecord,
-    VectorStore,
-    check_k,
-    check_queries,
-)
-from magretrieve.stores.pgvector_store import (
+from magretrieve.stores._pgvector_sql import (
     META_KEY,
-    _quote,
     _sql,
     as_array,
     column_dimension,
     psycopg,
     read_comment,
     register_vector,
-    run_in_transaction,
+    table_ref,
     vector_indexes,
 )
-from magretrieve.stores.qdrant_cosine_store import (
+from magretrieve.stores.annotation import (
     ANNOTATION_KEY,
+    DEFAULT_FIELD,
     DEFAULT_PREFETCH,
     INCOMPLETE_KEY,
-    annotation_warnings,
-    fallback_warning,
-    is_incomplete,
+    AnnotatableStore,
+    StoredPoint,
+    unit,
 )
+from magretrieve.stores.base import Batch, StoreHit, StoreRecord, one_line
 
 #: The column annotate adds.
-DEFAULT_COLUMN = "magretrieve_m"
+DEFAULT_COLUMN = DEFAULT_FIELD
+#: Rows read per page (ids, points) when scanning the table.
+PAGE = 4096
 
 
 @dataclass
@@ -101,11 +104,10 @@ OWN_TABLE_COLUMNS = frozenset({"doc_id", "embedding", "payload", "doc_norm"})
 
 def annotated_column(conn: Any, table: tuple[str, ...]) -> str | None:
     """The column whose COMMENT holds magretrieve's annotation record (or marker), if any."""
-    ref = ".".join(_quote(p) for p in table)
     rows = conn.execute(
         "SELECT attname, col_description(attrelid, attnum) FROM pg_attribute "
         "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-        (ref,),
+        (table_ref(table),),
     ).fetchall()
     for name, comment in rows:
         try:
@@ -120,9 +122,8 @@ def annotated_column(conn: Any, table: tuple[str, ...]) -> str | None:
 
 def is_plugin_table(conn: Any, table: tuple[str, ...]) -> bool:
     """An existing table searched by cosine (a ``vector_cosine_ops`` index) or annotated."""
-    ref = ".".join(_quote(p) for p in table)
     try:
-        _, vec, cols = table_layout(conn, ref)
+        _, vec, cols = table_layout(conn, table_ref(table))
     except StoreError:
         return False
     if annotated_column(conn, table) is not None:
@@ -135,11 +136,11 @@ def built_by_magretrieve(conn: Any, table: tuple[str, ...], cols: Sequence[str])
     return set(cols) >= OWN_TABLE_COLUMNS or bool(read_comment(conn, table).get(META_KEY))
 
 
-class PgCosineStore(VectorStore):
+class PgCosineStore(AnnotatableStore):
     """An annotated pgvector table searched by ``cos·m(d)`` over a cosine prefetch."""
 
     kind = "pgvector-cosine"
-    thread_safe_search = False
+    thread_safe_search = False  # one connection: the Retriever serializes searches
 
     def __init__(
         self,
@@ -155,9 +156,10 @@ class PgCosineStore(VectorStore):
     ) -> None:
         _sql()  # psycopg installed, or one line saying which extra
         self.conn = conn
+        self._lock = threading.RLock()
         self._owns = owns_connection
         self._name = table
-        self._ref = ".".join(_quote(p) for p in table)
+        self._ref = table_ref(table)
         self._location = location or f"pgvector table {'.'.join(table)!r}"
         self.ef_search = ef_search
         self._fallback = False  # searching by plain cosine while marked incomplete
@@ -169,10 +171,10 @@ class PgCosineStore(VectorStore):
                 self._dim = int(column_dimension(conn, table, self._vec) or 0)
                 owned = annotated_column(conn, table)
                 self.field = owned or DEFAULT_COLUMN
-                meta = self.read_metadata() if owned else None
+                meta = self._read_meta() if owned else None
                 own_table = annotating and built_by_magretrieve(conn, table, cols)
         except psycopg().Error as exc:
-            raise StoreError(f"{self._location}: {type(exc).__name__}: {exc}") from None
+            raise StoreError(f"{self._location}: {type(exc).__name__}: {one_line(exc)}") from None
         if own_table:
             raise StoreError(
                 f"{self._location}: built by magretrieve for inner-product search (its vectors "
@@ -203,8 +205,14 @@ class PgCosineStore(VectorStore):
     def location(self) -> str:
         return self._location
 
-    def _run(self, what: str, fn: Any) -> Any:
-        return run_in_transaction(self.conn, self._location, what, fn)
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        return (psycopg().Error,)
+
+    def _tx(self, fn: Any) -> Any:
+        """Run ``fn()`` in one transaction (a savepoint inside the caller's), holding the
+        connection's lock: psycopg transactions on a shared connection must not interleave."""
+        with self._lock, self.conn.transaction():
+            return fn()
 
     def _cols(self) -> dict[str, Any]:
         sql = _sql()
@@ -228,32 +236,34 @@ class PgCosineStore(VectorStore):
             return sql.SQL("1.0::real")
         return sql.SQL("coalesce(t.{m}, 1.0::real)").format(**self._cols())
 
-    # ------------------------------------------------------------------ protocol
+    def _keyset(self, columns: Any, batch: int) -> Iterator[list[Any]]:
+        """Pages of ``SELECT pk, columns`` in primary-key order, each its own short read."""
+        sql = _sql()
+        first = sql.SQL("SELECT t.{pk}, {c} FROM {t} t ORDER BY t.{pk} LIMIT %s")
+        later = sql.SQL("SELECT t.{pk}, {c} FROM {t} t WHERE t.{pk} > %s ORDER BY t.{pk} LIMIT %s")
+        first, later = (s.format(c=columns, **self._cols()) for s in (first, later))
+        rows = self._tx(lambda: self.conn.execute(first, (batch,)).fetchall())
+        while rows:
+            yield [r[1:] for r in rows]
+            if len(rows) < batch:
+                return
+            last = rows[-1][0]
+            rows = self._tx(lambda last=last: self.conn.execute(later, (last, batch)).fetchall())
 
-    def add(
-        self,
-        ids: Sequence[str],
-        vectors: np.ndarray,
-        payloads: Sequence[Mapping[str, Any]] | None = None,
-    ) -> int:
+    # ------------------------------------------------------------------ store primitives
+
+    def _upsert(self, batch: Batch) -> None:
         raise StoreError(
             f"{self._location}: rows of an existing table are written by your own pipeline; "
             "insert them there, then run `magretrieve annotate` again to give them m(d)"
         )
 
-    def search(
-        self, queries: np.ndarray, k: int, *, with_vectors: bool = True
-    ) -> list[list[StoreHit]]:
+    def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
         sql = _sql()
-        q = check_queries(queries, self._dim, self._location)
-        k = check_k(k)
         limit = max(self.prefetch, k)
 
         def run() -> list[list[StoreHit]]:
-            cosine = is_incomplete(self.read_metadata())
-            if cosine and not self._fallback:
-                fallback_warning(self._location)
-            self._fallback = cosine
+            cosine = self._ranks_by_cosine()
             stmt = sql.SQL(
                 "SELECT id, payload, m, cos * m AS score, v FROM ("
                 "SELECT t.{pk}::text AS id, {payload} AS payload, {mval} AS m, "
@@ -263,103 +273,118 @@ class PgCosineStore(VectorStore):
             ).format(payload=self._payload_sql(), mval=self._m_sql(cosine), **self._cols())
             out = []
             with self.conn.cursor() as cur:
-                ef = max(int(self.ef_search or 40), limit)
-                cur.execute(f"SET LOCAL hnsw.ef_search = {min(ef, 1000)}")
+                ef = min(max(int(self.ef_search or 40), limit), 1000)
+                cur.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(ef)))
                 for row in q:
                     cur.execute(stmt, (row, row, limit, k))
                     hits = []
                     for r in cur.fetchall():
                         m = float(r[2])
-                        vec = None
-                        if with_vectors:
-                            v = as_array(r[4])
-                            vec = v / max(float(np.linalg.norm(v)), 1e-12) * np.float32(m)
+                        vec = unit(as_array(r[4])) * np.float32(m) if with_vectors else None
                         hits.append(StoreHit(str(r[0]), float(r[3]), dict(r[1]), vec, doc_norm=m))
                     out.append(hits)
             return out
 
-        return self._run("search", run)
+        return self._tx(run)
 
-    def delete(self, ids: Sequence[str]) -> int:
-        sql = _sql()
-        ids = [str(i) for i in ids]
-        if not ids:
-            return 0
-        stmt = sql.SQL("DELETE FROM {t} WHERE {pk}::text = ANY(%s)").format(**self._cols())
+    def _delete(self, ids: list[str]) -> int:
+        stmt = _sql().SQL("DELETE FROM {t} WHERE {pk}::text = ANY(%s)").format(**self._cols())
 
         def run() -> int:
             with self.conn.cursor() as cur:
                 cur.execute(stmt, (ids,))
                 return int(cur.rowcount)
 
-        return self._run("delete", run)
+        return self._tx(run)
 
-    def count(self) -> int:
-        sql = _sql()
-        stmt = sql.SQL("SELECT count(*) FROM {t}").format(**self._cols())
-        return int(self._run("count", lambda: self.conn.execute(stmt).fetchone())[0])
+    def _count(self) -> int:
+        stmt = _sql().SQL("SELECT count(*) FROM {t}").format(**self._cols())
+        return int(self._tx(lambda: self.conn.execute(stmt).fetchone())[0])
 
-    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
-        sql = _sql()
-        ids = [str(i) for i in ids]
-        if not ids:
-            return []
-        stmt = sql.SQL(
-            "SELECT t.{pk}::text, t.{vec}, {payload}, {mval} FROM {t} t "
-            "WHERE t.{pk}::text = ANY(%s)"
-        ).format(payload=self._payload_sql(), mval=self._m_sql(False), **self._cols())
-        found = {}
-        for r in self._run("get", lambda: self.conn.execute(stmt, (ids,)).fetchall()):
-            v = as_array(r[1])
-            vec = v / max(float(np.linalg.norm(v)), 1e-12) * np.float32(r[3])
-            found[str(r[0])] = StoreRecord(str(r[0]), vec, dict(r[2]))
-        return [found.get(i) for i in ids]
-
-    def existing(self, ids: Sequence[str]) -> set[str]:
-        sql = _sql()
-        ids = [str(i) for i in ids]
-        stmt = sql.SQL("SELECT {pk}::text FROM {t} WHERE {pk}::text = ANY(%s)").format(
-            **self._cols()
+    def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
+        stmt = (
+            _sql()
+            .SQL(
+                "SELECT t.{pk}::text, t.{vec}, {payload}, {mval} FROM {t} t "
+                "WHERE t.{pk}::text = ANY(%s) AND t.{vec} IS NOT NULL"
+            )
+            .format(payload=self._payload_sql(), mval=self._m_sql(False), **self._cols())
         )
+        rows = self._tx(lambda: self.conn.execute(stmt, (ids,)).fetchall())
+        return [
+            StoreRecord(str(r[0]), unit(as_array(r[1])) * np.float32(r[3]), dict(r[2]))
+            for r in rows
+        ]
+
+    def _existing(self, ids: list[str]) -> Iterable[str]:
+        stmt = _sql().SQL("SELECT {pk}::text FROM {t} WHERE {pk}::text = ANY(%s)")
+        stmt = stmt.format(**self._cols())
+        return [str(r[0]) for r in self._tx(lambda: self.conn.execute(stmt, (ids,)).fetchall())]
+
+    def _scan_ids(self) -> Iterator[str]:
+        text = _sql().SQL("t.{pk}::text").format(**self._cols())
+        for page in self._keyset(text, PAGE):
+            for (doc_id,) in page:
+                yield str(doc_id)
+
+    def _read_meta(self) -> dict[str, Any] | None:
+        if self.field not in self._cols_now:
+            return None
+        value = self._tx(lambda: read_comment(self.conn, self._name, self.field)).get(META_KEY)
+        return dict(value) if isinstance(value, dict) and value else None
+
+    def _write_meta(self, meta: dict[str, Any]) -> None:
+        if self.field not in self._cols_now:
+            raise StoreError(
+                f"{self._location}: not annotated yet (no column {self.field!r}); "
+                "`magretrieve annotate` records the metadata"
+            )
+        self._tx(lambda: self._comment(meta))
+
+    def _comment(self, meta: Mapping[str, Any]) -> None:
+        sql = _sql()
+        text = json.dumps({META_KEY: dict(meta)}, sort_keys=True)
+        self.conn.execute(
+            sql.SQL("COMMENT ON COLUMN {t}.{m} IS {text}").format(
+                text=sql.Literal(text), **self._cols()
+            )
+        )
+
+    def _describe(self) -> dict[str, Any]:
+        indexes = self._tx(lambda: vector_indexes(self.conn, self._name, self._vec))
         return {
-            str(r[0]) for r in self._run("read", lambda: self.conn.execute(stmt, (ids,)).fetchall())
+            "operator": "<=> (cosine distance) prefetch, then cos * m",
+            "index": ", ".join(f"{m} ({o})" for _, m, o in indexes) or "exact (sequential scan)",
+            "prefetch": self.prefetch,
+            "field": self.field,
         }
 
-    def iter_ids(self) -> Iterator[str]:
-        for page in self.iter_points():
-            for row in page:
-                yield row.id
+    # ------------------------------------------------------------------ annotation primitives
 
-    def iter_points(self, batch: int = 4096) -> Iterator[list[Row]]:
-        """Every row (id, stored vector, payload), in primary-key order: what annotate reads."""
-        sql = _sql()
-        stmt = sql.SQL("SELECT t.{pk}::text, t.{vec}, {payload} FROM {t} t ORDER BY t.{pk}").format(
-            payload=self._payload_sql(), **self._cols()
+    def _pages(self, batch: int) -> Iterator[list[StoredPoint]]:
+        """Every row (id, stored vector, payload), in primary-key order."""
+        cols = (
+            _sql()
+            .SQL("t.{pk}::text, t.{vec}, {payload}")
+            .format(payload=self._payload_sql(), **self._cols())
         )
-        rows = self._run("read", lambda: self.conn.execute(stmt).fetchall())
-        for start in range(0, len(rows), batch):
-            yield [Row(str(r[0]), as_array(r[1]), dict(r[2])) for r in rows[start : start + batch]]
+        for page in self._keyset(cols, batch):
+            yield [Row(str(r[0]), as_array(r[1]), dict(r[2])) for r in page]
 
-    def field_holds_user_data(self, field: str, meta: Mapping[str, Any] | None) -> str | None:
-        """Why writing column ``field`` would overwrite data magretrieve did not write (None: safe).
-
-        A column is magretrieve's only when its COMMENT holds magretrieve's record; any other
-        existing column (the id, the vector, the text, anything of the user's) is refused.
-        """
+    def _user_data_in(self, field: str, meta: Mapping[str, Any] | None) -> str | None:
+        """A column is magretrieve's only when its COMMENT holds magretrieve's record; any
+        other existing column (the id, the vector, the text, anything of the user's) is not."""
         if field == self.field and meta:
             return None
         if field in self._cols_now:
             return f"column {field!r}, which magretrieve did not create (no record in its COMMENT)"
         return None
 
-    def begin_annotation(self, field: str, meta: Mapping[str, Any]) -> None:
-        """Create the m column if needed and record ``meta`` (with its incomplete marker) on it.
-
-        One transaction: either the column exists and says "incomplete", or nothing changed.
-        """
+    def _begin_annotation(self, field: str, meta: dict[str, Any]) -> None:
+        """Create the m column if needed and record ``meta`` on it, in one transaction:
+        either the column exists and says "incomplete", or nothing changed."""
         sql = _sql()
-        self.field = field
-        text = json.dumps({META_KEY: dict(meta)}, sort_keys=True)
+        before = self.field
 
         def run() -> None:
             if field not in self._cols_now:
@@ -368,63 +393,35 @@ class PgCosineStore(VectorStore):
                         sql.Identifier(*self._name), sql.Identifier(field)
                     )
                 )
-            self.conn.execute(
-                sql.SQL("COMMENT ON COLUMN {t}.{m} IS {text}").format(
-                    text=sql.Literal(text), **self._cols()
-                )
-            )
+            self._comment(meta)
 
-        self._run("begin annotation", run)
+        self.field = field  # the statements name the new column
+        try:
+            self._tx(run)
+        except BaseException:
+            self.field = before
+            raise
         if field not in self._cols_now:
             self._cols_now.append(field)
 
-    def unannotated(self) -> int:
-        """Rows with no m(d): added after the annotation, scored with m = 1."""
-        if self.field not in self._cols_now:
-            return self.count()
-        stmt = _sql().SQL("SELECT count(*) FROM {t} WHERE {m} IS NULL").format(**self._cols())
-        return int(self._run("count", lambda: self.conn.execute(stmt).fetchone())[0])
-
-    def describe(self) -> dict[str, Any]:
-        out = super().describe()
-        out["warnings"] = annotation_warnings(
-            self._location, out.get("metadata"), self.unannotated()
-        )
-        return out
-
-    def set_magnitudes(self, points: Sequence[Row], magnitudes: np.ndarray) -> None:
+    def _set_magnitudes(self, points: Sequence[StoredPoint], magnitudes: list[float]) -> None:
         """``UPDATE`` the m column of these rows in one statement (the vectors stay)."""
-        sql = _sql()
-        stmt = sql.SQL(
-            "UPDATE {t} t SET {m} = v.m FROM unnest(%s::text[], %s::real[]) AS v(id, m) "
-            "WHERE t.{pk}::text = v.id"
-        ).format(**self._cols())
-        ids = [p.id for p in points]
-        mags = [float(m) for m in magnitudes]
-        self._run("annotate", lambda: self.conn.execute(stmt, (ids, mags)))
-
-    def read_metadata(self) -> dict[str, Any] | None:
-        if self.field not in self._cols_now:
-            return None
-        value = read_comment(self.conn, self._name, self.field).get(META_KEY)
-        return dict(value) if isinstance(value, dict) and value else None
-
-    def write_metadata(self, meta: Mapping[str, Any]) -> None:
-        sql = _sql()
-        text = json.dumps({META_KEY: dict(meta)}, sort_keys=True)
-        stmt = sql.SQL("COMMENT ON COLUMN {t}.{m} IS {text}").format(
-            text=sql.Literal(text), **self._cols()
+        stmt = (
+            _sql()
+            .SQL(
+                "UPDATE {t} t SET {m} = v.m FROM unnest(%s::text[], %s::real[]) AS v(id, m) "
+                "WHERE t.{pk}::text = v.id"
+            )
+            .format(**self._cols())
         )
-        self._run("write metadata", lambda: self.conn.execute(stmt))
+        ids = [str(p.id) for p in points]
+        self._tx(lambda: self.conn.execute(stmt, (ids, magnitudes)))
 
-    def parameters(self) -> dict[str, Any]:
-        indexes = self._run("read", lambda: vector_indexes(self.conn, self._name, self._vec))
-        return {
-            "operator": "<=> (cosine distance) prefetch, then cos * m",
-            "index": ", ".join(f"{m} ({o})" for _, m, o in indexes) or "exact (sequential scan)",
-            "prefetch": self.prefetch,
-            "field": self.field,
-        }
+    def _unannotated(self) -> int:
+        if self.field not in self._cols_now:
+            return self._count()
+        stmt = _sql().SQL("SELECT count(*) FROM {t} WHERE {m} IS NULL").format(**self._cols())
+        return int(self._tx(lambda: self.conn.execute(stmt).fetchone())[0])
 
     def close(self) -> None:
         if self._owns:

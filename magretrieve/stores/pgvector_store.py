@@ -15,7 +15,7 @@ Rules kept here, as in the other stores:
   (``index_type="flat"``);
 - an existing table whose vector column is indexed with ``vector_cosine_ops`` or
   ``vector_l2_ops`` is refused (such an index ranks by another metric than the model's) unless
-  it was annotated for the plug-in path (see :mod:`magretrieve.stores.pgvector_formula`);
+  it was annotated for the plug-in path (see :mod:`magretrieve.stores.pgvector_cosine_store`);
 - which model built the table is recorded as JSON in the table's ``COMMENT``.
 
 Every batch is validated (ids, dimension, NaN/inf, JSON payloads) before one row is written,
@@ -25,7 +25,6 @@ and written in one transaction, so a failed batch leaves the table as it was.
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -36,6 +35,17 @@ from magretrieve.core.errors import StoreError
 from magretrieve.core.redact import redact
 from magretrieve.core.text import lone_surrogate
 from magretrieve.stores import registry
+from magretrieve.stores._pgvector_sql import (
+    META_KEY,
+    _quote,
+    _sql,
+    as_array,
+    column_dimension,
+    psycopg,
+    read_comment,
+    register_vector,
+    vector_indexes,
+)
 from magretrieve.stores.base import (
     Batch,
     StoreHit,
@@ -48,8 +58,6 @@ from magretrieve.stores.base import (
     require,
 )
 
-#: Key of the table COMMENT's JSON object under which the building model is recorded.
-META_KEY = "magretrieve"
 #: COMMENT key of the last recall measurement (with the ef_search it tuned to).
 RECALL_KEY = "magretrieve.recall"
 #: COMMENT key of the build options given at creation (the index type, which no index tells
@@ -67,19 +75,6 @@ OTHER_OPCLASSES = {
     "halfvec_cosine_ops": "cosine distance",
     "halfvec_l2_ops": "L2 distance",
 }
-
-
-def psycopg() -> Any:
-    return require("psycopg", "psycopg", "pgvector")
-
-
-def _sql() -> Any:
-    return require("psycopg.sql", "psycopg", "pgvector")
-
-
-def register_vector(conn: Any) -> None:
-    """Make numpy arrays travel as pgvector ``vector`` values on ``conn`` (binary format)."""
-    require("pgvector.psycopg", "pgvector", "pgvector").register_vector(conn)
 
 
 #: PostgreSQL keeps identifiers of at most NAMEDATALEN - 1 bytes and truncates longer ones
@@ -126,23 +121,6 @@ def connect(uri: str, where: str) -> Any:
     return conn
 
 
-def vector_indexes(conn: Any, table: tuple[str, ...], column: str) -> list[tuple[str, str, str]]:
-    """(index name, access method, operator class) of each index on ``table.column``."""
-    rows = conn.execute(
-        """
-        SELECT ic.relname, am.amname, opc.opcname
-        FROM pg_index ix
-        JOIN pg_class ic ON ic.oid = ix.indexrelid
-        JOIN pg_am am ON am.oid = ic.relam
-        JOIN pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = ix.indkey[0]
-        JOIN pg_opclass opc ON opc.oid = ix.indclass[0]
-        WHERE ix.indrelid = %s::regclass AND a.attname = %s
-        """,
-        (".".join(_quote(p) for p in table), column),
-    ).fetchall()
-    return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
-
-
 def index_parameters(conn: Any, table: tuple[str, ...], column: str) -> dict[str, dict[str, int]]:
     """{access method: its build parameters} of the indexes on ``table.column``, pgvector's
     defaults filled in where the definition leaves one out (``m``, ``lists``, ...)."""
@@ -168,76 +146,11 @@ def index_parameters(conn: Any, table: tuple[str, ...], column: str) -> dict[str
     return out
 
 
-def column_dimension(conn: Any, table: tuple[str, ...], column: str) -> int | None:
-    """The declared dimension of a ``vector(n)`` column (None when the column is missing)."""
-    row = conn.execute(
-        """
-        SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
-        WHERE a.attrelid = %s::regclass AND a.attname = %s AND NOT a.attisdropped
-        """,
-        (".".join(_quote(p) for p in table), column),
-    ).fetchone()
-    if row is None:
-        return None
-    m = re.fullmatch(r"vector\((\d+)\)", str(row[0]))
-    if not m:
-        raise StoreError(f"column {column!r} has type {row[0]}, not vector(n)")
-    return int(m.group(1))
-
-
 def table_exists(conn: Any, table: tuple[str, ...]) -> bool:
     row = conn.execute(
         "SELECT to_regclass(%s) IS NOT NULL", (".".join(_quote(p) for p in table),)
     ).fetchone()
     return bool(row[0])
-
-
-def read_comment(conn: Any, table: tuple[str, ...], column: str | None = None) -> dict[str, Any]:
-    """The JSON object in a table's (or column's) COMMENT; {} when none or not JSON."""
-    ref = ".".join(_quote(p) for p in table)
-    if column is None:
-        row = conn.execute("SELECT obj_description(%s::regclass, 'pg_class')", (ref,)).fetchone()
-    else:
-        row = conn.execute(
-            """
-            SELECT col_description(a.attrelid, a.attnum) FROM pg_attribute a
-            WHERE a.attrelid = %s::regclass AND a.attname = %s
-            """,
-            (ref, column),
-        ).fetchone()
-    try:
-        value = json.loads(row[0]) if row and row[0] else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def as_array(value: Any) -> np.ndarray:
-    """A pgvector value (``pgvector.Vector`` or a sequence) as a float32 numpy array."""
-    if hasattr(value, "to_numpy"):
-        value = value.to_numpy()
-    return np.asarray(value, dtype=np.float32)
-
-
-def _quote(part: str) -> str:
-    return '"' + part.replace('"', '""') + '"'
-
-
-def run_in_transaction(conn: Any, location: str, what: str, fn: Any) -> Any:
-    """Run ``fn()`` in one transaction, turning database errors into one-line StoreErrors.
-
-    On a connection that is not in autocommit mode and has no transaction open it begins and
-    commits; inside the caller's open transaction it is a savepoint, committed with the
-    caller's work.
-    """
-    pg = psycopg()
-    try:
-        with conn.transaction():
-            return fn()
-    except pg.Error as exc:
-        raise StoreError(
-            f"{location}: {what} failed ({type(exc).__name__}: {one_line(exc)})"
-        ) from None
 
 
 class PgVectorStore(VectorStore):

@@ -6,11 +6,14 @@ Most deployments hold unit vectors in a Cosine collection and will not re-create
 Qdrant's query API: a **prefetch** of the ``prefetch`` nearest points by cosine, re-ranked by
 the formula ``$score · m`` (a ``FormulaQuery``; it runs in qdrant-client's embedded mode too).
 
-Seen through the :class:`~magretrieve.stores.base.VectorStore` protocol the collection holds
-the vectors ``m(d)·d̂``: hits and records carry them, ``doc_norm`` is ``m(d)``, and ``add``
-writes ``d̂`` with ``m = ‖v‖`` in the payload. So the :class:`~magretrieve.serving.retriever.Retriever`
-explains each score as ``query_norm · doc_norm · cosine`` as with any store, and documents it
-adds get their magnitude from the recipe recorded at annotation (like a rescaled store).
+It is an :class:`~magretrieve.stores.annotation.AnnotatableStore`: it implements the store
+primitives, so the base's id, payload and query rules apply as on every store, and the
+annotation primitives ``magretrieve annotate`` drives. Seen through the store protocol the
+collection holds the vectors ``m(d)·d̂``: hits and records carry them, ``doc_norm`` is
+``m(d)``, and ``add`` writes ``d̂`` with ``m = ‖v‖`` in the payload. So the
+:class:`~magretrieve.serving.retriever.Retriever` explains each score as
+``query_norm · doc_norm · cosine`` as with any store, and documents it adds get their
+magnitude from the recipe recorded at annotation (like a rescaled store).
 
 The one approximation is the prefetch: a document outside the cosine top-``prefetch`` is never
 scored. ``benchmarks/studies/plugin_prefetch.py`` measures recall@10 against exact ``cos·m(d)`` as a
@@ -28,94 +31,72 @@ An unannotated Cosine collection is refused as before (Cosine would erase the ma
 
 from __future__ import annotations
 
-import logging
-import re
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from magretrieve.core.errors import StoreError
-from magretrieve.stores._qdrant_common import make_payload
+from magretrieve.stores._qdrant_common import point_payload
+from magretrieve.stores.annotation import (
+    ANNOTATION_KEY,
+    DEFAULT_FIELD,
+    DEFAULT_PREFETCH,
+    FIELD_PATTERN,
+    INCOMPLETE_KEY,
+    RESERVED_FIELDS,
+    AnnotatableStore,
+    StoredPoint,
+    annotation_of,
+    annotation_warnings,
+    check_field_name,
+    fallback_warning,
+    is_incomplete,
+    unit,
+)
 from magretrieve.stores.base import (
+    Batch,
     StoreHit,
     StoreRecord,
-    VectorStore,
-    check_batch,
-    check_k,
-    check_queries,
+    check_payload_keys,
     point_uuid,
     require,
 )
 
-#: Payload field holding m(d) unless the annotation names another.
-DEFAULT_FIELD = "magretrieve_m"
-#: Cosine candidates re-ranked by the formula (see benchmarks/results/plugin_prefetch.md).
-DEFAULT_PREFETCH = 100
-#: Key (inside the collection's ``magretrieve`` metadata) of the annotation record.
-ANNOTATION_KEY = "annotation"
+# The annotation names below live in magretrieve.stores.annotation and stay importable here.
+__all__ = [
+    "ANNOTATION_KEY",
+    "DEFAULT_FIELD",
+    "DEFAULT_PREFETCH",
+    "FIELD_PATTERN",
+    "INCOMPLETE_KEY",
+    "META_KEY",
+    "RESERVED_FIELDS",
+    "QdrantCosineStore",
+    "annotation_of",
+    "annotation_warnings",
+    "check_field_name",
+    "fallback_warning",
+    "is_incomplete",
+    "refusal",
+]
+
 #: Metadata key of the collection (shared with QdrantStore).
 META_KEY = "magretrieve"
-#: Key (inside the metadata) present while an annotation has not finished.
-INCOMPLETE_KEY = "incomplete"
-#: Payload keys magretrieve writes besides m(d); a --field may not name them.
-RESERVED_FIELDS = ("doc_id", "doc_norm")
-#: A field magretrieve may create: a plain identifier that is the same in a payload key, a
-#: formula variable and (unquoted or quoted) a PostgreSQL column, at most 63 bytes.
-FIELD_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-
-logger = logging.getLogger(__name__)
 
 
 def _models() -> Any:
     return require("qdrant_client.models", "qdrant-client", "qdrant")
 
 
-def _unit(vector: Any) -> np.ndarray:
-    """A stored vector's direction (Cosine ranks by it; embedded mode may keep the raw one)."""
-    v = np.asarray(vector, dtype=np.float32)
-    return v / max(float(np.linalg.norm(v)), 1e-12)
-
-
-def annotation_of(meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The annotation record in a store's metadata, or None when it was never annotated."""
-    ann = (meta or {}).get(ANNOTATION_KEY)
-    return dict(ann) if isinstance(ann, Mapping) and ann.get("field") else None
-
-
-def is_incomplete(meta: Mapping[str, Any] | None) -> bool:
-    """Is an annotation (or rescale) of this store running or interrupted?"""
-    return bool((meta or {}).get(INCOMPLETE_KEY))
-
-
-def check_field_name(field: str, where: str) -> None:
-    """Refuse a field name magretrieve cannot own safely (reserved, nested, quoted, too long)."""
-    if field in RESERVED_FIELDS:
-        raise StoreError(f"{where}: --field {field!r} is reserved by magretrieve; choose another")
-    if not FIELD_PATTERN.fullmatch(field):
-        raise StoreError(
-            f"{where}: --field {field[:80]!r} is not a plain name (letters, digits, _; at most "
-            "63 bytes, not starting with a digit)"
-        )
-
-
-def fallback_warning(where: str) -> None:
-    logger.warning(
-        "%s: marked incomplete (an annotate is running or was interrupted): ranking by plain "
-        "cosine until it finishes; if it was interrupted, run the same `magretrieve annotate` "
-        "again",
-        where,
-    )
-
-
 def refusal(where: str, collection: str) -> StoreError:
     return StoreError(
-        f"{where}: collection {collection!r} uses distance Cosine; magretrieve needs Dot (Cosine normalizes vectors at "
-        "upload and would erase document magnitude). Create a new Dot collection, or keep this "
-        "one and rank by cos·m(d) after `magretrieve annotate --store SPEC ...` writes m(d) into "
-        "its payload"
+        f"{where}: collection {collection!r} uses distance Cosine; magretrieve needs Dot (Cosine "
+        "normalizes vectors at upload and would erase document magnitude). Create a new Dot "
+        "collection, or keep this one and rank by cos·m(d) after `magretrieve annotate --store "
+        "SPEC ...` writes m(d) into its payload"
     )
 
 
@@ -129,23 +110,7 @@ def _point_id(doc_id: str) -> int | str | None:
         return None
 
 
-def annotation_warnings(where: str, meta: Mapping[str, Any] | None, missing: int) -> list[str]:
-    """What :meth:`describe` warns about on an annotated store: incomplete, rows without m."""
-    out = []
-    if is_incomplete(meta):
-        out.append(
-            f"{where}: marked incomplete (an annotate is running or was interrupted); searches "
-            "rank by plain cosine until the same `magretrieve annotate` finishes"
-        )
-    if missing:
-        out.append(
-            f"{where}: {missing} point(s) added after the annotation have no m(d) and are "
-            "scored with m = 1; run `magretrieve annotate` again to give them theirs"
-        )
-    return out
-
-
-class QdrantCosineStore(VectorStore):
+class QdrantCosineStore(AnnotatableStore):
     """An annotated Cosine collection searched by ``cos·m(d)`` (prefetch + formula)."""
 
     kind = "qdrant-cosine"
@@ -203,10 +168,14 @@ class QdrantCosineStore(VectorStore):
     def location(self) -> str:
         return self._location
 
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        exceptions = require("qdrant_client.http.exceptions", "qdrant-client", "qdrant")
+        return (exceptions.ApiException, ValueError, RuntimeError, OSError)
+
     def _payload_out(
         self, payload: Mapping[str, Any] | None, point_id: Any
     ) -> tuple[str, dict[str, Any]]:
-        """(document id, user payload, m) of a stored point; foreign points use their own id."""
+        """(document id, user payload) of a stored point; foreign points use their own id."""
         payload = dict(payload or {})
         doc_id = payload.pop("doc_id", None)
         payload.pop("doc_norm", None)
@@ -225,40 +194,26 @@ class QdrantCosineStore(VectorStore):
             )
         return float(value)
 
-    def _check_state(self) -> bool:
-        """True while the collection is marked incomplete (search then ranks by cosine)."""
-        incomplete = is_incomplete(self.read_metadata())
-        if incomplete and not self._fallback:
-            fallback_warning(self._location)
-        self._fallback = incomplete
-        return incomplete
+    # ------------------------------------------------------------------ store primitives
 
-    # ------------------------------------------------------------------ protocol
-
-    def add(
-        self,
-        ids: Sequence[str],
-        vectors: np.ndarray,
-        payloads: Sequence[Mapping[str, Any]] | None = None,
-    ) -> int:
+    def _upsert(self, batch: Batch) -> None:
+        """Write ``d̂`` with ``m = ‖v‖`` in the payload (a checked batch: ids, JSON payloads)."""
         models = _models()
-        ids, arr, plist = check_batch(ids, vectors, payloads, self._dim, self._location)
-        norms = np.linalg.norm(arr, axis=1)
-        if (norms <= 0).any():
-            bad = ids[int(np.flatnonzero(norms <= 0)[0])]
-            raise StoreError(f"{self._location}: document {bad!r} has a zero vector")
+        zero = np.flatnonzero(batch.norms <= 0)
+        if len(zero):
+            raise StoreError(
+                f"{self._location}: document {batch.ids[int(zero[0])]!r} has a zero vector (it "
+                "has no direction to rank by cosine); nothing of this batch was written"
+            )
         points = []
-        for doc_id, vec, norm, payload in zip(ids, arr, norms, plist, strict=True):
-            if self.field in payload:
-                raise StoreError(f"document {doc_id!r}: payload key {self.field!r} is reserved")
-            pay = make_payload(doc_id, vec, payload)
-            pay[self.field] = float(norm)
+        for doc_id, vec, payload, norm in batch.rows():
+            check_payload_keys(payload, (self.field,), doc_id, self._location)
+            pay = point_payload(doc_id, payload, norm)
+            pay[self.field] = norm
             points.append(
                 models.PointStruct(id=point_uuid(doc_id), vector=(vec / norm).tolist(), payload=pay)
             )
-        if points:
-            self.client.upsert(self.collection, points=points, wait=True)
-        return len(points)
+        self.client.upsert(self.collection, points=points, wait=True)
 
     def _request(self, row: np.ndarray, k: int, with_vectors: bool, cosine: bool = False) -> Any:
         models = _models()
@@ -286,12 +241,8 @@ class QdrantCosineStore(VectorStore):
             with_vector=with_vectors,
         )
 
-    def search(
-        self, queries: np.ndarray, k: int, *, with_vectors: bool = True
-    ) -> list[list[StoreHit]]:
-        q = check_queries(queries, self._dim, self._location)
-        k = check_k(k)
-        cosine = self._check_state()
+    def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
+        cosine = self._ranks_by_cosine()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             res = self.client.query_batch_points(
@@ -304,20 +255,15 @@ class QdrantCosineStore(VectorStore):
             for p in response.points:
                 m = 1.0 if cosine else self._m(p.payload, p.id)
                 doc_id, payload = self._payload_out(p.payload, p.id)
-                vec = None
-                if with_vectors:
-                    vec = _unit(p.vector) * np.float32(m)
+                vec = unit(p.vector) * np.float32(m) if with_vectors else None
                 hits.append(StoreHit(doc_id, float(p.score), payload, vec, doc_norm=m))
             out.append(hits)
         return out
 
-    def _find(self, ids: Sequence[str], with_vectors: bool) -> dict[str, Any]:
+    def _find(self, ids: list[str], with_vectors: bool) -> dict[str, Any]:
         """Stored points by document id: magretrieve's uuid5 ids, else a ``doc_id`` payload."""
         models = _models()
-        ids = [str(i) for i in ids]
         found: dict[str, Any] = {}
-        if not ids:
-            return found
         for p in self.client.retrieve(
             self.collection,
             ids=[point_uuid(i) for i in ids],
@@ -358,7 +304,7 @@ class QdrantCosineStore(VectorStore):
                     break
         return found
 
-    def delete(self, ids: Sequence[str]) -> int:
+    def _delete(self, ids: list[str]) -> int:
         models = _models()
         found = self._find(ids, with_vectors=False)
         if found:
@@ -369,26 +315,22 @@ class QdrantCosineStore(VectorStore):
             )
         return len(found)
 
-    def count(self) -> int:
+    def _count(self) -> int:
         return int(self.client.count(self.collection, exact=True).count)
 
-    def get(self, ids: Sequence[str]) -> list[StoreRecord | None]:
-        found = self._find(ids, with_vectors=True)
-        out: list[StoreRecord | None] = []
-        for doc_id in ids:
-            p = found.get(str(doc_id))
-            if p is None:
-                out.append(None)
-                continue
+    def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
+        out = []
+        for doc_id, p in self._find(ids, with_vectors=True).items():
             _, payload = self._payload_out(p.payload, p.id)
-            vec = _unit(p.vector) * np.float32(self._m(p.payload, p.id))
-            out.append(StoreRecord(str(doc_id), vec, payload))
+            out.append(
+                StoreRecord(doc_id, unit(p.vector) * np.float32(self._m(p.payload, p.id)), payload)
+            )
         return out
 
-    def existing(self, ids: Sequence[str]) -> set[str]:
-        return set(self._find(ids, with_vectors=False))
+    def _existing(self, ids: list[str]) -> Iterable[str]:
+        return list(self._find(ids, with_vectors=False))
 
-    def iter_ids(self) -> Iterator[str]:
+    def _scan_ids(self) -> Iterator[str]:
         offset = None
         while True:
             points, offset = self.client.scroll(
@@ -403,8 +345,26 @@ class QdrantCosineStore(VectorStore):
             if offset is None:
                 return
 
-    def iter_points(self, batch: int = 512) -> Iterator[list[Any]]:
-        """Every point (id, unit vector, payload), page by page: what annotate reads."""
+    def _read_meta(self) -> dict[str, Any] | None:
+        meta = self.client.get_collection(self.collection).config.metadata or {}
+        value = meta.get(META_KEY)
+        return dict(value) if value else None
+
+    def _write_meta(self, meta: dict[str, Any]) -> None:
+        self.client.update_collection(self.collection, metadata={META_KEY: dict(meta)})
+
+    def _describe(self) -> dict[str, Any]:
+        return {
+            "distance": "Cosine",
+            "ranking": f"$score * {self.field} over a cosine prefetch",
+            "prefetch": self.prefetch,
+            "field": self.field,
+            "index": "exact (embedded mode)" if self.embedded else "hnsw",
+        }
+
+    # ------------------------------------------------------------------ annotation primitives
+
+    def _pages(self, batch: int) -> Iterator[list[StoredPoint]]:
         offset = None
         while True:
             points, offset = self.client.scroll(
@@ -415,12 +375,9 @@ class QdrantCosineStore(VectorStore):
             if offset is None:
                 return
 
-    def field_holds_user_data(self, field: str, meta: Mapping[str, Any] | None) -> str | None:
-        """Why writing ``field`` would overwrite data magretrieve did not write (None: safe).
-
-        The field (and ``doc_norm``, written beside it) is ours only when the annotation record
-        (complete or marked incomplete) names it; otherwise any point holding it holds user data.
-        """
+    def _user_data_in(self, field: str, meta: Mapping[str, Any] | None) -> str | None:
+        """The field (and ``doc_norm``, written beside it) is ours only when the annotation
+        record names it; otherwise any point holding it holds user data."""
         ann = annotation_of(meta)
         if ann is not None and ann.get("field") == field:
             return None
@@ -441,13 +398,27 @@ class QdrantCosineStore(VectorStore):
                 return f"payload key {key!r} of {count} point(s)"
         return None
 
-    def begin_annotation(self, field: str, meta: Mapping[str, Any]) -> None:
-        """Record ``meta`` (the annotation with its incomplete marker) before any m is written."""
-        self.field = field
-        self.write_metadata(meta)
+    def _begin_annotation(self, field: str, meta: dict[str, Any]) -> None:
+        """The payload field needs no creating: recording ``meta`` is the whole step."""
+        self._write_meta(meta)
 
-    def unannotated(self) -> int:
-        """Points with no m(d): added after the annotation, scored with m = 1."""
+    def _set_magnitudes(self, points: Sequence[StoredPoint], magnitudes: list[float]) -> None:
+        """Write ``m`` (and ``doc_id``/``doc_norm``) into the payload of ``points``."""
+        models = _models()
+        ops = []
+        for p, m in zip(points, magnitudes, strict=True):
+            doc_id = self._payload_out(p.payload, p.id)[0]
+            ops.append(
+                models.SetPayloadOperation(
+                    set_payload=models.SetPayload(
+                        payload={self.field: m, "doc_id": doc_id, "doc_norm": m},
+                        points=[p.id],
+                    )
+                )
+            )
+        self.client.batch_update_points(self.collection, update_operations=ops, wait=True)
+
+    def _unannotated(self) -> int:
         models = _models()
         return int(
             self.client.count(
@@ -458,47 +429,6 @@ class QdrantCosineStore(VectorStore):
                 exact=True,
             ).count
         )
-
-    def describe(self) -> dict[str, Any]:
-        out = super().describe()
-        out["warnings"] = annotation_warnings(
-            self._location, out.get("metadata"), self.unannotated()
-        )
-        return out
-
-    def set_magnitudes(self, points: Sequence[Any], magnitudes: np.ndarray) -> None:
-        """Write ``m`` (and ``doc_id``/``doc_norm``) into the payload of ``points``; vectors stay."""
-        models = _models()
-        ops = []
-        for p, m in zip(points, magnitudes, strict=True):
-            doc_id = self._payload_out(p.payload, p.id)[0]
-            ops.append(
-                models.SetPayloadOperation(
-                    set_payload=models.SetPayload(
-                        payload={self.field: float(m), "doc_id": doc_id, "doc_norm": float(m)},
-                        points=[p.id],
-                    )
-                )
-            )
-        if ops:
-            self.client.batch_update_points(self.collection, update_operations=ops, wait=True)
-
-    def read_metadata(self) -> dict[str, Any] | None:
-        meta = self.client.get_collection(self.collection).config.metadata or {}
-        value = meta.get(META_KEY)
-        return dict(value) if value else None
-
-    def write_metadata(self, meta: Mapping[str, Any]) -> None:
-        self.client.update_collection(self.collection, metadata={META_KEY: dict(meta)})
-
-    def parameters(self) -> dict[str, Any]:
-        return {
-            "distance": "Cosine",
-            "ranking": f"$score * {self.field} over a cosine prefetch",
-            "prefetch": self.prefetch,
-            "field": self.field,
-            "index": "exact (embedded mode)" if self.embedded else "hnsw",
-        }
 
     def close(self) -> None:
         if self._owns:
