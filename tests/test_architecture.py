@@ -79,12 +79,7 @@ def read_imports(source: str, package: str, filename: str) -> list[tuple[str, in
             if isinstance(child, ast.Import):
                 found.extend((alias.name, child.lineno, in_function) for alias in child.names)
             elif isinstance(child, ast.ImportFrom):
-                if child.level:
-                    base = package.split(".")
-                    base = base[: len(base) - (child.level - 1)]
-                    name = ".".join([*base, child.module] if child.module else base)
-                else:
-                    name = child.module or ""
+                name = from_module(child, package)
                 if name == "magretrieve":  # `from magretrieve import core` names the layer
                     found.extend(
                         (f"magretrieve.{a.name}", child.lineno, in_function) for a in child.names
@@ -95,6 +90,15 @@ def read_imports(source: str, package: str, filename: str) -> list[tuple[str, in
 
     visit(tree, False)
     return found
+
+
+def from_module(node: ast.ImportFrom, package: str) -> str:
+    """The absolute name of the module a ``from ... import`` statement of ``package`` reads."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
 
 
 def test_the_doc_has_a_row_for_every_layer_folder() -> None:
@@ -160,12 +164,7 @@ def module_edges(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                parts = parts[: len(parts) - (node.level - 1)]
-                base = ".".join([*parts, node.module] if node.module else parts)
-            else:
-                base = node.module or ""
+            base = from_module(node, package)
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
                 out.add(sub if module_file(sub) is not None else base)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from typing import Any
 
 import numpy as np
@@ -106,3 +107,21 @@ def as_array(value: Any) -> np.ndarray:
     if hasattr(value, "to_numpy"):
         value = value.to_numpy()
     return np.asarray(value, dtype=np.float32)
+
+
+class PgConnection:
+    """One psycopg connection shared by every thread of a store: each unit of work runs in
+    its own transaction (a savepoint inside the caller's) under the connection's lock, since
+    psycopg transactions on a shared connection must not interleave (indexing reads
+    ``existing`` in a reader thread while the writer adds). List it before ``VectorStore``."""
+
+    conn: Any
+    _lock: threading.RLock
+
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        return (psycopg().Error,)
+
+    def _tx(self, fn: Any) -> Any:
+        """Run ``fn()`` in one transaction, holding the connection's lock."""
+        with self._lock, self.conn.transaction():
+            return fn()

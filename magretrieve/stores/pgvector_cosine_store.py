@@ -40,6 +40,7 @@ import numpy as np
 from magretrieve.core.errors import StoreError
 from magretrieve.stores._pgvector_sql import (
     META_KEY,
+    PgConnection,
     _sql,
     as_array,
     column_dimension,
@@ -136,7 +137,7 @@ def built_by_magretrieve(conn: Any, table: tuple[str, ...], cols: Sequence[str])
     return set(cols) >= OWN_TABLE_COLUMNS or bool(read_comment(conn, table).get(META_KEY))
 
 
-class PgCosineStore(AnnotatableStore):
+class PgCosineStore(PgConnection, AnnotatableStore):
     """An annotated pgvector table searched by ``cos·m(d)`` over a cosine prefetch."""
 
     kind = "pgvector-cosine"
@@ -204,15 +205,6 @@ class PgCosineStore(AnnotatableStore):
     @property
     def location(self) -> str:
         return self._location
-
-    def _driver_errors(self) -> tuple[type[BaseException], ...]:
-        return (psycopg().Error,)
-
-    def _tx(self, fn: Any) -> Any:
-        """Run ``fn()`` in one transaction (a savepoint inside the caller's), holding the
-        connection's lock: psycopg transactions on a shared connection must not interleave."""
-        with self._lock, self.conn.transaction():
-            return fn()
 
     def _cols(self) -> dict[str, Any]:
         sql = _sql()
