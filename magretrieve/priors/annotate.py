@@ -94,12 +94,13 @@ def open_for_annotation(spec: str) -> AnnotatableStore:
     return annotatable(opener(loc, None, {}, annotating=True))
 
 
-def annotatable(store: Any) -> AnnotatableStore:
-    """``store`` as the annotation protocol, or one line saying annotate cannot use it."""
+def annotatable(store: Any, *, opened_here: bool = True) -> AnnotatableStore:
+    """``store`` as the annotation protocol, or one line saying annotate cannot use it (a
+    store ``opened_here`` is closed first; the caller's own store is left open)."""
     if isinstance(store, AnnotatableStore):
         return store
     where = getattr(store, "location", None) or type(store).__name__
-    if hasattr(store, "close"):
+    if opened_here and hasattr(store, "close"):
         store.close()
     raise StoreError(f"{where}: {NOT_ANNOTATABLE}")
 
@@ -236,10 +237,10 @@ def annotate_store(
     if prior is not None:
         check_multiplier_only(prior)
     recipe = head_recipe(head) if head is not None else None  # fail on a bad run before reading
-    if not isinstance(store, str) and not isinstance(store, AnnotatableStore):
-        where = getattr(store, "location", None) or type(store).__name__
-        raise StoreError(f"{where}: {NOT_ANNOTATABLE}")
-    target = open_for_annotation(store) if isinstance(store, str) else store
+    if isinstance(store, str):
+        target = open_for_annotation(store)
+    else:
+        target = annotatable(store, opened_here=False)
     try:
         where = target.location
         meta = dict(target.read_metadata() or {})
