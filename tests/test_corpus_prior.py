@@ -67,7 +67,7 @@ def test_choosing_beta_prefers_down_weighting_hubs_when_they_are_not_relevant() 
     assert flat.prior.method == "none"
 
 
-def test_hub_prior_round_trips_its_json_and_reads_old_files(tmp_path) -> None:
+def test_hub_prior_round_trips_its_json(tmp_path) -> None:
     rng = np.random.default_rng(3)
     docs = unit(rng.normal(size=(12, 4)))
     prior = HubPrior(beta=0.05, k=3)
@@ -77,15 +77,12 @@ def test_hub_prior_round_trips_its_json_and_reads_old_files(tmp_path) -> None:
     back = prior_from_dict(written)
     assert isinstance(back, HubPrior)
     assert (back.beta, back.k, back.mean, back.std) == (0.05, 3, prior.mean, prior.std)
-    # a file of the older kind (written before the prior family) reads as hub
-    old = {"beta": 0.2, "k": 5, "mean": 0.3, "std": 0.1, "chosen_on": "scifact:train",
-           "grid": {"0": 0.6, "0.2": 0.61}, "kind": "corpus_prior"}  # fmt: skip
-    path = tmp_path / "old.json"
-    path.write_text(json.dumps(old))
+    path = tmp_path / "hub.json"
+    path.write_text(json.dumps(written))
     read = read_prior_file(path)
-    assert isinstance(read, HubPrior) and (read.beta, read.k, read.mean, read.std) == (
-        0.2, 5, 0.3, 0.1,
-    )  # fmt: skip
+    assert isinstance(read, HubPrior) and (read.beta, read.k, read.std) == (0.05, 3, prior.std)
+    with pytest.raises(ConfigError, match=r"not a document prior \(kind 'corpus_prior'\)"):
+        prior_from_dict({"kind": "corpus_prior", "beta": 0.2})
     with pytest.raises(ConfigError, match="not a document prior"):
         prior_from_dict({"kind": "norm_head", "beta": 1})
     hub = {"kind": "document_prior", "method": "hub"}

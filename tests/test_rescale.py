@@ -253,8 +253,8 @@ def test_cli_rescale_and_one_line_errors(
     assert res.exit_code == 0, res.output
     assert json.loads(res.output[res.output.index("{") :])["count"] == len(DOCS)
     prior = tmp_path / "prior.json"
-    old_kind = {"beta": 0.02, "k": 3, "mean": 0.0, "std": 1.0, "chosen_on": "", "grid": {}}
-    prior.write_text(json.dumps({**old_kind, "kind": "corpus_prior"}))  # as written before
+    hub = {"beta": 0.02, "k": 3, "mean": 0.0, "std": 1.0, "method": "hub"}
+    prior.write_text(json.dumps({**hub, "kind": "document_prior"}))
     res = runner.invoke(
         main,
         [
@@ -268,7 +268,7 @@ def test_cli_rescale_and_one_line_errors(
         ],
     )
     assert res.exit_code == 0, res.output
-    assert "hub" in res.output  # an older corpus_prior file reads as the hub prior
+    assert "hub" in res.output
     res = runner.invoke(
         main,
         [
