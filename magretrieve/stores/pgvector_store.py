@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.extras import require
 from magretrieve.core.redact import redact
 from magretrieve.core.text import lone_surrogate
 from magretrieve.stores import registry
@@ -45,7 +46,6 @@ from magretrieve.stores.base import (
     metric_refusal,
     missing_store,
     one_line,
-    require,
 )
 
 #: Key of the table COMMENT's JSON object under which the building model is recorded.
@@ -70,16 +70,16 @@ OTHER_OPCLASSES = {
 
 
 def psycopg() -> Any:
-    return require("psycopg", "psycopg", "pgvector")
+    return require("psycopg")
 
 
 def _sql() -> Any:
-    return require("psycopg.sql", "psycopg", "pgvector")
+    return require("psycopg.sql")
 
 
 def register_vector(conn: Any) -> None:
     """Make numpy arrays travel as pgvector ``vector`` values on ``conn`` (binary format)."""
-    require("pgvector.psycopg", "pgvector", "pgvector").register_vector(conn)
+    require("pgvector.psycopg").register_vector(conn)
 
 
 #: PostgreSQL keeps identifiers of at most NAMEDATALEN - 1 bytes and truncates longer ones
@@ -452,7 +452,7 @@ class PgVectorStore(VectorStore):
 
     def _upsert(self, batch: Batch) -> None:
         sql = _sql()
-        types = require("psycopg.types.json", "psycopg", "pgvector")
+        types = require("psycopg.types.json")
         rows = [(i, v, types.Jsonb(p), n) for i, v, p, n in batch.rows()]
         stmt = sql.SQL(
             "INSERT INTO {} (doc_id, embedding, payload, doc_norm) VALUES (%s, %s, %s, %s) "

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.extras import require
 from magretrieve.stores._qdrant_common import make_payload
 from magretrieve.stores.base import (
     StoreHit,
@@ -47,7 +48,6 @@ from magretrieve.stores.base import (
     check_k,
     check_queries,
     point_uuid,
-    require,
 )
 
 #: Payload field holding m(d) unless the annotation names another.
@@ -70,7 +70,7 @@ logger = logging.getLogger(__name__)
 
 
 def _models() -> Any:
-    return require("qdrant_client.models", "qdrant-client", "qdrant")
+    return require("qdrant_client.models")
 
 
 def _unit(vector: Any) -> np.ndarray:
