@@ -133,7 +133,7 @@ def _spearman() -> Any:
 
 
 def _minilm() -> Any:
-    from magretrieve.core.models import minilm_path
+    from magretrieve.core.model_paths import minilm_path
 
     return minilm_path()
 
