@@ -933,4 +933,3 @@ def fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
-
