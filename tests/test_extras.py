@@ -216,6 +216,11 @@ GUARDS: list[tuple[str, Callable[[], Any], str]] = [
         "needs transformers: pip install 'magretrieve[train]'; on a serving install pass "
         "--skip-encoder-check",
     ),
+    (
+        "torch",
+        _fresh_import("magretrieve.train"),
+        "PyTorch training needs torch: pip install 'magretrieve[train]'",
+    ),
     # the stores: each backend's library, checked when a spec is opened
     ("faiss", _store("faiss:f"), _not_installed("faiss-cpu", "faiss")),
     ("qdrant_client", _store("qdrant-memory:c"), _not_installed("qdrant-client", "qdrant")),
