@@ -73,7 +73,7 @@ def run(args: Any, data: Path) -> dict[str, Any]:
     from sentence_transformers import SentenceTransformer
 
     from magretrieve.core.batching import DEFAULT_BATCH_TOKENS
-    from magretrieve.core.models import resolve_model_path
+    from magretrieve.core.model_paths import resolve_model_path
     from magretrieve.data.readers import load_beir
     from magretrieve.export import export_model
     from magretrieve.serving.openvino_session import bf16_native

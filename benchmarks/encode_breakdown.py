@@ -190,7 +190,7 @@ def run(args: Any, data: Path) -> dict[str, Any]:
     from transformers import AutoConfig
 
     from magretrieve.core.batching import DEFAULT_BATCH_TOKENS, token_budget_batches
-    from magretrieve.core.models import resolve_model_path
+    from magretrieve.core.model_paths import resolve_model_path
     from magretrieve.data.readers import load_beir
     from magretrieve.export import export_model
     from magretrieve.serving import openvino_session

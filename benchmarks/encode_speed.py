@@ -144,7 +144,7 @@ def run(args: Any, data: Path) -> dict[str, Any]:
 
     from magretrieve.core.manifest import Manifest
     from magretrieve.core.metrics import retrieval_metrics
-    from magretrieve.core.models import resolve_model_path
+    from magretrieve.core.model_paths import resolve_model_path
     from magretrieve.data.readers import load_beir
     from magretrieve.evaluation.retrieval import exact_run
     from magretrieve.export import export_model

@@ -396,7 +396,7 @@ def main(
 ):
     """Choose every prior on training queries; score it in and out of domain; write the table."""
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    from magretrieve.core.models import resolve_model_path
+    from magretrieve.core.model_paths import resolve_model_path
 
     base = str(resolve_model_path(model))
     work = cache_dir("priors")

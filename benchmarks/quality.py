@@ -107,7 +107,7 @@ def run_peer(
     )
     from sentence_transformers.training_args import BatchSamplers
 
-    from magretrieve.core.models import resolve_model_path
+    from magretrieve.core.model_paths import resolve_model_path
     from magretrieve.train.encoder import Encoder
 
     st = SentenceTransformer(str(resolve_model_path(model)), device="cpu")

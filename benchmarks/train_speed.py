@@ -144,7 +144,7 @@ def run_st(
         from sentence_transformers.training_args import BatchSamplers
     from transformers import TrainerCallback
 
-    from magretrieve.core.models import resolve_model_path
+    from magretrieve.core.model_paths import resolve_model_path
 
     class StepClock(TrainerCallback):
         def __init__(self) -> None:

@@ -67,7 +67,7 @@ def main() -> None:
         recommend,
         rescale_store,
         retrieval_metrics,
-        train,
+        train_model,
     )
 
     torch.set_num_threads(2)
@@ -100,7 +100,7 @@ def main() -> None:
         3, f"fine-tune {args.steps} steps in mode {mode} on scifact train ({len(pairs)} pairs)"
     )
     encoder = Encoder.load(args.model, mode, max_document_length=args.max_doc_length)
-    result = train(
+    result = train_model(
         encoder,
         pairs,
         TrainConfig(epochs=100, batch_size=32, max_steps=args.steps),

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from magretrieve.core import similarity
 from magretrieve.core.errors import (
     ConfigError,
     DataError,
@@ -40,6 +39,7 @@ _LAZY: dict[str, str] = {
     "OnnxEncoder": "magretrieve.serving.runtime",
     "Manifest": "magretrieve.core.manifest",
     # training and evaluation
+    "train_model": "magretrieve.train.trainer",
     "TrainConfig": "magretrieve.train.trainer",
     "evaluate_retrieval": "magretrieve.evaluation.retrieval",
     "retrieval_metrics": "magretrieve.core.metrics",
@@ -60,15 +60,15 @@ _LAZY: dict[str, str] = {
     "prior_from_dict": "magretrieve.priors",
     "fit_prior": "magretrieve.priors.fit",
     "choose_prior": "magretrieve.priors.select",
-    "CorpusPrior": "magretrieve.priors.hub",  # the hub prior under its former name
     "rescale_store": "magretrieve.priors.rescale",
-    # diagnosis (the subpackage is ``magretrieve.diagnose``; the function has its own name so
-    # that importing a submodule can never replace it)
+    # diagnosis
     "diagnose_model": "magretrieve.diagnose",
     "recommend": "magretrieve.diagnose",
 }
 #: Attribute names under which the lazy names are defined in their modules, where different.
-_SOURCE_NAME = {"diagnose_model": "diagnose"}
+#: A function never shares its name with a subpackage (``magretrieve.train`` and
+#: ``magretrieve.diagnose`` are folders), since importing a submodule binds the subpackage's name.
+_SOURCE_NAME = {"train_model": "train", "diagnose_model": "diagnose"}
 
 __all__ = [
     "MODES",
@@ -89,31 +89,17 @@ __all__ = [
     "load_pairs",
     "load_sentence_pairs",
     "load_training_data",
-    "similarity",
-    "train",
     *_LAZY,
 ]
 
 
-#: Modules reachable as attributes before anything imported them (``magretrieve.diagnose``
-#: is always this subpackage, never a function); ``config`` and ``testing`` keep their old
-#: attribute names over their layer folders.
-_SUBMODULES = {
-    "adapters": "magretrieve.adapters",
-    "config": "magretrieve.core.config",
-    "diagnose": "magretrieve.diagnose",
-    "export": "magretrieve.export",
-    "priors": "magretrieve.priors",
-    "stores": "magretrieve.stores",
-    "testing": "magretrieve.train.testing",
-    # the training function: the package is callable as magretrieve.train.trainer.train
-    "train": "magretrieve.train",
-}
+#: Layer subpackages reachable as attributes before anything imported them.
+_SUBPACKAGES = ("diagnose", "export", "priors", "stores", "train")
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        return importlib.import_module(_SUBMODULES[name])
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'magretrieve' has no attribute {name!r}")

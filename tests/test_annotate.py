@@ -513,7 +513,7 @@ def test_bad_prior_files_are_one_line_naming_file_and_field(backend, tmp_path, r
         "no-beta.json": ({"kind": "document_prior", "method": "hub"}, "lacks 'beta'"),
         "method.json": ({**hub, "method": "magic"}, "unknown prior method 'magic'"),
         "list.json": ([1, 2], "a prior is a JSON object"),
-        "old-kind-bad.json": ({"kind": "corpus_prior", "beta": "x"}, "'beta' is malformed"),
+        "old-kind.json": ({"kind": "corpus_prior", "beta": 0.5}, "not a document prior"),
         "part.json": (
             {"kind": "document_prior", "method": "hub+none", "parts": [{**hub, "k": 1.5}]},
             "part 1: prior key 'k' is malformed",

@@ -1,5 +1,5 @@
-"""The hub prior (formerly the corpus prior): hub scores by hand, β = 0 is cosine, β chosen on
-training queries, and ``magretrieve.CorpusPrior`` as a thin alias over it."""
+"""The hub prior: hub scores by hand, β = 0 is cosine, β chosen on training queries, its JSON
+read back field by field."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from magretrieve.core.errors import ConfigError, DataError
 from magretrieve.priors import HubPrior, prior_from_dict, read_prior_file
 from magretrieve.priors.base import unit
-from magretrieve.priors.hub import CorpusPrior, hub_scores
+from magretrieve.priors.hub import hub_scores
 from magretrieve.priors.select import choose_prior, served_scores
 
 
@@ -67,39 +67,29 @@ def test_choosing_beta_prefers_down_weighting_hubs_when_they_are_not_relevant() 
     assert flat.prior.method == "none"
 
 
-def test_corpus_prior_is_the_hub_prior_and_reads_old_and_new_files(tmp_path) -> None:
-    import magretrieve
-
-    assert magretrieve.CorpusPrior is CorpusPrior and issubclass(CorpusPrior, HubPrior)
+def test_hub_prior_round_trips_its_json(tmp_path) -> None:
     rng = np.random.default_rng(3)
     docs = unit(rng.normal(size=(12, 4)))
-    prior = CorpusPrior(beta=0.05, k=3)
+    prior = HubPrior(beta=0.05, k=3)
     prior.fit_corpus(docs)
     written = prior.to_dict()
     assert written["kind"] == "document_prior" and written["method"] == "hub"
-    back = CorpusPrior.from_dict(written)
+    back = prior_from_dict(written)
+    assert isinstance(back, HubPrior)
     assert (back.beta, back.k, back.mean, back.std) == (0.05, 3, prior.mean, prior.std)
-    # a file of the older kind (as CorpusPrior wrote it before the prior family) reads as hub
-    old = {"beta": 0.2, "k": 5, "mean": 0.3, "std": 0.1, "chosen_on": "scifact:train",
-           "grid": {"0": 0.6, "0.2": 0.61}, "kind": "corpus_prior"}  # fmt: skip
-    path = tmp_path / "old.json"
-    path.write_text(json.dumps(old))
+    path = tmp_path / "hub.json"
+    path.write_text(json.dumps(written))
     read = read_prior_file(path)
-    assert isinstance(read, HubPrior) and (read.beta, read.k, read.mean, read.std) == (
-        0.2, 5, 0.3, 0.1,
-    )  # fmt: skip
-    assert CorpusPrior.from_dict(old).beta == 0.2
+    assert isinstance(read, HubPrior) and (read.beta, read.k, read.std) == (0.05, 3, prior.std)
+    with pytest.raises(ConfigError, match=r"not a document prior \(kind 'corpus_prior'\)"):
+        prior_from_dict({"kind": "corpus_prior", "beta": 0.2})
     with pytest.raises(ConfigError, match="not a document prior"):
-        CorpusPrior.from_dict({"kind": "norm_head", "beta": 1})
-    with pytest.raises(ConfigError, match="'inverted-softmax' prior, not the hub prior"):
-        CorpusPrior.from_dict(
-            {"kind": "document_prior", "method": "inverted-softmax", "beta": 5.0, "alpha": 1.0,
-             "queries": {"shape": [1, 2], "float32_base64": "AACAPwAAAAA="}}
-        )  # fmt: skip
+        prior_from_dict({"kind": "norm_head", "beta": 1})
+    hub = {"kind": "document_prior", "method": "hub"}
     with pytest.raises(ConfigError, match="'beta' is malformed"):
-        CorpusPrior.from_dict({"beta": "x"})
-    with pytest.raises(ConfigError, match="std"):
-        CorpusPrior.from_dict({"beta": 0.1, "std": 0})
+        prior_from_dict({**hub, "beta": "x"})
+    with pytest.raises(ConfigError, match="'std' must be positive, got 0"):
+        prior_from_dict({**hub, "beta": 0.1, "std": 0})
 
 
 def test_fit_prior_cli_writes_what_rescale_reads(tiny_model_dir, tiny_beir_dir, tmp_path) -> None:

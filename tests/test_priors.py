@@ -124,12 +124,10 @@ def test_json_round_trip_and_one_line_errors() -> None:
         np.testing.assert_allclose(
             back.terms(docs).scores(bank), prior.terms(docs).scores(bank), atol=1e-6
         )
-    # a file written before the family (kind corpus_prior) reads as the hub prior
-    old = prior_from_dict({"kind": "corpus_prior", "beta": 0.2, "k": 3}, "old.json")
-    assert isinstance(old, HubPrior) and (old.beta, old.k) == (0.2, 3)
     bad = [
         ({"kind": "document_prior", "method": "magic"}, "unknown prior method 'magic'"),
         ({"kind": "norm_head"}, "not a document prior"),
+        ({"kind": "corpus_prior", "beta": 0.2}, "not a document prior \\(kind 'corpus_prior'\\)"),
         (
             {"kind": "document_prior", "method": "inverted-softmax", "beta": 1, "alpha": 1},
             "lacks its query bank",

@@ -16,7 +16,7 @@ from magretrieve.cli import main
 from magretrieve.core.errors import ConfigError, StoreError
 from magretrieve.data.readers import Document
 from magretrieve.priors.base import unit
-from magretrieve.priors.hub import CorpusPrior, hub_scores
+from magretrieve.priors.hub import HubPrior, hub_scores
 from magretrieve.priors.rescale import META_KEY, apply_recorded_magnitude, read_all, rescale_store
 from magretrieve.serving.retriever import Retriever
 from magretrieve.stores import open_store
@@ -142,7 +142,7 @@ def test_qdrant_head_rescale_writes_a_dot_collection(
 def test_corpus_prior_rescale_and_beta_zero(cosine_vectors: np.ndarray, tmp_path: Path) -> None:
     src = build_source("memory:", cosine_vectors)
     dst = open_store("memory:", dimension=32)
-    report = rescale_store(src, dst, prior=CorpusPrior(beta=0.2, k=3), progress=False)
+    report = rescale_store(src, dst, prior=HubPrior(beta=0.2, k=3), progress=False)
     assert report.encoder_check.startswith("not needed")
     ids, vecs, _ = read_all(dst)
     order = [next(j for j, d in enumerate(DOCS) if d.id == i) for i in ids]
@@ -154,7 +154,7 @@ def test_corpus_prior_rescale_and_beta_zero(cosine_vectors: np.ndarray, tmp_path
     recipe = dst.read_metadata()[META_KEY]
     assert recipe["beta"] == 0.2 and recipe["mean"] == pytest.approx(h.mean())
     zero = open_store("memory:", dimension=32)
-    rescale_store(src, zero, prior=CorpusPrior(beta=0.0), progress=False)
+    rescale_store(src, zero, prior=HubPrior(beta=0.0), progress=False)
     np.testing.assert_allclose(read_all(zero)[1], u, atol=1e-6)
 
 
@@ -253,8 +253,8 @@ def test_cli_rescale_and_one_line_errors(
     assert res.exit_code == 0, res.output
     assert json.loads(res.output[res.output.index("{") :])["count"] == len(DOCS)
     prior = tmp_path / "prior.json"
-    old_kind = {"beta": 0.02, "k": 3, "mean": 0.0, "std": 1.0, "chosen_on": "", "grid": {}}
-    prior.write_text(json.dumps({**old_kind, "kind": "corpus_prior"}))  # as written before
+    hub = {"beta": 0.02, "k": 3, "mean": 0.0, "std": 1.0, "method": "hub"}
+    prior.write_text(json.dumps({**hub, "kind": "document_prior"}))
     res = runner.invoke(
         main,
         [
@@ -268,7 +268,7 @@ def test_cli_rescale_and_one_line_errors(
         ],
     )
     assert res.exit_code == 0, res.output
-    assert "hub" in res.output  # an older corpus_prior file reads as the hub prior
+    assert "hub" in res.output
     res = runner.invoke(
         main,
         [
@@ -288,7 +288,7 @@ def test_cli_rescale_and_one_line_errors(
 def test_corpus_prior_applies_to_documents_added_later(cosine_vectors: np.ndarray) -> None:
     src = build_source("memory:", cosine_vectors)
     dst = open_store("memory:", dimension=32)
-    rescale_store(src, dst, prior=CorpusPrior(beta=0.5, k=3), progress=False)
+    rescale_store(src, dst, prior=HubPrior(beta=0.5, k=3), progress=False)
     meta = dst.read_metadata()
     rng = np.random.default_rng(0)
     new = unit(cosine_vectors[:2] + 0.05 * rng.normal(size=(2, 32)).astype(np.float32))

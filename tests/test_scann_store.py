@@ -24,6 +24,7 @@ pytest.importorskip("scann")
 from ann_data import ann_data
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.extras import MissingExtra
 from magretrieve.stores import _ann_recall, open_store, scann_store
 
 DIM = 32
@@ -273,7 +274,7 @@ def test_too_many_leaves_is_refused_before_the_build(tmp_path):
 
 def test_a_missing_scann_is_one_line_naming_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "scann", None)
-    with pytest.raises(StoreError) as info:
+    with pytest.raises(MissingExtra) as info:
         open_store(f"scann:{tmp_path / 's'}", dimension=DIM)
     assert str(info.value) == "scann is not installed; pip install 'magretrieve[scann]'"
     assert not (tmp_path / "s").exists()

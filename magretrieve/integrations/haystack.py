@@ -40,9 +40,9 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from magretrieve.stores.base import require
+from magretrieve.core.extras import require
 
-require("haystack", "haystack-ai", "haystack")
+require("haystack")
 
 from haystack import Document, component, default_from_dict, default_to_dict  # noqa: E402
 from haystack.utils import Secret, deserialize_secrets_inplace  # noqa: E402

@@ -31,9 +31,9 @@ import asyncio
 from typing import Any
 
 from magretrieve.core.env import API_KEY_ENV
-from magretrieve.stores.base import require
+from magretrieve.core.extras import require
 
-require("langchain_core", "langchain-core", "langchain")
+require("langchain_core")
 
 from langchain_core.callbacks import (  # noqa: E402
     AsyncCallbackManagerForRetrieverRun,

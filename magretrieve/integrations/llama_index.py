@@ -33,9 +33,9 @@ import os
 from typing import Any
 
 from magretrieve.core.env import API_KEY_ENV
-from magretrieve.stores.base import require
+from magretrieve.core.extras import require
 
-require("llama_index.core", "llama-index-core", "llama-index")
+require("llama_index.core")
 
 from llama_index.core.base.embeddings.base import BaseEmbedding  # noqa: E402
 from llama_index.core.retrievers import BaseRetriever  # noqa: E402

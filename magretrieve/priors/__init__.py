@@ -46,7 +46,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def prior_from_dict(data: Any, source: str = "prior") -> DocumentPrior:
-    """A prior from its JSON (``fit-prior --out``); the old ``corpus_prior`` files read as hub."""
+    """A prior from its JSON (``fit-prior --out``)."""
     prior = _from_dict(data, source)
     prior.source = source
     return prior
@@ -56,8 +56,6 @@ def _from_dict(data: Any, source: str) -> DocumentPrior:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: a prior is a JSON object, got {type(data).__name__}")
     kind = data.get("kind", KIND)
-    if kind == "corpus_prior":  # written before the prior family: the hub prior
-        return HubPrior.from_params(data, source)
     if kind != KIND:
         raise ConfigError(f"{source}: not a document prior (kind {kind!r})")
     method = str(data.get("method", ""))
@@ -72,7 +70,7 @@ def _from_dict(data: Any, source: str) -> DocumentPrior:
 
 
 def read_prior_file(path: str | Path) -> DocumentPrior:
-    """The prior in a JSON file (``fit-prior --out``, or an older ``corpus_prior`` file).
+    """The prior in a JSON file (``fit-prior --out``).
 
     Every field is checked (types, ranges, the query bank's shape) before the prior is used;
     a bad file is one ConfigError naming the file and the field.

@@ -3,9 +3,6 @@
 ``z`` is the document's hub score (mean cosine to its ``k`` nearest other documents),
 standardized over the indexed corpus. Hubs — documents near many others, retrieved for many
 queries they do not answer — are scaled down; β = 0 is cosine.
-
-:class:`CorpusPrior` is the same prior under the public name it had before the prior family
-existed (``magretrieve.CorpusPrior``).
 """
 
 from __future__ import annotations
@@ -123,25 +120,3 @@ class HubPrior(DocumentPrior):
         return PriorTerms(
             np.asarray(units, np.float32), self._multiplier(hubs), np.zeros(len(units))
         )
-
-
-class CorpusPrior(HubPrior):
-    """The hub prior under its former public name; reads and writes the prior family's JSON.
-
-    ``CorpusPrior(beta=0.05, k=10)`` is ``HubPrior(0.05, 10)``; :meth:`from_dict` reads any
-    hub prior file (``fit-prior --method hub`` or a file of the older ``corpus_prior`` kind).
-    """
-
-    @classmethod
-    def from_dict(cls, data: Any, source: str = "corpus prior") -> CorpusPrior:
-        from magretrieve.priors import prior_from_dict
-
-        if isinstance(data, Mapping) and "kind" not in data and "method" not in data:
-            data = {**data, "kind": "corpus_prior"}  # as the former class read its own JSON
-        prior = prior_from_dict(data, source)
-        if not isinstance(prior, HubPrior):
-            raise ConfigError(
-                f"{source}: a {prior.method!r} prior, not the hub prior; read it with "
-                "magretrieve.prior_from_dict"
-            )
-        return cls(prior.beta, prior.k, prior.mean, prior.std)

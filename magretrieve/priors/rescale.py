@@ -129,7 +129,7 @@ def magnitudes_for(recipe: Mapping[str, Any], units: np.ndarray) -> np.ndarray:
 
 
 def is_prior_recipe(recipe: Mapping[str, Any] | None) -> bool:
-    return recipe is not None and recipe.get("kind") in ("document_prior", "corpus_prior")
+    return recipe is not None and recipe.get("kind") == "document_prior"
 
 
 def has_offset_coordinate(meta: Mapping[str, Any] | None) -> bool:

@@ -12,27 +12,15 @@ routes in ``routes_*``.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
-from magretrieve.core.errors import ConfigError
+from magretrieve.core.extras import require_all
 
 __all__ = ["create_app"]
 
-#: (module, PyPI package) of the ``server`` extra; without them the layer refuses in one line.
-REQUIRED = (
-    ("fastapi", "fastapi"),
-    ("starlette", "starlette"),
-    ("pydantic", "pydantic"),
-    ("uvicorn", "uvicorn"),
-    ("orjson", "orjson"),
-    ("prometheus_client", "prometheus-client"),
-)
-_missing = [package for module, package in REQUIRED if importlib.util.find_spec(module) is None]
-if _missing:
-    raise ConfigError(
-        f"magretrieve serve needs {', '.join(_missing)}: pip install 'magretrieve[server]'"
-    )
+#: The modules of the ``server`` extra; without them the layer refuses in one line (MissingExtra).
+REQUIRED = ("fastapi", "starlette", "pydantic", "uvicorn", "orjson", "prometheus_client")
+require_all(REQUIRED, what="magretrieve serve", extra="server")
 
 
 def create_app(*args: Any, **kwargs: Any) -> Any:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
-from magretrieve.stores.base import require
+from magretrieve.core.extras import require
 
 #: Build-time defaults (the aliases' parameters).
 DEFAULTS: dict[str, Any] = {
@@ -42,9 +42,9 @@ _DEFAULT_THREADS = 0
 
 
 def faiss_module() -> Any:
-    """``import faiss`` (or a StoreError naming the extra)."""
+    """``import faiss`` (or a MissingExtra naming the extra)."""
     global _DEFAULT_THREADS
-    faiss = require("faiss", "FAISS (faiss-cpu)", "faiss")
+    faiss = require("faiss")
     if not _DEFAULT_THREADS:
         _DEFAULT_THREADS = max(1, faiss.omp_get_max_threads())
     return faiss

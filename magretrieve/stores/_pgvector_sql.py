@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
-from magretrieve.stores.base import require
+from magretrieve.core.extras import require
 
 #: Key of a COMMENT's JSON object under which magretrieve records the building model (the
 #: table's COMMENT) or the annotation (the m column's COMMENT).
@@ -27,16 +27,16 @@ META_KEY = "magretrieve"
 
 
 def psycopg() -> Any:
-    return require("psycopg", "psycopg", "pgvector")
+    return require("psycopg")
 
 
 def _sql() -> Any:
-    return require("psycopg.sql", "psycopg", "pgvector")
+    return require("psycopg.sql")
 
 
 def register_vector(conn: Any) -> None:
     """Make numpy arrays travel as pgvector ``vector`` values on ``conn`` (binary format)."""
-    require("pgvector.psycopg", "pgvector", "pgvector").register_vector(conn)
+    require("pgvector.psycopg").register_vector(conn)
 
 
 def _quote(part: str) -> str:

@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.extras import require
 from magretrieve.stores._writer_lock import engine_busy, holder_of
-from magretrieve.stores.base import atomic_write_json, require
+from magretrieve.stores.base import atomic_write_json
 
 #: Collection-metadata key under which the building model is recorded (qdrant-client).
 META_KEY = "magretrieve"
@@ -45,11 +46,11 @@ SHARD_DIR = "shard"
 
 
 def client_models() -> Any:
-    return require("qdrant_client.models", "qdrant-client", "qdrant")
+    return require("qdrant_client.models")
 
 
 def edge_module() -> Any:
-    return require("qdrant_edge", "qdrant-edge-py", "qdrant-edge")
+    return require("qdrant_edge")
 
 
 class ClientAPI:
@@ -75,7 +76,7 @@ class ClientAPI:
 
     def errors(self) -> tuple[type[BaseException], ...]:
         """What qdrant-client raises for server answers, timeouts and embedded-mode faults."""
-        exceptions = require("qdrant_client.http.exceptions", "qdrant-client", "qdrant")
+        exceptions = require("qdrant_client.http.exceptions")
         return (exceptions.ApiException, ValueError, RuntimeError, OSError)
 
     def config(self) -> dict[str, Any] | None:

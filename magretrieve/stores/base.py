@@ -933,13 +933,3 @@ def fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def require(module: str, package: str, extra: str) -> Any:
-    """Import an optional backend module, or raise a StoreError saying which extra installs it."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise StoreError(f"{package} is not installed; pip install 'magretrieve[{extra}]'") from exc

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.extras import require
 from magretrieve.core.redact import redact
 from magretrieve.stores import _ann_recall, _generation, registry
 from magretrieve.stores._writer_lock import WriterLock
@@ -48,7 +49,6 @@ from magretrieve.stores.base import (
     VectorStore,
     check_reopen,
     missing_store,
-    require,
 )
 
 #: Collection metadata key under which the building model is recorded (a JSON string).
@@ -66,7 +66,7 @@ FORM = "chroma:PATH/COLLECTION"
 
 
 def chromadb() -> Any:
-    mod = require("chromadb", "chromadb", "chroma")
+    mod = require("chromadb")
     logging.getLogger("chromadb").setLevel(logging.ERROR)
     return mod
 

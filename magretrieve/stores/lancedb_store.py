@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.extras import require
 from magretrieve.stores import _ann_recall, _generation, registry
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
@@ -47,7 +48,6 @@ from magretrieve.stores.base import (
     VectorStore,
     check_reopen,
     missing_store,
-    require,
 )
 
 FORM = "lancedb:PATH/TABLE"
@@ -71,7 +71,7 @@ IDS_PER_EXPRESSION = 512
 def lancedb() -> Any:
     if not logging.getLogger().isEnabledFor(logging.DEBUG):  # read when the module loads
         os.environ.setdefault("LANCEDB_LOG", "error")
-    mod = require("lancedb", "lancedb", "lancedb")
+    mod = require("lancedb")
     logging.getLogger("lancedb").setLevel(logging.ERROR)
     return mod
 
@@ -165,7 +165,7 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
         else:
             if dimension is None:
                 raise missing_store(self._location, f"LanceDB table {table!r}")
-            pa = require("pyarrow", "pyarrow", "lancedb")
+            pa = require("pyarrow")
             schema = pa.schema(
                 [
                     pa.field("doc_id", pa.string(), nullable=False),
@@ -240,7 +240,7 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
 
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
         # lance raises OSError/ValueError/RuntimeError; pyarrow its ArrowException
-        arrow = require("pyarrow", "pyarrow", "lancedb")
+        arrow = require("pyarrow")
         return (OSError, ValueError, RuntimeError, arrow.ArrowException)
 
     def _run(self, what: str, fn: Any) -> Any:
@@ -289,7 +289,7 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
 
     def _upsert(self, batch: Batch) -> None:
         self._begin_write()
-        pa = require("pyarrow", "pyarrow", "lancedb")
+        pa = require("pyarrow")
         data = pa.table(
             {
                 "doc_id": batch.ids,
@@ -424,7 +424,7 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
         if kind.endswith("PQ"):
             args["num_sub_vectors"] = max(1, self._dim // 4 if self._dim % 4 == 0 else 1)
         config_class = "".join(part.capitalize() for part in kind.split("_"))  # IVF_PQ -> IvfPq
-        config = getattr(require("lancedb.index", "lancedb", "lancedb"), config_class)(**args)
+        config = getattr(require("lancedb.index"), config_class)(**args)
         self._run(f"build {kind} index", lambda: self.tbl.create_index("vector", config=config))
         self._write_field_meta(INDEX_KEY, {"index_type": kind, "nlist": int(nlist), **args})
         self._build = self._field_meta(INDEX_KEY) or {}

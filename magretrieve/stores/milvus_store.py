@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.extras import require
 from magretrieve.core.redact import redact
 from magretrieve.stores import registry
 from magretrieve.stores._writer_lock import engine_busy, holder_of
@@ -39,7 +40,6 @@ from magretrieve.stores.base import (
     metric_refusal,
     missing_store,
     one_line,
-    require,
 )
 
 #: Collection property under which the building model is recorded (a JSON string).
@@ -70,7 +70,7 @@ DRIVER_LOGGERS = ("pymilvus", "grpc._server", "milvus_lite")
 
 
 def pymilvus() -> Any:
-    mv = require("pymilvus", "pymilvus", "milvus")
+    mv = require("pymilvus")
     # pymilvus logs every failed call at ERROR with its own traceback, and Milvus Lite's
     # embedded gRPC server (a child process that inherits this logging setup) logs the calls
     # it does not implement: driver noise, kept out of the user's terminal. magretrieve

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.extras import require
 from magretrieve.core.redact import redact
 from magretrieve.core.text import lone_surrogate
 from magretrieve.stores import registry
@@ -55,7 +56,6 @@ from magretrieve.stores.base import (
     metric_refusal,
     missing_store,
     one_line,
-    require,
 )
 
 #: COMMENT key of the last recall measurement (with the ef_search it tuned to).
@@ -365,7 +365,7 @@ class PgVectorStore(VectorStore):
 
     def _upsert(self, batch: Batch) -> None:
         sql = _sql()
-        types = require("psycopg.types.json", "psycopg", "pgvector")
+        types = require("psycopg.types.json")
         rows = [(i, v, types.Jsonb(p), n) for i, v, p, n in batch.rows()]
         stmt = sql.SQL(
             "INSERT INTO {} (doc_id, embedding, payload, doc_norm) VALUES (%s, %s, %s, %s) "

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.extras import require
 from magretrieve.stores._qdrant_common import point_payload
 from magretrieve.stores.annotation import (
     ANNOTATION_KEY,
@@ -62,7 +63,6 @@ from magretrieve.stores.base import (
     StoreRecord,
     check_payload_keys,
     point_uuid,
-    require,
 )
 
 # The annotation names below live in magretrieve.stores.annotation and stay importable here.
@@ -88,7 +88,7 @@ META_KEY = "magretrieve"
 
 
 def _models() -> Any:
-    return require("qdrant_client.models", "qdrant-client", "qdrant")
+    return require("qdrant_client.models")
 
 
 def refusal(where: str, collection: str) -> StoreError:
@@ -169,7 +169,7 @@ class QdrantCosineStore(AnnotatableStore):
         return self._location
 
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
-        exceptions = require("qdrant_client.http.exceptions", "qdrant-client", "qdrant")
+        exceptions = require("qdrant_client.http.exceptions")
         return (exceptions.ApiException, ValueError, RuntimeError, OSError)
 
     def _payload_out(

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.extras import require
 from magretrieve.core.redact import redact
 from magretrieve.stores import _ann_recall, registry
 from magretrieve.stores._qdrant_clients import META_KEY, ClientAPI
@@ -58,7 +59,6 @@ from magretrieve.stores.base import (
     missing_store,
     one_line,
     point_uuid,
-    require,
 )
 
 # RESERVED, make_payload, split_payload and quantized_query_factors live in _qdrant_common
@@ -463,7 +463,7 @@ def _open_with_client(
     annotating: bool = False,
 ) -> VectorStore:
     client_opts = {k: opts.pop(k) for k in _CLIENT_OPTIONS if k in opts}
-    client_cls = require("qdrant_client", "qdrant-client", "qdrant").QdrantClient
+    client_cls = require("qdrant_client").QdrantClient
     try:
         client = make_client(client_cls, client_opts)
     except StoreError:

@@ -18,8 +18,9 @@ How to add a backend (say ``redis:URL/INDEX``)
    primitives receive checked input only. Declare limits as class attributes
    (``max_id_bytes``, ``max_k``), and pass ids and values to the client as bound
    parameters (or escaped literals), never pasted into a query string. Import the client
-   library lazily with :func:`~magretrieve.stores.base.require` so a missing extra is one
-   clear error and ``import magretrieve.stores`` stays cheap.
+   library lazily with :func:`~magretrieve.core.extras.require` (its module listed in
+   ``core.extras.EXTRAS``) so a missing extra is one clear error and ``import
+   magretrieve.stores`` stays cheap.
 2. At the bottom of that file, register it::
 
        register(Backend(

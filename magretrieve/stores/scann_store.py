@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.extras import require
 from magretrieve.core.files import sha256_file
 from magretrieve.core.topk import exact_search
 from magretrieve.stores import _ann_recall, registry
@@ -81,7 +82,6 @@ from magretrieve.stores.base import (
     plain_file,
     read_state_file,
     reading_store,
-    require,
     state_metadata,
 )
 
@@ -115,8 +115,8 @@ _NATIVE_LOG = re.compile(r"^([IW]\d{4} |WARNING: All log messages before absl)")
 
 def scann_ops() -> Any:
     """ScaNN's pybind module, or a one-line StoreError naming the extra that installs it."""
-    require("scann", "scann", "scann")
-    return require("scann.scann_ops.py.scann_ops_pybind", "scann", "scann")
+    require("scann")
+    return require("scann.scann_ops.py.scann_ops_pybind")
 
 
 @contextlib.contextmanager

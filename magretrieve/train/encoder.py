@@ -32,7 +32,7 @@ from magretrieve.core.config import (  # noqa: F401  (re-exported: the encoder's
     read_sentence_transformers,
 )
 from magretrieve.core.errors import ConfigError
-from magretrieve.core.models import resolve_model_path
+from magretrieve.core.model_paths import resolve_model_path
 from magretrieve.train import torch_similarity
 from magretrieve.train.model_check import check_config_matches_weights
 
