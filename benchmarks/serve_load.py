@@ -429,6 +429,15 @@ def error_line(log: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
+def portable_text(text: str, python: str) -> str:
+    """``text`` (an error line) with this machine's paths cut: Infinity's venv as ``VENV``, the
+    repository and the folder beside it as relative paths, so results hold no machine path."""
+    venv = Path(python).absolute().parent.parent
+    for path, name in ((venv, "VENV"), (REPO, "."), (REPO.parent, "..")):
+        text = text.replace(str(path) + os.sep, name + os.sep).replace(str(path), name)
+    return text
+
+
 def prepare_onnx(
     python: str, source: Path | None, folder: Path, hf_home: Path, threads: int, log_dir: Path
 ) -> dict[str, Any]:
@@ -544,10 +553,12 @@ def run_infinity(
                 line.strip() for line in log_text.splitlines() if "Optimization failed" in line
             ]
             if warnings:
-                cells["warning"] = warnings[-1]
+                cells["warning"] = portable_text(warnings[-1], python)
         finally:
             code = server.stop()
         out[f"infinity_{engine}"] = {**cells, "exit_code": code}
+    for failure in failures.values():
+        failure["error"] = portable_text(failure["error"], python)
     if failures:
         out["infinity_failures"] = failures
     return out

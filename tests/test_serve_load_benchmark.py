@@ -267,6 +267,14 @@ ERROR:    Application startup failed. Exiting.
     assert bench.error_line("") == "(no output)"
 
 
+def test_an_error_line_is_kept_without_machine_paths(bench, tmp_path) -> None:
+    python = str(tmp_path / "venv" / "bin" / "python")
+    line = f"ValueError: No onnx files found for {bench.REPO}/.cache/m in {tmp_path}/venv/lib and {bench.REPO.parent}/x"
+    assert bench.portable_text(line, python) == (
+        "ValueError: No onnx files found for ./.cache/m in VENV/lib and ../x"
+    )
+
+
 def _script(path: Path, text: str) -> Path:
     path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
