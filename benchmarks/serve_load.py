@@ -595,6 +595,43 @@ def document_request(docs: list[str], peer: bool):  # type: ignore[no-untyped-de
     return make
 
 
+class OtherCpu:
+    """The share of the machine's CPU that processes outside this benchmark (this process and
+    every process it started, the servers included) used while it was open: on a shared
+    machine, what says whether a cell was measured alone. 0.5 on 2 cores is one core busy."""
+
+    def __enter__(self) -> OtherCpu:
+        self.started, self.busy, self.ours = time.perf_counter(), _busy(), _tree_cpu()
+        self.share = float("nan")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = (time.perf_counter() - self.started) * (os.cpu_count() or 1)
+        others = (_busy() - self.busy) - (_tree_cpu() - self.ours)
+        self.share = max(0.0, others / wall) if wall > 0 else float("nan")
+
+
+def _busy() -> float:
+    import psutil
+
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def _tree_cpu() -> float:
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def measure_server(
     port: int,
     peer: bool,
@@ -610,15 +647,21 @@ def measure_server(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for c in clients:
-        tally = run_loop(port, c, query_request(queries, peer), warmup, seconds, headers)
-        out[f"query@{c}"] = tally.summary(seconds)
+        with OtherCpu() as other:
+            tally = run_loop(port, c, query_request(queries, peer), warmup, seconds, headers)
+        out[f"query@{c}"] = {**tally.summary(seconds), "other_cpu": other.share}
         click.echo(f"    query@{c}: {_line(out[f'query@{c}'])}", err=True)
     if cells == "queries":
         return out
-    tally = run_loop(
-        port, doc_clients, document_request(docs, peer), 0, 0, headers, per_client=doc_requests
-    )
-    out[f"documents@{doc_clients}"] = {**tally.summary(tally.elapsed), "seconds": tally.elapsed}
+    with OtherCpu() as other:
+        tally = run_loop(
+            port, doc_clients, document_request(docs, peer), 0, 0, headers, per_client=doc_requests
+        )
+    out[f"documents@{doc_clients}"] = {
+        **tally.summary(tally.elapsed),
+        "seconds": tally.elapsed,
+        "other_cpu": other.share,
+    }
     click.echo(f"    documents@{doc_clients}: {_line(out[f'documents@{doc_clients}'])}", err=True)
     return out
 
@@ -627,6 +670,7 @@ def _line(s: dict[str, Any]) -> str:
     return (
         f"{s['texts_per_s']:.1f} texts/s, p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms, "
         f"errors {s['errors']}"
+        + (f", other processes {s['other_cpu']:.0%} of the CPU" if "other_cpu" in s else "")
     )
 
 
@@ -646,14 +690,16 @@ def ceiling(export: Path, threads: int, queries: list[str], docs: list[str], sec
     for name, fn, texts in kinds:
         for how, size in (("batched", None), ("one_at_a_time", 1)):
             done, started = 0, time.perf_counter()
-            while time.perf_counter() - started < seconds:
-                if size is None:
-                    fn(texts)
-                else:
-                    for t in texts:
-                        fn([t], batch_size=1)
-                done += len(texts)
+            with OtherCpu() as other:
+                while time.perf_counter() - started < seconds:
+                    if size is None:
+                        fn(texts)
+                    else:
+                        for t in texts:
+                            fn([t], batch_size=1)
+                    done += len(texts)
             out[f"{name}_{how}"] = done / (time.perf_counter() - started)
+            out[f"{name}_{how}_other_cpu"] = other.share
             click.echo(f"    ceiling {name} {how}: {out[f'{name}_{how}']:.1f} texts/s", err=True)
         out[name] = max(out[f"{name}_batched"], out[f"{name}_one_at_a_time"])
     return out
@@ -1170,6 +1216,11 @@ def _ceiling_line(c: dict[str, float]) -> str:
                 f"{name} {c[name]:.0f} texts/s (batched as the library does "
                 f"{c[f'{name}_batched']:.0f}, one text per call {c[f'{name}_one_at_a_time']:.0f})"
             )
+            if f"{name}_batched_other_cpu" in c:
+                parts[-1] += (
+                    f", other processes {c[f'{name}_batched_other_cpu']:.0%} / "
+                    f"{c[f'{name}_one_at_a_time_other_cpu']:.0%} of the CPU meanwhile"
+                )
         else:
             parts.append(f"{name} {c[name]:.0f} texts/s")
     return "- ceiling (in-process `OnnxEncoder`, the faster way): " + "; ".join(parts)
@@ -1204,6 +1255,7 @@ def write(r: dict[str, Any], stem: Path) -> None:
                     f"{s['p95_ms']:.1f}",
                     f"{s['p99_ms']:.1f}",
                     s["errors"],
+                    f"{s['other_cpu']:.0%}" if "other_cpu" in s else "–",
                 ]
             )
     g = r["goals"]
@@ -1223,10 +1275,23 @@ def write(r: dict[str, Any], stem: Path) -> None:
         )
         + "closed-loop clients on keep-alive HTTP/1.1; float JSON vectors",
         _ceiling_line(r["ceiling"]),
+        "- other CPU: the share of the machine's CPU that processes outside this benchmark (it, "
+        "its servers and its load generator) used during the cell, warm-up included; the "
+        "machine may be shared, and a cell with a large share was not measured alone",
         f"- wall time {r['wall_seconds'] / 60:.1f} min",
         "",
         markdown_table(
-            ["workload", "server", "texts/s", "× ceiling", "p50 ms", "p95 ms", "p99 ms", "errors"],
+            [
+                "workload",
+                "server",
+                "texts/s",
+                "× ceiling",
+                "p50 ms",
+                "p95 ms",
+                "p99 ms",
+                "errors",
+                "other CPU",
+            ],
             rows,
         ),
         "",
