@@ -622,7 +622,8 @@ def _tree_cpu() -> float:
     import psutil
 
     me = psutil.Process()
-    total = 0.0
+    t = me.cpu_times()
+    total = t.children_user + t.children_system  # children that ended (their time moved here)
     for p in [me, *me.children(recursive=True)]:
         try:
             t = p.cpu_times()

@@ -49,6 +49,13 @@ def test_a_short_run_writes_results_with_no_error_and_no_lost_write(
     # the document cell is a fixed amount of work: 2 clients x 2 requests x 32 documents
     assert r["batching"]["documents@2"]["requests"] == 4
     assert r["batching"]["documents@2"]["texts"] == 128
+    # each cell says how much of the CPU other processes took meanwhile (a share of the machine)
+    assert all(
+        0 <= r[key][c]["other_cpu"] <= 1
+        for key in ("batching", "no_batching")
+        for c in ("query@1", "documents@2")
+    )
+    assert "| other CPU |" in stem.with_suffix(".md").read_text()
     soak = r["soak"]
     assert soak["writes_acknowledged"] > 0 and soak["lost_writes"] == 0
     assert soak["server_errors"] == 0 and soak["exit_code"] == 0
@@ -248,6 +255,18 @@ def test_a_failed_engine_is_named_in_the_goals_and_the_results(bench, tmp_path) 
         "| ≥ 1.5× Infinity at 32 clients (optimum did not run) | **not measured** |"
         in (tmp_path / "f.md").read_text()
     )
+
+
+def test_other_cpu_is_the_machine_busy_time_not_spent_by_this_benchmark(bench, monkeypatch) -> None:
+    # 2 cores for 2 s: 4 CPU-seconds; the machine was busy 3 of them, this benchmark 1
+    busy, ours, clock = iter([10.0, 13.0]), iter([5.0, 6.0]), iter([100.0, 102.0])
+    monkeypatch.setattr(bench, "_busy", lambda: next(busy))
+    monkeypatch.setattr(bench, "_tree_cpu", lambda: next(ours))
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    with bench.OtherCpu() as other:
+        pass
+    assert other.share == pytest.approx(0.5)
 
 
 def test_the_error_line_is_the_exception_an_engine_died_on(bench) -> None:
