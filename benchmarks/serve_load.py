@@ -667,6 +667,39 @@ def measure_server(
     return out
 
 
+#: Queries whose vectors from a peer are compared with ours (same model: cosine ~1).
+AGREE = 16
+
+
+def agreement(port: int, export: Path, threads: int, texts: list[str]) -> float:
+    """The lowest cosine between a peer's ``/embeddings`` vectors of ``texts`` and the export's
+    own query vectors: the same model served right gives ~1 (a peer pooling the wrong token
+    gives far less, and its speed would be of another model)."""
+    import urllib.request
+
+    from magretrieve.serving.runtime import OnnxEncoder
+
+    body = json.dumps({"input": texts, "model": MODEL}).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/embeddings", body, {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as answer:
+            data = json.loads(answer.read())["data"]
+        theirs = np.array([d["embedding"] for d in data], np.float64)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # recorded, not fatal: load still runs
+        click.echo(f"    could not compare vectors: {e}", err=True)
+        return float("nan")
+    ours = np.asarray(OnnxEncoder.load(export, threads=threads).encode_queries(texts), np.float64)
+    theirs /= np.linalg.norm(theirs, axis=1, keepdims=True)
+    ours /= np.linalg.norm(ours, axis=1, keepdims=True)
+    cosine = float(np.min(np.sum(theirs * ours, axis=1)))
+    click.echo(
+        f"    lowest cosine to our vectors over {len(texts)} queries: {cosine:.6f}", err=True
+    )
+    return cosine
+
+
 def _line(s: dict[str, Any]) -> str:
     return (
         f"{s['texts_per_s']:.1f} texts/s, p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms, "
@@ -1008,19 +1041,22 @@ def main(export_dir, model_dir, infinity_python, infinity_engines, infinity_mode
                     threads,
                     work,
                     cache_dir("serve_load") / "infinity-onnx",
-                    lambda server: measure_server(
-                        server.port,
-                        True,
-                        queries,
-                        docs,
-                        client_counts,
-                        doc_clients,
-                        doc_requests,
-                        warmup,
-                        seconds,
-                        {},
-                        cells,
-                    ),
+                    lambda server: {
+                        "cosine_to_ours": agreement(server.port, export, threads, queries[:AGREE]),
+                        **measure_server(
+                            server.port,
+                            True,
+                            queries,
+                            docs,
+                            client_counts,
+                            doc_clients,
+                            doc_requests,
+                            warmup,
+                            seconds,
+                            {},
+                            cells,
+                        ),
+                    },
                 )
             )
         if soak_seconds > 0:
@@ -1191,6 +1227,16 @@ def _infinity_lines(r: dict[str, Any], g: dict[str, Any]) -> list[str]:
             f"- Infinity's ONNX engine: optimum's export of the same model, Infinity's own CPU "
             f"optimization made ahead (fused: {fused}), provider {onnx.get('provider')}, {versions}; "
             f"threads: {onnx.get('onnxruntime_threads')}; `--pooling-method mean`"
+        )
+    agree = {
+        e: r[f"infinity_{e}"]["cosine_to_ours"]
+        for e in infinity_columns(r)
+        if "cosine_to_ours" in r[f"infinity_{e}"]
+    }
+    if agree:
+        lines.append(
+            f"- the same vectors: lowest cosine between Infinity's and our query vectors over {AGREE} "
+            "queries: " + ", ".join(f"{e} {c:.6f}" for e, c in agree.items())
         )
     for engine in infinity_columns(r):
         if "warning" in r[f"infinity_{engine}"]:
