@@ -15,9 +15,10 @@ costs the 2-core machine as little as possible and the same for both servers:
 * the peer at its best: Infinity (``infinity-emb``) serving the same all-MiniLM-L6-v2 from its
   own venv (``--infinity-python``), hub access off, telemetry off, the same threads, with each
   engine of ``--infinity-engines`` in turn (default both: ``optimum``, its ONNX engine, and
-  ``torch``); the service's goal against Infinity is stated against the faster engine. An
-  engine that cannot be prepared or started is recorded with the error line it died on, and
-  the run goes on;
+  ``torch``); the service's goal against Infinity is stated against the faster engine. Each
+  engine's query vectors are compared with ours (the lowest cosine over a few queries: the
+  same model served right gives ~1). An engine that cannot be prepared or started is recorded
+  with the error line it died on, and the run goes on;
 * a soak: ``--soak-clients`` clients mixing searches with upserts (every ``--upsert-every``-th
   request writes 4 new documents) for ``--soak-seconds``; then the server is stopped with
   SIGTERM and every id written must hold its last acknowledged write (lost writes), with the
