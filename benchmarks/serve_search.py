@@ -34,8 +34,9 @@ What a user of ``magretrieve serve EXPORT --store SPEC`` waits for, measured end
   ScaNN optimize rebuilds the whole searcher), search p99 during the writes, and every
   acknowledged id fetched from the store after the server stopped.
 
-Each phase (vectors, each build, each store's ceiling + load cells, each store's writes) holds
-the CPU lock (``--lock``) on its own. Results merge into ``results/serve_search.json`` per
+The CPU lock (``--lock``) is held per store and phase, not across the run: once for its build
+(with the vectors and exact truth before the first store of a size), once for its ceiling, load
+cells and writes together. Results merge into ``results/serve_search.json`` per
 (store, size), so ``--stores`` / ``--sizes`` runs add up.
 
     python benchmarks/serve_search.py --sizes 1000000 --stores scann
@@ -774,54 +775,46 @@ def main(sizes, stores, export_dir, source, data, clusters, held_out, threads, c
     result["machine"] = machine_summary()
     result["versions"] = versions()
     result["threads"] = threads
-    with cpu_lock(lock or None):
-        ensure_export(export, MODEL, threads)
+    if not (export / "magretrieve.json").is_file():
+        with cpu_lock(lock or None):
+            ensure_export(export, MODEL, threads)
     texts = query_texts(source, folder, held_out)
     mbytes = model_bytes(export)
     with tempfile.TemporaryDirectory(prefix="serve-search-") as tmp:
         work = Path(tmp)
         for n in [int(s) for s in sizes.split(",") if s.strip()]:
-            say(f"vectors: {n:,}")
-            with cpu_lock(lock or None):
+            data_phase: dict[str, Any] = {}
+
+            def data_ready(n: int = n, box: dict[str, Any] = data_phase) -> dict[str, Any]:
+                """Vectors, query-space check and exact truth of size n (run inside a lock hold)."""
+                if box:
+                    return box
+                say(f"vectors: {n:,}")
                 ptexts, pdocs = passages(source, folder, export, threads)
-                vecs = make_vectors(n, clusters, pdocs, root)
-                space = query_space(export, threads, ptexts, pdocs, texts, source)
+                box["vecs"] = make_vectors(n, clusters, pdocs, root)
+                box["space"] = query_space(export, threads, ptexts, pdocs, texts, source)
                 tpath = root / f"truth-{n}-{len(texts)}-{source}.npy"
                 if tpath.is_file():
-                    truth = np.load(tpath)
+                    box["truth"] = np.load(tpath)
                 else:
                     t0 = time.perf_counter()
-                    truth = truth_rows(export, threads, texts, vecs)
-                    np.save(tpath, truth)
+                    box["truth"] = truth_rows(export, threads, texts, box["vecs"])
+                    np.save(tpath, box["truth"])
                     say(f"exact top-10 of {len(texts)} queries in {time.perf_counter() - t0:.0f} s")
-                del pdocs
-            norms = np.linalg.norm(vecs[:100_000], axis=1)
-            result["data"] = (
-                f"synthetic magnitude-keeping vectors from a {clusters}-cluster mixture fitted on "
-                + ("53,910 MiniLM qnorm passages (mips_scale's, scifact + cranfield sentences)" if source == "store-data" else f"the {folder.name} corpus encoded by the export")
-                + f"; d={vecs.shape[1]}, norm mean {norms.mean():.2f} (CV {norms.std() / norms.mean():.2f})"
-            )  # fmt: skip
-            result["queries"] = (
-                f"{len(texts)} real query texts "
-                + ("(scifact + cranfield, mips_scale's held-out 1,000: `default_rng(7)` permutation, first 1,000)" if source == "store-data" else f"of {folder.name}")
-                + "; no store tuned on any of them (each tuned on its own synthetic sample); "
-                "sent batch-1 as `{\"query\": text, \"k\": 10}`"
-            )  # fmt: skip
-            result["query_space"] = space
-            result["query_space_note"] = (
-                f"the served export re-encodes {space['documents_compared']} of the passages the mixture is fitted on "
-                f"at mean cosine {space['document_cosine_mean']} and norm ratio {space['document_norm_ratio_mean']} "
-                f"to the vectors the mixture was fitted on"
-                + (f"; its query vectors sit at mean cosine {space['query_cosine_mean']} to the torch encoder's" if "query_cosine_mean" in space else "")
-                + f" (query norm {space['query_norm_mean']}: qnorm queries are unit-norm, documents keep their magnitude)"
-            )  # fmt: skip
+                box["norms"] = np.linalg.norm(box["vecs"][:100_000], axis=1)
+                return box
+
             for kind in chosen:
                 key = f"{kind}@{n}"
                 store_folder = root / f"stores-{n}" / kind
                 store_folder.parent.mkdir(parents=True, exist_ok=True)
-                say(f"{kind} at {n:,}: build")
+                # one hold: the data (first store only) and the build (skipped when cached)
                 with cpu_lock(lock or None):
-                    build = build_store(kind, vecs, store_folder, export)
+                    box = data_ready()
+                    say(f"{kind} at {n:,}: build")
+                    build = build_store(kind, box["vecs"], store_folder, export)
+                vecs, truth, space, norms = box["vecs"], box["truth"], box["space"], box["norms"]
+                describe_data(result, source, folder, clusters, vecs, norms, texts, space)
                 spec = spec_of(kind, store_folder)
                 run: dict[str, Any] = {
                     "store": kind,
@@ -834,17 +827,17 @@ def main(sizes, stores, export_dir, source, data, clusters, held_out, threads, c
                     "seconds": seconds,
                     "warmup": warmup,
                 }
-                say(f"{kind} at {n:,}: ceiling and load cells")
+                # one hold: the ceiling, every load cell and the writes of this store
                 with cpu_lock(lock or None):
+                    say(f"{kind} at {n:,}: ceiling and load cells")
                     run["ceiling"] = ceiling(export, spec, threads, texts, truth, seconds)
                     run["serve"] = serve_cells(
                         export, spec, threads, texts, truth, client_counts, warmup, seconds,
                         recall_sample, work,
                     )  # fmt: skip
-                if write_clients > 0:
-                    say(f"{kind} at {n:,}: writes")
-                    run["write_clients"] = write_clients
-                    with cpu_lock(lock or None):
+                    if write_clients > 0:
+                        say(f"{kind} at {n:,}: writes")
+                        run["write_clients"] = write_clients
                         run["writes"] = writes(
                             export, kind, store_folder, threads, folder, texts, truth,
                             write_clients, write_requests, write_search_clients, work,
@@ -853,7 +846,39 @@ def main(sizes, stores, export_dir, source, data, clusters, held_out, threads, c
                 result["runs"][key] = run
                 write_results(result, stem)
                 say(f"{kind} at {n:,}: done; wrote {stem}.md / .json")
-            del vecs
+            data_phase.clear()
+
+
+def describe_data(
+    result: dict[str, Any],
+    source: str,
+    folder: Path,
+    clusters: int,
+    vecs: np.ndarray,
+    norms: np.ndarray,
+    texts: list[str],
+    space: dict[str, Any],
+) -> None:
+    """The data, queries and query-space lines of the results."""
+    result["data"] = (
+        f"synthetic magnitude-keeping vectors from a {clusters}-cluster mixture fitted on "
+        + ("53,910 MiniLM qnorm passages (mips_scale's, scifact + cranfield sentences)" if source == "store-data" else f"the {folder.name} corpus encoded by the export")
+        + f"; d={vecs.shape[1]}, norm mean {norms.mean():.2f} (CV {norms.std() / norms.mean():.2f})"
+    )  # fmt: skip
+    result["queries"] = (
+        f"{len(texts)} real query texts "
+        + ("(scifact + cranfield, mips_scale's held-out 1,000: `default_rng(7)` permutation, first 1,000)" if source == "store-data" else f"of {folder.name}")
+        + "; no store tuned on any of them (each tuned on its own synthetic sample); "
+        "sent batch-1 as `{\"query\": text, \"k\": 10}`"
+    )  # fmt: skip
+    result["query_space"] = space
+    result["query_space_note"] = (
+        f"the served export re-encodes {space['documents_compared']} of the passages the mixture is fitted on "
+        f"at mean cosine {space['document_cosine_mean']} and norm ratio {space['document_norm_ratio_mean']} "
+        f"to the vectors the mixture was fitted on"
+        + (f"; its query vectors sit at mean cosine {space['query_cosine_mean']} to the torch encoder's" if "query_cosine_mean" in space else "")
+        + f" (query norm {space['query_norm_mean']}: qnorm queries are unit-norm, documents keep their magnitude)"
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
