@@ -354,12 +354,17 @@ def serve_cells(
 
 
 async def _searches_until(
-    port: int, clients: int, make: Any, stop: asyncio.Event, on_answer: Any
+    port: int,
+    clients: int,
+    make: Any,
+    stop: asyncio.Event,
+    on_answer: Any,
+    headers: dict[str, str],
 ) -> Tally:
     tally = Tally()
 
     async def client(c: int) -> None:
-        conn = Connection("127.0.0.1", port, {})
+        conn = Connection("127.0.0.1", port, headers)
         n = 0
         while not stop.is_set():
             path, body, _ = make(c, n)
@@ -452,7 +457,12 @@ def writes(
         stop = asyncio.Event()
         searching = asyncio.ensure_future(
             _searches_until(
-                server.port, search_clients, search_request(texts), stop, collect(texts, found)
+                server.port,
+                search_clients,
+                search_request(texts),
+                stop,
+                collect(texts, found),
+                headers,
             )
         )
         written = await closed_loop(
@@ -808,8 +818,14 @@ def main(sizes, stores, export_dir, source, data, clusters, held_out, threads, c
                 key = f"{kind}@{n}"
                 store_folder = root / f"stores-{n}" / kind
                 store_folder.parent.mkdir(parents=True, exist_ok=True)
-                # one hold: the data (first store only) and the build (skipped when cached)
-                with cpu_lock(lock or None):
+                # one hold: the data (first store only) and the build; none when both are
+                # cached (loading them and the query-space check are seconds of CPU)
+                cached = (
+                    store_folder.with_suffix(".json").is_file()
+                    and (root / f"truth-{n}-{len(texts)}-{source}.npy").is_file()
+                    and (root / f"vectors-{n}.npy").is_file()
+                )
+                with cpu_lock(None if cached else lock or None):
                     box = data_ready()
                     say(f"{kind} at {n:,}: build")
                     build = build_store(kind, box["vecs"], store_folder, export)

@@ -56,6 +56,10 @@ def test_a_tiny_run_serves_every_cell_with_recall_and_keeps_every_write(
         assert w["missing_after"] == 0 and w["in_process_missing_after"] == 0
         assert w["count_after"] == 3000 + 128 + 128
         assert w["exit_code"] == 0
+        # searches ran beside the writes, with the key the write server needs
+        sw = w["search_during_writes"]
+        assert sw["errors"] == 0 and sw["qps"] > 0 and 0.0 <= sw["recall"] <= 1.0
+        assert run["goals"]["met"]["zero errors"] is True
     # the built stores are cached and a second run reuses them; its rows merge into the file
     assert (tmp_path / "cache" / "stores-3000" / "scann.json").is_file()
     again = CliRunner().invoke(
