@@ -347,9 +347,24 @@ def serve_cells(
                 f"RSS {s['rss_mb']:.0f} MB"
             )
         out["rss_max_mb"] = max(rss)
+        out["rss_split_mb"] = rss_split(server.proc.pid)
         out["recall_watch"] = info_of(server.port).get("recall_watch")
     finally:
         out["exit_code"] = server.stop()
+    return out
+
+
+def rss_split(pid: int) -> dict[str, float]:
+    """The server's resident memory by kind (Linux ``/proc/PID/status``): anonymous, file-backed
+    (memory-mapped files the kernel can drop and re-read) and shared memory, in MB."""
+    out: dict[str, float] = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name in ("RssAnon", "RssFile", "RssShmem"):
+                out[name] = int(value.split()[0]) / 1024
+    except OSError:
+        pass
     return out
 
 
@@ -599,7 +614,15 @@ def write_results(result: dict[str, Any], stem: Path) -> None:
             f"(one text per call {c['qps_one_at_a_time']:.1f}, `search_batch` of all "
             f"{r['queries']} {c['qps_batched']:.1f}); its recall@10 {c['recall']}",
             f"- server: ready in {r['serve']['startup_s']} s, RSS idle {r['serve']['rss_idle_mb']:.0f} MB, "
-            f"max {r['serve']['rss_max_mb']:.0f} MB (raw vectors {r['raw_bytes'] / 2**20:.0f} MB, "
+            f"max {r['serve']['rss_max_mb']:.0f} MB"
+            + (
+                " (after the cells: "
+                + ", ".join(f"{k} {v:.0f} MB" for k, v in r["serve"]["rss_split_mb"].items())
+                + ")"
+                if r["serve"].get("rss_split_mb")
+                else ""
+            )
+            + f" (raw vectors {r['raw_bytes'] / 2**20:.0f} MB, "
             f"model {r['model_bytes'] / 2**20:.0f} MB); its live recall watch: "
             f"{(r['serve'].get('recall_watch') or {}).get(f'recall_at_{K}')} over "
             f"{(r['serve'].get('recall_watch') or {}).get('checked')} checked queries",
