@@ -34,6 +34,7 @@ cached (``.cache/recall_honesty``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -64,7 +65,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "all-MiniLM-L6-v2"
 TARGET = 0.99
 SETS = ("mixture", "perturbed", "far")
-STORES = ("faiss-hnsw", "faiss-ivf", "scann", "qdrant-edge", "chroma", "lancedb")
+STORES = ("faiss-hnsw", "faiss-ivf", "scann", "qdrant-edge", "chroma", "lancedb", "pgvector")
 PASSAGES = 3000
 _SPLIT = re.compile(r"(?<=[.!?])\s+")
 
@@ -168,7 +169,7 @@ def max_cosine(q: np.ndarray, docs: np.ndarray, held: list[list[int]] | None = N
 # ----------------------------------------------------------------------------- the stores
 
 
-def open_spec(kind: str, tmp: Path) -> tuple[str, dict[str, Any]]:
+def open_spec(kind: str, tmp: Path, pg_uri: str = "") -> tuple[str, dict[str, Any]]:
     if kind == "faiss-hnsw":
         return f"faiss:{tmp / kind}", {"index_type": "hnsw", "hnsw_m": 32, "ef_construction": 80}
     if kind == "faiss-ivf":
@@ -181,6 +182,9 @@ def open_spec(kind: str, tmp: Path) -> tuple[str, dict[str, Any]]:
         return f"chroma:{tmp / kind}/bench", {}
     if kind == "lancedb":
         return f"lancedb:{tmp / kind}/bench", {"index_type": "IVF_HNSW_SQ"}
+    if kind == "pgvector":
+        # pgvector's own HNSW defaults (m 16, ef_construction 64), as a user gets them
+        return f"pgvector:{pg_uri}#bench", {"index_type": "hnsw"}
     raise click.BadParameter(f"unknown store {kind!r}; choose from {', '.join(STORES)}")
 
 
@@ -188,7 +192,7 @@ KNOBS = ("ef_search", "nprobe", "hnsw_ef", "leaves_to_search", "reorder")
 
 
 def store_rows(
-    kind: str, set_name: str, docs: np.ndarray, queries: np.ndarray, tmp: Path
+    kind: str, set_name: str, docs: np.ndarray, queries: np.ndarray, tmp: Path, pg_uri: str = ""
 ) -> list[dict[str, Any]]:
     """Build the store with target 0.99, then three tunings, each checked on held-out queries."""
     from magretrieve.stores import _ann_recall, open_store
@@ -198,13 +202,16 @@ def store_rows(
     tune_q, held_q = queries[order[: len(order) // 2]], queries[order[len(order) // 2 :]]
     truth = exact_topk(held_q, docs, K)
     ids = [str(i) for i in range(len(docs))]
-    spec, opts = open_spec(kind, tmp)
+    spec, opts = open_spec(kind, tmp, pg_uri)
+    where = f"{set_name}/{len(docs):,}/{kind}"
     t0 = time.perf_counter()
     store = open_store(spec, dimension=docs.shape[1], target_recall=TARGET, **opts)
-    for s in tqdm(range(0, len(ids), 4096), desc=f"{set_name}/{kind} add", leave=False):
+    for s in tqdm(range(0, len(ids), 4096), desc=f"{where} add", mininterval=10):
         store.add(ids[s : s + 4096], docs[s : s + 4096])
+    say(f"{where}: added in {time.perf_counter() - t0:.0f} s; optimize (build + default tuning)")
     store.optimize()
     build_s = round(time.perf_counter() - t0, 1)
+    say(f"{where}: built and tuned in {build_s:.0f} s")
 
     def delivered() -> float:
         hits = store.search(held_q, K)
@@ -226,6 +233,7 @@ def store_rows(
         }
 
     out = [row("default", store.describe()["parameters"].get("recall"))]
+    say(f"{where}: default row {out[-1]}")
     first_reorder = opts.get("reorder", 100) if kind == "scann" else None
 
     def fresh() -> None:
@@ -237,12 +245,21 @@ def store_rows(
     old = _ann_recall.TuningQueries(old_q, "old", [ids[r[0]] for r in old_src])
     fresh()
     out.append(row("old sample (cos 0.9)", store.measure_recall(queries=old, target_recall=TARGET)))
+    say(f"{where}: old-sample row {out[-1]}")
     user = _ann_recall.TuningQueries(tune_q, _ann_recall.USER)
     fresh()
     out.append(row("user queries", store.measure_recall(queries=user, target_recall=TARGET)))
+    say(f"{where}: user-queries row {out[-1]} ({time.perf_counter() - t0:.0f} s in all)")
+    if kind == "pgvector":
+        store.conn.execute("DROP TABLE bench")  # type: ignore[attr-defined]
     store.close()
     shutil.rmtree(tmp / kind, ignore_errors=True)
     return out
+
+
+def say(line: str) -> None:
+    """A progress line on stderr, stamped with the wall clock (runs at 1M take many minutes)."""
+    click.echo(f"[{time.strftime('%H:%M:%S')}] {line}", err=True)
 
 
 def calibration(set_name: str, docs: np.ndarray, queries: np.ndarray) -> dict[str, Any]:
@@ -368,38 +385,59 @@ def write(result: dict[str, Any], stem: Path) -> None:
 )
 @lock_option
 def main(sizes: str, set_names: str, stores: str, threads: int, out: str, lock: str) -> None:
-    """Self-measured vs delivered recall@10 of every ANN store asked for 0.99 (merged into --out)."""
+    """Self-measured vs delivered recall@10 of every ANN store asked for 0.99 (merged into --out).
+
+    The CPU lock is held per set build and per store (build + three tunings), not for the whole
+    run, and the results are rewritten after every store, so a long run at 1M neither starves
+    other jobs nor loses what it measured when it is stopped.
+    """
     stem = Path(out)
-    previous: dict[str, Any] = {}
-    if stem.with_suffix(".json").is_file():
-        previous = json.loads(stem.with_suffix(".json").read_text())
     chosen = [s.strip() for s in stores.split(",") if s.strip()]
     for s in chosen:
         open_spec(s, Path("."))
-    rows: list[dict[str, Any]] = []
-    cal: list[dict[str, Any]] = []
-    with cpu_lock(lock), tempfile.TemporaryDirectory() as tmp:
-        for n in [int(x) for x in sizes.split(",") if x.strip()]:
-            for name in [s.strip() for s in set_names.split(",") if s.strip()]:
-                docs, queries = make_set(name, n, threads)
-                cal.append(calibration(name, docs, queries))
-                for kind in chosen:
-                    rows += store_rows(kind, name, docs, queries, Path(tmp))
-                    for r in rows[-3:]:
-                        click.echo(json.dumps(r), err=True)
+    command = recorded_command()
     row_key = lambda r: (r["n"], SETS.index(r["set"]), STORES.index(r["store"]), r["sample"])  # noqa: E731
     cal_key = lambda c: (c["n"], SETS.index(c["set"]))  # noqa: E731
-    commands = list(dict.fromkeys([*previous.get("commands", []), recorded_command()]))
-    write(
-        {
-            "commands": commands,
-            "machine": machine_summary(),
-            "target": TARGET,
-            "rows": merge(stem, row_key, rows, previous.get("rows", [])),
-            "calibration": merge(stem, cal_key, cal, previous.get("calibration", [])),
-        },
-        stem,
-    )
+
+    def save(rows: list[dict[str, Any]], cal: list[dict[str, Any]]) -> None:
+        previous: dict[str, Any] = {}
+        if stem.with_suffix(".json").is_file():
+            previous = json.loads(stem.with_suffix(".json").read_text())
+        write(
+            {
+                "commands": list(dict.fromkeys([*previous.get("commands", []), command])),
+                "machine": machine_summary(),
+                "target": TARGET,
+                "rows": merge(stem, row_key, rows, previous.get("rows", [])),
+                "calibration": merge(stem, cal_key, cal, previous.get("calibration", [])),
+            },
+            stem,
+        )
+
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        pg_uri = ""
+        if "pgvector" in chosen:
+            import pgserver  # a real PostgreSQL + pgvector, started here, on a unix socket
+
+            server = pgserver.get_server(tmp / "pg", cleanup_mode="delete")
+            stack.callback(server.cleanup)
+            server.psql("CREATE EXTENSION IF NOT EXISTS vector;")
+            pg_uri = server.get_uri()
+        for n in [int(x) for x in sizes.split(",") if x.strip()]:
+            for name in [s.strip() for s in set_names.split(",") if s.strip()]:
+                with cpu_lock(lock):
+                    say(f"making set {name} at n={n:,}")
+                    docs, queries = make_set(name, n, threads)
+                    cal = [calibration(name, docs, queries)]
+                save([], cal)
+                for kind in chosen:
+                    with cpu_lock(lock):
+                        rows = store_rows(kind, name, docs, queries, tmp, pg_uri)
+                    for r in rows:
+                        click.echo(json.dumps(r), err=True)
+                    save(rows, [])
+                del docs
 
 
 if __name__ == "__main__":
