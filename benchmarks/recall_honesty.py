@@ -27,8 +27,14 @@ Each store gives three rows, each tuned to 0.99 (plus half the gap, see
 Also per set: the mean max-cosine between each kind of query and the stored points (sources
 held out), i.e. how far from the stored points each sample sits next to the real queries.
 
-Run in chunks (``--sets`` / ``--stores``); each run merges its rows into
-``results/recall_honesty.json`` and rewrites the table. The export and the encoded vectors are
+Stores: ``faiss:`` HNSW (M 32) and IVF, ``scann:``, ``qdrant-edge:``, ``chroma:``, ``lancedb:``
+IVF_HNSW_SQ, and ``pgvector`` HNSW on a PostgreSQL the run starts through ``pgserver`` (unix
+socket, deleted afterwards).
+
+Run in chunks (``--sizes`` / ``--sets`` / ``--stores``); the results are merged into
+``results/recall_honesty.json`` and the table rewritten after every store, and the CPU lock is
+held per store, so a run at a million vectors (minutes per store; each stage prints a stamped
+progress line) can be stopped without losing what it measured. The export and the encoded vectors are
 cached (``.cache/recall_honesty``).
 """
 
