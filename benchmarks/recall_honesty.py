@@ -343,7 +343,8 @@ def write(result: dict[str, Any], stem: Path) -> None:
         "synthetic: far-perturbed directions and 3-point mixtures); `old sample` = held-out "
         "directions at cosine 0.9 (what stores tuned on before); `user queries` = the other half "
         "of the real queries (`--tuning-queries`). `reached` = the target was met on the tuning "
-        "half (false: the store says it could not reach it). See the docstring of "
+        "half (false: the store says it could not reach it); `build s` = adding the vectors and "
+        "`optimize()` (the index build and the default tuning). See the docstring of "
         "`benchmarks/recall_honesty.py` for how each set is made.",
         "",
         f"Default rows delivering >= 0.985 or reporting the target unreached: {met} of {len(ok)}"
