@@ -301,7 +301,7 @@ def write(result: dict[str, Any], stem: Path) -> None:
         f"Default rows delivering >= 0.985 or reporting the target unreached: {met} of {len(ok)}.",
         "",
         "Not in this table: pgvector's HNSW (its `--target-recall` is tested in "
-        "tests/test_pgvector_store.py on 3,000 vectors, not run here at 100k), and a million "
+        "tests/stores/test_pgvector_store.py on 3,000 vectors, not run here at 100k), and a million "
         "vectors (the 100k run took the time there was; `--sizes 1000000` runs it). `chroma` and "
         "`lancedb` (IVF_HNSW_SQ) rows appear for the sets they were run on (LanceDB on `perturbed` "
         "and `mixture` did not finish within an 8-minute chunk: its sweep to ef_search 4,096 "

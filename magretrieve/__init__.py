@@ -96,8 +96,8 @@ __all__ = [
 
 
 #: Modules reachable as attributes before anything imported them (``magretrieve.diagnose``
-#: is always this subpackage, never a function); ``config`` and ``testing`` keep their old
-#: attribute names over their layer folders.
+#: is always this subpackage, never a function); ``config`` keeps its old attribute name over
+#: its layer folder.
 _SUBMODULES = {
     "adapters": "magretrieve.adapters",
     "config": "magretrieve.core.config",
@@ -105,7 +105,6 @@ _SUBMODULES = {
     "export": "magretrieve.export",
     "priors": "magretrieve.priors",
     "stores": "magretrieve.stores",
-    "testing": "magretrieve.train.testing",
     # the training function: the package is callable as magretrieve.train.trainer.train
     "train": "magretrieve.train",
 }

@@ -26,7 +26,7 @@ End to end, in a child process each (wall time and peak RSS of that process):
   candidate ranking the whole corpus. Encoding a million texts is the encoder's cost, not the
   prior's, and is left out.
 
-    python benchmarks/corpus_prior_scale.py --out benchmarks/results
+    python benchmarks/study.py corpus_prior_scale --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -248,9 +248,14 @@ def child_fit_prior(pool: np.ndarray, n: int, model: str, data: Path, max_length
 
 
 def in_child(args: list[str]) -> tuple[dict[str, Any], float]:
-    """Run this script with ``--child ...`` in a new process: its JSON and peak RSS (GiB)."""
+    """Run this study with ``--child ...`` in a new process (through ``benchmarks/study.py``,
+    which gives it the benchmarks' helpers): its JSON and peak RSS (GiB)."""
+    study = Path(__file__).resolve().parents[1] / "study.py"
     proc = subprocess.Popen(
-        [sys.executable, __file__, *args], stdout=subprocess.PIPE, text=True, env=os.environ
+        [sys.executable, str(study), "corpus_prior_scale", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ,
     )
     out = proc.stdout.read()  # type: ignore[union-attr]
     _, status, usage = os.wait4(proc.pid, 0)

@@ -5,7 +5,7 @@ InfoNCE loss (both directions) under cosine and dot, and under qnorm/dnorm *forc
 trainer refuses them on a symmetric task without force), then reports Spearman with the gold
 scores on STS-B test in both argument orders, s(a,b) and s(b,a), and their mean gap.
 
-    python benchmarks/symmetric.py --model all-MiniLM-L6-v2 --data ../shared/data/stsb \
+    python benchmarks/study.py symmetric --model all-MiniLM-L6-v2 --data ../shared/data/stsb \
         --modes cosine,dot,qnorm,dnorm --out benchmarks/results
 """
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from conftest import load_benchmark
+import pytest
+
+from tests.support.benchmarks import load_benchmark
+
+pytestmark = pytest.mark.integration
 
 
 def test_synthetic_norms_have_the_asked_coefficient_of_variation():

@@ -8,9 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import load_benchmark
 
 from magretrieve.core.batching import DEFAULT_BATCH_TOKENS
+from tests.support.benchmarks import load_benchmark
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,18 @@
-"""benchmarks/corpus_prior_scale.py: the synthetic top-up and the growth exponent, checked."""
+"""benchmarks/studies/corpus_prior_scale.py: the synthetic top-up and the growth exponent, checked."""
 
 from __future__ import annotations
 
 import numpy as np
-from conftest import load_benchmark
+import pytest
 
 from magretrieve.priors.base import unit
+from tests.support.benchmarks import load_benchmark
+
+pytestmark = pytest.mark.integration
 
 
 def test_topped_up_pool_keeps_every_real_vector_and_is_unit() -> None:
-    bench = load_benchmark("corpus_prior_scale")
+    bench = load_benchmark("studies/corpus_prior_scale")
     rng = np.random.default_rng(0)
     real = unit(rng.normal(size=(300, 16))).astype(np.float32)
     pool = bench.topped_up(real, 1000)
@@ -28,14 +31,14 @@ def test_topped_up_pool_keeps_every_real_vector_and_is_unit() -> None:
 
 
 def test_slope_is_the_log_log_exponent() -> None:
-    bench = load_benchmark("corpus_prior_scale")
+    bench = load_benchmark("studies/corpus_prior_scale")
     rows = [{"n": n, "t": 3e-9 * n**2} for n in (1000, 2000, 8000)]
     assert abs(bench.slope(rows, "t") - 2.0) < 1e-9
 
 
 def test_results_of_partial_rows_are_written(tmp_path) -> None:
     """Sizes without the old paths or fit-prior show '—'; goals judge the largest size."""
-    bench = load_benchmark("corpus_prior_scale")
+    bench = load_benchmark("studies/corpus_prior_scale")
     common = {"real": 10, "nlist": 4, "blocked_nlist": 2, "exact_rows": 50}
     rows = [
         {**common, "n": 100, "exact_s": 8.0, "grouped_s": 2.0, "grouped_speedup": 4.0,

@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import TINY_TOPICS, load_benchmark
 
 from magretrieve.core.errors import ConfigError
 from magretrieve.data.readers import Document, RetrievalDataset
+from tests.support.benchmarks import load_benchmark
+from tests.support.tiny_models import TINY_TOPICS
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

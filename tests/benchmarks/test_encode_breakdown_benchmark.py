@@ -7,7 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import load_benchmark
+
+from tests.support.benchmarks import load_benchmark
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import onnx
 import pytest
-from conftest import load_benchmark
+
+from tests.support.benchmarks import load_benchmark
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,11 @@ column is tuned and measured against exact search, and the table's ratios are it
 from __future__ import annotations
 
 import numpy as np
-from conftest import load_benchmark
+import pytest
+
+from tests.support.benchmarks import load_benchmark
+
+pytestmark = pytest.mark.integration
 
 
 def clustered(n: int, dim: int, clusters: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from conftest import load_benchmark
+import pytest
+
+from tests.support.benchmarks import load_benchmark
+
+pytestmark = pytest.mark.integration
 
 bench = load_benchmark("studies/plugin_prefetch")
 

@@ -7,9 +7,11 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import load_benchmark
 
 from magretrieve.priors import InvertedSoftmaxPrior, unit
+from tests.support.benchmarks import load_benchmark
+
+pytestmark = pytest.mark.integration
 
 bench = load_benchmark("priors")
 

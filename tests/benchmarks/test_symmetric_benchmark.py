@@ -1,16 +1,20 @@
-"""Smoke run of benchmarks/symmetric.py on the tiny BERT: one-sided modes show asymmetry, cosine/dot none."""
+"""Smoke run of benchmarks/studies/symmetric.py on the tiny BERT: one-sided modes show asymmetry, cosine/dot none."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
-from conftest import load_benchmark
+
+from tests.support.benchmarks import load_benchmark
+
+pytestmark = pytest.mark.integration
 
 
 def _load_main():
-    return load_benchmark("symmetric").main
+    return load_benchmark("studies/symmetric").main
 
 
 def _write_sts(folder: Path) -> None:

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import load_benchmark
 
 from magretrieve.data.readers import load_training_data
 from magretrieve.train.encoder import Encoder
+from tests.support.benchmarks import load_benchmark
+
+pytestmark = pytest.mark.integration
 
 LABELS = ["ours fp32", "sentence-transformers fp32", "ours bf16", "sentence-transformers bf16"]
 KEYS = ["ours-fp32", "st-fp32", "ours-bf16", "st-bf16"]

@@ -36,33 +36,15 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import build_tiny_bert, set_manifest_field
 
 from magretrieve.cli import main
 from magretrieve.core.errors import ConfigError, DataError, MagRetrieveError, StoreError
 from magretrieve.stores import VectorStore, open_store
+from tests.support.exports import tiny_export_dir
+from tests.support.manifests import set_manifest_field
+from tests.support.tiny_models import build_tiny_bert
 
 # ----------------------------------------------------------------------------- shared exports
-
-
-def tiny_export_dir(
-    tmp_path_factory: pytest.TempPathFactory,
-    model_dir: Path,
-    mode: str = "qnorm",
-    name: str | None = None,
-) -> Path:
-    """Export ``model_dir`` once per test session (TorchScript exporter: ~2 s, not ~20 s).
-
-    Cached by name under the session's base temp folder, so the reliability test modules
-    (bad input, crash safety, concurrency, network) share one export.
-    """
-    from magretrieve.export import export_model
-
-    out = tmp_path_factory.getbasetemp() / "reliability-exports" / (name or mode)
-    if not (out / "magretrieve.json").is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        export_model(model_dir, out, mode=mode, exporter="torchscript", overwrite=True)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import write_tiny_beir
 
 from magretrieve.cli import main
 from magretrieve.data.readers import load_beir
 from magretrieve.evaluation.retrieval import evaluate_retrieval
 from magretrieve.train.encoder import CONFIG_NAME, Encoder
 from magretrieve.train.trainer import LOG_NAME
+from tests.support.tiny_models import write_tiny_beir
 
 
 def cli(*args: str) -> Result:

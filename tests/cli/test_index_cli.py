@@ -1,6 +1,6 @@
 """``magretrieve index`` / ``magretrieve search``: resumable indexing, tables, refusals.
 
-The encoder is the deterministic FakeEncoder of test_retriever (substituted at the one seam,
+The encoder is the deterministic FakeEncoder of tests/support/fake_encoder.py (substituted at the one seam,
 ``magretrieve.serving.retriever.load_encoder``); the real ONNX path is covered in test_retriever.
 """
 
@@ -12,44 +12,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from test_retriever import TOPICS, FakeEncoder
 
-from magretrieve.cli import main
 from magretrieve.stores import open_store
-
-TESTS = Path(__file__).resolve().parent
-
-
-@pytest.fixture
-def use_fake(monkeypatch):
-    """Make every Retriever.load use a FakeEncoder; returns a setter for its fingerprint."""
-    state = {"fingerprint": "a" * 64, "mode": "qnorm", "fail_after": None, "dim": 24}
-
-    def load(export_dir, threads=None, device="cpu", runtime=None):
-        enc = FakeEncoder(state["mode"], state["fingerprint"], state["dim"])
-        enc.fail_after = state["fail_after"]
-        return enc
-
-    monkeypatch.setattr("magretrieve.serving.retriever.load_encoder", load)
-    return state
-
-
-def write_corpus(path: Path, n: int, seed: int = 0) -> Path:
-    rng = np.random.default_rng(seed)
-    with path.open("w") as fh:
-        for i in range(n):
-            words = " ".join(rng.choice(TOPICS, size=int(rng.integers(2, 10))))
-            fh.write(json.dumps({"_id": f"p{i}", "title": f"T{i}", "text": words}) + "\n")
-    return path
-
-
-def run(*args: str):
-    return CliRunner().invoke(main, list(args), catch_exceptions=True)
+from tests.support.cli import run
+from tests.support.fake_encoder import LOAD_IN_CHILD, FakeEncoder, write_corpus
 
 
 def test_index_then_rerun_skips_everything(use_fake, tmp_path):
@@ -111,9 +80,8 @@ def test_interrupted_index_resumes_without_duplicates(use_fake, tmp_path):
 
 
 _KILL_SCRIPT = """
-import sys, time
-sys.path.insert(0, {tests!r})
-from test_retriever import FakeEncoder
+import time
+{load_fake}
 from magretrieve.stores import open_store
 from magretrieve.serving.indexing import index_corpus
 from magretrieve.serving.retriever import Retriever
@@ -134,7 +102,7 @@ def test_sigkill_during_indexing_then_resume(tmp_path, kind):
     """SIGKILL at an arbitrary point: the resumed store equals an uninterrupted run."""
     corpus = write_corpus(tmp_path / "c.jsonl", 120)
     spec = f"{kind}:{tmp_path / 'ix'}"
-    script = _KILL_SCRIPT.format(tests=str(TESTS), spec=spec, corpus=str(corpus))
+    script = _KILL_SCRIPT.format(load_fake=LOAD_IN_CHILD, spec=spec, corpus=str(corpus))
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     marker = tmp_path / "ix" / ("faiss_store.json" if kind == "faiss" else "magretrieve_store.json")
     deadline = time.time() + 60
@@ -241,7 +209,7 @@ def test_rows_in_an_existing_table_without_model_metadata_need_force(use_fake, t
     """Every database store: a table or collection that existed before, holding rows but no
     magretrieve model metadata, is someone else's: indexing refuses without --force and
     writes nothing; with --force it writes and stamps it."""
-    import store_examples
+    from tests.support import store_examples
 
     ex = store_examples.exact_example(prefix, tmp_path)
     assert ex is not None, f"{prefix}: no example (extra or pgserver missing?)"

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import set_manifest_field
 
 from magretrieve.core.errors import ManifestError
 from magretrieve.core.manifest import (
@@ -18,6 +17,7 @@ from magretrieve.core.manifest import (
     seal,
     sha256_file,
 )
+from tests.support.manifests import set_manifest_field
 
 FILES = {"query.onnx": b"query graph bytes", "document.onnx": b"doc graph", "tokenizer.json": b"{}"}
 
@@ -257,7 +257,7 @@ def test_runtimes_field_and_its_legacy_default(tmp_path: Path) -> None:
 def test_a_manifest_written_before_the_typed_config_loads_and_saves_byte_identical(
     tmp_path: Path,
 ) -> None:
-    """tests/fixtures/manifest_v2.json was written by the Manifest that re-declared the
+    """tests/core/fixtures/manifest_v2.json was written by the Manifest that re-declared the
     encoder's fields (learnable γ, a linear norm head trained on a frozen encoder, int8)."""
     from magretrieve.core.config import EncoderConfig
 

@@ -311,7 +311,7 @@ VALUES = JSON_VALUES | st.just(_DELETE) | st.sampled_from(["../x", "/etc/hostnam
 
 
 def _manifest_folder(folder: Path) -> dict:
-    from test_manifest import _write
+    from tests.core.test_manifest import _write
 
     return _write(folder)
 

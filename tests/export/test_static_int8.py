@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import RUNTIME_TEXTS as TEXTS
 
 from magretrieve.cli import main
 from magretrieve.core.errors import ConfigError, DataError
+from tests.support.tiny_models import RUNTIME_TEXTS as TEXTS
 
 #: Slow lane: NNCF calibrates every export these tests build.
 pytestmark = pytest.mark.slow

@@ -2,7 +2,7 @@
 (tiny ONNX model), in process: each side's vectors equal ``OnnxEncoder``'s, sync and async, in
 any batching; bad input is one clear error; ``check_vector_store`` reads the real store objects
 of the installed framework packages. The remote mode runs against a real server in
-tests/test_framework_remote.py.
+tests/integrations/test_framework_remote.py.
 """
 
 from __future__ import annotations

@@ -22,9 +22,11 @@ os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 import httpx
 import numpy as np
 import pytest
-from test_serve import KEY, SERVE, free_port, start_server
 
 from magretrieve.serving.remote import RemoteEncoder, RemoteEncoderError
+from tests.server.test_serve import KEY, SERVE, free_port, start_server
+
+pytestmark = pytest.mark.integration
 
 #: The server's limits here: 3 texts per request, 400 characters per text.
 MAX_INPUTS = 3

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "magretrieve"
 DOC = ROOT / "docs" / "architecture.md"
 TORCH_LAYERS = ("train", "export", "diagnose")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: The --maxkb of check-added-large-files in .pre-commit-config.yaml.
 MAX_KB = 500
 #: The config's top-level ``exclude``: Swagger UI's files, vendored unmodified (/docs offline).

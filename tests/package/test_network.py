@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_bad_input import tiny_export_dir
 
 from magretrieve.core.errors import ConfigError
+from tests.support.exports import tiny_export_dir
 
 GUARD = """
 import socket

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: Absolute paths that belong to one machine (home folders, this workplace's folders, venvs).
 #: Written as alternations so that this file holds none of the paths it looks for.
 MACHINE_PATH = re.compile(

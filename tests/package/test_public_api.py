@@ -51,7 +51,7 @@ def test_one_default_k_for_every_search() -> None:
 def test_quickstart_example_uses_the_public_api_only() -> None:
     from pathlib import Path
 
-    source = (Path(__file__).resolve().parents[1] / "examples" / "quickstart.py").read_text()
+    source = (Path(__file__).resolve().parents[2] / "examples" / "quickstart.py").read_text()
     imports = [
         line.strip()
         for line in source.splitlines()

@@ -13,7 +13,7 @@ import pytest
 #: Integration lane: runs examples/quickstart.py end to end in a subprocess.
 pytestmark = pytest.mark.integration
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
 #: Source folder of the one package of the design.
 SOURCES = {"magretrieve": REPO / "magretrieve"}
 

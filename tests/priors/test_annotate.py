@@ -108,9 +108,8 @@ def test_annotate_writes_m_and_search_ranks_by_cos_times_m(tmp_path):
 
 
 def test_retriever_adds_and_explains_on_an_annotated_collection(tmp_path):
-    from test_retriever import FakeEncoder
-
     from magretrieve.serving.retriever import Retriever
+    from tests.support.fake_encoder import FakeEncoder
 
     spec, units, _ = cosine_collection(tmp_path / "q", n=120)
     annotate_store(spec, prior=HubPrior(0.5, 5), progress=False)

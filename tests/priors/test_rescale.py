@@ -178,7 +178,7 @@ def test_refusals_leave_everything_as_it_was(
     with pytest.raises(StoreError, match="no model metadata"):
         rescale_store(src, dst, head=head_run, progress=False)
     # vectors of another encoder (unit-norm, but not the head's encoder)
-    from conftest import build_tiny_bert
+    from tests.support.tiny_models import build_tiny_bert
 
     other = Encoder.load(build_tiny_bert(tmp_path / "other", seed=5), "cosine", device="cpu")
     src = build_source("memory:", other.encode_documents([d.full_text for d in DOCS]))

@@ -25,9 +25,9 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 import pytest
 from click.testing import CliRunner
-from test_serve import KEY, start_server
 
 from magretrieve.server.auth import needs_key
+from tests.server.test_serve import KEY, start_server
 
 SCREENSHOTS_ENV = "MAGRETRIEVE_SCREENSHOTS"
 

@@ -30,7 +30,7 @@ import httpx
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-key-7f3a"
 #: Runs the CLI with torch and transformers blocked, so the server proves itself torch-free.
 SERVE = (

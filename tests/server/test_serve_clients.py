@@ -15,7 +15,10 @@ import os
 
 import numpy as np
 import pytest
-from test_serve import KEY, TEXTS, export_dir, start_server  # noqa: F401 - a fixture
+
+from tests.server.test_serve import KEY, TEXTS, export_dir, start_server  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.integration
 
 # litellm fetches a model cost map from the network on import unless told to use its own copy
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

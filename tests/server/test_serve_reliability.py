@@ -31,8 +31,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_bad_input import tiny_export_dir
-from test_serve import KEY, SERVE, assert_clean_error, free_port, start_server, store_copy
+
+from tests.server.test_serve import (
+    KEY,
+    SERVE,
+    assert_clean_error,
+    free_port,
+    start_server,
+    store_copy,
+)
+from tests.support.exports import tiny_export_dir
 
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 

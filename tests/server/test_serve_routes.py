@@ -5,7 +5,7 @@ The side comes from the route (``/query/...``, ``/document/...``), the model id 
 ``prompt_name``, Cohere's ``search_query``/``search_document``); none is ever guessed, and two
 places that disagree are a 422. Vectors are compared with ``OnnxEncoder`` on the same tiny
 qnorm export (unit queries, documents with their norm). The real client packages against a
-real server process are in tests/test_serve_clients.py.
+real server process are in tests/server/test_serve_clients.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import sys
 
 import numpy as np
 import pytest
-from test_serve import KEY, LONG, TEXTS, assert_clean_error, export_dir  # noqa: F401 - a fixture
+
+from tests.server.test_serve import KEY, LONG, TEXTS, assert_clean_error, export_dir  # noqa: F401 - a fixture
 
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_bad_input import tiny_export_dir
 
 from magretrieve.serving.retriever import Retriever
+from tests.support.exports import tiny_export_dir
 
 WORDS = (
     "statin statins mortality heart risk cancer cell cells protein gene brain blood drug trial "

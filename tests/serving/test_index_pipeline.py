@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_retriever import FakeEncoder
 
 from magretrieve.core.errors import DataError, StoreError
 from magretrieve.data.readers import Document
 from magretrieve.serving.indexing import index_documents
 from magretrieve.serving.retriever import Retriever
 from magretrieve.stores import open_store
+from tests.support.fake_encoder import FakeEncoder
 
 WORDS = "statins heart cancer cell brain protein wing flow lung smoking vitamin dose".split()
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import RUNTIME_TEXTS as TEXTS
 
 from magretrieve.cli import main
 from magretrieve.core.errors import ConfigError
 from magretrieve.serving.openvino_session import bf16_native
+from tests.support.tiny_models import RUNTIME_TEXTS as TEXTS
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_index_cli import run, use_fake  # noqa: F401 - the fixture
-from test_retriever import FakeEncoder
 
 from magretrieve.core import similarity
 from magretrieve.stores import _ann_recall, open_store
 from magretrieve.stores._ann_recall import PSEUDO, SYNTHETIC, USER, TuningQueries
+from tests.support.cli import run
+from tests.support.fake_encoder import FakeEncoder
 
 VOCAB = [f"w{i}" for i in range(400)]
 
@@ -116,7 +116,7 @@ def test_tuning_query_files_both_forms_and_bad_files(tmp_path):
         assert needle in str(err.value) and "\n" not in str(err.value), err.value
 
 
-def test_index_tunes_on_pseudo_queries_by_default_and_on_the_users_when_given(use_fake, tmp_path):  # noqa: F811
+def test_index_tunes_on_pseudo_queries_by_default_and_on_the_users_when_given(use_fake, tmp_path):
     use_fake["dim"] = 32
     corpus = write_corpus(tmp_path / "c.jsonl", 600)
     spec = f"faiss:{tmp_path / 'a'}"
@@ -140,7 +140,7 @@ def test_index_tunes_on_pseudo_queries_by_default_and_on_the_users_when_given(us
     assert rec["query_kind"] == USER and rec["queries"] == 30, rec
 
 
-def test_bad_tuning_queries_file_is_refused_before_a_store_is_made(use_fake, tmp_path):  # noqa: F811
+def test_bad_tuning_queries_file_is_refused_before_a_store_is_made(use_fake, tmp_path):
     corpus = write_corpus(tmp_path / "c.jsonl", 20)
     bad = tmp_path / "q.txt"
     bad.write_bytes(b"ok\n\xff\n")
@@ -152,7 +152,7 @@ def test_bad_tuning_queries_file_is_refused_before_a_store_is_made(use_fake, tmp
     assert not (tmp_path / "x").exists()
 
 
-def test_recall_command_matches_an_independent_exact_computation(use_fake, tmp_path):  # noqa: F811
+def test_recall_command_matches_an_independent_exact_computation(use_fake, tmp_path):
     use_fake["dim"] = 32
     corpus = write_corpus(tmp_path / "c.jsonl", 1500)
     spec = f"faiss:{tmp_path / 'h'}"
@@ -220,7 +220,7 @@ def test_open_store_tuning_queries_retunes_a_built_index(tmp_path):
         open_store(spec, tuning_queries=str(tmp_path / "q.txt"))
 
 
-def test_pseudo_query_tuning_meets_the_target_on_held_out_real_like_queries(use_fake, tmp_path):  # noqa: F811
+def test_pseudo_query_tuning_meets_the_target_on_held_out_real_like_queries(use_fake, tmp_path):
     """Tuned on pseudo-queries from the corpus (no user query seen), a sparse graph asked for
     0.99 delivers at least 0.985 on queries it never saw."""
     use_fake["dim"] = 32
@@ -253,7 +253,7 @@ def test_pseudo_query_tuning_meets_the_target_on_held_out_real_like_queries(use_
         ("qdrant-edge", [], "ef_search"),
     ],
 )
-def test_recall_command_finds_each_stores_knob(use_fake, tmp_path, prefix, flags, knob):  # noqa: F811
+def test_recall_command_finds_each_stores_knob(use_fake, tmp_path, prefix, flags, knob):
     use_fake["dim"] = 32
     corpus = write_corpus(tmp_path / "c.jsonl", 1200)
     spec = f"{prefix}:{tmp_path / 's'}"

@@ -3,7 +3,7 @@
 Space ``ip`` and scores equal to inner products (Chroma reports ``1 − ip``), ``l2``/``cosine``
 collections refused, HNSW options passed through, ``ef_search`` tuned to ``--target-recall``
 by measurement, and the model metadata surviving a new process. The shared add/search/delete
-sequence runs in ``tests/test_stores.py`` (embedded and, marked integration, a real server).
+sequence runs in ``tests/stores/test_stores.py`` (embedded and, marked integration, a real server).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import pytest
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import open_store
 from magretrieve.stores.chroma_store import parse_chroma
+
+pytestmark = pytest.mark.integration
 
 DIM = 16
 
@@ -136,7 +138,7 @@ def test_spec_forms():
 
 
 def test_unreachable_server_is_one_line(tmp_path):
-    from servers import free_ports
+    from tests.support.servers import free_ports
 
     port = free_ports(1)[0]
     with pytest.raises(StoreError, match=f"chroma:http://127.0.0.1:{port}/docs") as err:

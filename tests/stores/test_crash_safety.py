@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import load_benchmark
-from test_bad_input import tiny_export_dir
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import _faiss_files, open_store
+from tests.support.benchmarks import load_benchmark
+from tests.support.exports import tiny_export_dir
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ Distance ``dot`` and scores equal to inner products (LanceDB reports ``1 − q·
 scan by default, IVF_HNSW_SQ behind the measured-recall check (``ef_search`` tuned to a
 target), IVF_PQ refused with its measured recall unless forced, a cosine-indexed table
 refused, ids that are not SQL-safe, and the metadata surviving a new process. The shared
-add/search/delete sequence runs in ``tests/test_stores.py``.
+add/search/delete sequence runs in ``tests/stores/test_stores.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from lancedb.index import IvfFlat
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import open_store
+
+pytestmark = pytest.mark.integration
 
 DIM = 16
 
@@ -151,9 +153,8 @@ def test_retriever_force_reaches_the_store_that_takes_it(
     tmp_path_factory, tiny_model_dir, tmp_path
 ):
     """``magretrieve index --force`` (Retriever.load(force=True)) is what keeps a poor index."""
-    from test_bad_input import tiny_export_dir
-
     from magretrieve.serving.retriever import Retriever
+    from tests.support.exports import tiny_export_dir
 
     export = tiny_export_dir(tmp_path_factory, tiny_model_dir)
     spec = f"lancedb:{tmp_path / 'l'}/docs"

@@ -3,7 +3,7 @@
 Metric IP and scores equal to inner products, COSINE/L2 collections refused, the JSON payload
 and ``doc_norm`` fields, metadata in the collection properties, the id length limit, and the
 two spec forms. The shared add/search/delete/reload sequence runs in
-``tests/test_backend_congruence.py``.
+``tests/stores/test_stores.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from pymilvus import DataType, MilvusClient
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import open_store
 from magretrieve.stores.milvus_store import parse_milvus
+
+pytestmark = pytest.mark.integration
 
 DIM = 16
 

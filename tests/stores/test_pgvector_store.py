@@ -3,7 +3,7 @@
 What only this backend has: the ``<#>`` operator and its sign, the index operator class check,
 the jsonb payload and ``doc_norm`` columns, an existing connection object, one transaction per
 batch, and the URI's password kept out of messages. The shared add/search/delete/reload
-sequence runs in ``tests/test_backend_congruence.py``.
+sequence runs in ``tests/stores/test_stores.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import pytest
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import open_store
 from magretrieve.stores.pgvector_store import PgVectorStore, redact
+
+pytestmark = pytest.mark.integration
 
 DIM = 16
 
@@ -211,9 +213,8 @@ def test_foreign_table_and_dimension_mismatch_refused(pg_uri):
 def test_a_comment_magretrieve_did_not_write_is_never_replaced(pg_uri):
     """magretrieve records its model in the table COMMENT: a JSON object keeps its other keys,
     a plain-text COMMENT is someone's and writing the model is refused, even with force."""
-    from test_retriever import FakeEncoder, corpus
-
     from magretrieve.serving.retriever import Retriever
+    from tests.support.fake_encoder import FakeEncoder, corpus
 
     text_table, json_table = table(), table()
     for name in (text_table, json_table):

@@ -1,6 +1,6 @@
 """The ``scann:DIR`` store: exact until optimize() builds ScaNN, then measured, never normalized.
 
-Small clustered data with log-normal norms (``tests/ann_data.py``, as test_stores.py uses):
+Small clustered data with log-normal norms (``tests/support/ann_data.py``, as test_stores.py uses):
 exact and built searches agree with the brute-force inner product, norms and vectors come back as
 added, upserts and deletes hold before and after a build (pending rows and tombstones), a
 saved store answers the same in a new process, ``target_recall`` tunes ``leaves_to_search`` by
@@ -21,10 +21,9 @@ import pytest
 
 pytest.importorskip("scann")
 
-from ann_data import ann_data
-
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import _ann_recall, open_store, scann_store
+from tests.support.ann_data import ann_data
 
 DIM = 32
 #: recall@10 that a store tuned to 0.99 on its sampled directions keeps on the harder near-copy

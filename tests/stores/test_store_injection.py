@@ -3,7 +3,7 @@ exactly the ids named, on every registered store, whatever the ids hold.
 
 A hypothesis property over arbitrary Unicode ids (quotes, backslashes, brackets, NUL, U+2028,
 separators, expression keywords) runs against one store per backend (the first exact example
-of ``tests/store_examples.py``) and a model of what must be stored. Ids no store can hold
+of ``tests/support/store_examples.py``) and a model of what must be stored. Ids no store can hold
 (NUL, empty) are asked for too: they are refused on add and simply not found on lookups.
 """
 
@@ -13,13 +13,13 @@ import hashlib
 
 import numpy as np
 import pytest
-import store_examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import open_store, registry
 from magretrieve.stores.base import id_problem
+from tests.support import store_examples
 
 DIM = 8
 #: Characters that end or extend a literal or an expression in SQL, Milvus or JSON filters.

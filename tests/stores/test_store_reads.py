@@ -25,12 +25,12 @@ import uuid
 
 import numpy as np
 import pytest
-from test_bad_input import tiny_export_dir
-from test_index_cli import run, use_fake, write_corpus  # noqa: F401 - use_fake is a fixture
-from test_retriever import FakeEncoder
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import open_store
+from tests.support.cli import run
+from tests.support.exports import tiny_export_dir
+from tests.support.fake_encoder import FakeEncoder, write_corpus
 
 MISSING = {
     "faiss": "faiss:{d}/a/store",
@@ -63,7 +63,7 @@ def test_a_read_only_open_of_a_missing_store_creates_nothing(tmp_path, backend):
 
 
 @pytest.mark.parametrize("backend", ["chroma", "lancedb", "faiss"])
-def test_search_on_a_mistyped_store_path_creates_nothing(use_fake, tmp_path, backend):  # noqa: F811
+def test_search_on_a_mistyped_store_path_creates_nothing(use_fake, tmp_path, backend):
     spec = MISSING[backend].format(d=tmp_path)
     res = run("search", "EXPORT", "wing flow", "--store", spec)
     assert res.exit_code == 1, res.output

@@ -16,18 +16,17 @@ import os
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
-import store_examples
-from test_index_cli import run, use_fake, write_corpus  # noqa: F401 - use_fake is a fixture
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import open_store, parse_spec, registry
+from tests.support import store_examples
+from tests.support.cli import run
+from tests.support.fake_encoder import LOAD_IN_CHILD, write_corpus
 
 DIM = 6
-TESTS = Path(__file__).resolve().parent
 
 
 def runnable() -> list[str]:
@@ -224,12 +223,11 @@ def test_new_milvus_lite_db_leaves_the_terminal_clean(tmp_path):
     corpus = write_corpus(tmp_path / "c.jsonl", 40)
     code = (
         "import sys\n"
-        f"sys.path.insert(0, {str(TESTS)!r})\n"
-        "from test_retriever import FakeEncoder\n"
-        "import magretrieve.serving.retriever as r\n"
-        "r.load_encoder = lambda *a, **k: FakeEncoder('qnorm', 'a' * 64, 24)\n"
-        "from magretrieve.cli import main\n"
-        "main(sys.argv[1:])\n"
+        + LOAD_IN_CHILD
+        + "import magretrieve.serving.retriever as r\n"
+        + "r.load_encoder = lambda *a, **k: FakeEncoder('qnorm', 'a' * 64, 24)\n"
+        + "from magretrieve.cli import main\n"
+        + "main(sys.argv[1:])\n"
     )
     spec = f"milvus:{tmp_path / 'new.db'}/docs"
     args = ["index", "EXPORT", str(corpus), "--store", spec, "--batch-size", "16"]
@@ -248,7 +246,7 @@ def test_new_milvus_lite_db_leaves_the_terminal_clean(tmp_path):
 # ----------------------------------------------------------------------------- pgvector
 
 
-def test_small_batches_index_into_pgvector(use_fake, tmp_path, pg_uri):  # noqa: F811
+def test_small_batches_index_into_pgvector(use_fake, tmp_path, pg_uri):
     """The indexing reader thread asks ``existing`` while the writer adds, on one connection."""
     corpus = write_corpus(tmp_path / "c.jsonl", 300)
     spec = f"pgvector:{pg_uri}#small_{uuid.uuid4().hex[:8]}"
@@ -289,7 +287,7 @@ def test_pgvector_store_serializes_threads_on_its_connection(pg_uri):
         assert s.count() == 400
 
 
-def test_refusals_on_the_cli_are_one_line(use_fake, tmp_path):  # noqa: F811
+def test_refusals_on_the_cli_are_one_line(use_fake, tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text(json.dumps({"_id": "a\u0000b", "text": "hello"}) + "\n")
     res = run("index", "EXPORT", str(corpus), "--store", f"faiss:{tmp_path / 'f'}", "--no-progress")

@@ -10,11 +10,12 @@ import uuid
 
 import numpy as np
 import pytest
-from test_index_cli import run, use_fake, write_corpus  # noqa: F401 - use_fake is a fixture
 
 from magretrieve.core.errors import StoreError
 from magretrieve.core.redact import redact, redact_value
 from magretrieve.stores import open_store, parse_spec
+from tests.support.cli import run
+from tests.support.fake_encoder import write_corpus
 
 DIM = 4
 
@@ -115,7 +116,7 @@ def test_describe_and_metadata_never_show_the_secret(pg_uri):
         assert_clean(repr(store), s)
 
 
-def test_cli_errors_never_show_the_secret(use_fake, tmp_path):  # noqa: F811
+def test_cli_errors_never_show_the_secret(use_fake, tmp_path):
     s = secret()
     corpus = write_corpus(tmp_path / "c.jsonl", 5)
     for spec in (

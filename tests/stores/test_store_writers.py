@@ -23,10 +23,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_bad_input import tiny_export_dir
-from test_serve import KEY, start_server
 
 from magretrieve.stores import open_store
+from tests.server.test_serve import KEY, start_server
+from tests.support.exports import tiny_export_dir
 
 pytestmark = pytest.mark.integration
 

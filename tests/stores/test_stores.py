@@ -1,8 +1,10 @@
 """Store congruence and store rules, qdrant-client style: the same operations on every backend.
 
-Backends: memory (numpy exact, the reference), FAISS flat, embedded qdrant-client (in memory
-and on disk) and Qdrant Edge. No Qdrant server runs here: the ``qdrant:URL`` spec shares every
-line of QdrantStore with the embedded modes except the client constructor.
+The one congruence suite of the stores. Backends: every registered store through its example
+specs (tests/support/store_examples.py), memory (numpy exact) as the reference, plus the Milvus
+and Chroma servers the tests start (integration lane). No Qdrant server runs here: the ``qdrant:URL`` spec shares every line of QdrantStore with the
+embedded modes except the client constructor. At the end, one add / search / delete / reload
+sequence run on every backend must give the memory store's answers.
 """
 
 from __future__ import annotations
@@ -15,22 +17,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import store_examples
-from ann_data import ann_data as _ann_data
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import VectorStore, open_store, parse_spec, registry
 from magretrieve.stores.faiss_store import FaissStore
+from tests.support import store_examples
+from tests.support.ann_data import ann_data as _ann_data
 
 DIM = 16
-#: Every registered backend's example specs (tests/store_examples.py, keyed by registry prefix):
+#: Every registered backend's example specs (tests/support/store_examples.py, keyed by registry prefix):
 #: a new store joins by registering and naming an example. Names only; the specs are rebuilt
 #: under tmp_path.
 EXAMPLES = {e.name: e for e in store_examples.examples(Path("EXAMPLE"))}
 BACKENDS = sorted(EXAMPLES)
 EXACT_BACKENDS = sorted(n for n, e in EXAMPLES.items() if e.exact)
 LOSSY = {n for n, e in EXAMPLES.items() if e.lossy}
-#: Backends whose search can lose a live document after deletes (tests/store_examples.py).
+#: Backends whose search can lose a live document after deletes (tests/support/store_examples.py).
 HIDES = {n for n, e in EXAMPLES.items() if e.deletes_hide_others} | {"chroma-server"}
 
 
@@ -59,7 +61,7 @@ def exact_topk(queries: np.ndarray, docs: np.ndarray, k: int) -> tuple[np.ndarra
     return order, np.take_along_axis(scores, order, axis=1)
 
 
-#: Backends on a server the tests start themselves (tests/servers.py, one per session): name ->
+#: Backends on a server the tests start themselves (tests/support/servers.py, one per session): name ->
 #: (fixture giving the server's URL, spec of a fresh collection on it, options as the embedded
 #: example's). Marked integration.
 SERVER_BACKENDS = {
@@ -1144,3 +1146,194 @@ def test_a_store_of_primitives_gets_every_check_from_the_base(monkeypatch):
     store.write_metadata({"model_fingerprint": "f", "api_key": "K"})
     assert store.describe()["metadata"] == {"model_fingerprint": "f", "api_key": "***"}
     assert store.delete(["a", "a", "nope"]) == 1 and set(store.iter_ids()) == {"b"}
+
+
+# ----------------------------------------------------------------------------- one sequence
+# One add / search / delete / reload sequence on every registered backend, each through the
+# first exact example spec of tests/support/store_examples.py (memory, FAISS, embedded
+# qdrant-client, Qdrant Edge, pgvector on the PostgreSQL the session starts, Milvus Lite, and any
+# backend registered later). A registered backend without an example, or whose example cannot
+# run here (a missing extra), fails instead of quietly shrinking the comparison. Every backend
+# must return the same ids, in the same order, with the same scores as the exact inner product
+# of the vectors still stored.
+
+SEQ_DIM = 24
+SEQ_K = 10
+
+
+def _runnable_prefixes() -> list[str]:
+    """Every registered backend the session can run (NEEDS_SERVICE ones say where they are
+    covered instead)."""
+    return [b.prefix for b in registry.backends() if b.prefix not in store_examples.NEEDS_SERVICE]
+
+
+def _hides_after_delete(prefix: str, tmp) -> bool:
+    ex = store_examples.exact_example(prefix, tmp / prefix)
+    return bool(ex and ex.deletes_hide_others)
+
+
+def _spec_of(prefix: str, tmp) -> tuple[str, dict]:
+    ex = store_examples.exact_example(prefix, tmp / prefix)
+    assert ex is not None, (
+        f"{prefix}: no runnable exact example in tests/support/store_examples.py (is its extra, or "
+        "pgserver, installed?)"
+    )
+    spec = ex.spec
+    if prefix == "pgvector":  # one table per test
+        spec = f"{spec.rpartition('#')[0]}#c_{uuid.uuid4().hex[:10]}"
+    return spec, dict(ex.options)
+
+
+def test_every_registered_backend_has_an_example():
+    assert store_examples.missing_backends() == []
+    assert {"memory", "faiss", "qdrant-local", "qdrant-edge", "pgvector", "milvus"} <= set(
+        _runnable_prefixes()
+    )
+
+
+def _seq_corpus(seed: int = 3):
+    rng = np.random.default_rng(seed)
+    n = 360
+    docs = rng.normal(size=(n, SEQ_DIM)).astype(np.float32)
+    docs *= rng.lognormal(0.0, 0.8, size=(n, 1)).astype(np.float32)  # magnitudes that matter
+    queries = rng.normal(size=(30, SEQ_DIM)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    return [f"d{i:03d}" for i in range(n)], docs, queries
+
+
+def _seq_exact(live: dict[str, np.ndarray], queries: np.ndarray, k: int):
+    ids = sorted(live)
+    mat = np.stack([live[i] for i in ids])
+    scores = queries @ mat.T
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return [[ids[j] for j in row] for row in order], np.take_along_axis(scores, order, axis=1)
+
+
+def _seq_check(store, live, queries, where: str, hides: bool = False) -> list[list[str]]:
+    """The store's top-K equals exact search; with ``hides`` (a backend whose search loses a
+    few live documents after deletes, see tests/support/store_examples.py) recall@K >= 0.97 and
+    every returned score exact instead, and the exact answer is what gets compared."""
+    want_ids, want_scores = _seq_exact(live, queries, SEQ_K)
+    got = store.search(queries, SEQ_K, with_vectors=False)
+    got_ids = [[h.id for h in row] for row in got]
+    if hides:
+        found = np.mean(
+            [len(set(g) & set(w)) / SEQ_K for g, w in zip(got_ids, want_ids, strict=True)]
+        )
+        assert found >= 0.97, (where, found)
+        for qi, row in enumerate(got):
+            for h in row:
+                assert abs(h.score - float(queries[qi] @ live[h.id])) < 2e-4, where
+        return want_ids
+    assert got_ids == want_ids, where
+    np.testing.assert_allclose(
+        [[h.score for h in row] for row in got], want_scores, atol=2e-4, err_msg=where
+    )
+    for row in got:  # doc_norm reported without fetching vectors
+        np.testing.assert_allclose(
+            [h.doc_norm for h in row], [np.linalg.norm(live[h.id]) for h in row], rtol=1e-5
+        )
+    return got_ids
+
+
+@pytest.mark.integration
+def test_same_sequence_same_results_on_every_backend(tmp_path, pg_uri):
+    ids, docs, queries = _seq_corpus()
+    results: dict[str, list] = {}
+    for name in _runnable_prefixes():
+        spec, options = _spec_of(name, tmp_path)
+        live: dict[str, np.ndarray] = {}
+        store = open_store(spec, dimension=SEQ_DIM, **options)
+        # three batches, the third re-adding ten ids of the first with new vectors (upsert)
+        for start in (0, 120, 240):
+            batch = list(range(start, start + 120))
+            store.add([ids[i] for i in batch], docs[batch], [{"i": i} for i in batch])
+            live.update({ids[i]: docs[i] for i in batch})
+        again = list(range(10))
+        store.add([ids[i] for i in again], docs[again] * 3.0, [{"i": -i} for i in again])
+        live.update({ids[i]: docs[i] * 3.0 for i in again})
+        store.optimize()
+        assert store.count() == len(ids), name
+        first = _seq_check(store, live, queries, f"{name} after add")
+        # delete the current top hit of every query and a few unknown ids
+        gone = sorted({row[0] for row in first})
+        assert store.delete([*gone, "not-stored"]) == len(gone), name
+        for doc_id in gone:
+            del live[doc_id]
+        assert store.count() == len(live), name
+        hides = _hides_after_delete(name, tmp_path)
+        after_delete = _seq_check(store, live, queries, f"{name} after delete", hides)
+        probe = next(i for i in again[1:] if ids[i] in live)
+        rec = store.get([ids[probe], gone[0]])
+        assert rec[0].payload == {"i": -probe} and rec[1] is None, name
+        np.testing.assert_allclose(rec[0].vector, docs[probe] * 3.0, rtol=1e-6, err_msg=name)
+        store.write_metadata({"model_fingerprint": "congruence", "mode": "qnorm"})
+        store.persist()
+        if not registry.backend_for(spec)[0].persists(registry.backend_for(spec)[1]):
+            results[name] = [first, after_delete, after_delete]
+            store.close()
+            continue
+        store.close()
+        # reload: a fresh handle on the same data
+        store = open_store(spec, **options)
+        assert store.count() == len(live), name
+        assert store.read_metadata() == {"model_fingerprint": "congruence", "mode": "qnorm"}
+        reloaded = _seq_check(store, live, queries, f"{name} after reload", hides)
+        store.close()
+        results[name] = [first, after_delete, reloaded]
+    reference = results["memory"]
+    for name, got in results.items():
+        assert got == reference, f"{name} differs from memory"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("backend", ["pgvector", "milvus"])
+def test_reload_in_a_new_process(tmp_path, pg_uri, backend):
+    ids, docs, queries = _seq_corpus(seed=4)
+    spec, options = _spec_of(backend, tmp_path)
+    with open_store(spec, dimension=SEQ_DIM, **options) as store:
+        store.add(ids, docs)
+        store.persist()
+    want, _ = _seq_exact(dict(zip(ids, docs, strict=True)), queries[:3], 5)
+    code = (
+        "import sys, json, numpy as np\n"
+        "from magretrieve.stores import open_store\n"
+        "q = np.array(json.loads(sys.argv[2]), dtype=np.float32)\n"
+        "s = open_store(sys.argv[1])\n"
+        "print(json.dumps([[h.id for h in row] for row in s.search(q, 5)]))\n"
+        "s.close()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, spec, json.dumps(queries[:3].tolist())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == want
+
+
+def test_optional_packages_are_not_imported_by_the_core_or_serving_path(tmp_path):
+    code = (
+        "import sys, numpy as np\n"
+        "import magretrieve\n"
+        "from magretrieve import Retriever, open_store\n"
+        "from magretrieve.stores import registry\n"
+        "from magretrieve.cli import main\n"
+        "registry.backends()  # every backend module registered, pgvector and milvus too\n"
+        f"s = open_store('faiss:{tmp_path / 'f'}', dimension=4)\n"
+        "s.add(['a'], np.ones((1, 4), dtype=np.float32)); s.search(np.ones((1, 4)), 1)\n"
+        "bad = ('psycopg', 'pgvector', 'pymilvus', 'milvus_lite', 'langchain_core',\n"
+        "       'llama_index', 'haystack', 'chromadb', 'lancedb', 'scann', 'pgserver', 'ray',\n"
+        "       'torch')\n"
+        "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in bad)) or 'clean')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "clean"
+    # the extras are real: their backends are registered and their packages installed here
+    from magretrieve.stores import registry
+
+    prefixes = {b.prefix: b.extra for b in registry.backends()}
+    assert prefixes["pgvector"] == "pgvector" and prefixes["milvus"] == "milvus"
+    assert prefixes["scann"] == "scann"

@@ -3,13 +3,11 @@ launcher for the tests and the store benchmarks."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from tests.support.benchmarks import benchmark_helper
 
-_BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
-if _BENCHMARKS not in sys.path:  # the folder holds no `magretrieve`: nothing is shadowed
-    sys.path.append(_BENCHMARKS)
-
-from _servers import chroma_server, free_ports, milvus_server  # noqa: E402
+_servers = benchmark_helper("_servers")
+chroma_server = _servers.chroma_server
+free_ports = _servers.free_ports
+milvus_server = _servers.milvus_server
 
 __all__ = ["chroma_server", "free_ports", "milvus_server"]

@@ -46,20 +46,20 @@ class Example:
 
 def _pgvector(tmp: Path) -> list[Example]:
     uri = os.environ.get(PG_URI_ENV)
-    if not uri:  # no pgserver in this venv: test_backend_congruence fails on it
+    if not uri:  # no pgserver in this venv: the store congruence suite fails on it
         return []
     table = "t_" + hashlib.sha1(str(tmp).encode()).hexdigest()[:12]
     return [Example("pgvector", f"pgvector:{uri}#{table}", {"index_type": "flat"})]
 
 
 def _milvus(tmp: Path) -> list[Example]:
-    if importlib.util.find_spec("milvus_lite") is None:  # test_backend_congruence fails on it
+    if importlib.util.find_spec("milvus_lite") is None:  # the store congruence suite fails on it
         return []
     return [Example("milvus-lite", f"milvus:{tmp / 'milvus.db'}/test")]
 
 
 def _chroma(tmp: Path) -> list[Example]:
-    if importlib.util.find_spec("chromadb") is None:  # test_backend_congruence fails on it
+    if importlib.util.find_spec("chromadb") is None:  # the store congruence suite fails on it
         return []
     # Chroma has only HNSW: an ef above the tests' corpus sizes searches every vector, until
     # deletes and upserts leave a live record unreachable (chroma-core/chroma#7758, 1.5.9)
@@ -74,13 +74,13 @@ def _chroma(tmp: Path) -> list[Example]:
 
 
 def _lancedb(tmp: Path) -> list[Example]:
-    if importlib.util.find_spec("lancedb") is None:  # test_backend_congruence fails on it
+    if importlib.util.find_spec("lancedb") is None:  # the store congruence suite fails on it
         return []
     return [Example("lancedb", f"lancedb:{tmp / 'lancedb'}/test")]
 
 
 def _scann(tmp: Path) -> list[Example]:
-    if importlib.util.find_spec("scann") is None:  # test_backend_congruence fails on it
+    if importlib.util.find_spec("scann") is None:  # the store congruence suite fails on it
         return []
     return [
         # below exact_below (20,000 by default) the store searches exactly
@@ -153,7 +153,7 @@ def examples(tmp: Path) -> list[Example]:
     missing = missing_backends()
     if missing:
         raise AssertionError(
-            f"registered store backend(s) {missing} have no example spec in tests/store_examples.py"
+            f"registered store backend(s) {missing} have no example spec in tests/support/store_examples.py"
         )
     out: list[Example] = []
     for b in registry.backends():

@@ -1,8 +1,9 @@
-"""Tiny models and data built on the spot, for tests, smoke runs and benchmarks' self-checks.
+"""Tiny models and data built on the spot, for the tests and the benchmarks' smoke runs.
 
 Nothing is downloaded: the tokenizer is a WordPiece vocabulary written here, the weights are
 random. ``build_tiny_bert`` needs torch and transformers (the ``train`` extra) and imports them
-only when called; ``write_tiny_beir`` needs nothing.
+only when called; ``write_tiny_beir`` needs nothing. Benchmarks load this file by its path
+(``benchmarks/_common.py``, ``tiny_models``).
 """
 
 from __future__ import annotations
@@ -11,10 +12,21 @@ import json
 from pathlib import Path
 
 __all__ = [
+    "RUNTIME_TEXTS",
     "TINY_TOPICS",
     "build_tiny_bert",
     "build_tiny_sentence_transformer",
     "write_tiny_beir",
+]
+
+#: Texts both runtimes encode in the OpenVINO and static-int8 tests: short, long, one word,
+#: non-ASCII.
+RUNTIME_TEXTS = [
+    "magnitude as a relevance prior",
+    "a much longer document about boundary layers, pressure gradients and the flow over a wing",
+    "short",
+    "ÜNÏCÖDÉ heart rate and vitamin dose",
+    "cosine throws the length of each vector away",
 ]
 
 WORDS = (

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import build_tiny_sentence_transformer
 
 from magretrieve.core import similarity
 from magretrieve.core.errors import ConfigError
 from magretrieve.train.encoder import CONFIG_NAME, Encoder, EncoderConfig
+from tests.support.tiny_models import build_tiny_sentence_transformer
 
 TEXTS = [
     "statins reduce heart risk",

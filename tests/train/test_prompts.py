@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import build_tiny_sentence_transformer
 
 from magretrieve.core.config import prompt_prefixes, read_sentence_transformers
 from magretrieve.core.errors import ConfigError
+from tests.support.tiny_models import build_tiny_sentence_transformer
 
 
 def st_folder_with_prompts(folder: Path, prompts: dict, default: str | None = None) -> Path:

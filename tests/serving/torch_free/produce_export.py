@@ -3,8 +3,8 @@
 Run with a Python that has the ``train`` extra; the serving tests then run in a venv with only
 ``magretrieve[serve,faiss,qdrant-edge]`` (``scripts/check_serving.sh`` does both steps)::
 
-    python tests/serving/produce_export.py OUT_DIR
-    MAGRETRIEVE_SERVING_EXPORT=OUT_DIR/export pytest tests/serving
+    python tests/serving/torch_free/produce_export.py OUT_DIR
+    MAGRETRIEVE_SERVING_EXPORT=OUT_DIR/export pytest tests/serving/torch_free
 
 OUT_DIR then holds: ``export`` (qnorm) and ``export-cosine`` (ONNX graphs of a tiny random BERT),
 ``expected.npz`` (PyTorch reference vectors of ``texts.json``), ``beir`` (the tiny BEIR set),
@@ -14,6 +14,7 @@ OUT_DIR then holds: ``export`` (qnorm) and ``export-cosine`` (ONNX graphs of a t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from dataclasses import replace
@@ -28,6 +29,17 @@ TEXTS = [
     "lung cancer",
 ]
 
+#: the tests' tiny-model builders, loaded from their file: this script runs outside pytest,
+#: from any folder, against the installed wheel
+TINY_MODELS = Path(__file__).resolve().parents[2] / "support" / "tiny_models.py"
+
+
+def _tiny_models():
+    spec = importlib.util.spec_from_file_location("tiny_models", TINY_MODELS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 def main(out: Path) -> None:
     import torch
@@ -35,9 +47,9 @@ def main(out: Path) -> None:
     from magretrieve.data.readers import load_corpus
     from magretrieve.export import export_model
     from magretrieve.train.encoder import Encoder
-    from magretrieve.train.testing import build_tiny_bert, write_tiny_beir
 
-    model = build_tiny_bert(out / "model")
+    tiny = _tiny_models()
+    model = tiny.build_tiny_bert(out / "model")
     encoder = Encoder.load(model, mode="qnorm", device="cpu")
     export_model(encoder, out / "export", exporter="torchscript", overwrite=True)
     np.savez(
@@ -47,7 +59,7 @@ def main(out: Path) -> None:
     )
     (out / "texts.json").write_text(json.dumps(TEXTS))
 
-    beir = write_tiny_beir(out / "beir")
+    beir = tiny.write_tiny_beir(out / "beir")
     cosine = Encoder.load(model, mode="cosine", device="cpu")
     export_model(cosine, out / "export-cosine", exporter="torchscript", overwrite=True)
 

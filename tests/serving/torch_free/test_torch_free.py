@@ -1,7 +1,7 @@
 """The whole serving path in an environment without torch and transformers.
 
 Runs in the serve-only venv of ``scripts/check_serving.sh`` (the wheel with
-``[serve,faiss,qdrant-edge]``) against fixtures made by ``tests/serving/produce_export.py``.
+``[serve,faiss,qdrant-edge]``) against fixtures made by ``tests/serving/torch_free/produce_export.py``.
 Skipped unless ``MAGRETRIEVE_SERVING_EXPORT`` names those fixtures. ``torch`` and
 ``transformers`` are blocked in ``sys.modules`` (here and in every CLI subprocess), so an import of
 either anywhere on the path fails loudly instead of being satisfied by a stray install.
