@@ -181,9 +181,11 @@ def chromium() -> Iterator[Any]:
 # The unit lane is `pytest -m "not integration and not slow"` (pyproject's addopts: what a bare
 # `pytest` runs); the integration lane is `-m "integration or slow"` (scripts/test.sh runs both).
 # A test declares its lane: `pytestmark = pytest.mark.integration` (or `slow`) in its module, or
-# the mark on the test or on a parameter. What a test uses is still read here, only to check
-# that declaration: a test that needs a real server, the built wheel or a benchmark script but
-# is not marked fails with one line naming it and what it uses.
+# the mark on the test. One rule here marks parameters: a case whose parameter id names a store
+# that runs a server process (SERVER_STORES: pgvector, Milvus) is an integration test, wherever
+# the shared store examples put it. What a test uses is still read here, only to check the
+# declarations: a test that needs a real server, the built wheel or a benchmark script but is
+# not marked fails with one line naming it and what it uses.
 #: fixtures that start or need a real server (PostgreSQL, a local Ray cluster) or a browser
 SERVER_FIXTURES = frozenset(
     {"pg_uri", "ray_local", "milvus_server_url", "chroma_server_url", "chromium"}
@@ -196,8 +198,9 @@ SERVER_CLIENTS = frozenset(
 #: helpers that start a real server process (``magretrieve serve`` under uvicorn) or run part
 #: of a benchmark script (a smoke run)
 STARTERS = ("start_server", "load_benchmark")
-#: store backends whose tests run a server (parametrized ids naming them)
-SERVER_BACKENDS = re.compile(r"(^|[-\[])(pgvector|milvus)")
+#: store backends that run a server process (PostgreSQL, Milvus Lite): parametrized cases whose
+#: id names one are marked integration
+SERVER_STORES = re.compile(r"(^|[-\[])(pgvector|milvus)")
 #: folders and modules that hold only integration tests: benchmark smoke runs, the wheel
 INTEGRATION_PATHS = re.compile(r"(^|/)tests/benchmarks/|(^|/)test_wheel\.py$")
 
@@ -238,9 +241,6 @@ def integration_use(item: pytest.Item) -> str | None:
     called = _called(item, STARTERS)
     if called:
         return f"{called}()"
-    callspec = getattr(item, "callspec", None)
-    if callspec is not None and SERVER_BACKENDS.search(callspec.id):
-        return f"the {SERVER_BACKENDS.search(callspec.id).group(2)} server"
     client = _server_client(getattr(item, "module", None))
     return f"{client} (imported by its module)" if client else None
 
@@ -250,8 +250,12 @@ _MISFILED = pytest.StashKey[str]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Find tests that need the integration lane but declare no lane (see above)."""
+    """Mark the cases of server-backed stores, then find tests that need the integration lane
+    but declare no lane (see above)."""
     for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and SERVER_STORES.search(callspec.id):
+            item.add_marker(pytest.mark.integration)
         if item.get_closest_marker("integration") or item.get_closest_marker("slow"):
             continue
         use = integration_use(item)

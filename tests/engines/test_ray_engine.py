@@ -77,6 +77,7 @@ def index(export: Path, spec: str, corpus: Path, **kw) -> object:
         return index_corpus(r, corpus, batch_size=8, progress=False, **kw)
 
 
+@pytest.mark.integration
 def test_ray_store_equals_single_process(ray_local, export_dir, tmp_path) -> None:
     corpus = write_corpus(tmp_path / "corpus.jsonl")
     local = index(export_dir, f"faiss:{tmp_path / 'local'}", corpus)
@@ -88,6 +89,7 @@ def test_ray_store_equals_single_process(ray_local, export_dir, tmp_path) -> Non
     assert_same_store(f"faiss:{tmp_path / 'local'}", f"faiss:{tmp_path / 'ray'}")
 
 
+@pytest.mark.integration
 def test_ray_serves_a_static_int8_export_on_its_own_runtime(
     ray_local, tiny_model_dir, tiny_beir_dir, tmp_path
 ) -> None:
@@ -152,6 +154,7 @@ def test_ray_reads_lines_exactly_as_the_local_reader(tmp_path) -> None:
         assert [json.loads(r["text"]) for r in rows] == expected, chunk
 
 
+@pytest.mark.integration
 def test_ray_indexes_unicode_line_breaks_like_the_local_engine(
     ray_local, export_dir, tmp_path
 ) -> None:
@@ -164,6 +167,7 @@ def test_ray_indexes_unicode_line_breaks_like_the_local_engine(
     assert sorted(stored) == sorted(f"s{i}{ch}" for i, ch in enumerate(BREAKS))
 
 
+@pytest.mark.integration
 def test_ray_resumes_skipping_stored_ids(ray_local, export_dir, tmp_path) -> None:
     corpus = write_corpus(tmp_path / "corpus.jsonl")
     first = write_corpus(tmp_path / "first.jsonl", n=15)  # a run that stopped after 15 docs
@@ -176,6 +180,7 @@ def test_ray_resumes_skipping_stored_ids(ray_local, export_dir, tmp_path) -> Non
     assert (again.added, again.skipped) == (0, N_DOCS)
 
 
+@pytest.mark.integration
 def test_ray_refuses_duplicates_before_storing(ray_local, export_dir, tmp_path) -> None:
     corpus = write_corpus(tmp_path / "corpus.jsonl", n=5)
     with corpus.open("a") as fh:
@@ -188,6 +193,7 @@ def test_ray_refuses_duplicates_before_storing(ray_local, export_dir, tmp_path) 
             assert store.count() == 0
 
 
+@pytest.mark.integration
 def test_cli_engine_ray(ray_local, export_dir, tmp_path) -> None:
     corpus = write_corpus(tmp_path / "corpus.jsonl", n=12)
     spec = f"faiss:{tmp_path / 'cli'}"

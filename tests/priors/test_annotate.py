@@ -177,6 +177,7 @@ def cosine_table(pg_uri: str, units: np.ndarray) -> str:
     return f"pgvector:{pg_uri}#{name}"
 
 
+@pytest.mark.integration
 def test_pgvector_cosine_table_annotated_ranks_like_qdrant(tmp_path, pg_uri):
     qspec, units, queries = cosine_collection(tmp_path / "q")
     pspec = cosine_table(pg_uri, units)
@@ -642,6 +643,7 @@ def test_fit_prior_file_is_read_by_annotate_and_rescale(tiny_model_dir, tiny_bei
     np.testing.assert_allclose([norms[str(i)] for i in range(30)], got, rtol=1e-4)
 
 
+@pytest.mark.integration
 def test_a_missing_store_is_refused_and_nothing_is_created(tmp_path, pg_uri):
     runner = CliRunner()
     missing = tmp_path / "typo"
@@ -656,6 +658,7 @@ def test_a_missing_store_is_refused_and_nothing_is_created(tmp_path, pg_uri):
     assert not missing.exists()
 
 
+@pytest.mark.integration
 def test_pgvector_rows_without_vectors_are_refused_naming_the_row(tmp_path, pg_uri):
     """A typical pipeline's table may hold rows whose embedding is still NULL: annotate
     names the first such row in one line, and writes nothing."""

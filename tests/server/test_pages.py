@@ -262,6 +262,7 @@ def no_horizontal_scroll(page: Any) -> bool:
     )
 
 
+@pytest.mark.integration
 def test_search_page_in_chromium(chromium, export_dir, store_dir, tmp_path) -> None:
     store = tmp_path / "ix"
     shutil.copytree(store_dir, store)
@@ -412,6 +413,7 @@ def test_search_page_in_chromium(chromium, export_dir, store_dir, tmp_path) -> N
         server.stop()
 
 
+@pytest.mark.integration
 def test_api_key_flow_in_chromium(chromium, export_dir, store_dir, tmp_path) -> None:
     store = tmp_path / "ix"
     shutil.copytree(store_dir, store)
@@ -461,6 +463,7 @@ def test_api_key_flow_in_chromium(chromium, export_dir, store_dir, tmp_path) -> 
         server.stop()
 
 
+@pytest.mark.integration
 def test_diagnose_html_opens_from_disk_in_chromium(
     chromium, tiny_model_dir, tiny_beir_dir, tmp_path
 ) -> None:

@@ -196,6 +196,7 @@ def assert_clean_error(resp: httpx.Response, status: int, *needles: str) -> str:
 # ----------------------------------------------------------------------------- embeddings
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("encoding_format", [None, "float", "base64"])
 def test_openai_client_documents_keep_magnitude(server, encoder, encoding_format) -> None:
     client = openai_client(server)
@@ -222,6 +223,7 @@ def test_openai_client_documents_keep_magnitude(server, encoder, encoding_format
     assert [d.model_extra["truncated"] for d in resp.data] == [False] * 4
 
 
+@pytest.mark.integration
 def test_openai_client_queries_come_from_the_query_graph(server, encoder) -> None:
     client = openai_client(server)
     resp = client.embeddings.create(
@@ -237,6 +239,7 @@ def test_openai_client_queries_come_from_the_query_graph(server, encoder) -> Non
     ) != pytest.approx(1.0)
 
 
+@pytest.mark.integration
 def test_openai_client_sees_side_errors_as_exceptions(server) -> None:
     import openai
 
@@ -253,6 +256,7 @@ def test_openai_client_sees_side_errors_as_exceptions(server) -> None:
         ).embeddings.create(model="export:query", input="x")
 
 
+@pytest.mark.integration
 def test_base64_is_little_endian_float32(server, encoder) -> None:
     resp = server.post(
         "/v1/embeddings",
@@ -263,6 +267,7 @@ def test_base64_is_little_endian_float32(server, encoder) -> None:
     assert np.array_equal(vec, encoder.encode_documents(["lung cancer"])[0])
 
 
+@pytest.mark.integration
 def test_tei_embed_shape_and_side_rules(server, encoder) -> None:
     resp = server.post("/embed", {"inputs": TEXTS, "input_type": "document"})
     assert resp.status_code == 200
@@ -290,6 +295,7 @@ def test_tei_embed_shape_and_side_rules(server, encoder) -> None:
     assert server.post("/embed", same_side).status_code == 200
 
 
+@pytest.mark.integration
 def test_truncation_is_reported_per_item_or_refused(server, encoder) -> None:
     texts = ["short one", LONG, "another"]
     # TEI's default truncate=false: refused, naming the item
@@ -312,6 +318,7 @@ def test_truncation_is_reported_per_item_or_refused(server, encoder) -> None:
     )
 
 
+@pytest.mark.integration
 def test_limits_and_malformed_requests(server) -> None:
     assert_clean_error(
         server.post("/v1/embeddings", {"input": ["x"] * 2049, "input_type": "query"}),
@@ -365,6 +372,7 @@ def test_limits_and_malformed_requests(server) -> None:
 # ----------------------------------------------------------------------------- auth
 
 
+@pytest.mark.integration
 def test_auth_with_a_key(server) -> None:
     body = {"input": "x", "input_type": "query"}
     for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Basic {KEY}"}):
@@ -378,6 +386,7 @@ def test_auth_with_a_key(server) -> None:
         assert httpx.get(server.url + path).status_code == 200, path
 
 
+@pytest.mark.integration
 def test_without_a_key_reads_are_open_and_writes_are_off(open_server) -> None:
     ok = httpx.post(open_server.url + "/v1/embeddings", json={"input": "x", "input_type": "query"})
     assert ok.status_code == 200
@@ -396,6 +405,7 @@ def test_without_a_key_reads_are_open_and_writes_are_off(open_server) -> None:
 # ----------------------------------------------------------------------------- info, metrics
 
 
+@pytest.mark.integration
 def test_info_is_the_manifest(server, export_dir) -> None:
     from magretrieve.core.manifest import Manifest
 
@@ -410,6 +420,7 @@ def test_info_is_the_manifest(server, export_dir) -> None:
     assert "/tmp" not in json.dumps(info)
 
 
+@pytest.mark.integration
 def test_live_recall_is_checked_in_the_background(tmp_path, export_dir, store_template) -> None:
     """Every /search query re-run exactly (--recall-sample 1): an exact store reads 1.0 in the
     gauge and in /info; a filtered search is not sampled (its exact answer differs)."""
@@ -435,6 +446,7 @@ def test_live_recall_is_checked_in_the_background(tmp_path, export_dir, store_te
         assert srv.stop() == 0, srv.stderr()[-3000:]
 
 
+@pytest.mark.integration
 def test_metrics_count_requests_batches_and_tokens(server) -> None:
     server.post("/v1/embeddings", {"input": ["lung cancer", "heart"], "input_type": "query"})
     text = httpx.get(server.url + "/metrics").text
@@ -471,6 +483,7 @@ def assert_same_result(got: dict, want: dict) -> None:
         assert a["rank"] == b["rank"] and a["payload"] == b["payload"]
 
 
+@pytest.mark.integration
 def test_search_answers_what_search_json_prints(server, export_dir) -> None:
     resp = server.post("/search", {"query": "statin mortality", "k": 4})
     assert resp.status_code == 200
@@ -485,6 +498,7 @@ def test_search_answers_what_search_json_prints(server, export_dir) -> None:
     assert many[1]["query"] == "wing flow"
 
 
+@pytest.mark.integration
 def test_search_filter_and_errors(server) -> None:
     hits = server.post(
         "/search", {"query": "statin", "k": 3, "filter": {"title": "wing flow"}}
@@ -497,6 +511,7 @@ def test_search_filter_and_errors(server) -> None:
     assert_clean_error(server.post("/search", {"query": "x", "k": 5000}), 422, "max_k=1000")
 
 
+@pytest.mark.integration
 def test_filter_values_match_as_json_values(server) -> None:
     """true is not 1, and null matches a field holding null, not a missing field."""
     docs = [
@@ -522,6 +537,7 @@ def test_filter_values_match_as_json_values(server) -> None:
         )
 
 
+@pytest.mark.integration
 def test_upsert_then_search_then_delete(server, encoder) -> None:
     doc = {"_id": "new-1", "title": "aspirin", "text": "aspirin dose and liver", "year": 2020}
     resp = server.post("/documents", {"documents": [doc]})
@@ -550,6 +566,7 @@ def test_upsert_then_search_then_delete(server, encoder) -> None:
     assert "new-1" not in [h["id"] for h in hits]
 
 
+@pytest.mark.integration
 def test_a_bad_document_writes_nothing_of_its_request(server) -> None:
     before = httpx.get(server.url + "/info").json()["store"]["count"]
     docs = [{"_id": "ok-1", "text": "fine text"}, {"_id": "bad", "title": "", "text": "   "}]
@@ -566,6 +583,7 @@ def test_a_bad_document_writes_nothing_of_its_request(server) -> None:
     assert httpx.get(server.url + "/info").json()["store"]["count"] == before
 
 
+@pytest.mark.integration
 def test_a_model_name_with_a_lone_surrogate_is_still_json(server) -> None:
     resp = httpx.post(
         server.url + "/v1/embeddings",
@@ -575,6 +593,7 @@ def test_a_model_name_with_a_lone_surrogate_is_still_json(server) -> None:
     assert_clean_error(resp, 404, "'m\\\\ud800' is not served here")
 
 
+@pytest.mark.integration
 def test_another_writer_is_a_409_without_paths(tmp_path, export_dir, store_template) -> None:
     from magretrieve.stores._writer_lock import WriterLock
 
@@ -600,6 +619,7 @@ def doc_curl_lines() -> list[str]:
     return [line for block in blocks for line in block.splitlines() if line.startswith("curl ")]
 
 
+@pytest.mark.integration
 def test_curl_lines_of_the_docs_run_as_printed(tmp_path, export_dir, store_template) -> None:
     lines = doc_curl_lines()
     assert len(lines) >= 6
@@ -643,6 +663,7 @@ def test_curl_lines_of_the_docs_run_as_printed(tmp_path, export_dir, store_templ
 # ----------------------------------------------------------------------------- serving behaviour
 
 
+@pytest.mark.integration
 def test_full_queue_answers_503_with_retry_after(tmp_path, export_dir) -> None:
     srv = start_server(export_dir, "--no-batching", "--max-queue", "1", key=None, log_dir=tmp_path)
     body = {"input": [LONG] * 200, "input_type": "document"}
@@ -669,6 +690,7 @@ def test_full_queue_answers_503_with_retry_after(tmp_path, export_dir) -> None:
         assert srv.stop() == 0
 
 
+@pytest.mark.integration
 def test_dynamic_batching_merges_concurrent_requests(tmp_path, export_dir, encoder) -> None:
     srv = start_server(export_dir, "--max-wait-ms", "300", key=None, log_dir=tmp_path)
     texts = [f"{t} number {i}" for i, t in enumerate(TEXTS * 4)]
@@ -698,6 +720,7 @@ def test_dynamic_batching_merges_concurrent_requests(tmp_path, export_dir, encod
         assert srv.stop() == 0
 
 
+@pytest.mark.integration
 def test_graph_workers_answer_what_the_encoder_computes(tmp_path, export_dir, encoder) -> None:
     """Two graph workers of one thread each: concurrent requests of both sides get the
     in-process vectors (a session run from two threads at once computes the same)."""
@@ -728,6 +751,7 @@ def test_graph_workers_answer_what_the_encoder_computes(tmp_path, export_dir, en
         assert srv.stop() == 0
 
 
+@pytest.mark.integration
 def test_sigterm_drains_in_flight_requests(tmp_path, export_dir, store_template, encoder) -> None:
     store = store_copy(store_template, tmp_path, "ix")
     srv = start_server(
@@ -840,6 +864,7 @@ def test_a_port_in_use_or_a_bad_host_is_one_line_before_the_banner(tmp_path, exp
         taken.close()
 
 
+@pytest.mark.integration
 def test_the_banner_masks_the_store_password(tmp_path, export_dir, pg_uri) -> None:
     """The store spec is printed at start with its password masked."""
     from urllib.parse import urlsplit, urlunsplit

@@ -320,6 +320,7 @@ def _http_get(port: int, path: str) -> int:
         return 0
 
 
+@pytest.mark.integration
 def test_idle_and_slow_connections_are_closed_and_health_answers(tmp_path, export_dir):
     timeout = 1.5
     srv = start_server(
@@ -375,6 +376,7 @@ def test_idle_and_slow_connections_are_closed_and_health_answers(tmp_path, expor
     assert code == 0 and "Traceback" not in srv.stderr(), srv.stderr()[-3000:]
 
 
+@pytest.mark.integration
 def test_a_running_request_is_not_cut_by_the_head_timeout(tmp_path, export_dir):
     """The timeout bounds waiting for a request, not answering one: a request whose answer takes
     longer than the timeout (here: held in the batcher) still gets it."""
@@ -400,6 +402,7 @@ def test_a_running_request_is_not_cut_by_the_head_timeout(tmp_path, export_dir):
     assert code == 0, srv.stderr()[-3000:]
 
 
+@pytest.mark.integration
 def test_curl_d_without_a_content_type_is_told_which_header_to_send(tmp_path, export_dir):
     srv = start_server(export_dir, key=None, log_dir=tmp_path)
     try:
@@ -429,6 +432,7 @@ def _disk_generation(store: Path) -> int:
     return int(json.loads((store / "faiss_store.json").read_text())["generation"])
 
 
+@pytest.mark.integration
 def test_a_replica_answers_from_the_generation_another_process_committed(
     tmp_path, export_dir, store_template
 ):

@@ -32,6 +32,7 @@ def export(tmp_path_factory, tiny_model_dir) -> Path:
     return tiny_export_dir(tmp_path_factory, tiny_model_dir)
 
 
+@pytest.mark.integration
 def test_sigkill_at_random_points_then_resume_equals_an_uninterrupted_run(bench, export, tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     ids = bench.write_corpus(corpus, 300)
@@ -48,6 +49,7 @@ def test_sigkill_at_random_points_then_resume_equals_an_uninterrupted_run(bench,
     assert any(r.killed[0] and r.count_after_kills[0] < len(ids) for r in results)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("backend", ["chroma", "lancedb"])
 def test_sigkill_then_resume_on_embedded_databases(bench, export, tmp_path, backend):
     """Chroma and LanceDB folders killed mid-indexing: they open, resume, and equal the
@@ -70,6 +72,7 @@ def test_sigkill_then_resume_on_embedded_databases(bench, export, tmp_path, back
         assert not problems, problems
 
 
+@pytest.mark.integration
 def test_compare_detects_a_lost_and_a_changed_document(bench, export, tmp_path):
     """The benchmark's check can fail: a store missing one document, or with one changed."""
     corpus = tmp_path / "corpus.jsonl"
@@ -394,6 +397,7 @@ def test_rescale_killed_part_way_is_reported_incomplete_and_resumes(tmp_path, mo
         got.close()
 
 
+@pytest.mark.integration
 def test_rescale_sigkill_at_random_points(tmp_path):
     """The benchmark's rescale procedure, a few kills into a FAISS target."""
     ops = load_benchmark("_crash_ops")
@@ -418,6 +422,7 @@ def annotate_setup(tmp_path_factory):
     setup.pg.stop()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("backend", ["qdrant-local", "pgvector"])
 @pytest.mark.parametrize("op", ["annotate", "re-annotate"])
 def test_annotate_sigkill_at_a_random_point_is_old_new_or_incomplete(annotate_setup, op, backend):
@@ -428,6 +433,7 @@ def test_annotate_sigkill_at_a_random_point_is_old_new_or_incomplete(annotate_se
     assert result.state in ("old", "new", "incomplete")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("backend", ["qdrant-local", "pgvector"])
 def test_annotate_classifier_catches_mixed_magnitudes(annotate_setup, backend):
     """A store whose record says "annotated" while half its m are another β is a failure."""

@@ -132,6 +132,7 @@ def test_quotes_and_column_names_are_stored_and_read_back_alike(store):
 # ----------------------------------------------------------------------------- identifiers
 
 
+@pytest.mark.integration
 def test_pgvector_table_names_postgres_would_truncate_are_refused(pg_uri):
     ok = "t" * 55 + uuid.uuid4().hex[:8]  # 63 bytes: kept
     assert len(ok.encode()) == 63
@@ -246,6 +247,7 @@ def test_new_milvus_lite_db_leaves_the_terminal_clean(tmp_path):
 # ----------------------------------------------------------------------------- pgvector
 
 
+@pytest.mark.integration
 def test_small_batches_index_into_pgvector(use_fake, tmp_path, pg_uri):
     """The indexing reader thread asks ``existing`` while the writer adds, on one connection."""
     corpus = write_corpus(tmp_path / "c.jsonl", 300)
@@ -262,6 +264,7 @@ def test_small_batches_index_into_pgvector(use_fake, tmp_path, pg_uri):
     assert "0 added, 300 already stored, 300 in store" in res.output
 
 
+@pytest.mark.integration
 def test_pgvector_store_serializes_threads_on_its_connection(pg_uri):
     import threading
 

@@ -82,6 +82,7 @@ def test_bad_spec_errors_never_show_the_secret(spec):
     assert_clean(str(info.value), s)
 
 
+@pytest.mark.integration
 def test_authentication_failure_never_shows_the_secret(pg_uri):
     s = secret()
     # the session's server knows no role "intruder": the server refuses the login
@@ -95,6 +96,7 @@ def test_authentication_failure_never_shows_the_secret(pg_uri):
         assert_clean(str(info.value), s)
 
 
+@pytest.mark.integration
 def test_describe_and_metadata_never_show_the_secret(pg_uri):
     s = secret()
     # trust authentication ignores the password, so the store opens with it in its URI
