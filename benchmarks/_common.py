@@ -14,16 +14,31 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import os
 import shlex
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def tiny_models() -> ModuleType:
+    """The test suite's tiny random BERT and BEIR builders (``tests/support/tiny_models.py``),
+    loaded from their file: the smoke runs and crash runs use the very model the tests use, and
+    neither the wheel nor the import path carries test code."""
+    spec = importlib.util.spec_from_file_location(
+        "_tiny_models", REPO / "tests" / "support" / "tiny_models.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def data_dir() -> Path:

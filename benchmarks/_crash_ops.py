@@ -154,14 +154,15 @@ def export_args(model: Path, target: Path) -> list[str]:
 
 def setup_export(cache: Path, work: Path) -> ExportSetup:
     """The tiny model, its qnorm export (the old state) and a cosine export (the new one)."""
+    from _common import tiny_models
+
     from magretrieve.core.errors import MagRetrieveError
     from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model
-    from magretrieve.train.testing import build_tiny_bert
 
     model = cache / "tiny-bert"
     if not (model / "model.safetensors").is_file():
-        build_tiny_bert(model)
+        tiny_models().build_tiny_bert(model)
     old = cache / "export-qnorm-old"
     try:
         Manifest.load(old)
@@ -376,9 +377,9 @@ OLD_PRIOR = b'{"kind": "document_prior", "method": "none", "note": "the old file
 
 
 def setup_fit_prior(export: Path, work: Path) -> PriorSetup:
-    from magretrieve.train.testing import write_tiny_beir
+    from _common import tiny_models
 
-    beir = write_tiny_beir(work / "tiny-beir")
+    beir = tiny_models().write_tiny_beir(work / "tiny-beir")
 
     def args(out: Path) -> list[str]:
         return ["fit-prior", "--model", str(export), "--data", f"{beir}:train", "--out", str(out)]

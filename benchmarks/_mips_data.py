@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from magretrieve.core.topk import exact_search
+
 K = 10
 
 
@@ -61,13 +63,9 @@ class Mixture:
 
 
 def exact_topk(queries: np.ndarray, docs: np.ndarray, k: int = K) -> np.ndarray:
-    """Row indices of the exact top-k inner products (FAISS flat, chunk-free)."""
-    import faiss
-
-    index = faiss.IndexFlatIP(docs.shape[1])
-    index.add(docs)
-    _, rows = index.search(queries, k)
-    return rows
+    """Row indices of the exact top-k inner products, best first (the package's own
+    :func:`magretrieve.core.topk.exact_search`: ties go to the lower row)."""
+    return exact_search(queries, docs, k)[0]
 
 
 def recall(found: np.ndarray, truth: np.ndarray) -> float:

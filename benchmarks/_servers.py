@@ -1,5 +1,5 @@
 """Real database servers that the tests and the store benchmarks start themselves, on
-127.0.0.1 and free ports (tests/servers.py loads this module).
+127.0.0.1 and free ports (tests/support/servers.py loads this module).
 
 Each server runs in its own process group (``start_new_session=True``) and the whole group is
 stopped afterwards: the ``milvus-server`` wrapper leaves its ``milvus`` child running when only

@@ -38,6 +38,8 @@ import click
 import numpy as np
 from _common import cpu_lock, machine_summary, markdown_table, recorded_command
 
+from magretrieve.core.topk import exact_search
+
 K = 10
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -75,13 +77,9 @@ def minilm() -> tuple[list[str], np.ndarray, np.ndarray]:
 
 
 def exact_ids(queries: np.ndarray, docs: np.ndarray, ids: list[str]) -> list[list[str]]:
-    out = []
-    for s in range(0, len(queries), 256):
-        scores = queries[s : s + 256] @ docs.T
-        top = np.argpartition(-scores, K - 1, axis=1)[:, :K]
-        order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1)
-        out.extend([[ids[j] for j in row] for row in np.take_along_axis(top, order, axis=1)])
-    return out
+    """The ids of the exact top-K inner products of each query, best first."""
+    rows, _ = exact_search(queries, docs, K)
+    return [[ids[j] for j in row] for row in rows]
 
 
 def recall(found: list[list[str]], truth: list[list[str]]) -> float:

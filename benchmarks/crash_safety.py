@@ -20,7 +20,7 @@ runs to completion. A run passes when:
     python benchmarks/crash_safety.py --ops index --backends faiss,memory,qdrant-edge
     python benchmarks/crash_safety.py --ops annotate,re-annotate --merge   # add rows to the file
 
-Writes benchmarks/results/crash_safety.md and .json. tests/test_crash_safety.py imports this
+Writes benchmarks/results/crash_safety.md and .json. tests/stores/test_crash_safety.py imports this
 module and runs a few kills of the same procedures.
 """
 
@@ -49,6 +49,7 @@ from _common import (
     machine_summary,
     markdown_table,
     recorded_command,
+    tiny_models,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results" / "crash_safety.md"
@@ -283,10 +284,9 @@ def crash_run(
 
 
 def tiny_export(cache: Path) -> Path:
-    """The tiny random BERT (``magretrieve.train.testing``), exported (TorchScript) once into ``cache``."""
+    """The tiny random BERT (``tests/support/tiny_models.py``), exported (TorchScript) once into ``cache``."""
     from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model
-    from magretrieve.train.testing import build_tiny_bert
 
     out = cache / "export-qnorm"
     try:
@@ -296,7 +296,7 @@ def tiny_export(cache: Path) -> Path:
         pass
     model = cache / "tiny-bert"
     if not (model / "model.safetensors").is_file():
-        build_tiny_bert(model)
+        tiny_models().build_tiny_bert(model)
     export_model(model, out, mode="qnorm", exporter="torchscript", overwrite=True)
     return out
 

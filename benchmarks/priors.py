@@ -32,6 +32,7 @@ from _common import REPO, cache_dir, cpu_lock, markdown_table, portable_path, re
 from _priors_vectors import VectorCache, encode_all, model_dir, split_texts, train_model
 from _quality import train_settings
 
+from magretrieve.core.topk import top_k
 from magretrieve.data.readers import load_beir, load_training_data
 from magretrieve.priors import InvertedSoftmaxPrior, unit
 from magretrieve.priors.select import choose_prior, ndcg_at_10, served_scores
@@ -59,7 +60,7 @@ NOT_FORCED = ("none", "auto")
 
 def skewness(scores: np.ndarray, k: int = K_OCCURRENCE) -> float:
     """Skewness of N_k: how many queries have each document in their top k."""
-    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    top, _ = top_k(scores, k)
     counts = np.bincount(top.ravel(), minlength=scores.shape[1]).astype(np.float64)
     sd = counts.std()
     return float(((counts - counts.mean()) ** 3).mean() / sd**3) if sd > 0 else 0.0

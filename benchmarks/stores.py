@@ -37,20 +37,11 @@ from _common import recorded_command
 from _servers import milvus_server
 from _store_data import load_vectors, passages
 
+from magretrieve.core.topk import exact_search
 from magretrieve.stores import _faiss_index, open_store
 
 K = 10
 RESULTS = Path(__file__).resolve().parent / "results" / "stores.md"
-
-
-def exact_topk(q: np.ndarray, d: np.ndarray, k: int) -> np.ndarray:
-    out = np.empty((len(q), k), dtype=np.int64)
-    for s in range(0, len(q), 256):
-        scores = q[s : s + 256] @ d.T
-        part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-        order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1)
-        out[s : s + 256] = np.take_along_axis(part, order, axis=1)
-    return out
 
 
 def recall(got: list[list[str]], exact: list[set[str]]) -> float:
@@ -208,7 +199,7 @@ def main(**options: Any) -> None:
     n, dim = docs.shape
     print(f"{n} passages, {len(queries)} queries, dim {dim}", flush=True)
     t0 = time.perf_counter()
-    exact_idx = exact_topk(queries, docs, K)
+    exact_idx, _ = exact_search(queries, docs, K)
     exact_sets = [{ids[j] for j in row} for row in exact_idx]
     print(f"exact top-{K} in {time.perf_counter() - t0:.1f}s", flush=True)
     norms = np.linalg.norm(docs, axis=1)

@@ -2,7 +2,7 @@
 # Prove that serving needs neither torch nor transformers:
 #   1. with a training Python (torch installed) export a tiny model + PyTorch reference vectors;
 #   2. make a fresh venv with only the wheel's serving extras `[serve,faiss,qdrant-edge]` (+ pytest);
-#   3. run tests/serving/ there against the export, with torch/transformers blocked in sys.modules;
+#   3. run tests/serving/torch_free/ there against the export, with torch/transformers blocked in sys.modules;
 #   4. report the size of that venv (README states it).
 # Usage: scripts/check_serving.sh [TRAIN_PYTHON] [WHEEL]
 #   (defaults: .venv-test/bin/python; a wheel freshly built by scripts/build_wheel.sh)
@@ -16,7 +16,7 @@ SERVE_VENV="$(realpath -m "${MAGRETRIEVE_SERVE_VENV:-.venv-serve}")"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
-(cd "$WORK" && "$TRAIN_PY" "$REPO/tests/serving/produce_export.py" "$WORK" >/dev/null)
+(cd "$WORK" && "$TRAIN_PY" "$REPO/tests/serving/torch_free/produce_export.py" "$WORK" >/dev/null)
 
 rm -rf "$SERVE_VENV"
 "${PYTHON:-python3}" -m venv "$SERVE_VENV"
@@ -36,4 +36,4 @@ echo "check_serving: serve-only venv [serve,faiss,qdrant-edge] is ${SIZE_MB} MB;
 cd "$WORK"
 MAGRETRIEVE_SERVING_EXPORT="$WORK/export" MAGRETRIEVE_SERVING_REQUIRE_NO_TORCH=1 \
     "$SERVE_VENV/bin/pytest" -q -p no:cacheprovider -c "$REPO/pyproject.toml" --rootdir "$REPO" \
-    "$REPO/tests/serving"
+    "$REPO/tests/serving/torch_free"

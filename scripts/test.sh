@@ -4,10 +4,13 @@
 # package, in two lanes: the unit lane (`-m "not integration and not slow"`, minutes, one
 # pytest-xdist worker per core) and then
 # the integration lane (`-m "integration or slow"`: PostgreSQL, Milvus, Ray, the wheel, the
-# benchmarks' smoke runs, the real encoder). tests/conftest.py puts each test in its lane.
+# benchmarks' smoke runs, the real encoder). Each test module declares its lane with
+# `pytestmark`; tests/conftest.py fails a test that needs the integration lane but is unmarked.
+# The -m given here overrides the unit-lane default of pyproject's addopts.
 # This is the README's test command; .ci/run runs exactly this.
 #   MAGRETRIEVE_TEST_LANE=unit|integration|all (default all) runs one lane only;
-#   arguments (tests/test_x.py::name, -k ...) run those tests as one pytest call instead.
+#   arguments (tests/<layer>/test_x.py::name, -k ...) run those tests, of either lane, as one
+#   pytest call instead (add -m to filter them by lane).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -32,8 +35,8 @@ WHEEL="$(bash scripts/build_wheel.sh "$VENV/bin/python")"
 bash scripts/check_serving.sh "$VENV/bin/python" "$WHEEL"
 # The test lanes last, so the closing line is a pytest summary. They run from outside the source
 # tree so that neither pytest nor any subprocess a test starts can import magretrieve from the
-# checkout: the installed wheel is what is tested (tests/test_wheel.py checks that too).
-# Arguments that name files of the checkout (tests/test_x.py::name) are made absolute.
+# checkout: the installed wheel is what is tested (tests/package/test_wheel.py checks that too).
+# Arguments that name files of the checkout (tests/<layer>/test_x.py::name) are made absolute.
 ARGS=()
 for arg in "$@"; do
     if [ -e "${arg%%::*}" ]; then ARGS+=("$REPO/$arg"); else ARGS+=("$arg"); fi
@@ -46,7 +49,8 @@ run_pytest() {
         "$VENV/bin/pytest" -q -p no:cacheprovider -c "$REPO/pyproject.toml" --rootdir "$REPO" "$@"
 }
 if [ ${#ARGS[@]} -gt 0 ]; then
-    run_pytest "${ARGS[@]}"
+    # -m "" lifts the unit-lane default of addopts: named tests run whatever their lane
+    run_pytest -m "" "${ARGS[@]}"
     exit
 fi
 LANE="${MAGRETRIEVE_TEST_LANE:-all}"

@@ -1,6 +1,6 @@
-"""Shared fixtures: tiny random BERT encoders (hidden 32) and a tiny BEIR data set, built here.
-
-Nothing is downloaded: the tokenizer is a WordPiece vocabulary written by the fixture.
+"""Shared fixtures: tiny random BERT encoders (hidden 32) and a tiny BEIR data set (built by
+tests/support/tiny_models.py; nothing is downloaded), the session's database servers, and the
+check that every test declares the lane it needs (see "test lanes" below).
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import importlib.util
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +17,14 @@ from typing import Any
 
 import pytest
 
-from magretrieve.train.testing import (  # noqa: F401  (re-exported for tests)
-    TINY_TOPICS,
+from tests.support.tiny_models import (
     build_tiny_bert,
     build_tiny_sentence_transformer,
     write_tiny_beir,
 )
+
+#: fixtures every test may use: ``use_fake`` (the CLI over a FakeEncoder)
+pytest_plugins = ["tests.support.cli"]
 
 
 @pytest.fixture(scope="session")
@@ -44,16 +45,6 @@ def tiny_beir_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_beir(tmp_path_factory.mktemp("tiny_beir"))
 
 
-#: Texts both runtimes encode in the OpenVINO and static-int8 tests: short, long, one word,
-#: non-ASCII.
-RUNTIME_TEXTS = [
-    "magnitude as a relevance prior",
-    "a much longer document about boundary layers, pressure gradients and the flow over a wing",
-    "short",
-    "ÜNÏCÖDÉ heart rate and vitamin dose",
-    "cosine throws the length of each vector away",
-]
-
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
@@ -65,39 +56,7 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def load_benchmark(name: str) -> ModuleType:
-    """Import ``benchmarks/<name>.py`` (a folder of scripts, not a package) as a module;
-    ``name`` may name a study (``studies/data_size``).
-
-    Registered in ``sys.modules`` first: dataclasses resolve annotations through it.
-    """
-    # Benchmarks are scripts: run as `python benchmarks/NAME.py`, their folder is on sys.path and
-    # they import `_common` and siblings by plain name. Loading one here gives it the same view.
-    # The folder holds no `magretrieve`, so the installed package is never shadowed.
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.append(str(BENCHMARKS))
-    module_name = "bench_" + name.replace("/", "_")
-    spec = importlib.util.spec_from_file_location(module_name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def set_manifest_field(manifest: dict, key: str, value: object) -> None:
-    """Set a manifest field where it lives: encoder settings sit under ``"encoder"`` (format 2)."""
-    from magretrieve.core.manifest import ENCODER_FIELDS
-
-    if key in ENCODER_FIELDS and isinstance(manifest.get("encoder"), dict):
-        manifest["encoder"][key] = value
-    else:
-        manifest[key] = value
-
-
-PG_URI_ENV = "MAGRETRIEVE_TEST_PGVECTOR_URI"  # = tests/store_examples.PG_URI_ENV
+PG_URI_ENV = "MAGRETRIEVE_TEST_PGVECTOR_URI"  # = tests/support/store_examples.PG_URI_ENV
 _PG_SERVER: list = []
 
 
@@ -121,10 +80,10 @@ def pytest_configure(config: pytest.Config) -> None:
     """Start a real PostgreSQL + pgvector (``pgserver``, works as root) for this session.
 
     Started before collection because the shared store tests take their backend list from the
-    registry and tests/store_examples.py, whose pgvector example names this server (through the environment,
-    so subprocesses of tests see it too). Unix socket only, in a fresh tmp folder; stopped and
+    registry and tests/support/store_examples.py, whose pgvector example names this server (through
+    the environment, so subprocesses of tests see it too). Unix socket only, in a fresh tmp folder; stopped and
     deleted at the end. Nothing is started where pgserver is not installed (the torch-free
-    serving venv); ``tests/test_backend_congruence.py`` requires it. Nor is it in the unit
+    serving venv); the store congruence suite (``tests/stores/test_stores.py``) requires it. Nor is it in the unit
     lane (``-m "not integration ..."``): every test that needs it is an integration test.
     """
     _one_thread_per_worker()
@@ -158,7 +117,7 @@ def pg_uri() -> str:
 @pytest.fixture(scope="session")
 def milvus_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Milvus standalone server for this session (``milvus`` package), stopped at the end."""
-    from servers import milvus_server
+    from tests.support.servers import milvus_server
 
     with milvus_server(tmp_path_factory.mktemp("milvus-server") / "data") as url:
         yield url
@@ -167,7 +126,7 @@ def milvus_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 @pytest.fixture(scope="session")
 def chroma_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Chroma server (``chroma run``) for this session, stopped at the end."""
-    from servers import chroma_server
+    from tests.support.servers import chroma_server
 
     with chroma_server(tmp_path_factory.mktemp("chroma-server") / "data") as url:
         yield url
@@ -219,9 +178,14 @@ def chromium() -> Iterator[Any]:
 
 
 # --- test lanes -----------------------------------------------------------------------------
-# The unit lane is `pytest -m "not integration and not slow"`; the integration lane is
-# `-m "integration or slow"` (scripts/test.sh runs both). Tests are put in the integration lane
-# by what they use, not by name, so a new test joins the right lane without an edit here:
+# The unit lane is `pytest -m "not integration and not slow"` (pyproject's addopts: what a bare
+# `pytest` runs); the integration lane is `-m "integration or slow"` (scripts/test.sh runs both).
+# A test declares its lane: `pytestmark = pytest.mark.integration` (or `slow`) in its module, or
+# the mark on the test. One rule here marks parameters: a case whose parameter id names a store
+# that runs a server process (SERVER_STORES: pgvector, Milvus) is an integration test, wherever
+# the shared store examples put it. What a test uses is still read here, only to check the
+# declarations: a test that needs a real server, the built wheel or a benchmark script but is
+# not marked fails with one line naming it and what it uses.
 #: fixtures that start or need a real server (PostgreSQL, a local Ray cluster) or a browser
 SERVER_FIXTURES = frozenset(
     {"pg_uri", "ray_local", "milvus_server_url", "chroma_server_url", "chromium"}
@@ -231,61 +195,80 @@ SERVER_FIXTURES = frozenset(
 SERVER_CLIENTS = frozenset(
     {"psycopg", "pgserver", "pymilvus", "milvus_lite", "ray", "lancedb", "chromadb"}
 )
-#: helpers that start a real server process (``magretrieve serve`` under uvicorn)
-SERVER_STARTERS = ("start_server",)
-#: store backends whose tests run a server (parametrized ids naming them)
-SERVER_BACKENDS = re.compile(r"(^|[-\[])(pgvector|milvus)")
-#: test modules that build the wheel or run a benchmark script's smoke run
-INTEGRATION_MODULES = re.compile(r"^test_(wheel|.+_benchmark)\.py$")
+#: helpers that start a real server process (``magretrieve serve`` under uvicorn) or run part
+#: of a benchmark script (a smoke run)
+STARTERS = ("start_server", "load_benchmark")
+#: store backends that run a server process (PostgreSQL, Milvus Lite): parametrized cases whose
+#: id names one are marked integration
+SERVER_STORES = re.compile(r"(^|[-\[])(pgvector|milvus)")
+#: folders and modules that hold only integration tests: benchmark smoke runs, the wheel
+INTEGRATION_PATHS = re.compile(r"(^|/)tests/benchmarks/|(^|/)test_wheel\.py$")
 
 
-def _imports_server_client(module: ModuleType | None) -> bool:
+def _server_client(module: ModuleType | None) -> str | None:
     if module is None:
-        return False
+        return None
     for value in vars(module).values():
         name = (
             value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
         )
         if isinstance(name, str) and name.split(".")[0] in SERVER_CLIENTS:
-            return True
-    return False
+            return name.split(".")[0]
+    return None
 
 
-def _calls(item: pytest.Item, names: tuple[str, ...]) -> bool:
-    """Whether the test, or a fixture it uses, calls one of ``names`` (by its code's names)."""
+def _called(item: pytest.Item, names: tuple[str, ...]) -> str | None:
+    """The first of ``names`` the test, or a fixture it uses, calls (by its code's names)."""
     functions = [getattr(item, "function", None)]
     fixture_info = getattr(item, "_fixtureinfo", None)
     for defs in getattr(fixture_info, "name2fixturedefs", {}).values():
         functions += [d.func for d in defs]
-    return any(
-        name in getattr(getattr(f, "__code__", None), "co_names", ())
-        for f in functions
-        for name in names
-    )
+    for name in names:
+        for f in functions:
+            if name in getattr(getattr(f, "__code__", None), "co_names", ()):
+                return name
+    return None
 
 
-def _loads_a_benchmark(item: pytest.Item) -> bool:
-    """Whether the test, or a fixture it uses, calls :func:`load_benchmark`: it runs part of a
-    benchmark script (a smoke run), whatever module it sits in."""
-    return _calls(item, ("load_benchmark",))
+def integration_use(item: pytest.Item) -> str | None:
+    """What makes ``item`` an integration test (a real server, the built wheel or a benchmark
+    script), or None."""
+    fixtures = sorted(SERVER_FIXTURES & set(getattr(item, "fixturenames", ())))
+    if fixtures:
+        return f"the {fixtures[0]} fixture"
+    if INTEGRATION_PATHS.search(item.path.as_posix()):
+        return "a benchmark script or the built wheel"
+    called = _called(item, STARTERS)
+    if called:
+        return f"{called}()"
+    client = _server_client(getattr(item, "module", None))
+    return f"{client} (imported by its module)" if client else None
 
 
-def is_integration(item: pytest.Item) -> bool:
-    """Whether ``item`` needs a real server, the built wheel or a benchmark script."""
-    if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
-        return True
-    if INTEGRATION_MODULES.match(item.path.name) or _loads_a_benchmark(item):
-        return True
-    if _calls(item, SERVER_STARTERS):
-        return True
-    callspec = getattr(item, "callspec", None)
-    if callspec is not None and SERVER_BACKENDS.search(callspec.id):
-        return True
-    return _imports_server_client(getattr(item, "module", None))
+#: stash key: why a test that is not marked needs the integration lane
+_MISFILED = pytest.StashKey[str]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that :func:`is_integration` recognizes with ``integration``."""
+    """Mark the cases of server-backed stores, then find tests that need the integration lane
+    but declare no lane (see above)."""
     for item in items:
-        if is_integration(item) and item.get_closest_marker("integration") is None:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and SERVER_STORES.search(callspec.id):
             item.add_marker(pytest.mark.integration)
+        if item.get_closest_marker("integration") or item.get_closest_marker("slow"):
+            continue
+        use = integration_use(item)
+        if use:
+            item.stash[_MISFILED] = use
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A misfiled test fails before it runs: one line naming what it uses."""
+    use = item.stash.get(_MISFILED, None)
+    if use:
+        pytest.fail(
+            f"{item.nodeid} uses {use} but is not marked integration: add "
+            "`pytestmark = pytest.mark.integration` to its module (or mark the test)",
+            pytrace=False,
+        )

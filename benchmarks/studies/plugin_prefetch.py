@@ -33,28 +33,23 @@ import numpy as np
 from _common import REPO, cpu_lock, machine_summary, markdown_table, recorded_command
 from _store_data import load_vectors
 
+from magretrieve.core.topk import top_k
+
 K = 10
 PREFETCH = (10, 20, 50, 100, 200, 500, 1000)
 RESULTS = REPO / "benchmarks" / "results" / "plugin_prefetch.md"
-
-
-def topk(scores: np.ndarray, k: int) -> np.ndarray:
-    """Row-wise indices of the ``k`` largest scores, best first."""
-    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-    order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(part, order, axis=1)
 
 
 def prefetch_recall(
     cos: np.ndarray, m: np.ndarray, sizes: tuple[int, ...], k: int = K
 ) -> dict[int, float]:
     """Recall@k of "top-P by cosine, re-ranked by cos·m" against the exact cos·m top-k."""
-    exact = topk(cos * m[None, :], k)
+    exact = top_k(cos * m[None, :], k)[0]
     out = {}
     for p in sizes:
-        cand = topk(cos, min(p, cos.shape[1]))
+        cand = top_k(cos, min(p, cos.shape[1]))[0]
         rescored = np.take_along_axis(cos, cand, axis=1) * m[cand]
-        got = np.take_along_axis(cand, topk(rescored, min(k, cand.shape[1])), axis=1)
+        got = np.take_along_axis(cand, top_k(rescored, min(k, cand.shape[1]))[0], axis=1)
         out[p] = float(np.mean([len(set(g) & set(e)) / k for g, e in zip(got, exact, strict=True)]))
     return out
 
@@ -79,7 +74,7 @@ def through_stores(
     from magretrieve.stores import open_store
 
     n = len(units)
-    exact = topk((queries @ units.T) * m_prior[None, :], K)
+    exact = top_k((queries @ units.T) * m_prior[None, :], K)[0]
     client = QdrantClient(path=str(tmp / "qdrant"))
     client.create_collection(
         "docs", vectors_config=models.VectorParams(size=units.shape[1], distance="Cosine")

@@ -2,7 +2,7 @@
 
 Everything beyond numpy is an extra (``pip install 'magretrieve[faiss]'``), imported only when
 a feature asks for it. :data:`EXTRAS` maps each optional module to the distribution and the
-extra that install it (``tests/test_extras.py`` holds it equal to ``pyproject.toml``), and
+extra that install it (``tests/core/test_extras.py`` holds it equal to ``pyproject.toml``), and
 :func:`require` / :func:`require_all` import such modules or raise :class:`MissingExtra`, so
 every missing extra is refused the same way: one line naming what needed it, the missing
 distributions and the ``pip install`` that fixes it.

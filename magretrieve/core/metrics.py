@@ -23,7 +23,7 @@ def retrieval_metrics(qrels: Qrels, run: Run) -> dict[str, float]:
     Queries missing from ``run`` count as zero (trec_eval would silently skip them). Computed by
     trec_eval (``pytrec_eval``, the ``eval`` extra) where it is installed; a serving install
     without it (pytrec_eval needs scipy, a large install) uses :func:`numpy_retrieval_metrics`, which
-    tests/test_metrics.py holds equal to trec_eval on random runs with ties.
+    tests/core/test_metrics.py holds equal to trec_eval on random runs with ties.
     """
     qrels = {q: {d: int(r) for d, r in docs.items()} for q, docs in qrels.items()}
     # plain floats: pytrec_eval refuses numpy scalars ("Unable to extract query/object scores")

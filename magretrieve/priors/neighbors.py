@@ -20,7 +20,7 @@ only the index resident. ``blocked`` and ``hnsw`` are kept as options.
 
 Which path runs: ``method="auto"`` takes the exact one below :data:`EXACT_MAX` documents (where
 it is fast and there is nothing to approximate) and ``grouped`` above it (numpy only; the
-``ivf``, ``blocked`` and ``hnsw`` options need faiss). ``benchmarks/corpus_prior_scale.py`` measures the
+``ivf``, ``blocked`` and ``hnsw`` options need faiss). ``benchmarks/studies/corpus_prior_scale.py`` measures the
 agreement (Spearman of the z-scores, NDCG@10 of the prior) and the speed-up.
 """
 

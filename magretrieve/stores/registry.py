@@ -40,9 +40,9 @@ How to add a backend (say ``redis:URL/INDEX``)
 
 That is all: ``open_store("redis:...")``, spec errors listing the form, ``--hnsw-m`` being
 accepted for it on the CLI (and refused for stores that do not take it) follow from the
-entry. The shared store tests (``tests/test_stores.py``, ``tests/test_backend_congruence.py``
-and the injection and secrets suites) run every registered backend; they fail until
-``tests/store_examples.py`` names an example spec for the new prefix.
+entry. The shared store tests (``tests/stores/test_stores.py`` and the
+injection and secrets suites) run every registered backend; they fail until
+``tests/support/store_examples.py`` names an example spec for the new prefix.
 
 Options are declared once with their type, bounds and CLI flag, and checked here before
 any backend (or native library) sees them: ``--hnsw-m 0`` is a one-line error, not a

@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from conftest import load_benchmark
+import pytest
+
+from tests.support.benchmarks import load_benchmark
+
+pytestmark = pytest.mark.integration
 
 
 def row(n: int, store: str, sample: str, delivered: float, reached: bool) -> dict:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import load_benchmark
+
+from tests.support.benchmarks import load_benchmark
 
 pytestmark = pytest.mark.integration
 

@@ -1,0 +1,167 @@
+"""LanceDB (``lancedb:PATH/TABLE``): the rules only this backend has.
+
+Distance ``dot`` and scores equal to inner products (LanceDB reports ``1 − q·d``), the exact
+scan by default, IVF_HNSW_SQ behind the measured-recall check (``ef_search`` tuned to a
+target), IVF_PQ refused with its measured recall unless forced, a cosine-indexed table
+refused, ids that are not SQL-safe, and the metadata surviving a new process. The shared
+add/search/delete sequence runs in ``tests/stores/test_stores.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import lancedb
+import numpy as np
+import pytest
+from lancedb.index import IvfFlat
+
+from magretrieve.core.errors import StoreError
+from magretrieve.stores import open_store
+
+pytestmark = pytest.mark.integration
+
+DIM = 16
+
+
+def data(n: int = 200, nq: int = 15, dim: int = DIM, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    docs = rng.normal(size=(n, dim)).astype(np.float32)
+    docs *= rng.uniform(0.2, 5.0, size=(n, 1)).astype(np.float32)
+    queries = rng.normal(size=(nq, dim)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    return [f"doc-{i}" for i in range(n)], docs, queries
+
+
+def recall(store, queries, docs, ids) -> float:
+    exact = [[ids[j] for j in np.argsort(-(docs @ q), kind="stable")[:10]] for q in queries]
+    found = [[h.id for h in row] for row in store.search(queries, 10, with_vectors=False)]
+    return float(np.mean([len(set(f) & set(e)) / 10 for f, e in zip(found, exact, strict=True)]))
+
+
+def test_exact_scan_by_default_scores_are_inner_products(tmp_path):
+    ids, docs, queries = data()
+    with open_store(f"lancedb:{tmp_path / 'l'}/docs", dimension=DIM) as store:
+        store.add(ids, docs, [{"n": i} for i in range(len(ids))])
+        store.optimize()  # no index asked for: stays an exact scan
+        assert store.parameters()["index"] == "exact scan"
+        for q, row in zip(queries, store.search(queries, 5), strict=True):
+            rows = [int(h.id.split("-")[1]) for h in row]
+            assert rows == list(np.argsort(-(docs @ q), kind="stable")[:5])
+            np.testing.assert_allclose([h.score for h in row], docs[rows] @ q, atol=1e-4)
+            assert row[0].payload == {"n": rows[0]}
+        # what LanceDB itself reports is the distance 1 − q·d
+        raw = store.tbl.search(queries[0]).distance_type("dot").limit(1).to_arrow()
+        top = float(np.max(docs @ queries[0]))
+        assert raw["_distance"][0].as_py() == pytest.approx(1.0 - top, abs=1e-4)
+
+
+def test_ids_are_sql_literals_not_expressions(tmp_path):
+    ids = ["a' OR '1'='1", "b", "c"]
+    vecs = np.eye(3, DIM, dtype=np.float32) * np.array([[1.0], [2.0], [3.0]], dtype=np.float32)
+    with open_store(f"lancedb:{tmp_path / 'l'}/docs", dimension=DIM) as store:
+        store.add(ids, vecs)
+        assert store.existing(["a' OR '1'='1"]) == {"a' OR '1'='1"}
+        assert store.existing(["x' OR '1'='1"]) == set()
+        assert store.delete(["x' OR '1'='1"]) == 0 and store.count() == 3
+        assert store.delete(["a' OR '1'='1"]) == 1 and sorted(store.iter_ids()) == ["b", "c"]
+
+
+def test_ivf_hnsw_sq_is_measured_and_tuned_to_a_target(tmp_path):
+    ids, docs, queries = data(n=3000, nq=60, dim=32, seed=1)
+    spec = f"lancedb:{tmp_path / 'l'}/ann"
+    store = open_store(
+        spec, dimension=32, index_type="IVF_HNSW_SQ", nlist=4, hnsw_m=16, ef_construction=64,
+        target_recall=0.95,
+    )  # fmt: skip
+    store.add(ids, docs)
+    store.optimize()
+    p = store.parameters()
+    assert p["index"] == "IVF_HNSW_SQ" and p["hnsw_m"] == 16
+    rec = p["recall"]
+    assert rec["target"] == 0.95 and rec["ef_search"] == store.ef_search
+    assert rec["recall_at_10"] >= 0.95, rec
+    assert recall(store, queries, docs, ids) >= 0.93  # held-out queries agree
+    store.close()
+    again = open_store(spec)
+    assert again.ef_search == rec["ef_search"]  # the tuned value is the table's own
+    assert again.parameters()["recall"] == rec
+
+
+def test_ivf_pq_is_refused_with_its_measured_recall_unless_forced(tmp_path):
+    ids, docs, queries = data(n=3000, nq=60, dim=32, seed=2)
+    spec = f"lancedb:{tmp_path / 'l'}/pq"
+    store = open_store(spec, dimension=32, index_type="IVF_PQ", nlist=4)
+    store.add(ids, docs)
+    with pytest.raises(StoreError, match=r"IVF_PQ measured recall@10 0\.\d+ .*--force") as err:
+        store.optimize()
+    assert "\n" not in str(err.value)
+    measured = float(str(err.value).split("recall@10 ")[1].split()[0])
+    assert measured < 0.95
+    # the index is gone and nothing was lost: the table is searched exactly
+    assert store.parameters()["index"] == "exact scan" and store.count() == 3000
+    assert recall(store, queries, docs, ids) == 1.0
+    store.close()
+    forced = open_store(spec, index_type="IVF_PQ", nlist=4, force=True)
+    forced.optimize()
+    p = forced.parameters()
+    assert p["index"] == "IVF_PQ" and p["recall"]["recall_at_10"] < 0.95
+    assert "warning" in p["recall"]
+
+
+def test_table_indexed_by_cosine_is_refused(tmp_path):
+    ids, docs, _ = data(n=600, dim=DIM)
+    spec = f"lancedb:{tmp_path / 'l'}/theirs"
+    with open_store(spec, dimension=DIM) as store:
+        store.add(ids, docs)
+    table = lancedb.connect(str(tmp_path / "l")).open_table("theirs")
+    table.create_index("vector", config=IvfFlat(distance_type="cosine", num_partitions=2))
+    with pytest.raises(StoreError, match="metric COSINE; magretrieve needs dot"):
+        open_store(spec, dimension=DIM)
+
+
+def test_metadata_and_rows_survive_a_new_process(tmp_path):
+    ids, docs, _ = data(n=30)
+    spec = f"lancedb:{tmp_path / 'l'}/docs"
+    with open_store(spec, dimension=DIM) as store:
+        store.add(ids, docs)
+        store.write_metadata({"model_fingerprint": "abc", "mode": "qnorm"})
+    code = (
+        "import sys, json\n"
+        "from magretrieve.stores import open_store\n"
+        "s = open_store(sys.argv[1])\n"
+        "print(json.dumps([s.count(), s.read_metadata(), s.dimension]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, spec], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [
+        30,
+        {"model_fingerprint": "abc", "mode": "qnorm"},
+        DIM,
+    ]
+    with pytest.raises(StoreError, match="dimension 16, but the model produces dimension 8"):
+        open_store(spec, dimension=8)
+    with pytest.raises(StoreError, match="index_type 'hnsw' is not one of"):
+        open_store(spec, index_type="hnsw")
+
+
+def test_retriever_force_reaches_the_store_that_takes_it(
+    tmp_path_factory, tiny_model_dir, tmp_path
+):
+    """``magretrieve index --force`` (Retriever.load(force=True)) is what keeps a poor index."""
+    from magretrieve.serving.retriever import Retriever
+    from tests.support.exports import tiny_export_dir
+
+    export = tiny_export_dir(tmp_path_factory, tiny_model_dir)
+    spec = f"lancedb:{tmp_path / 'l'}/docs"
+    with Retriever.load(export, store=spec, index_type="IVF_PQ", nlist=2, force=True) as r:
+        assert r.store.force is True
+    with Retriever.load(export, store=spec) as r:
+        assert r.store.force is False
+    # a store without the option is opened as before under force
+    with Retriever.load(export, store=f"faiss:{tmp_path / 'f'}", force=True) as r:
+        assert r.store.kind == "faiss"
