@@ -347,14 +347,17 @@ class MagRetrieveRetriever:
     def _open(self) -> Any:
         with self._lock:
             if self._retriever is None:
+                from magretrieve.serving.engine import shared_engine
                 from magretrieve.serving.retriever import Retriever
 
                 self._retriever = Retriever.load(
                     self.export_dir,
                     store=self._resolve(self.store, "store"),
-                    threads=self.threads,
-                    runtime=self.runtime,
                     create=False,
+                    # the embedders over the same export share its engine (graphs, batches)
+                    encoder=shared_engine(
+                        self.export_dir, threads=self.threads, runtime=self.runtime
+                    ),
                     **{k: self._resolve(v, k) for k, v in self.store_options.items()},
                 )
             return self._retriever

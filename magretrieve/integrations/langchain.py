@@ -144,11 +144,19 @@ class MagRetrieveEmbeddings(BaseModel, Embeddings):
             raise ConfigError(f"embed_query takes one string, got {type(text).__name__}")
         return self._embed([text], "query")[0]
 
+    async def _aembed(self, texts: list[str], side: str) -> list[list[float]]:
+        vectors = await self._encoder.aencode(texts, side, batch_size=self.batch_size)
+        return [[float(x) for x in v] for v in vectors]
+
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
-        return await asyncio.to_thread(self.embed_documents, texts)
+        """:meth:`embed_documents` for asyncio: concurrent calls share the engine's batches."""
+        return await self._aembed(texts, "document")
 
     async def aembed_query(self, text: str) -> list[float]:
-        return await asyncio.to_thread(self.embed_query, text)
+        """:meth:`embed_query` for asyncio: concurrent calls share the engine's batches."""
+        if not isinstance(text, str):
+            raise ConfigError(f"embed_query takes one string, got {type(text).__name__}")
+        return (await self._aembed([text], "query"))[0]
 
     def check_store(self, store: Any) -> str:
         """How ``store`` (a LangChain vector store) ranks: ``"inner_product"``, ``"cosine"``,

@@ -130,20 +130,24 @@ class MagRetrieveEmbedding(BaseEmbedding):
     def _get_query_embedding(self, query: str) -> list[float]:
         return self._embed([query], "query")[0]
 
+    async def _aembed(self, texts: list[str], side: str) -> list[list[float]]:
+        vectors = await self._encoder.aencode(texts, side)
+        return [[float(x) for x in v] for v in vectors]
+
     async def _aget_query_embedding(self, query: str) -> list[float]:
-        return await asyncio.to_thread(self._get_query_embedding, query)
+        return (await self._aembed([query], "query"))[0]
 
     def _get_text_embedding(self, text: str) -> list[float]:
         return self._embed([text], "document")[0]
 
     async def _aget_text_embedding(self, text: str) -> list[float]:
-        return await asyncio.to_thread(self._get_text_embedding, text)
+        return (await self._aembed([text], "document"))[0]
 
     def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
         return self._embed(texts, "document")
 
     async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return await asyncio.to_thread(self._get_text_embeddings, texts)
+        return await self._aembed(texts, "document")
 
     def check_store(self, store: Any) -> str:
         """How ``store`` (a LlamaIndex vector store, index or storage context) ranks; warns

@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from magretrieve.core.errors import ConfigError, MagRetrieveError, StoreError
+from magretrieve.core.errors import MagRetrieveError, StoreError
 from magretrieve.core.version import __version__
 from magretrieve.server import (
     routes_cohere,
@@ -62,36 +62,23 @@ def open_state(
     :meth:`~magretrieve.serving.retriever.Retriever.load` does, so a broken export never
     creates a store.
     """
-    from magretrieve.server.encoder import ServingEncoder
+    from magretrieve.server.metrics import Metrics
+    from magretrieve.serving.engine import EmbeddingEngine
     from magretrieve.serving.retriever import Retriever
-    from magretrieve.serving.runtime import default_threads
     from magretrieve.stores import open_store
 
     settings = settings or ServerSettings()
-    if threads is not None and (isinstance(threads, bool) or threads < 1):
-        raise ConfigError(f"threads must be at least 1, got {threads!r}")
-    # each graph worker runs its batches on its own share of the threads (one thread at least)
-    total = threads if threads is not None else default_threads()
-    if settings.graph_workers > total:
-        settings = replace(settings, graph_workers=max(1, total))
-    per_worker = max(1, total // settings.graph_workers)
-
-    def opened(encoder: ServingEncoder) -> ServingEncoder:
-        encoder.spinning = settings.onnx_spinning
-        for side in ("query", "document"):
-            encoder.session(side)
-        return encoder
-
-    loaded = ServingEncoder.load(export, threads=per_worker, runtime=runtime)
-    assert isinstance(loaded, ServingEncoder)  # load() builds the class it is called on
-    encoder = opened(loaded)
-    # a batch that runs alone gets every thread: the graphs opened a second time, from the
-    # manifest already verified (the export's files are hashed once)
-    alone = (
-        opened(ServingEncoder(encoder.manifest, threads=total, runtime=encoder.runtime))
-        if per_worker < total
-        else None
+    engine = EmbeddingEngine.load(
+        export,
+        settings,
+        threads=threads,
+        runtime=runtime,
+        spinning=settings.onnx_spinning,
+        observer=Metrics(),
     )
+    if engine.settings is not settings:  # fewer threads than graph workers: one per thread
+        settings = replace(settings, graph_workers=engine.settings.graph_workers)
+    encoder = engine.encoder
     retriever = None
     if store is not None:
         try:  # an existing store opens with its own dimension (d + 1 with a prior's offset)
@@ -103,7 +90,7 @@ def open_state(
         try:
             retriever = Retriever(encoder, vs, force=force)
             if settings.writes_enabled:
-                retriever._check_not_foreign()
+                retriever.check_not_foreign()
         except BaseException:
             vs.close()
             raise
@@ -118,11 +105,10 @@ def open_state(
             raise
 
     return ServerState(
-        encoder,
+        engine,
         settings,
         retriever=retriever,
         store_spec=store,
-        alone_encoder=alone,
         reopen=reopen if store is not None else None,
     )
 
@@ -216,7 +202,12 @@ def create_app(
 
     @app.exception_handler(MagRetrieveError)
     async def _user_error(request: Request, exc: MagRetrieveError) -> Response:
-        return error_response(422, state.public(str(exc)))
+        from magretrieve.serving.errors import InputTooLarge, Overloaded
+
+        if isinstance(exc, Overloaded):
+            return error_response(503, str(exc), {"Retry-After": str(state.settings.retry_after_s)})
+        status = 413 if isinstance(exc, InputTooLarge) else 422
+        return error_response(status, state.scrub_paths(str(exc)))
 
     app.add_middleware(ServerMiddleware, state=state)
     return app

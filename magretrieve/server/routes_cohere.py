@@ -90,7 +90,7 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int)
     )
     _refuse_unsupported(body)
     texts = list(body.texts or [])
-    out = await state.embed(texts, side, truncate=_truncate(body.truncate), what="texts")
+    out = await state.engine.embed(texts, side, truncate=_truncate(body.truncate), what="texts")
     vectors = out.vectors
     by_type = version == 2 or body.embedding_types is not None
     answer = {

@@ -108,11 +108,11 @@ async def search(body: SearchRequest, request: Request) -> Response:
         raise ApiError(422, f"k={body.k} is more than this server's max_k={state.settings.max_k}")
     texts = [body.query] if body.query is not None else list(body.queries or [])
     what = "query" if body.query is not None else "queries"
-    out = await state.embed(texts, "query", what=what)
+    out = await state.engine.embed(texts, "query", what=what)
     try:
         hits = await run_in_threadpool(_search, holder, out.vectors, body.k, body.filter)
     except StoreError as exc:
-        raise ApiError(422, state.public(str(exc))) from None
+        raise ApiError(422, state.scrub_paths(str(exc))) from None
     if state.recall_watch is not None and not body.filter:
         state.recall_watch.offer(
             out.vectors, hits, body.k
@@ -138,13 +138,13 @@ async def upsert(body: DocumentsRequest, request: Request) -> Response:
     try:
         check_documents(docs)
     except StoreError as exc:
-        raise ApiError(422, state.public(str(exc))) from None
+        raise ApiError(422, state.scrub_paths(str(exc))) from None
     ids = [d.id for d in docs]
     if len(set(ids)) != len(ids):
         seen: set[str] = set()
         dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
         raise ApiError(422, f"document id {dup!r} appears twice in this request")
-    out = await state.embed([d.full_text for d in docs], "document", what="documents")
+    out = await state.engine.embed([d.full_text for d in docs], "document", what="documents")
     try:
         check_finite(out.vectors, ids, "encoding")
         await run_in_threadpool(_write, holder, docs, out.vectors)
@@ -164,7 +164,7 @@ def _store_error(state: ServerState, exc: StoreError) -> ApiError:
             "another process holds the store's writer lock; retry once it has finished "
             "(searching is unaffected)",
         )
-    return ApiError(422, state.public(str(exc)))
+    return ApiError(422, state.scrub_paths(str(exc)))
 
 
 def _write(holder: StoreHolder, docs: list, vectors: np.ndarray) -> None:

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from magretrieve.server.errors import ApiError
-from magretrieve.serving.retriever import _RWLock
+from magretrieve.serving.retriever import RWLock
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class StoreHolder:
         self.retriever = retriever
         self._reopen = reopen
         self._retry_after_s = retry_after_s
-        self._lock = _RWLock()  # calls share it; reload and close take it alone
+        self._lock = RWLock()  # calls share it; reload and close take it alone
         self._closed = False
         self._reloading = threading.Lock()
         self._failed: int | None = None  # a disk generation that could not be read

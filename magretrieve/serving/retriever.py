@@ -101,7 +101,7 @@ class Hit:
         }
 
 
-class _RWLock:
+class RWLock:
     """Many readers or one writer; writers are not starved by a stream of readers."""
 
     def __init__(self) -> None:
@@ -298,7 +298,7 @@ class Retriever:
         self._force = force
         #: Searched with ``[q ; 1]``: the store holds a prior's offset coordinate.
         self.offset = offset_coordinate(store.read_metadata())
-        self._lock = _RWLock()
+        self._lock = RWLock()
         self._serial = threading.Lock()  # for stores whose search is not thread-safe
         warm = getattr(encoder, "session", None)
         if callable(warm):
@@ -316,6 +316,7 @@ class Retriever:
         runtime: str | None = None,
         create: bool = True,
         for_writing: bool = False,
+        encoder: EncoderLike | None = None,
         **store_options: Any,
     ) -> Retriever:
         """Open an export folder and a store (created with the model's dimension if absent).
@@ -326,8 +327,12 @@ class Retriever:
         (``runtime=None``: the export's own, onnxruntime unless its manifest names another).
         ``tuning_queries`` (a file of query texts, one per line, or a BEIR ``queries.jsonl``)
         are what an ANN store tunes ``target_recall`` on (:meth:`use_tuning_queries`).
+        ``encoder`` is the export's encoder already opened (the process's shared
+        :class:`~magretrieve.serving.engine.EmbeddingEngine`), used instead of opening
+        ``export_dir`` again.
         """
-        encoder = load_encoder(export_dir, threads=threads, device=device, runtime=runtime)
+        if encoder is None:
+            encoder = load_encoder(export_dir, threads=threads, device=device, runtime=runtime)
         # check the graphs against the manifest before a store is opened (or created)
         warm = getattr(encoder, "session", None)
         if callable(warm):
@@ -346,7 +351,7 @@ class Retriever:
         try:
             retriever = cls(encoder, vs, force=force)
             if for_writing:
-                retriever._check_not_foreign()
+                retriever.check_not_foreign()
             if tuning is not None:
                 retriever.use_tuning_queries(tuning)
             return retriever
@@ -365,7 +370,7 @@ class Retriever:
 
     # ------------------------------------------------------------------ writing
 
-    def _check_not_foreign(self) -> None:
+    def check_not_foreign(self) -> None:
         """Refuse to write into points magretrieve did not write (unless ``force``)."""
         foreign = 0 if self._force else self.store.foreign_points()
         if foreign:
@@ -378,7 +383,7 @@ class Retriever:
 
     def _record_model(self) -> None:
         if not self.store.read_metadata():
-            self._check_not_foreign()
+            self.check_not_foreign()
             self.store.write_metadata(manifest_metadata(self.manifest))
 
     def add_documents(
