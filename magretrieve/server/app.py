@@ -30,7 +30,14 @@ from magretrieve.server import (
     routes_page,
     routes_store,
 )
-from magretrieve.server.errors import ApiError, error_response, not_json, validation_message
+from magretrieve.server.errors import (
+    error_headers,
+    error_response,
+    not_json,
+    public_message,
+    status_of,
+    validation_message,
+)
 from magretrieve.server.middleware import ServerMiddleware
 from magretrieve.server.settings import ServerSettings
 from magretrieve.server.state import ServerState
@@ -176,10 +183,6 @@ def create_app(
     ):
         app.include_router(module.router)
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> Response:
-        return error_response(exc.status, exc.message, exc.headers)
-
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         errors = exc.errors()
@@ -202,12 +205,12 @@ def create_app(
 
     @app.exception_handler(MagRetrieveError)
     async def _user_error(request: Request, exc: MagRetrieveError) -> Response:
-        from magretrieve.serving.errors import InputTooLarge, Overloaded
-
-        if isinstance(exc, Overloaded):
-            return error_response(503, str(exc), {"Retry-After": str(state.settings.retry_after_s)})
-        status = 413 if isinstance(exc, InputTooLarge) else 422
-        return error_response(status, state.scrub_paths(str(exc)))
+        """Every typed error, its status by the one table (:data:`.errors.STATUS`)."""
+        return error_response(
+            status_of(exc),
+            public_message(exc, state.scrub_paths),
+            error_headers(exc, state.settings.retry_after_s),
+        )
 
     app.add_middleware(ServerMiddleware, state=state)
     return app

@@ -36,11 +36,7 @@ class ServerState:
         self.manifest = engine.manifest
         self.settings = settings
         #: Every store call goes through it (reload on a newer generation, shutdown gate).
-        self.holder = (
-            StoreHolder(retriever, reopen, retry_after_s=settings.retry_after_s)
-            if retriever is not None
-            else None
-        )
+        self.holder = StoreHolder(retriever, reopen) if retriever is not None else None
         #: Counts what the engine reports (it is the engine's observer).
         self.metrics = engine.observer if isinstance(engine.observer, Metrics) else Metrics()
         engine.set_observer(self.metrics)

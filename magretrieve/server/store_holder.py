@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from magretrieve.server.errors import ApiError
+from magretrieve.serving.errors import Draining
 from magretrieve.serving.retriever import RWLock
 
 logger = logging.getLogger(__name__)
@@ -40,16 +40,9 @@ class StoreHolder:
     reloading off (an in-memory store, or a caller that passed its own state).
     """
 
-    def __init__(
-        self,
-        retriever: Any,
-        reopen: Callable[[], Any] | None = None,
-        *,
-        retry_after_s: int = 1,
-    ) -> None:
+    def __init__(self, retriever: Any, reopen: Callable[[], Any] | None = None) -> None:
         self.retriever = retriever
         self._reopen = reopen
-        self._retry_after_s = retry_after_s
         self._lock = RWLock()  # calls share it; reload and close take it alone
         self._closed = False
         self._reloading = threading.Lock()
@@ -63,15 +56,13 @@ class StoreHolder:
         """The Retriever for one store call (search, write + persist, delete + persist).
 
         The newest committed state is loaded first when another process committed one;
-        after :meth:`close` began, a 503 that says the server is shutting down.
+        after :meth:`close` began, :class:`~magretrieve.serving.errors.Draining` (a 503).
         """
         self.refresh()
         with self._lock.read():
             if self._closed:
-                raise ApiError(
-                    503,
-                    "the server is shutting down; the store is closed (retry on another replica)",
-                    {"Retry-After": str(self._retry_after_s)},
+                raise Draining(
+                    "the server is shutting down; the store is closed (retry on another replica)"
                 )
             yield self.retriever
 
