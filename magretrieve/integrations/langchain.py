@@ -57,8 +57,10 @@ from magretrieve.core.errors import ConfigError  # noqa: E402
 from magretrieve.integrations._common import (  # noqa: E402
     check_retriever,
     check_top_k,
+    check_where_option,
     hit_metadata,
     hit_text,
+    search_kwargs,
 )
 from magretrieve.integrations._encoder import (  # noqa: E402
     DEFAULT_TIMEOUT,
@@ -174,6 +176,9 @@ class MagRetrieveRetriever(BaseRetriever):
     """A :class:`magretrieve.serving.retriever.Retriever` (export + store)."""
     k: int = 5
     """Documents returned per query."""
+    where: dict[str, Any] | None = None
+    """Payload filter ``{field: value}`` (the server's ``/search`` filter): only documents whose
+    payload holds every field with an equal value; ``invoke(query, where=...)`` per call."""
 
     @field_validator("retriever")
     @classmethod
@@ -185,17 +190,34 @@ class MagRetrieveRetriever(BaseRetriever):
     def _check_k(cls, value: Any) -> int:
         return check_top_k(value, "k")
 
+    @field_validator("where", mode="before")
+    @classmethod
+    def _check_where(cls, value: Any) -> dict[str, Any] | None:
+        return check_where_option(value)
+
     def _to_documents(self, hits: list[Any]) -> list[Document]:
         return [Document(page_content=hit_text(h), metadata=hit_metadata(h), id=h.id) for h in hits]
 
+    def _search(self, query: str, where: Any) -> list[Any]:
+        wanted = self.where if where is None else check_where_option(where)
+        return list(self.retriever.search(query, k=self.k, **search_kwargs(wanted)))
+
     def _get_relevant_documents(
-        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+        self,
+        query: str,
+        *,
+        run_manager: CallbackManagerForRetrieverRun,
+        where: dict[str, Any] | None = None,
     ) -> list[Document]:
-        return self._to_documents(self.retriever.search(query, k=self.k))
+        return self._to_documents(self._search(query, where))
 
     async def _aget_relevant_documents(
-        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
+        self,
+        query: str,
+        *,
+        run_manager: AsyncCallbackManagerForRetrieverRun,
+        where: dict[str, Any] | None = None,
     ) -> list[Document]:
         # the Retriever is thread-safe; encoding and searching run off the event loop
-        hits = await asyncio.to_thread(self.retriever.search, query, self.k)
+        hits = await asyncio.to_thread(self._search, query, where)
         return self._to_documents(hits)

@@ -46,8 +46,10 @@ from magretrieve.integrations._common import (  # noqa: E402
     SCORE_KEYS,
     check_retriever,
     check_top_k,
+    check_where_option,
     hit_metadata,
     hit_text,
+    search_kwargs,
 )
 from magretrieve.integrations._encoder import (  # noqa: E402
     DEFAULT_TIMEOUT,
@@ -162,10 +164,23 @@ _HIDDEN = [*SCORE_KEYS, "payload"]
 class MagRetrieveRetriever(BaseRetriever):
     """``llama_index.core`` retriever over a magretrieve ``Retriever``."""
 
-    def __init__(self, retriever: Any, similarity_top_k: int = 5, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        retriever: Any,
+        similarity_top_k: int = 5,
+        where: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``where``: a payload filter ``{field: value}`` (the server's ``/search`` filter)."""
         self.retriever = check_retriever(retriever)
         self.similarity_top_k = check_top_k(similarity_top_k, "similarity_top_k")
+        self.where = check_where_option(where)
         super().__init__(**kwargs)
+
+    def _search(self, query: str) -> list[Any]:
+        return list(
+            self.retriever.search(query, k=self.similarity_top_k, **search_kwargs(self.where))
+        )
 
     def _to_nodes(self, hits: list[Any]) -> list[NodeWithScore]:
         out = []
@@ -181,12 +196,8 @@ class MagRetrieveRetriever(BaseRetriever):
         return out
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        return self._to_nodes(
-            self.retriever.search(query_bundle.query_str, k=self.similarity_top_k)
-        )
+        return self._to_nodes(self._search(query_bundle.query_str))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        hits = await asyncio.to_thread(
-            self.retriever.search, query_bundle.query_str, self.similarity_top_k
-        )
+        hits = await asyncio.to_thread(self._search, query_bundle.query_str)
         return self._to_nodes(hits)

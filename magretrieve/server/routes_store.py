@@ -30,15 +30,11 @@ from magretrieve.server.models import (
 from magretrieve.server.responses import STORE, json_response
 from magretrieve.server.state import ServerState
 from magretrieve.server.store_holder import StoreHolder
+from magretrieve.serving.retriever import Hit
 from magretrieve.stores.base import check_finite
 
 router = APIRouter()
 logger = logging.getLogger(__name__)
-
-#: Candidates fetched per query when a payload filter is given, as a multiple of k (all of
-#: them for stores up to FILTER_EXACT_UP_TO points, so the filtered top-k is exact there).
-FILTER_FETCH = 20
-FILTER_EXACT_UP_TO = 20_000
 
 
 def _retriever(request: Request) -> tuple[ServerState, StoreHolder]:
@@ -59,37 +55,11 @@ def _writable(request: Request) -> tuple[ServerState, StoreHolder]:
     return state, holder
 
 
-def _matches(payload: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    """Every wanted field is present with an equal JSON value (``true`` is not ``1``, and
-    ``null`` matches a field that holds null, not a missing one)."""
-    return all(key in payload and _same(payload[key], value) for key, value in wanted.items())
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return bool(a == b)
-
-
 def _search(
-    holder: StoreHolder, vectors: np.ndarray, k: int, wanted: dict[str, Any] | None
-) -> list:
+    holder: StoreHolder, vectors: np.ndarray, k: int, where: dict[str, Any] | None
+) -> list[list[Hit]]:
     with holder.use() as retriever:
-        return _search_in(retriever, vectors, k, wanted)
-
-
-def _search_in(retriever: Any, vectors: np.ndarray, k: int, wanted: dict[str, Any] | None) -> list:
-    if not wanted:
-        return retriever.search_vectors(vectors, k=k)
-    count = int(retriever.store.count())
-    fetch = count if count <= FILTER_EXACT_UP_TO else k * FILTER_FETCH
-    out = []
-    for hits in retriever.search_vectors(vectors, k=max(1, min(max(fetch, k), max(count, 1)))):
-        kept = [h for h in hits if _matches(h.payload, wanted)][:k]
-        for rank, hit in enumerate(kept, start=1):
-            hit.rank = rank
-        out.append(kept)
-    return out
+        return retriever.search_vectors(vectors, k=k, where=where)
 
 
 @router.post(

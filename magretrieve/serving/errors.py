@@ -12,7 +12,8 @@ from magretrieve.core.errors import MagRetrieveError
 
 
 class InvalidInput(MagRetrieveError):
-    """The texts cannot be encoded as sent: none, a blank one, a side that does not exist."""
+    """A call is refused as sent: no texts, a blank one, a side that does not exist, a
+    malformed payload filter."""
 
 
 class InputTooLarge(MagRetrieveError):

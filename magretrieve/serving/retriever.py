@@ -34,6 +34,7 @@ from magretrieve.core.errors import StoreError
 from magretrieve.core.similarity import EPS, INDEX_METRIC
 from magretrieve.core.text import blank, lone_surrogate
 from magretrieve.data.readers import Document, check_text
+from magretrieve.serving.errors import InvalidInput
 from magretrieve.stores import VectorStore, open_store
 from magretrieve.stores.base import check_finite, check_queries
 from magretrieve.stores.registry import backend_for
@@ -53,6 +54,47 @@ class EncoderLike(Protocol):
 
 #: Hits returned by every search method unless ``k`` is given (one default for all).
 DEFAULT_K = 10
+#: Candidates fetched per query when a payload filter is given, as a multiple of k (all of
+#: them for stores up to FILTER_EXACT_UP_TO points, so the filtered top-k is exact there).
+FILTER_FETCH = 20
+FILTER_EXACT_UP_TO = 20_000
+#: What a payload filter compares: JSON scalars.
+FILTER_TYPES = (str, int, float, bool, type(None))
+
+
+def check_where(where: Any) -> dict[str, Any] | None:
+    """A payload filter ``{field: value, ...}`` checked (None or ``{}``: no filter).
+
+    A hit is kept when every field is in its payload with an equal JSON value (see
+    :func:`payload_matches`); values are JSON scalars (string, number, boolean, null).
+    """
+    if where is None:
+        return None
+    if not isinstance(where, Mapping):
+        raise InvalidInput(
+            f"where must be an object of payload field: value, got {type(where).__name__}"
+        )
+    for key, value in where.items():
+        if not isinstance(key, str):
+            raise InvalidInput(f"where: field names are strings, got {key!r}")
+        if not isinstance(value, FILTER_TYPES):
+            raise InvalidInput(
+                f"where: field {key!r} holds a {type(value).__name__}; a filter compares "
+                "strings, numbers, booleans and null"
+            )
+    return dict(where) or None
+
+
+def payload_matches(payload: Mapping[str, Any], where: Mapping[str, Any]) -> bool:
+    """Every field of ``where`` is present in ``payload`` with an equal JSON value: ``true``
+    is not ``1``, and ``null`` matches a field that holds null, not a missing one."""
+    return all(key in payload and _same(payload[key], value) for key, value in where.items())
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
 
 
 @dataclass
@@ -489,11 +531,16 @@ class Retriever:
 
     # ------------------------------------------------------------------ searching
 
-    def search(self, text: str, k: int = DEFAULT_K) -> list[Hit]:
-        """Top-``k`` hits for one query text."""
-        return self.search_batch([text], k=k)[0]
+    def search(
+        self, text: str, k: int = DEFAULT_K, *, where: Mapping[str, Any] | None = None
+    ) -> list[Hit]:
+        """Top-``k`` hits for one query text (``where``: a payload filter, see
+        :meth:`search_vectors`)."""
+        return self.search_batch([text], k=k, where=where)[0]
 
-    def search_batch(self, texts: Sequence[str], k: int = DEFAULT_K) -> list[list[Hit]]:
+    def search_batch(
+        self, texts: Sequence[str], k: int = DEFAULT_K, *, where: Mapping[str, Any] | None = None
+    ) -> list[list[Hit]]:
         """Top-``k`` hits for each query text (one encoder call, one store call)."""
         if isinstance(texts, str):
             raise StoreError("search_batch takes a list of texts; use search() for one text")
@@ -506,11 +553,27 @@ class Retriever:
                     f"query #{n} is empty or only whitespace and invisible characters, or not "
                     f"a string: {t!r}"
                 )
+        wanted = check_where(where)  # before the encoder runs
         qvecs = np.asarray(self.encoder.encode_queries(texts), dtype=np.float32)
-        return self.search_vectors(qvecs, k=k)
+        return self.search_vectors(qvecs, k=k, where=wanted)
 
-    def search_vectors(self, query_vectors: np.ndarray, k: int = DEFAULT_K) -> list[list[Hit]]:
-        """Search with already-encoded query vectors (``q / ‖q‖^γq``)."""
+    def search_vectors(
+        self,
+        query_vectors: np.ndarray,
+        k: int = DEFAULT_K,
+        *,
+        where: Mapping[str, Any] | None = None,
+    ) -> list[list[Hit]]:
+        """Search with already-encoded query vectors (``q / ‖q‖^γq``).
+
+        ``where`` (``{field: value}``) keeps only hits whose payload holds every field with an
+        equal JSON value (:func:`payload_matches`). The store is asked for more candidates
+        than ``k`` and the matches among them are kept in score order: all of its points up
+        to :data:`FILTER_EXACT_UP_TO` (the filtered top-k is then exact), else
+        :data:`FILTER_FETCH` × k. The same filter answers ``magretrieve search --where`` and
+        the server's ``/search``.
+        """
+        wanted = check_where(where)
         q = check_queries(query_vectors, int(self.manifest.dimension), "search")
         if self.offset:
             q = np.hstack([q, np.ones((len(q), 1), dtype=q.dtype)])
@@ -518,11 +581,16 @@ class Retriever:
         # store with a prior's offset coordinate returns vectors to split m(d) from b(d)
         with_vectors = bool(self.offset)
         with self._lock.read():
+            fetch = k if wanted is None else self._filter_fetch(k)
             if self.store.thread_safe_search:
-                results = self.store.search(q, k, with_vectors=with_vectors)
+                results = self.store.search(q, fetch, with_vectors=with_vectors)
             else:
                 with self._serial:
-                    results = self.store.search(q, k, with_vectors=with_vectors)
+                    results = self.store.search(q, fetch, with_vectors=with_vectors)
+        if wanted is not None:
+            results = [
+                [h for h in hits if payload_matches(h.payload, wanted)][:k] for hits in results
+            ]
         out: list[list[Hit]] = []
         for qv, hits in zip(q, results, strict=True):
             if not hits:
@@ -553,6 +621,13 @@ class Retriever:
                 ]
             )
         return out
+
+    def _filter_fetch(self, k: int) -> int:
+        """Candidates to ask the store for when a filter will drop some (see
+        :meth:`search_vectors`); never more than it holds, at least ``k``."""
+        count = int(self.store.count())
+        fetch = count if count <= FILTER_EXACT_UP_TO else k * FILTER_FETCH
+        return max(1, min(max(fetch, k), max(count, 1)))
 
     def _vectors(self, hits: Sequence[Any]) -> np.ndarray:
         """The stored vectors of the hits (fetched when the store did not return them)."""
