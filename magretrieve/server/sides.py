@@ -20,7 +20,6 @@ This module is the one place that turns a route, a model id or a body field into
 from __future__ import annotations
 
 import base64
-import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,11 +27,10 @@ import numpy as np
 
 from magretrieve.server.errors import InvalidRequest, NotServed
 from magretrieve.server.models import INPUT_TYPES
+from magretrieve.serving.settings import model_id_problem
 
 #: The two sides, in the order ``GET /v1/models`` lists them.
 SIDES = ("query", "document")
-#: What a model id may not hold: whitespace and control characters (ids go in URLs and configs).
-_BAD_ID = re.compile(r"[\s\x00-\x1f\x7f]")
 #: The id a server falls back to when the export folder's name cannot be one.
 FALLBACK_MODEL_ID = "magretrieve"
 
@@ -43,17 +41,6 @@ FALLBACK_MODEL_ID = "magretrieve"
 def side_model_id(model_id: str, side: str) -> str:
     """The model id that names ``side``: ``<id>:query`` or ``<id>:document``."""
     return f"{model_id}:{side}"
-
-
-def model_id_problem(model_id: str) -> str | None:
-    """Why ``model_id`` cannot be a served id, or None when it can."""
-    if not model_id or _BAD_ID.search(model_id):
-        return "must be non-empty, without whitespace or control characters"
-    if len(model_id) > 200:
-        return "must be at most 200 characters"
-    if any(model_id.endswith(f":{side}") for side in SIDES):
-        return "must not end in :query or :document (the server adds those to name a side)"
-    return None
 
 
 def default_model_id(folder_name: str | None) -> str:
