@@ -64,7 +64,8 @@ TEI_ROUTES = (
 
 
 def _state(request: Request) -> ServerState:
-    return request.app.state.magretrieve
+    state: ServerState = request.app.state.magretrieve
+    return state
 
 
 def _texts(value: str | list[str]) -> list[str]:

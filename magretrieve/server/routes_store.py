@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
+from magretrieve.data.readers import Document
 from magretrieve.server.documents import request_document
 from magretrieve.server.errors import InvalidRequest, NotServed, RequestTooLarge, WritesOff
 from magretrieve.server.models import (
@@ -113,7 +114,7 @@ async def upsert(body: DocumentsRequest, request: Request) -> Response:
     return json_response({"upserted": len(docs), "ids": ids, "truncated": cut})
 
 
-def _write(holder: StoreHolder, docs: list, vectors: np.ndarray) -> None:
+def _write(holder: StoreHolder, docs: list[Document], vectors: np.ndarray) -> None:
     with holder.use() as retriever:  # the store is not closed before the persist is done
         retriever.write_batch(docs, vectors)
         retriever.persist()

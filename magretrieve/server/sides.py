@@ -181,7 +181,8 @@ def check_truncation(truncate: bool | None, truncation: bool | None, default: bo
 
 def normalized(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+    out: np.ndarray = (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+    return out
 
 
 def as_base64(vector: np.ndarray) -> str:

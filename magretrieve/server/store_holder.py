@@ -25,10 +25,9 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from magretrieve.serving.errors import Draining
-from magretrieve.serving.retriever import RWLock
+from magretrieve.serving.retriever import Retriever, RWLock
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ class StoreHolder:
     reloading off (an in-memory store, or a caller that passed its own state).
     """
 
-    def __init__(self, retriever: Any, reopen: Callable[[], Any] | None = None) -> None:
+    def __init__(self, retriever: Retriever, reopen: Callable[[], Retriever] | None = None) -> None:
         self.retriever = retriever
         self._reopen = reopen
         self._lock = RWLock()  # calls share it; reload and close take it alone
@@ -52,7 +51,7 @@ class StoreHolder:
     # ------------------------------------------------------------------ calls
 
     @contextmanager
-    def use(self) -> Iterator[Any]:
+    def use(self) -> Iterator[Retriever]:
         """The Retriever for one store call (search, write + persist, delete + persist).
 
         The newest committed state is loaded first when another process committed one;
@@ -69,7 +68,7 @@ class StoreHolder:
     @property
     def generation(self) -> int | None:
         """The generation of the state this server answers from (None: no such marker)."""
-        return self.retriever.store.generation  # type: ignore[no-any-return]
+        return self.retriever.store.generation
 
     def stale(self) -> int | None:
         """The disk generation when another process committed one this server does not hold."""
@@ -77,7 +76,7 @@ class StoreHolder:
         on_disk = store.disk_generation()
         if on_disk is None or on_disk == store.generation or store.has_unsaved_writes():
             return None
-        return on_disk  # type: ignore[no-any-return]
+        return on_disk
 
     def refresh(self) -> bool:
         """Reopen the store when another process committed a newer generation; True if it did.
