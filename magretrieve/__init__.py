@@ -37,7 +37,7 @@ _LAZY: dict[str, str] = {
     # encoders
     "Encoder": "magretrieve.train.encoder",
     "EncoderConfig": "magretrieve.core.config",
-    "OnnxEncoder": "magretrieve.serving.runtime",
+    "OnnxEncoder": "magretrieve.serving.onnx_encoder",
     "Manifest": "magretrieve.core.manifest",
     # training and evaluation
     "TrainConfig": "magretrieve.train.trainer",

@@ -32,8 +32,8 @@ from magretrieve.integrations.vector_stores import (
     check_vector_store,
     store_ranking,
 )
+from magretrieve.serving.onnx_encoder import OnnxEncoder
 from magretrieve.serving.retriever import Retriever
-from magretrieve.serving.runtime import OnnxEncoder
 
 QUERIES = ["what does smoking cause", "how obesity risk", "ÜNÏCÖDÉ vitamin"]
 pytestmark = pytest.mark.filterwarnings("ignore:Payload indexes have no effect:UserWarning")

@@ -147,7 +147,7 @@ def store_copy(template: Path, tmp: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def encoder(export_dir):
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     return OnnxEncoder.load(export_dir, threads=1)
 
@@ -959,7 +959,7 @@ def test_onnx_spinning_reaches_the_sessions(export_dir, spinning, expected) -> N
     ``onnx_spinning=False`` (``--no-onnx-spinning``), in both graphs' sessions."""
     from magretrieve.server import create_app
     from magretrieve.server.settings import ServerSettings
-    from magretrieve.serving.runtime import SPINNING_KEY
+    from magretrieve.serving.onnx_encoder import SPINNING_KEY
 
     settings = ServerSettings() if spinning is None else ServerSettings(onnx_spinning=spinning)
     encoder = create_app(export_dir, settings=settings).state.magretrieve.encoder

@@ -1,7 +1,7 @@
 """The HTTP service over an export and its store (``magretrieve serve``; extra ``server``).
 
 Torch-free like the rest of serving: FastAPI + uvicorn + pydantic around
-:class:`~magretrieve.serving.runtime.OnnxEncoder` and
+:class:`~magretrieve.serving.onnx_encoder.OnnxEncoder` and
 :class:`~magretrieve.serving.retriever.Retriever`. One module per job: :mod:`.app` (the factory),
 :mod:`.models` (request/response bodies), :mod:`.sides` (the side rules), :mod:`.batcher`
 (dynamic batching), :mod:`.auth`, :mod:`.middleware`, :mod:`.metrics`, :mod:`.errors`,

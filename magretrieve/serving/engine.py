@@ -65,7 +65,7 @@ class Encoded:
 class EmbeddingEngine:
     """An export's graphs behind one dynamic batcher; see the module docstring.
 
-    ``encoder`` is an :class:`~magretrieve.serving.runtime.OnnxEncoder` (or anything with its
+    ``encoder`` is an :class:`~magretrieve.serving.onnx_encoder.OnnxEncoder` (or anything with its
     ``manifest``, ``tokenize``, ``encode_tokenized`` and ``session``); ``all_threads_encoder``
     the same graphs opened on every thread, for a batch that runs alone when
     ``settings.graph_workers`` > 1 (:meth:`load` opens both).
@@ -110,10 +110,10 @@ class EmbeddingEngine:
         between the ``graph_workers`` (at most one worker per thread); when a worker gets fewer
         than all of them, the graphs are opened a second time on every thread for a batch that
         runs alone. ``spinning`` is onnxruntime's intra-op spin-wait
-        (:attr:`~magretrieve.serving.runtime.OnnxEncoder.spinning`).
+        (:attr:`~magretrieve.serving.onnx_encoder.OnnxEncoder.spinning`).
         """
         from magretrieve.core.errors import ConfigError
-        from magretrieve.serving.runtime import OnnxEncoder, default_threads
+        from magretrieve.serving.onnx_encoder import OnnxEncoder, default_threads
 
         settings = settings or EngineSettings()
         if threads is not None and (isinstance(threads, bool) or threads < 1):

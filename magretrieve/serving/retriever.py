@@ -1,7 +1,7 @@
 """Retriever: an exported encoder plus a vector store, checked against each other.
 
 ``Retriever.load(export_dir, store="faiss:indexes/scifact")`` opens the ONNX encoder
-(:class:`magretrieve.serving.runtime.OnnxEncoder`, no torch) and the store, and refuses a store that
+(:class:`magretrieve.serving.onnx_encoder.OnnxEncoder`, no torch) and the store, and refuses a store that
 would not give the model's scores: another dimension, a metric other than inner product, a
 store that normalizes vectors while the model keeps document magnitude, or a store built by
 another model (its recorded ``model_fingerprint``/mode/γ differ) unless ``force=True``.
@@ -307,7 +307,7 @@ def load_encoder(
     runtime: str | None = None,
 ) -> EncoderLike:
     """The ONNX encoder of an export folder (one seam, so tests can substitute a fake)."""
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     return OnnxEncoder.load(export_dir, threads=threads, device=device, runtime=runtime)
 
@@ -365,7 +365,7 @@ class Retriever:
 
         The query graph (and with ``for_writing`` the document graph) is checked against the
         manifest before the store is touched, so a broken export never creates a store.
-        ``threads``, ``device`` and ``runtime`` go to :class:`~magretrieve.serving.runtime.OnnxEncoder`
+        ``threads``, ``device`` and ``runtime`` go to :class:`~magretrieve.serving.onnx_encoder.OnnxEncoder`
         (``runtime=None``: the export's own, onnxruntime unless its manifest names another).
         ``tuning_queries`` (a file of query texts, one per line, or a BEIR ``queries.jsonl``)
         are what an ANN store tunes ``target_recall`` on (:meth:`use_tuning_queries`).

@@ -159,7 +159,7 @@ class ServerSettings(EngineSettings):
     the hits per query of ``/search``; ``retry_after_s`` is the ``Retry-After`` of a 503.
     ``onnx_spinning`` lets onnxruntime's threads spin-wait between runs (onnxruntime's
     default; turn it off where other processes share the cores, see
-    :attr:`magretrieve.serving.runtime.OnnxEncoder.spinning`).
+    :attr:`magretrieve.serving.onnx_encoder.OnnxEncoder.spinning`).
     ``model_id`` is the served model id (``GET /v1/models`` lists ``ID:query`` and
     ``ID:document``); None serves the export folder's name.
     ``limit_concurrency`` bounds the open connections and running requests (uvicorn's
