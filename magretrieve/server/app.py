@@ -1,9 +1,9 @@
 """``create_app``: the FastAPI application over one export (and optionally one store).
 
-The encoder and store are opened when the app is created, so a broken export or store is a
-one-line error before anything listens; the graphs are probed and the batcher's thread
-started at startup, and shutdown (uvicorn's SIGTERM handling) lets in-flight requests finish,
-drains the batcher, persists and closes the store.
+The embedding engine and the store are opened when the app is created, so a broken export or
+store is a one-line error before anything listens; the graphs are probed and the engine's
+batcher threads started at startup, and shutdown (uvicorn's SIGTERM handling) lets in-flight
+requests finish, drains the engine, persists and closes the store.
 """
 
 from __future__ import annotations
