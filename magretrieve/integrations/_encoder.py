@@ -105,13 +105,13 @@ class LazyEncoder:
     def encode(self, texts: Sequence[str], side: str, batch_size: int | None = None) -> np.ndarray:
         """float32 (n, dim) vectors of ``texts`` by the ``side`` graph; blank texts refused.
 
-        ``batch_size`` is the texts per request to a server; in this process the engine's
-        batcher sizes the batches (by tokens, merged with concurrent calls).
+        ``batch_size`` is the most texts per request to a server, or per call to this
+        process's engine (whose batcher may merge concurrent calls within its token budget).
         """
         texts = check_texts(texts, side)  # one message for local and remote alike
         encoder = self.get(side)
         if self.url is None:
-            return np.asarray(encoder.encode(texts, side), dtype=np.float32)
+            return np.asarray(encoder.encode(texts, side, batch_size), dtype=np.float32)
         fn = encoder.encode_queries if side == "query" else encoder.encode_documents
         if batch_size is None:
             return np.asarray(fn(texts), dtype=np.float32)
@@ -126,4 +126,4 @@ class LazyEncoder:
             return await asyncio.to_thread(self.encode, texts, side, batch_size)
         texts = check_texts(texts, side)
         engine = await asyncio.to_thread(self.get, side)  # the first call opens the export
-        return np.asarray(await engine.aencode(texts, side), dtype=np.float32)
+        return np.asarray(await engine.aencode(texts, side, batch_size), dtype=np.float32)

@@ -178,8 +178,8 @@ class MagRetrieveDocumentEmbedder(_Embedder):
     field (as :class:`~magretrieve.serving.retriever.Retriever` joins title and text), else the
     content. Each returned document is a copy with ``embedding`` set and ``meta["doc_norm"]``
     = the vector's norm, so the magnitude stays visible after a cosine store drops it.
-    ``batch_size`` is the texts per graph run (local) or the most per request (remote; the
-    server's ``max_inputs`` caps it).
+    ``batch_size`` is the most texts per call to the export's engine (local; concurrent calls
+    may share a graph run) or per request (remote; the server's ``max_inputs`` caps it).
     """
 
     def __init__(

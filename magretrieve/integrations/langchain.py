@@ -81,7 +81,7 @@ class MagRetrieveEmbeddings(BaseModel, Embeddings):
     Give ``export_dir`` (encoded in this process; ``threads``, ``runtime`` as for
     ``OnnxEncoder``) or ``url`` (a ``magretrieve serve`` base URL; ``api_key`` defaults to
     ``$MAGRETRIEVE_API_KEY``, requests follow the server's limits). ``batch_size`` caps the
-    texts per graph run or request (None: the encoder's own, the server's ``max_inputs``).
+    texts per call to the export's engine or per request (None: ``max_inputs``).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")

@@ -291,30 +291,38 @@ class EmbeddingEngine:
         vectors = self.batcher.submit_wait(side, encodings)
         return self._done(vectors, encodings, cut, side)
 
-    def encode(self, texts: Sequence[str], side: str) -> np.ndarray:
-        """float32 (n, dim) vectors of any number of texts of any length (sent in calls of
-        ``max_inputs``, each text cut at the side's max length): the encoder protocol's path,
-        without the per-request limits a server puts on its clients."""
+    def _step(self, batch_size: int | None) -> int:
+        if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+            raise InvalidInput(f"batch_size must be at least 1, got {batch_size!r}")
+        return min(batch_size or self.settings.max_inputs, self.settings.max_inputs)
+
+    def encode(self, texts: Sequence[str], side: str, batch_size: int | None = None) -> np.ndarray:
+        """float32 (n, dim) vectors of any number of texts of any length, each cut at the side's
+        max length: the encoder protocol's path, without the per-request limits a server puts
+        on its clients. The texts go to the batcher in calls of ``batch_size`` (at most, and by
+        default, ``max_inputs``); concurrent calls may share a graph run."""
         if isinstance(texts, str):
             raise InvalidInput("pass a list of texts, not a single string")
         texts = list(texts)
+        step = self._step(batch_size)
         if not texts:
             return np.zeros((0, int(self.manifest.dimension)), dtype=np.float32)
-        step = self.settings.max_inputs
         parts = [
             self.embed_sync(texts[i : i + step], side, what=f"{side} texts", limits=False).vectors
             for i in range(0, len(texts), step)
         ]
         return np.concatenate(parts).astype(np.float32, copy=False)
 
-    async def aencode(self, texts: Sequence[str], side: str) -> np.ndarray:
+    async def aencode(
+        self, texts: Sequence[str], side: str, batch_size: int | None = None
+    ) -> np.ndarray:
         """:meth:`encode` for asyncio code: awaits the batches instead of blocking a thread."""
         if isinstance(texts, str):
             raise InvalidInput("pass a list of texts, not a single string")
         texts = list(texts)
+        step = self._step(batch_size)
         if not texts:
             return np.zeros((0, int(self.manifest.dimension)), dtype=np.float32)
-        step = self.settings.max_inputs
         parts = await asyncio.gather(
             *(
                 self.embed(texts[i : i + step], side, what=f"{side} texts", limits=False)
@@ -324,13 +332,12 @@ class EmbeddingEngine:
         return np.concatenate([p.vectors for p in parts]).astype(np.float32, copy=False)
 
     def encode_queries(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
-        """Query vectors ``q / ‖q‖^γq`` (``batch_size`` is accepted for the encoder protocol;
-        the batcher sizes batches by its settings)."""
-        return self.encode(texts, "query")
+        """Query vectors ``q / ‖q‖^γq`` (see :meth:`encode`)."""
+        return self.encode(texts, "query", batch_size)
 
     def encode_documents(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
-        """Document vectors ``d / ‖d‖^γd``, exactly what a store keeps."""
-        return self.encode(texts, "document")
+        """Document vectors ``d / ‖d‖^γd``, exactly what a store keeps (see :meth:`encode`)."""
+        return self.encode(texts, "document", batch_size)
 
     def _graph_run(self, encoder: Any) -> EncodeFn:
         """The graph run of one merged batch on ``encoder``, within the batch limits."""

@@ -149,7 +149,12 @@ def test_limits_and_sides_refuse_with_typed_errors() -> None:
         # the encoder protocol's path has no per-request limits: 5 texts in calls of 2
         vectors = engine.encode_queries(["y" * 20, "a", "b", "c", "d"])
         assert vectors.shape == (5, DIM) and vectors[0, 0] == 20
-    assert [n for _, n in enc.runs][-3:] == [2, 2, 1]
+        assert [n for _, n in enc.runs][-3:] == [2, 2, 1]
+        # batch_size caps the texts per call below max_inputs
+        engine.encode_documents(["a", "b", "c"], batch_size=1)
+        assert enc.runs[-3:] == [("document", 1)] * 3
+        with pytest.raises(InvalidInput, match="batch_size must be at least 1, got 0"):
+            engine.encode_documents(["a"], batch_size=0)
     with pytest.raises(Draining):  # closed: no new calls
         engine.embed_sync(["a"], "query")
 
