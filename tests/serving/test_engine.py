@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -28,8 +29,9 @@ class CountingEncoder:
             dimension=DIM, max_query_length=4, max_document_length=4, folder=None
         )
         self.runs: list[tuple[str, int]] = []
-        self.gate = threading.Event()
+        self.gate = threading.Event()  # a graph run waits here while it is clear
         self.gate.set()
+        self.entered = threading.Event()  # set once a graph run has started
         self.opened: list[str] = []
 
     def session(self, side: str) -> str:
@@ -44,6 +46,7 @@ class CountingEncoder:
         return out
 
     def encode_tokenized(self, encodings, side, batch_size=None, max_batch_tokens=None):
+        self.entered.set()
         self.gate.wait(5)
         self.runs.append((side, len(encodings)))
         return np.array(
@@ -61,12 +64,14 @@ def test_concurrent_async_calls_share_one_graph_run() -> None:
 
     async def go(engine: EmbeddingEngine) -> list:
         first = asyncio.ensure_future(engine.embed(["a"], "query"))
-        await asyncio.sleep(0.1)  # the worker has taken the first call and waits in the graph
+        # the worker takes the first call alone and is held in the graph
+        assert await asyncio.get_running_loop().run_in_executor(None, enc.entered.wait, 5)
         rest = [
             asyncio.ensure_future(engine.embed([f"{'x' * (i + 1)} y", "zz"], "query"))
             for i in range(5)
         ]
-        await asyncio.sleep(0.1)
+        while engine.depth < 5:  # the five others wait behind it
+            await asyncio.sleep(0.005)
         enc.gate.set()
         return [await first, *await asyncio.gather(*rest)]
 
@@ -81,6 +86,13 @@ def test_concurrent_async_calls_share_one_graph_run() -> None:
         assert call.tokens == [2, 1] and call.truncated == [False, False]
 
 
+def wait_until(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
 def test_threads_share_graph_runs_through_the_sync_path() -> None:
     enc = CountingEncoder()
     enc.gate.clear()
@@ -92,14 +104,15 @@ def test_threads_share_graph_runs_through_the_sync_path() -> None:
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
     with engine:
-        for t in threads:
+        threads[0].start()
+        assert enc.entered.wait(5)  # the first call runs alone and is held in the graph
+        for t in threads[1:]:
             t.start()
-        while engine.depth < 7:  # one call in the held graph run, seven waiting
-            threading.Event().wait(0.01)
+        wait_until(lambda: engine.depth == 7)  # the seven others wait behind it
         enc.gate.set()
         for t in threads:
             t.join(5)
-    assert len(enc.runs) == 2 and sum(n for _, n in enc.runs) == 8  # 8 calls, 2 model calls
+    assert enc.runs == [("query", 1), ("query", 7)]  # 8 calls, 2 model calls
     assert sorted(results) == list(range(8))
     for i, vec in results.items():
         assert vec.dtype == np.float32 and vec[0, 0] == i + 1
@@ -111,8 +124,7 @@ def test_async_and_thread_callers_merge_into_the_same_batch() -> None:
     with engine_of(enc, max_wait_ms=300) as engine:
         holder = threading.Thread(target=engine.encode_documents, args=(["held"],))
         holder.start()
-        while not enc.runs and engine.depth == 0 and not engine.batcher._running:
-            threading.Event().wait(0.01)
+        assert enc.entered.wait(5)
         waiter = threading.Thread(target=engine.encode_documents, args=(["aa", "cc"],))
         waiter.start()
 
@@ -136,7 +148,9 @@ def test_limits_and_sides_refuse_with_typed_errors() -> None:
             engine.embed_sync([], "query")
         with pytest.raises(InvalidInput, match="#1 is empty or only whitespace"):
             engine.embed_sync(["a", " \u200b"], "query")
-        with pytest.raises(InputTooLarge, match="holds 3 texts; this server takes at most 2"):
+        with pytest.raises(
+            InputTooLarge, match=r"holds 3 texts; at most 2 are taken per request \(max_inputs\)"
+        ):
             engine.embed_sync(["a", "b", "c"], "query")
         with pytest.raises(InputTooLarge, match="#0 has 11 characters"):
             engine.embed_sync(["x" * 11], "query")
@@ -165,12 +179,10 @@ def test_a_full_queue_refuses_at_once() -> None:
     with engine_of(enc, max_queue=1, max_wait_ms=0) as engine:
         first = threading.Thread(target=engine.encode_queries, args=(["a"],))
         first.start()
-        while not engine.batcher._running:
-            threading.Event().wait(0.01)
+        assert enc.entered.wait(5)
         second = threading.Thread(target=engine.encode_queries, args=(["b"],))
         second.start()
-        while engine.depth < 1:
-            threading.Event().wait(0.01)
+        wait_until(lambda: engine.depth == 1)
         with pytest.raises(QueueFull, match=r"queue is full \(1 requests waiting\)"):
             engine.encode_queries(["c"])
         enc.gate.set()
