@@ -61,6 +61,18 @@ PUBLIC: dict[type[BaseException], str] = {
     WriterLockHeld: "another process holds the store's writer lock; retry once it has "
     "finished (searching is unaffected)",
 }
+#: Errors whose messages are written from the request alone (its fields, the client's values,
+#: the routes to use instead), never from server state: sent as written, since scrubbing would
+#: also blank a route such as ``/query/v1/embeddings`` that the message points the client to.
+#: Every other error (a store's, a file's, a setting's) has its server paths replaced.
+#: (Subclasses included: ``InvalidRequest`` is an ``InvalidInput``.)
+AS_WRITTEN: tuple[type[BaseException], ...] = (
+    NotServed,
+    WritesOff,
+    InvalidInput,
+    InputTooLarge,
+    Overloaded,
+)
 #: Errors whose answer says when to try again (``Retry-After``).
 RETRY_LATER: tuple[type[BaseException], ...] = (Overloaded,)
 
@@ -80,12 +92,13 @@ def status_of(exc: BaseException) -> int:
 
 def public_message(exc: BaseException, scrub_paths: Callable[[str], str]) -> str:
     """One line a client may read: the fixed message of :data:`PUBLIC`, else the error's own
-    message with server paths replaced (``scrub_paths``) and its lines joined."""
+    message (with server paths replaced by ``scrub_paths`` unless :data:`AS_WRITTEN`), its
+    lines joined."""
     fixed = _entry(PUBLIC, exc)
     if fixed is not None:
         logger.warning("%s refused: %s", type(exc).__name__, exc)
         return str(fixed)
-    text = scrub_paths(str(exc))
+    text = str(exc) if isinstance(exc, AS_WRITTEN) else scrub_paths(str(exc))
     return (
         " ".join(line.strip() for line in text.splitlines() if line.strip()) or type(exc).__name__
     )

@@ -110,6 +110,17 @@ def test_a_path_in_a_message_is_named_not_shown(client) -> None:
     assert message == "the store/store: store metric cosine is not inner product"
 
 
+def test_a_message_written_from_the_request_keeps_its_routes() -> None:
+    from magretrieve.server.errors import public_message
+
+    def scrub(message: str) -> str:
+        return message.replace("/", "<path>")
+
+    refused = InvalidRequest("input_type is required; or use /query/v1/embeddings")
+    assert public_message(refused, scrub) == str(refused)  # not scrubbed: no server state
+    assert public_message(StoreError("/srv/ix: corrupt"), scrub) == "<path>srv<path>ix: corrupt"
+
+
 def test_a_bug_is_a_500_naming_only_its_type(client) -> None:
     r = client.get("/raise/bug")
     assert r.status_code == 500
