@@ -206,8 +206,8 @@ class EmbeddingEngine:
             raise InvalidInput(f"{what} is empty: send at least one text")
         if limits and len(texts) > s.max_inputs:
             raise InputTooLarge(
-                f"{what} holds {len(texts)} texts; at most {s.max_inputs} are taken per "
-                "request (max_inputs)"
+                f"{what} holds {len(texts)} texts; at most {s.max_inputs} per request are "
+                "taken (max_inputs)"
             )
         for n, text in enumerate(texts):
             if not isinstance(text, str):
@@ -219,7 +219,7 @@ class EmbeddingEngine:
             if limits and len(text) > s.max_text_chars:
                 raise InputTooLarge(
                     f"{what} #{n} has {len(text)} characters; at most {s.max_text_chars} "
-                    "are taken per text (max_text_chars)"
+                    "per text are taken (max_text_chars)"
                 )
 
     @staticmethod

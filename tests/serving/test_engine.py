@@ -149,10 +149,10 @@ def test_limits_and_sides_refuse_with_typed_errors() -> None:
         with pytest.raises(InvalidInput, match="#1 is empty or only whitespace"):
             engine.embed_sync(["a", " \u200b"], "query")
         with pytest.raises(
-            InputTooLarge, match=r"holds 3 texts; at most 2 are taken per request \(max_inputs\)"
+            InputTooLarge, match=r"holds 3 texts; at most 2 per request are taken \(max_inputs\)"
         ):
             engine.embed_sync(["a", "b", "c"], "query")
-        with pytest.raises(InputTooLarge, match="#0 has 11 characters"):
+        with pytest.raises(InputTooLarge, match="#0 has 11 characters; at most 10 per text"):
             engine.embed_sync(["x" * 11], "query")
         with pytest.raises(InvalidInput, match="side must be 'query' or 'document'"):
             engine.embed_sync(["a"], "passage")
