@@ -126,7 +126,7 @@ def _hashes(folder: Path) -> dict[str, str]:
 
 
 def _vectors(export: Path) -> np.ndarray:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     enc = OnnxEncoder.load(export, threads=1)
     return np.concatenate([enc.encode_queries(TEXTS), enc.encode_documents(TEXTS)])

@@ -76,8 +76,8 @@ def run(args: Any, data: Path) -> dict[str, Any]:
     from magretrieve.core.model_paths import resolve_model_path
     from magretrieve.data.readers import load_beir
     from magretrieve.export import export_model
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
     from magretrieve.serving.openvino_session import bf16_native
-    from magretrieve.serving.runtime import OnnxEncoder
     from magretrieve.train.encoder import Encoder
 
     budgets = [int(b) for b in args.budgets.split(",")]

@@ -51,7 +51,7 @@ COLUMNS = {
     "ov_fp32": "ONNX fp32, OpenVINO (same fused graph, f32 forced)",
     "ov_bf16": "ONNX graph in bf16, OpenVINO (not a goal column: other precision)",
 }
-#: The ONNX columns: the runtime each runs on (:data:`magretrieve.serving.runtime.RUNTIMES`).
+#: The ONNX columns: the runtime each runs on (:data:`magretrieve.serving.onnx_encoder.RUNTIMES`).
 ONNX_RUNTIMES = {
     "ort_fp32": "onnxruntime",
     "ort_int8": "onnxruntime",
@@ -194,7 +194,7 @@ def run(args: Any, data: Path) -> dict[str, Any]:
     from magretrieve.data.readers import load_beir
     from magretrieve.export import export_model
     from magretrieve.serving import openvino_session
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     torch.set_num_threads(args.threads)
     dataset = load_beir(f"{data}:{args.split}")

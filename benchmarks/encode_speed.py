@@ -149,8 +149,8 @@ def run(args: Any, data: Path) -> dict[str, Any]:
     from magretrieve.evaluation.retrieval import exact_run
     from magretrieve.export import export_model
     from magretrieve.serving.indexing import index_corpus
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
     from magretrieve.serving.retriever import Retriever
-    from magretrieve.serving.runtime import OnnxEncoder
     from magretrieve.train.encoder import Encoder
 
     torch.set_num_threads(args.threads)

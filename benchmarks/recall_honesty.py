@@ -111,7 +111,7 @@ def real_vectors(threads: int) -> tuple[np.ndarray, np.ndarray]:
     if path.is_file():
         data = np.load(path)
         return data["docs"], data["queries"]
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     passages, queries = scifact_texts()
     enc = OnnxEncoder.load(ensure_export(threads), threads=threads)

@@ -713,7 +713,7 @@ def ceiling(export: Path, threads: int, queries: list[str], docs: list[str], sec
             cells: str = "all"):  # type: ignore[no-untyped-def]  # fmt: skip
     """Texts/s of the in-process OnnxEncoder over the same texts: the best of the library's
     batching and one text per call (``*_batched`` and ``*_one_at_a_time`` keep both)."""
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     enc = OnnxEncoder.load(export, threads=threads)
     enc.encode_queries(queries[:64])

@@ -36,7 +36,7 @@ _LAZY: dict[str, str] = {
     # encoders
     "Encoder": "magretrieve.train.encoder",
     "EncoderConfig": "magretrieve.core.config",
-    "OnnxEncoder": "magretrieve.serving.runtime",
+    "OnnxEncoder": "magretrieve.serving.onnx_encoder",
     "Manifest": "magretrieve.core.manifest",
     # training and evaluation
     "train_model": "magretrieve.train.trainer",

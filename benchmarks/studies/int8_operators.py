@@ -88,7 +88,7 @@ def run(args: Any, data: Path) -> dict[str, Any]:
     from magretrieve.data.readers import load_beir
     from magretrieve.evaluation.retrieval import exact_run
     from magretrieve.export import export_model
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     dataset = load_beir(f"{data}:{args.split}")
     qids = list(dataset.queries)

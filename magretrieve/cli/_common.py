@@ -133,7 +133,7 @@ def load_model(model: str, mode: str | None, device: str = "cpu") -> Any:
 
     if (Path(model) / "magretrieve.json").is_file():
         from magretrieve.core.errors import ConfigError
-        from magretrieve.serving.runtime import OnnxEncoder
+        from magretrieve.serving.onnx_encoder import OnnxEncoder
 
         encoder = OnnxEncoder.load(model, device=device)
         if mode is not None and mode != encoder.manifest.mode:

@@ -7,7 +7,7 @@ import click
 from magretrieve.cli._common import collect_store_options, device_option, store_options
 from magretrieve.cli._group import main
 from magretrieve.engines import ENGINES, engine_options, option_specs
-from magretrieve.serving.runtime import RUNTIMES
+from magretrieve.serving.onnx_encoder import RUNTIMES
 
 
 def engine_flags(fn):  # type: ignore[no-untyped-def]

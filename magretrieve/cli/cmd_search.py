@@ -1,4 +1,4 @@
-"""``magretrieve search EXPORT_DIR --store SPEC "query" -k 5 [--json]``."""
+"""``magretrieve search EXPORT_DIR --store SPEC "query" -k 5 [--json] [--where JSON]``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,25 @@ import click
 
 from magretrieve.cli._common import collect_store_options, search_store_options
 from magretrieve.cli._group import main
+from magretrieve.core.errors import ConfigError
 from magretrieve.serving.retriever import DEFAULT_K
+
+
+def parse_where(value: str | None) -> dict[str, object] | None:
+    """``--where``'s JSON object (``/search``'s ``filter``), or one line saying what is wrong."""
+    if value is None:
+        return None
+    try:
+        where = json.loads(value)
+    except ValueError as exc:
+        raise ConfigError(
+            f"--where: not JSON ({exc}); give an object such as '{{\"year\": 2019}}'"
+        ) from None
+    if not isinstance(where, dict):
+        raise ConfigError(
+            f"--where: expected a JSON object of payload field: value, got {type(where).__name__}"
+        )
+    return where
 
 
 def _snippet(hit: object, width: int = 60) -> str:
@@ -25,6 +43,14 @@ def _snippet(hit: object, width: int = 60) -> str:
 )
 @click.option("-k", "k", type=int, default=DEFAULT_K, show_default=True, help="Hits per query.")
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
+@click.option(
+    "--where",
+    "where_json",
+    default=None,
+    metavar="JSON",
+    help="Keep hits whose payload has each field equal to the value, e.g. '{\"year\": 2019}' "
+    "(the filter of the server's /search).",
+)
 @click.option("--force", is_flag=True, help="Search a store built by another model.")
 @search_store_options
 def search_cmd(
@@ -33,13 +59,15 @@ def search_cmd(
     store_spec: str,
     k: int,
     as_json: bool,
+    where_json: str | None,
     force: bool,
     **store_kw: object,
 ) -> None:
     """Search the store with QUERY; shows score = ‖q‖·doc_norm·cosine for each hit."""
-    from magretrieve.serving.retriever import Retriever
+    from magretrieve.serving.retriever import Retriever, check_where
 
     text = " ".join(query)
+    where = check_where(parse_where(where_json))  # refused before anything is opened
     with Retriever.load(
         export_dir,
         store=store_spec,
@@ -47,7 +75,7 @@ def search_cmd(
         create=False,
         **collect_store_options(**store_kw),
     ) as retriever:
-        hits = retriever.search(text, k=k)
+        hits = retriever.search(text, k=k, where=where)
         truncated = bool(getattr(retriever.encoder, "last_truncated", 0))
         limit = getattr(retriever.manifest, "max_query_length", None)
     if as_json:
@@ -64,7 +92,9 @@ def search_cmd(
             err=True,
         )
     if not hits:
-        click.echo("no hits (is the store empty?)")
+        click.echo(
+            "no hits (no payload matches --where)" if where else "no hits (is the store empty?)"
+        )
         return
     offsets = any(h.offset for h in hits)
     rows = [

@@ -4,15 +4,48 @@ from __future__ import annotations
 
 import signal
 import socket
+from collections.abc import Callable
+from dataclasses import MISSING, Field, fields
+from typing import Any, TypeVar
 
 import click
 
 from magretrieve.cli._common import collect_store_options, search_store_options
 from magretrieve.cli._group import main
-from magretrieve.core.batching import DEFAULT_BATCH_TOKENS
-from magretrieve.core.env import API_KEY_ENV
 from magretrieve.core.errors import ConfigError
 from magretrieve.core.redact import redact
+from magretrieve.serving.settings import CLICK, FLAG, HELP, ServerSettings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def setting_fields(settings_class: type) -> list[Field[Any]]:
+    """The settings of ``settings_class`` that the command line sets (declaration order)."""
+    return [f for f in fields(settings_class) if FLAG in f.metadata]
+
+
+def setting_option(f: Field[Any]) -> Callable[[F], F]:
+    """The click option of one declared setting: its flag, default, help and type."""
+    meta = f.metadata
+    options = dict(meta[CLICK])
+    within = options.pop("within", None)
+    if within is not None:
+        options["type"] = click.FloatRange(*within)
+    default = f.default if f.default is not MISSING else None
+    flag = meta[FLAG] or "--" + f.name.replace("_", "-")
+    return click.option(flag, f.name, default=default, help=meta[HELP], **options)
+
+
+def settings_options(settings_class: type) -> Callable[[F], F]:
+    """Every command-line setting of ``settings_class`` as click options, in declaration order:
+    the defaults and help are the dataclass's, written once."""
+
+    def decorate(command: F) -> F:
+        for f in reversed(setting_fields(settings_class)):
+            command = setting_option(f)(command)
+        return command
+
+    return decorate
 
 
 @main.command("serve")
@@ -22,88 +55,9 @@ from magretrieve.core.redact import redact
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", type=int, default=8080, show_default=True, help="Port to bind.")
-@click.option(
-    "--api-key",
-    default=None,
-    help=f"Bearer key for every route but /health /ready /info /metrics; turns the write "
-    f"endpoints on. Prefer ${API_KEY_ENV} (a flag shows in the process list).",
-)
 @click.option("--threads", type=int, default=None, help="Intra-op threads of the graphs.")
 @click.option("--runtime", default=None, help="Runtime of the graphs (default: the export's).")
-@click.option(
-    "--max-batch-tokens",
-    type=int,
-    default=DEFAULT_BATCH_TOKENS,
-    show_default=True,
-    help="Padded-token budget of one merged batch.",
-)
-@click.option("--max-batch-rows", type=int, default=64, show_default=True, help="Texts per batch.")
-@click.option(
-    "--max-wait-ms",
-    type=float,
-    default=2.0,
-    show_default=True,
-    help="How long a request waits for others to join its batch.",
-)
-@click.option("--no-batching", is_flag=True, help="Encode every request on its own.")
-@click.option(
-    "--max-queue", type=int, default=512, show_default=True, help="Waiting requests before 503."
-)
-@click.option(
-    "--max-inputs",
-    type=int,
-    default=2048,
-    show_default=True,
-    help="Texts per request (OpenAI's limit; still encoded in batches of --max-batch-tokens).",
-)
-@click.option(
-    "--model-id",
-    default=None,
-    help="Served model id: GET /v1/models lists ID:query and ID:document, which name the "
-    "side (default: the export folder's name).",
-)
-@click.option(
-    "--max-text-chars", type=int, default=32_768, show_default=True, help="Characters per text."
-)
-@click.option(
-    "--onnx-spinning/--no-onnx-spinning",
-    default=True,
-    show_default=True,
-    help="Let onnxruntime's threads spin-wait between runs (fastest on cores of its own; "
-    "--no-onnx-spinning where a database or other replicas share the cores).",
-)
-@click.option(
-    "--graph-workers",
-    type=int,
-    default=2,
-    show_default=True,
-    help="Batches run at once, each on --threads / N intra-op threads (a batch alone "
-    "runs on all of them).",
-)
-@click.option(
-    "--limit-concurrency",
-    type=int,
-    default=1024,
-    show_default=True,
-    help="Open connections and running requests before new requests get 503 (/health "
-    "always answers).",
-)
-@click.option(
-    "--timeout-keep-alive",
-    type=float,
-    default=5.0,
-    show_default=True,
-    help="Seconds a connection may wait without sending a complete request before it is "
-    "closed (idle after an answer, or slow to send its headers).",
-)
-@click.option(
-    "--recall-sample",
-    type=click.FloatRange(0.0, 1.0),
-    default=0.01,
-    show_default=True,
-    help="Share of /search queries re-run exactly in the background for the live recall@10 "
-    "gauge (/metrics, /info); 0 turns it off.",
-)
+@settings_options(ServerSettings)
 @click.option("--force", is_flag=True, help="Serve a store built by another model.")
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
 @search_store_options
@@ -112,25 +66,11 @@ def serve_cmd(
     store_spec: str | None,
     host: str,
     port: int,
-    api_key: str | None,
     threads: int | None,
     runtime: str | None,
-    max_batch_tokens: int,
-    max_batch_rows: int,
-    max_wait_ms: float,
-    no_batching: bool,
-    max_queue: int,
-    max_inputs: int,
-    model_id: str | None,
-    max_text_chars: int,
-    onnx_spinning: bool,
-    graph_workers: int,
-    limit_concurrency: int,
-    timeout_keep_alive: float,
-    recall_sample: float,
     force: bool,
     access_log: bool,
-    **store_kw: object,
+    **options: Any,
 ) -> None:
     """Serve EXPORT_DIR over HTTP: /v1/embeddings, /embed, /v1/embed (Cohere), /v1/models,
     /info, and with --store /search and /documents. The side is named by the route
@@ -141,24 +81,11 @@ def serve_cmd(
 
     from magretrieve.server.app import create_app, open_state
     from magretrieve.server.connections import protocol_class
-    from magretrieve.server.settings import ServerSettings, key_from_env
+    from magretrieve.server.settings import key_from_env
 
-    settings = ServerSettings(
-        api_key=key_from_env(api_key),
-        max_inputs=max_inputs,
-        model_id=model_id,
-        max_text_chars=max_text_chars,
-        max_batch_tokens=max_batch_tokens,
-        max_batch_rows=max_batch_rows,
-        max_wait_ms=max_wait_ms,
-        max_queue=max_queue,
-        batching=not no_batching,
-        onnx_spinning=onnx_spinning,
-        graph_workers=graph_workers,
-        limit_concurrency=limit_concurrency,
-        timeout_keep_alive=timeout_keep_alive,
-        recall_sample=recall_sample,
-    )
+    given = {f.name: options.pop(f.name) for f in setting_fields(ServerSettings)}
+    given["api_key"] = key_from_env(given["api_key"])
+    settings = ServerSettings(**given)
     if threads is not None and threads < 1:
         raise ConfigError(f"--threads {threads}: must be at least 1 (intra-op threads)")
     if not 0 < port < 65536:
@@ -171,7 +98,7 @@ def serve_cmd(
         threads=threads,
         runtime=runtime,
         force=force,
-        **collect_store_options(**store_kw),
+        **collect_store_options(**options),
     )
     app = create_app(state=state)
     writes = "on" if settings.writes_enabled and store_spec else "off"

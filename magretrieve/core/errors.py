@@ -37,6 +37,10 @@ class StoreError(MagRetrieveError):
     """A vector store is misconfigured, incompatible with the model, or corrupt."""
 
 
+class WriterLockHeld(StoreError):
+    """Another process holds the store's writer lock (its message names that process)."""
+
+
 class SymmetryError(ConfigError):
     """A one-sided mode was asked for on a symmetric task."""
 

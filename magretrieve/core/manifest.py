@@ -11,7 +11,7 @@ refused. ``model_fingerprint`` is a hash of everything that decides a vector (th
 the graphs and tokenizer files, prefixes, max lengths, mode, γ, dimension, ...), so a store
 built by one export refuses an export whose tokenizer or prompts were swapped. Neither is a
 signature: whoever can write the folder can recompute both; the runtime also checks the
-fields against the graphs themselves (:class:`~magretrieve.serving.runtime.OnnxEncoder`).
+fields against the graphs themselves (:class:`~magretrieve.serving.onnx_encoder.OnnxEncoder`).
 
 This module is torch-free: serving reads it without training dependencies.
 """
@@ -188,7 +188,7 @@ class Manifest:
     parity: dict[str, Any] = field(default_factory=dict)
     #: int8 exports: agreement of int8 vs fp32 vectors (and NDCG@10 when measured).
     quantization_report: dict[str, Any] | None = None
-    #: Runtimes (magretrieve.serving.runtime.RUNTIMES names) that can run these graphs, the default
+    #: Runtimes (magretrieve.serving.onnx_encoder.RUNTIMES names) that can run these graphs, the default
     #: first; None: any runtime that reads ONNX (fp32 exports). Static int8 is OpenVINO IR.
     runtimes: list[str] | None = None
     folder: Path | None = None

@@ -9,7 +9,7 @@ Layout of a run (``magretrieve index EXPORT CORPUS --store SPEC --engine ray``):
 2. **Encode, on the cluster**: Ray Data reads the JSONL in byte ranges cut at ``\\n`` and splits
    them on ``\\n`` only, exactly as the local reader does (``read_text`` would also split inside
    JSON strings at U+2028, U+0085 and the other Unicode line breaks); an actor pool
-   of ``workers`` actors, each holding one :class:`~magretrieve.serving.runtime.OnnxEncoder` session
+   of ``workers`` actors, each holding one :class:`~magretrieve.serving.onnx_encoder.OnnxEncoder` session
    (1 CPU, 1 onnxruntime thread by default), parses each line and encodes the documents not yet
    stored.
 3. **Write, on the driver — one writer**: vectors stream back in corpus order and the driver
@@ -174,7 +174,7 @@ class EncodeActor:
     def __init__(self, export_dir: str, source: str, stored: list[Any], threads: int) -> None:
         import ray
 
-        from magretrieve.serving.runtime import OnnxEncoder
+        from magretrieve.serving.onnx_encoder import OnnxEncoder
 
         self.encoder = OnnxEncoder.load(export_dir, threads=threads)
         self.source = Path(source)

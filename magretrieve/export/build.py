@@ -190,7 +190,7 @@ def _parity(
     encoder: Encoder, folder: Path, reference: dict[str, Any], strict: bool
 ) -> dict[str, Any]:
     from magretrieve.export import parity
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     report = parity.measure(reference, OnnxEncoder.load(folder))
     if strict:
@@ -369,7 +369,7 @@ def export_model(
     recover(target, say)  # what an earlier, killed export to this target left behind
     _check_target(target, overwrite)
     if device != "cpu":
-        from magretrieve.serving.runtime import check_device
+        from magretrieve.serving.onnx_encoder import check_device
 
         check_device(device)  # no CUDA provider: refuse before the slow part
     dataset = None
@@ -471,7 +471,7 @@ def _device_parity(
 ) -> None:
     """Check the fp32 graphs on ``device`` against the same PyTorch reference (same limits)."""
     from magretrieve.export import parity
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     say(f"checking parity on {device} (onnxruntime {device} provider) against PyTorch")
     report = parity.measure(reference, OnnxEncoder.load(folder, device=device))
@@ -543,7 +543,7 @@ def _quantize_static_folder(
 ) -> dict[str, Any]:
     """NNCF static int8 of both graphs into OpenVINO IR in ``int8_dir``; copy the other files."""
     from magretrieve.export.static_int8 import quantize_side
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     fp32 = OnnxEncoder.load(fp32_dir)
     facts: dict[str, Any] = {"calibration_data": calibration.source}
@@ -568,7 +568,7 @@ def _build_int8(
 ) -> Path:
     """Quantize the parity-checked fp32 graphs; report agreement (and NDCG@10) vs fp32."""
     from magretrieve.evaluation.retrieval import evaluate_vectors
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     int8_dir.mkdir()
     if scheme == "int8-static":

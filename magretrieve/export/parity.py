@@ -16,7 +16,7 @@ import numpy as np
 from magretrieve.core.errors import MagRetrieveError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
     from magretrieve.train.encoder import Encoder
 
 #: fp32 parity bar of an export: max absolute difference and relative norm error.

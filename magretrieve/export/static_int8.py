@@ -38,7 +38,7 @@ from magretrieve.core.extras import require_all
 DEFAULT_CALIBRATION_SIZE = 320
 #: Seed of the calibration sample, so that an export is reproducible from its inputs.
 CALIBRATION_SEED = 0
-#: Runtimes (magretrieve.serving.runtime.RUNTIMES) that can run a static-int8 export; the first is the
+#: Runtimes (magretrieve.serving.onnx_encoder.RUNTIMES) that can run a static-int8 export; the first is the
 #: default. bf16 also runs it, faster but less exact.
 STATIC_INT8_RUNTIMES = ("openvino", "openvino-bf16")
 
@@ -97,7 +97,7 @@ def quantize_side(fp32_encoder: Any, side: str, texts: list[str], dst_xml: Path)
     """Quantize one side's fp32 graph with NNCF, calibrated on ``texts``; write OpenVINO IR.
 
     Calibration feeds one text at a time, tokenized exactly as serving tokenizes it
-    (:class:`~magretrieve.serving.runtime.OnnxEncoder`: prefix, truncation), so no padding tokens
+    (:class:`~magretrieve.serving.onnx_encoder.OnnxEncoder`: prefix, truncation), so no padding tokens
     enter the activation ranges. Weights that stay fp32 are saved as fp32 (OpenVINO would
     otherwise compress them to fp16).
     """

@@ -52,3 +52,17 @@ def hit_metadata(hit: Any) -> dict[str, Any]:
         }
     )
     return meta
+
+
+def check_where_option(where: Any) -> dict[str, Any] | None:
+    """A payload filter for :meth:`Retriever.search <magretrieve.serving.retriever.Retriever.search>`
+    (``{field: value}``, the syntax of the server's ``/search`` filter), checked when given."""
+    from magretrieve.serving.retriever import check_where
+
+    return check_where(where)
+
+
+def search_kwargs(where: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``where`` keyword of a search, only when a filter is set (a retriever-like object
+    that takes no filter still works without one)."""
+    return {"where": where} if where else {}

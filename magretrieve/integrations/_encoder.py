@@ -1,7 +1,8 @@
 """Where the framework embeddings get their vectors: an export folder or a running server.
 
-Every framework class here is built from either ``export_dir`` (an in-process
-:class:`~magretrieve.serving.runtime.OnnxEncoder`) or ``url`` (+ API key, a
+Every framework class here is built from either ``export_dir`` (the process's
+:class:`~magretrieve.serving.engine.EmbeddingEngine` of that export, shared by every component
+over it, so their concurrent calls share batches) or ``url`` (+ API key, a
 :class:`~magretrieve.serving.remote.RemoteEncoder` talking to ``magretrieve serve``); both
 encode queries with the query graph and documents with the document graph, so one object
 gives each side its own vectors. :class:`LazyEncoder` opens either on first use, once.
@@ -9,6 +10,7 @@ gives each side its own vectors. :class:`LazyEncoder` opens either on first use,
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -49,7 +51,8 @@ def check_timeout(value: Any) -> float:
 
 
 class LazyEncoder:
-    """The export's ``OnnxEncoder`` or the server's ``RemoteEncoder``, opened once on first use.
+    """The export's shared ``EmbeddingEngine`` or the server's ``RemoteEncoder``, opened once
+    on first use.
 
     ``api_key`` is called when the remote encoder opens (a Haystack ``Secret`` or a pydantic
     ``SecretStr`` is resolved then, not kept as text by the framework object).
@@ -84,9 +87,9 @@ class LazyEncoder:
                     key = self.api_key() if self.api_key is not None else None
                     self._encoder = RemoteEncoder(self.url, key, timeout=self.timeout)
                 else:
-                    from magretrieve.serving.runtime import OnnxEncoder
+                    from magretrieve.serving.engine import shared_engine
 
-                    self._encoder = OnnxEncoder.load(
+                    self._encoder = shared_engine(
                         str(self.export_dir), threads=self.threads, runtime=self.runtime
                     )
             if self.url is None:
@@ -100,10 +103,27 @@ class LazyEncoder:
             encoder.info()
 
     def encode(self, texts: Sequence[str], side: str, batch_size: int | None = None) -> np.ndarray:
-        """float32 (n, dim) vectors of ``texts`` by the ``side`` graph; blank texts refused."""
-        texts = check_texts(texts, side)  # the remote encoder checks them too: a local one does not
+        """float32 (n, dim) vectors of ``texts`` by the ``side`` graph; blank texts refused.
+
+        ``batch_size`` is the most texts per request to a server, or per call to this
+        process's engine (whose batcher may merge concurrent calls within its token budget).
+        """
+        texts = check_texts(texts, side)  # one message for local and remote alike
         encoder = self.get(side)
+        if self.url is None:
+            return np.asarray(encoder.encode(texts, side, batch_size), dtype=np.float32)
         fn = encoder.encode_queries if side == "query" else encoder.encode_documents
         if batch_size is None:
             return np.asarray(fn(texts), dtype=np.float32)
         return np.asarray(fn(texts, batch_size=batch_size), dtype=np.float32)
+
+    async def aencode(
+        self, texts: Sequence[str], side: str, batch_size: int | None = None
+    ) -> np.ndarray:
+        """:meth:`encode` for asyncio: in this process the engine's batches are awaited (no
+        thread held per call); a server is called from a worker thread."""
+        if self.url is not None:
+            return await asyncio.to_thread(self.encode, texts, side, batch_size)
+        texts = check_texts(texts, side)
+        engine = await asyncio.to_thread(self.get, side)  # the first call opens the export
+        return np.asarray(await engine.aencode(texts, side, batch_size), dtype=np.float32)

@@ -50,7 +50,13 @@ from haystack.utils import Secret, deserialize_secrets_inplace  # noqa: E402
 from magretrieve.core.env import API_KEY_ENV  # noqa: E402
 from magretrieve.core.errors import ConfigError  # noqa: E402
 from magretrieve.core.redact import MASK, is_secret_name, redact, redact_value  # noqa: E402
-from magretrieve.integrations._common import check_top_k, hit_metadata, hit_text  # noqa: E402
+from magretrieve.integrations._common import (  # noqa: E402
+    check_top_k,
+    check_where_option,
+    hit_metadata,
+    hit_text,
+    search_kwargs,
+)
 from magretrieve.integrations._encoder import (  # noqa: E402
     DEFAULT_TIMEOUT,
     LazyEncoder,
@@ -172,8 +178,8 @@ class MagRetrieveDocumentEmbedder(_Embedder):
     field (as :class:`~magretrieve.serving.retriever.Retriever` joins title and text), else the
     content. Each returned document is a copy with ``embedding`` set and ``meta["doc_norm"]``
     = the vector's norm, so the magnitude stays visible after a cosine store drops it.
-    ``batch_size`` is the texts per graph run (local) or the most per request (remote; the
-    server's ``max_inputs`` caps it).
+    ``batch_size`` is the most texts per call to the export's engine (local; concurrent calls
+    may share a graph run) or per request (remote; the server's ``max_inputs`` caps it).
     """
 
     def __init__(
@@ -330,10 +336,12 @@ class MagRetrieveRetriever:
         threads: int | None = None,
         runtime: str | None = None,
         store_options: dict[str, Any] | None = None,
+        where: dict[str, Any] | None = None,
     ) -> None:
         self.export_dir = _check_export_dir(export_dir)
         self.store = _check_store(store)
         self.top_k = check_top_k(top_k, "top_k")
+        self.where = check_where_option(where)
         self.threads = check_threads(threads)
         self.runtime = runtime
         self.store_options = _check_store_options(store_options)
@@ -347,14 +355,17 @@ class MagRetrieveRetriever:
     def _open(self) -> Any:
         with self._lock:
             if self._retriever is None:
+                from magretrieve.serving.engine import shared_engine
                 from magretrieve.serving.retriever import Retriever
 
                 self._retriever = Retriever.load(
                     self.export_dir,
                     store=self._resolve(self.store, "store"),
-                    threads=self.threads,
-                    runtime=self.runtime,
                     create=False,
+                    # the embedders over the same export share its engine (graphs, batches)
+                    encoder=shared_engine(
+                        self.export_dir, threads=self.threads, runtime=self.runtime
+                    ),
                     **{k: self._resolve(v, k) for k, v in self.store_options.items()},
                 )
             return self._retriever
@@ -384,6 +395,7 @@ class MagRetrieveRetriever:
             threads=self.threads,
             runtime=self.runtime,
             store_options=_serialize_options(self.store_options),
+            where=self.where,
         )
 
     @classmethod
@@ -401,11 +413,17 @@ class MagRetrieveRetriever:
         return default_from_dict(cls, data)
 
     @component.output_types(documents=list[Document])
-    def run(self, query: str, top_k: int | None = None) -> dict[str, Any]:
+    def run(
+        self, query: str, top_k: int | None = None, where: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Top-k documents for ``query``; ``where`` (``{field: value}``, the server's
+        ``/search`` filter) keeps those whose payload holds every field with an equal value
+        (default: the component's own ``where``)."""
         if not isinstance(query, str):
             raise ConfigError(f"query must be a string, got {type(query).__name__}")
         k = self.top_k if top_k is None else check_top_k(top_k, "top_k")
-        hits = self._open().search(query, k=k)
+        wanted = self.where if where is None else check_where_option(where)
+        hits = self._open().search(query, k=k, **search_kwargs(wanted))
         docs = [
             Document(id=h.id, content=hit_text(h), meta=hit_metadata(h), score=float(h.score))
             for h in hits

@@ -57,8 +57,10 @@ from magretrieve.core.errors import ConfigError  # noqa: E402
 from magretrieve.integrations._common import (  # noqa: E402
     check_retriever,
     check_top_k,
+    check_where_option,
     hit_metadata,
     hit_text,
+    search_kwargs,
 )
 from magretrieve.integrations._encoder import (  # noqa: E402
     DEFAULT_TIMEOUT,
@@ -79,7 +81,7 @@ class MagRetrieveEmbeddings(BaseModel, Embeddings):
     Give ``export_dir`` (encoded in this process; ``threads``, ``runtime`` as for
     ``OnnxEncoder``) or ``url`` (a ``magretrieve serve`` base URL; ``api_key`` defaults to
     ``$MAGRETRIEVE_API_KEY``, requests follow the server's limits). ``batch_size`` caps the
-    texts per graph run or request (None: the encoder's own, the server's ``max_inputs``).
+    texts per call to the export's engine or per request (None: ``max_inputs``).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
@@ -144,11 +146,19 @@ class MagRetrieveEmbeddings(BaseModel, Embeddings):
             raise ConfigError(f"embed_query takes one string, got {type(text).__name__}")
         return self._embed([text], "query")[0]
 
+    async def _aembed(self, texts: list[str], side: str) -> list[list[float]]:
+        vectors = await self._encoder.aencode(texts, side, batch_size=self.batch_size)
+        return [[float(x) for x in v] for v in vectors]
+
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
-        return await asyncio.to_thread(self.embed_documents, texts)
+        """:meth:`embed_documents` for asyncio: concurrent calls share the engine's batches."""
+        return await self._aembed(texts, "document")
 
     async def aembed_query(self, text: str) -> list[float]:
-        return await asyncio.to_thread(self.embed_query, text)
+        """:meth:`embed_query` for asyncio: concurrent calls share the engine's batches."""
+        if not isinstance(text, str):
+            raise ConfigError(f"embed_query takes one string, got {type(text).__name__}")
+        return (await self._aembed([text], "query"))[0]
 
     def check_store(self, store: Any) -> str:
         """How ``store`` (a LangChain vector store) ranks: ``"inner_product"``, ``"cosine"``,
@@ -166,6 +176,9 @@ class MagRetrieveRetriever(BaseRetriever):
     """A :class:`magretrieve.serving.retriever.Retriever` (export + store)."""
     k: int = 5
     """Documents returned per query."""
+    where: dict[str, Any] | None = None
+    """Payload filter ``{field: value}`` (the server's ``/search`` filter): only documents whose
+    payload holds every field with an equal value; ``invoke(query, where=...)`` per call."""
 
     @field_validator("retriever")
     @classmethod
@@ -177,17 +190,34 @@ class MagRetrieveRetriever(BaseRetriever):
     def _check_k(cls, value: Any) -> int:
         return check_top_k(value, "k")
 
+    @field_validator("where", mode="before")
+    @classmethod
+    def _check_where(cls, value: Any) -> dict[str, Any] | None:
+        return check_where_option(value)
+
     def _to_documents(self, hits: list[Any]) -> list[Document]:
         return [Document(page_content=hit_text(h), metadata=hit_metadata(h), id=h.id) for h in hits]
 
+    def _search(self, query: str, where: Any) -> list[Any]:
+        wanted = self.where if where is None else check_where_option(where)
+        return list(self.retriever.search(query, k=self.k, **search_kwargs(wanted)))
+
     def _get_relevant_documents(
-        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+        self,
+        query: str,
+        *,
+        run_manager: CallbackManagerForRetrieverRun,
+        where: dict[str, Any] | None = None,
     ) -> list[Document]:
-        return self._to_documents(self.retriever.search(query, k=self.k))
+        return self._to_documents(self._search(query, where))
 
     async def _aget_relevant_documents(
-        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
+        self,
+        query: str,
+        *,
+        run_manager: AsyncCallbackManagerForRetrieverRun,
+        where: dict[str, Any] | None = None,
     ) -> list[Document]:
         # the Retriever is thread-safe; encoding and searching run off the event loop
-        hits = await asyncio.to_thread(self.retriever.search, query, self.k)
+        hits = await asyncio.to_thread(self._search, query, where)
         return self._to_documents(hits)

@@ -46,8 +46,10 @@ from magretrieve.integrations._common import (  # noqa: E402
     SCORE_KEYS,
     check_retriever,
     check_top_k,
+    check_where_option,
     hit_metadata,
     hit_text,
+    search_kwargs,
 )
 from magretrieve.integrations._encoder import (  # noqa: E402
     DEFAULT_TIMEOUT,
@@ -130,20 +132,24 @@ class MagRetrieveEmbedding(BaseEmbedding):
     def _get_query_embedding(self, query: str) -> list[float]:
         return self._embed([query], "query")[0]
 
+    async def _aembed(self, texts: list[str], side: str) -> list[list[float]]:
+        vectors = await self._encoder.aencode(texts, side)
+        return [[float(x) for x in v] for v in vectors]
+
     async def _aget_query_embedding(self, query: str) -> list[float]:
-        return await asyncio.to_thread(self._get_query_embedding, query)
+        return (await self._aembed([query], "query"))[0]
 
     def _get_text_embedding(self, text: str) -> list[float]:
         return self._embed([text], "document")[0]
 
     async def _aget_text_embedding(self, text: str) -> list[float]:
-        return await asyncio.to_thread(self._get_text_embedding, text)
+        return (await self._aembed([text], "document"))[0]
 
     def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
         return self._embed(texts, "document")
 
     async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return await asyncio.to_thread(self._get_text_embeddings, texts)
+        return await self._aembed(texts, "document")
 
     def check_store(self, store: Any) -> str:
         """How ``store`` (a LlamaIndex vector store, index or storage context) ranks; warns
@@ -158,10 +164,23 @@ _HIDDEN = [*SCORE_KEYS, "payload"]
 class MagRetrieveRetriever(BaseRetriever):
     """``llama_index.core`` retriever over a magretrieve ``Retriever``."""
 
-    def __init__(self, retriever: Any, similarity_top_k: int = 5, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        retriever: Any,
+        similarity_top_k: int = 5,
+        where: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``where``: a payload filter ``{field: value}`` (the server's ``/search`` filter)."""
         self.retriever = check_retriever(retriever)
         self.similarity_top_k = check_top_k(similarity_top_k, "similarity_top_k")
+        self.where = check_where_option(where)
         super().__init__(**kwargs)
+
+    def _search(self, query: str) -> list[Any]:
+        return list(
+            self.retriever.search(query, k=self.similarity_top_k, **search_kwargs(self.where))
+        )
 
     def _to_nodes(self, hits: list[Any]) -> list[NodeWithScore]:
         out = []
@@ -177,12 +196,8 @@ class MagRetrieveRetriever(BaseRetriever):
         return out
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        return self._to_nodes(
-            self.retriever.search(query_bundle.query_str, k=self.similarity_top_k)
-        )
+        return self._to_nodes(self._search(query_bundle.query_str))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        hits = await asyncio.to_thread(
-            self.retriever.search, query_bundle.query_str, self.similarity_top_k
-        )
+        hits = await asyncio.to_thread(self._search, query_bundle.query_str)
         return self._to_nodes(hits)

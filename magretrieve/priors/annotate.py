@@ -149,7 +149,7 @@ def export_norms(
     export_dir: str | Path, payloads: list[dict[str, Any]], ids: list[str], where: str
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """m(d) = the stored norm a magnitude-keeping export gives each point's text, and its recipe."""
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     encoder = OnnxEncoder.load(export_dir)
     manifest = encoder.manifest

@@ -1,13 +1,13 @@
 """The HTTP service over an export and its store (``magretrieve serve``; extra ``server``).
 
-Torch-free like the rest of serving: FastAPI + uvicorn + pydantic around
-:class:`~magretrieve.serving.runtime.OnnxEncoder` and
-:class:`~magretrieve.serving.retriever.Retriever`. One module per job: :mod:`.app` (the factory),
-:mod:`.models` (request/response bodies), :mod:`.sides` (the side rules), :mod:`.batcher`
-(dynamic batching), :mod:`.auth`, :mod:`.middleware`, :mod:`.metrics`, :mod:`.errors`,
-:mod:`.state`, :mod:`.store_holder` (store calls, reloads, shutdown), :mod:`.documents` (the
-corpus line rule of ``/documents``), :mod:`.connections` (idle and slow connections), and the
-routes in ``routes_*``.
+HTTP only: FastAPI + uvicorn + pydantic in front of the serving layer, which does the work —
+:class:`~magretrieve.serving.engine.EmbeddingEngine` (limits, tokenizing, dynamic batching,
+the graphs) and :class:`~magretrieve.serving.retriever.Retriever` (search, the payload filter,
+writes). One module per job: :mod:`.app` (the factory), :mod:`.models` (request/response
+bodies), :mod:`.sides` (the side rules), :mod:`.auth`, :mod:`.middleware`, :mod:`.metrics`,
+:mod:`.errors` (typed errors to status codes, one table), :mod:`.state`, :mod:`.store_holder`
+(store calls, reloads, shutdown), :mod:`.documents` (the corpus line rule of ``/documents``),
+:mod:`.connections` (idle and slow connections), and the routes in ``routes_*``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """``create_app``: the FastAPI application over one export (and optionally one store).
 
-The encoder and store are opened when the app is created, so a broken export or store is a
-one-line error before anything listens; the graphs are probed and the batcher's thread
-started at startup, and shutdown (uvicorn's SIGTERM handling) lets in-flight requests finish,
-drains the batcher, persists and closes the store.
+The embedding engine and the store are opened when the app is created, so a broken export or
+store is a one-line error before anything listens; the graphs are probed and the engine's
+batcher threads started at startup, and shutdown (uvicorn's SIGTERM handling) lets in-flight
+requests finish, drains the engine, persists and closes the store.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from magretrieve.core.errors import ConfigError, MagRetrieveError, StoreError
+from magretrieve.core.errors import MagRetrieveError, StoreError
 from magretrieve.core.version import __version__
 from magretrieve.server import (
     routes_cohere,
@@ -30,7 +30,14 @@ from magretrieve.server import (
     routes_page,
     routes_store,
 )
-from magretrieve.server.errors import ApiError, error_response, not_json, validation_message
+from magretrieve.server.errors import (
+    error_headers,
+    error_response,
+    not_json,
+    public_message,
+    status_of,
+    validation_message,
+)
 from magretrieve.server.middleware import ServerMiddleware
 from magretrieve.server.settings import ServerSettings
 from magretrieve.server.state import ServerState
@@ -62,36 +69,23 @@ def open_state(
     :meth:`~magretrieve.serving.retriever.Retriever.load` does, so a broken export never
     creates a store.
     """
-    from magretrieve.server.encoder import ServingEncoder
+    from magretrieve.server.metrics import Metrics
+    from magretrieve.serving.engine import EmbeddingEngine
     from magretrieve.serving.retriever import Retriever
-    from magretrieve.serving.runtime import default_threads
     from magretrieve.stores import open_store
 
     settings = settings or ServerSettings()
-    if threads is not None and (isinstance(threads, bool) or threads < 1):
-        raise ConfigError(f"threads must be at least 1, got {threads!r}")
-    # each graph worker runs its batches on its own share of the threads (one thread at least)
-    total = threads if threads is not None else default_threads()
-    if settings.graph_workers > total:
-        settings = replace(settings, graph_workers=max(1, total))
-    per_worker = max(1, total // settings.graph_workers)
-
-    def opened(encoder: ServingEncoder) -> ServingEncoder:
-        encoder.spinning = settings.onnx_spinning
-        for side in ("query", "document"):
-            encoder.session(side)
-        return encoder
-
-    loaded = ServingEncoder.load(export, threads=per_worker, runtime=runtime)
-    assert isinstance(loaded, ServingEncoder)  # load() builds the class it is called on
-    encoder = opened(loaded)
-    # a batch that runs alone gets every thread: the graphs opened a second time, from the
-    # manifest already verified (the export's files are hashed once)
-    alone = (
-        opened(ServingEncoder(encoder.manifest, threads=total, runtime=encoder.runtime))
-        if per_worker < total
-        else None
+    engine = EmbeddingEngine.load(
+        export,
+        settings,
+        threads=threads,
+        runtime=runtime,
+        spinning=settings.onnx_spinning,
+        observer=Metrics(),
     )
+    if engine.settings is not settings:  # fewer threads than graph workers: one per thread
+        settings = replace(settings, graph_workers=engine.settings.graph_workers)
+    encoder = engine.encoder
     retriever = None
     if store is not None:
         try:  # an existing store opens with its own dimension (d + 1 with a prior's offset)
@@ -103,7 +97,7 @@ def open_state(
         try:
             retriever = Retriever(encoder, vs, force=force)
             if settings.writes_enabled:
-                retriever._check_not_foreign()
+                retriever.check_not_foreign()
         except BaseException:
             vs.close()
             raise
@@ -118,11 +112,10 @@ def open_state(
             raise
 
     return ServerState(
-        encoder,
+        engine,
         settings,
         retriever=retriever,
         store_spec=store,
-        alone_encoder=alone,
         reopen=reopen if store is not None else None,
     )
 
@@ -190,10 +183,6 @@ def create_app(
     ):
         app.include_router(module.router)
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> Response:
-        return error_response(exc.status, exc.message, exc.headers)
-
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         errors = exc.errors()
@@ -216,7 +205,12 @@ def create_app(
 
     @app.exception_handler(MagRetrieveError)
     async def _user_error(request: Request, exc: MagRetrieveError) -> Response:
-        return error_response(422, state.public(str(exc)))
+        """Every typed error, its status by the one table (:data:`.errors.STATUS`)."""
+        return error_response(
+            status_of(exc),
+            public_message(exc, state.scrub_paths),
+            error_headers(exc, state.settings.retry_after_s),
+        )
 
     app.add_middleware(ServerMiddleware, state=state)
     return app

@@ -14,7 +14,7 @@ from typing import Any
 
 from magretrieve.core.errors import DataError
 from magretrieve.data.readers import Document, corpus_document, is_empty
-from magretrieve.server.errors import ApiError
+from magretrieve.server.errors import InvalidRequest
 
 #: Stands for the file name in the reader's ``FILE:LINE:`` prefix, replaced by ``document #N``.
 _LABEL = Path("documents")
@@ -23,8 +23,8 @@ _LABEL = Path("documents")
 def request_document(obj: Any, position: int) -> Document:
     """Document ``position`` of a request as the corpus reader reads it, or a 422 naming it."""
     if not isinstance(obj, dict):
-        raise ApiError(
-            422, f"document #{position}: expected a JSON object, got {type(obj).__name__}"
+        raise InvalidRequest(
+            f"document #{position}: expected a JSON object, got {type(obj).__name__}"
         )
     try:
         doc = corpus_document(obj, _LABEL, position, skip_empty=True)
@@ -33,7 +33,7 @@ def request_document(obj: Any, position: int) -> Document:
         prefix = f"{_LABEL}:{position}: "
         if message.startswith(prefix):
             message = message[len(prefix) :]
-        raise ApiError(422, f"document #{position}: {message}") from None
+        raise InvalidRequest(f"document #{position}: {message}") from None
     if is_empty(doc):
-        raise ApiError(422, f"document {doc.id!r}: empty title and text")
+        raise InvalidRequest(f"document {doc.id!r}: empty title and text")
     return doc

@@ -80,5 +80,23 @@ class Metrics:
             registry=r,
         )
 
+    # ------------------------------------------------------------------ the engine's reports
+    # (magretrieve.serving.engine.EngineObserver)
+
+    def on_batch(self, side: str, texts: int, requests: int) -> None:
+        self.batch_texts.labels(side).observe(texts)
+        self.batch_requests.labels(side).observe(requests)
+
+    def on_queue_depth(self, waiting: int) -> None:
+        self.queue_depth.set(waiting)
+
+    def on_rejected(self) -> None:
+        self.rejected.inc()
+
+    def on_encoded(self, side: str, tokens: int, truncated: int) -> None:
+        self.tokens.labels(side).inc(tokens)
+        if truncated:
+            self.truncated.labels(side).inc(truncated)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from magretrieve.server.auth import authorized, needs_key
 from magretrieve.server.errors import error_body
@@ -21,7 +22,9 @@ from magretrieve.server.errors import error_body
 logger = logging.getLogger(__name__)
 
 
-async def _send_error(send: Any, status: int, message: str, headers: list | None = None) -> None:
+async def _send_error(
+    send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
     body = error_body(status, message)
     await send(
         {
@@ -37,12 +40,12 @@ async def _send_error(send: Any, status: int, message: str, headers: list | None
     await send({"type": "http.response.body", "body": body})
 
 
-def _limited(receive: Any, limit: int) -> Any:
+def _limited(receive: Receive, limit: int) -> Receive:
     """``receive`` that counts the body as it arrives: a body sent without Content-Length
     (chunked) is refused with the same 413 once it passes the limit, before it is kept."""
     received = 0
 
-    async def receive_limited() -> dict:
+    async def receive_limited() -> Message:
         nonlocal received
         message = await receive()
         if message["type"] == "http.request":
@@ -58,20 +61,20 @@ def _limited(receive: Any, limit: int) -> Any:
 
 
 class ServerMiddleware:
-    def __init__(self, app: Any, state: Any) -> None:
+    def __init__(self, app: ASGIApp, state: Any) -> None:
         self.app = app
         self.state = state
         key = state.settings.api_key
         self.key = key.encode() if key else None
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
         status = {"code": 500, "started": False}
 
-        async def send_wrapper(message: dict) -> None:
+        async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
                 status["started"] = True

@@ -16,7 +16,7 @@ import uuid
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from magretrieve.server.errors import ApiError
+from magretrieve.server.errors import InvalidRequest
 from magretrieve.server.models_cohere import (
     CohereByTypeResponse,
     CohereEmbedRequest,
@@ -43,8 +43,7 @@ router = APIRouter()
 def _truncate(value: str | None) -> bool:
     """Cohere's ``truncate``: END (its default) cuts at the side's max length, NONE refuses."""
     if value == "START":
-        raise ApiError(
-            422,
+        raise InvalidRequest(
             "truncate START is refused: the graphs cut a text at its end only; send END "
             "(the default: cut at the side's max length) or NONE (a too-long text is refused)",
         )
@@ -54,20 +53,19 @@ def _truncate(value: str | None) -> bool:
 def _refuse_unsupported(body: CohereEmbedRequest) -> None:
     if body.images is not None or getattr(body, "inputs", None) is not None:
         field = "images" if body.images is not None else "inputs"
-        raise ApiError(422, f"{field} is refused: this server embeds text only; send texts")
+        raise InvalidRequest(f"{field} is refused: this server embeds text only; send texts")
     if body.texts is None:
-        raise ApiError(422, "texts is required: the list of texts to embed")
+        raise InvalidRequest("texts is required: the list of texts to embed")
     if isinstance(body, CohereEmbedV2Request):
         check_dimensions(body.output_dimension, "output_dimension")
         if body.max_tokens is not None:
-            raise ApiError(
-                422,
+            raise InvalidRequest(
                 "max_tokens is refused: texts are cut at the side's max length (GET /info); "
                 "omit max_tokens",
             )
     if body.embedding_types is not None:
         if not body.embedding_types:
-            raise ApiError(422, "embedding_types is empty: send ['float'] or omit it")
+            raise InvalidRequest("embedding_types is empty: send ['float'] or omit it")
         for kind in body.embedding_types:
             check_float_type("embedding_types", kind)
 
@@ -90,7 +88,7 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int)
     )
     _refuse_unsupported(body)
     texts = list(body.texts or [])
-    out = await state.embed(texts, side, truncate=_truncate(body.truncate), what="texts")
+    out = await state.engine.embed(texts, side, truncate=_truncate(body.truncate), what="texts")
     vectors = out.vectors
     by_type = version == 2 or body.embedding_types is not None
     answer = {

@@ -64,7 +64,8 @@ TEI_ROUTES = (
 
 
 def _state(request: Request) -> ServerState:
-    return request.app.state.magretrieve
+    state: ServerState = request.app.state.magretrieve
+    return state
 
 
 def _texts(value: str | list[str]) -> list[str]:
@@ -107,7 +108,7 @@ async def openai_embeddings(
     truncate = check_truncation(body.truncate, body.truncation, default=True)
     norm_it = check_normalize(side, body.normalize)
     texts = _texts(body.input)
-    out = await state.embed(texts, side, truncate=truncate)
+    out = await state.engine.embed(texts, side, truncate=truncate)
     vectors = normalized(out.vectors) if norm_it else out.vectors
     norms = np.linalg.norm(vectors, axis=1)
     b64 = body.encoding_format == "base64"
@@ -152,7 +153,7 @@ async def tei_embed(
         ),
     )
     norm_it = check_normalize(side, body.normalize)
-    out = await state.embed(_texts(body.inputs), side, truncate=body.truncate, what="inputs")
+    out = await state.engine.embed(_texts(body.inputs), side, truncate=body.truncate, what="inputs")
     vectors = normalized(out.vectors) if norm_it else out.vectors
     cut = [str(i) for i, c in enumerate(out.truncated) if c]
     headers = {"X-Truncated-Inputs": ",".join(cut)} if cut else None

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel
 from starlette.responses import Response
 
-from magretrieve.server.errors import ApiError
+from magretrieve.server.errors import NotServed
 from magretrieve.server.responses import COMMON, json_response
 from magretrieve.server.sides import model_list, model_side
 from magretrieve.server.state import ServerState
@@ -65,8 +65,7 @@ async def retrieve_model(model: str, request: Request) -> Response:
     side = model_side(model, state.model_id)
     cards = {card["input_type"]: card for card in _models(state)["data"]}
     if side is None:  # the bare id names no side, so it is not a listed model
-        raise ApiError(
-            404,
+        raise NotServed(
             f"model {model!r} names no side, so it is not listed: the served ids are "
             f"{cards['query']['id']!r} and {cards['document']['id']!r}",
         )

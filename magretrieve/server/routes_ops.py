@@ -25,7 +25,7 @@ async def health() -> dict[str, str]:
 )
 async def ready(request: Request) -> Response | dict[str, str]:
     state = request.app.state.magretrieve
-    if not state.ready or not state.batcher.running:
+    if not state.ready or not state.engine.running:
         return error_response(503, "not ready: starting or shutting down")
     return {"status": "ready"}
 

@@ -17,7 +17,7 @@ from importlib import resources
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from magretrieve.server.errors import ApiError
+from magretrieve.server.errors import NotServed
 
 router = APIRouter()
 
@@ -77,6 +77,6 @@ async def docs() -> Response:
 async def static(name: str) -> Response:
     media = STATIC.get(name)
     if media is None:
-        raise ApiError(404, f"no static file {name!r}")
+        raise NotServed(f"no static file {name!r}")
     headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "public, max-age=3600"}
     return Response(asset(name), media_type=media, headers=headers)

@@ -17,9 +17,9 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from magretrieve.core.errors import StoreError
+from magretrieve.data.readers import Document
 from magretrieve.server.documents import request_document
-from magretrieve.server.errors import ApiError
+from magretrieve.server.errors import InvalidRequest, NotServed, RequestTooLarge, WritesOff
 from magretrieve.server.models import (
     DeleteRequest,
     DeleteResponse,
@@ -31,67 +31,36 @@ from magretrieve.server.models import (
 from magretrieve.server.responses import STORE, json_response
 from magretrieve.server.state import ServerState
 from magretrieve.server.store_holder import StoreHolder
+from magretrieve.serving.retriever import Hit
 from magretrieve.stores.base import check_finite
 
 router = APIRouter()
 logger = logging.getLogger(__name__)
-
-#: Candidates fetched per query when a payload filter is given, as a multiple of k (all of
-#: them for stores up to FILTER_EXACT_UP_TO points, so the filtered top-k is exact there).
-FILTER_FETCH = 20
-FILTER_EXACT_UP_TO = 20_000
 
 
 def _retriever(request: Request) -> tuple[ServerState, StoreHolder]:
     """The state and its store holder (every store call runs inside ``holder.use()``)."""
     state: ServerState = request.app.state.magretrieve
     if state.holder is None:
-        raise ApiError(404, "this server has no store: start it with --store SPEC to search")
+        raise NotServed("this server has no store: start it with --store SPEC to search")
     return state, state.holder
 
 
 def _writable(request: Request) -> tuple[ServerState, StoreHolder]:
     state, holder = _retriever(request)
     if not state.settings.writes_enabled:
-        raise ApiError(
-            403,
+        raise WritesOff(
             "write endpoints are off: this server was started without an API key "
             "(--api-key or MAGRETRIEVE_API_KEY)",
         )
     return state, holder
 
 
-def _matches(payload: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    """Every wanted field is present with an equal JSON value (``true`` is not ``1``, and
-    ``null`` matches a field that holds null, not a missing one)."""
-    return all(key in payload and _same(payload[key], value) for key, value in wanted.items())
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return bool(a == b)
-
-
 def _search(
-    holder: StoreHolder, vectors: np.ndarray, k: int, wanted: dict[str, Any] | None
-) -> list:
+    holder: StoreHolder, vectors: np.ndarray, k: int, where: dict[str, Any] | None
+) -> list[list[Hit]]:
     with holder.use() as retriever:
-        return _search_in(retriever, vectors, k, wanted)
-
-
-def _search_in(retriever: Any, vectors: np.ndarray, k: int, wanted: dict[str, Any] | None) -> list:
-    if not wanted:
-        return retriever.search_vectors(vectors, k=k)
-    count = int(retriever.store.count())
-    fetch = count if count <= FILTER_EXACT_UP_TO else k * FILTER_FETCH
-    out = []
-    for hits in retriever.search_vectors(vectors, k=max(1, min(max(fetch, k), max(count, 1)))):
-        kept = [h for h in hits if _matches(h.payload, wanted)][:k]
-        for rank, hit in enumerate(kept, start=1):
-            hit.rank = rank
-        out.append(kept)
-    return out
+        return retriever.search_vectors(vectors, k=k, where=where)
 
 
 @router.post(
@@ -103,16 +72,13 @@ def _search_in(retriever: Any, vectors: np.ndarray, k: int, wanted: dict[str, An
 async def search(body: SearchRequest, request: Request) -> Response:
     state, holder = _retriever(request)
     if (body.query is None) == (body.queries is None):
-        raise ApiError(422, "send exactly one of query (one text) or queries (a list of texts)")
+        raise InvalidRequest("send exactly one of query (one text) or queries (a list of texts)")
     if body.k > state.settings.max_k:
-        raise ApiError(422, f"k={body.k} is more than this server's max_k={state.settings.max_k}")
+        raise InvalidRequest(f"k={body.k} is more than this server's max_k={state.settings.max_k}")
     texts = [body.query] if body.query is not None else list(body.queries or [])
     what = "query" if body.query is not None else "queries"
-    out = await state.embed(texts, "query", what=what)
-    try:
-        hits = await run_in_threadpool(_search, holder, out.vectors, body.k, body.filter)
-    except StoreError as exc:
-        raise ApiError(422, state.public(str(exc))) from None
+    out = await state.engine.embed(texts, "query", what=what)
+    hits = await run_in_threadpool(_search, holder, out.vectors, body.k, body.filter)
     if state.recall_watch is not None and not body.filter:
         state.recall_watch.offer(
             out.vectors, hits, body.k
@@ -135,39 +101,20 @@ async def upsert(body: DocumentsRequest, request: Request) -> Response:
 
     state, holder = _writable(request)
     docs = [request_document(doc, n) for n, doc in enumerate(body.documents)]
-    try:
-        check_documents(docs)
-    except StoreError as exc:
-        raise ApiError(422, state.public(str(exc))) from None
+    check_documents(docs)
     ids = [d.id for d in docs]
     if len(set(ids)) != len(ids):
         seen: set[str] = set()
         dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
-        raise ApiError(422, f"document id {dup!r} appears twice in this request")
-    out = await state.embed([d.full_text for d in docs], "document", what="documents")
-    try:
-        check_finite(out.vectors, ids, "encoding")
-        await run_in_threadpool(_write, holder, docs, out.vectors)
-    except StoreError as exc:
-        raise _store_error(state, exc) from None
+        raise InvalidRequest(f"document id {dup!r} appears twice in this request")
+    out = await state.engine.embed([d.full_text for d in docs], "document", what="documents")
+    check_finite(out.vectors, ids, "encoding")
+    await run_in_threadpool(_write, holder, docs, out.vectors)
     cut = [d.id for d, c in zip(docs, out.truncated, strict=True) if c]
     return json_response({"upserted": len(docs), "ids": ids, "truncated": cut})
 
 
-def _store_error(state: ServerState, exc: StoreError) -> ApiError:
-    """422 for a refused write; 409 when another process holds the store's writer lock (its
-    pid and command line stay in the server's log, not in the answer)."""
-    if "another writer" in str(exc):
-        logger.warning("write refused: %s", exc)
-        return ApiError(
-            409,
-            "another process holds the store's writer lock; retry once it has finished "
-            "(searching is unaffected)",
-        )
-    return ApiError(422, state.public(str(exc)))
-
-
-def _write(holder: StoreHolder, docs: list, vectors: np.ndarray) -> None:
+def _write(holder: StoreHolder, docs: list[Document], vectors: np.ndarray) -> None:
     with holder.use() as retriever:  # the store is not closed before the persist is done
         retriever.write_batch(docs, vectors)
         retriever.persist()
@@ -190,14 +137,10 @@ def _delete(holder: StoreHolder, ids: list[str]) -> int:
 async def delete(body: DeleteRequest, request: Request) -> Response:
     state, holder = _writable(request)
     if not body.ids:
-        raise ApiError(422, "ids is empty: name at least one document id")
+        raise InvalidRequest("ids is empty: name at least one document id")
     if len(body.ids) > state.settings.max_inputs:
-        raise ApiError(
-            413,
+        raise RequestTooLarge(
             f"ids holds {len(body.ids)} ids; this server takes at most {state.settings.max_inputs}",
         )
-    try:
-        deleted = await run_in_threadpool(_delete, holder, list(body.ids))
-    except StoreError as exc:
-        raise _store_error(state, exc) from None
+    deleted = await run_in_threadpool(_delete, holder, list(body.ids))
     return json_response({"deleted": deleted})

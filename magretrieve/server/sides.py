@@ -20,19 +20,17 @@ This module is the one place that turns a route, a model id or a body field into
 from __future__ import annotations
 
 import base64
-import re
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from magretrieve.server.errors import ApiError
+from magretrieve.server.errors import InvalidRequest, NotServed
 from magretrieve.server.models import INPUT_TYPES
+from magretrieve.serving.settings import model_id_problem
 
 #: The two sides, in the order ``GET /v1/models`` lists them.
 SIDES = ("query", "document")
-#: What a model id may not hold: whitespace and control characters (ids go in URLs and configs).
-_BAD_ID = re.compile(r"[\s\x00-\x1f\x7f]")
 #: The id a server falls back to when the export folder's name cannot be one.
 FALLBACK_MODEL_ID = "magretrieve"
 
@@ -43,17 +41,6 @@ FALLBACK_MODEL_ID = "magretrieve"
 def side_model_id(model_id: str, side: str) -> str:
     """The model id that names ``side``: ``<id>:query`` or ``<id>:document``."""
     return f"{model_id}:{side}"
-
-
-def model_id_problem(model_id: str) -> str | None:
-    """Why ``model_id`` cannot be a served id, or None when it can."""
-    if not model_id or _BAD_ID.search(model_id):
-        return "must be non-empty, without whitespace or control characters"
-    if len(model_id) > 200:
-        return "must be at most 200 characters"
-    if any(model_id.endswith(f":{side}") for side in SIDES):
-        return "must not end in :query or :document (the server adds those to name a side)"
-    return None
 
 
 def default_model_id(folder_name: str | None) -> str:
@@ -81,8 +68,7 @@ def model_side(model: str | None, model_id: str) -> str | None:
     for side in SIDES:
         if model == side_model_id(model_id, side):
             return side
-    raise ApiError(
-        404,
+    raise NotServed(
         f"model {shown(model)} is not served here: this server serves "
         f"{side_model_id(model_id, 'query')!r} (the query graph) and "
         f"{side_model_id(model_id, 'document')!r} (the document graph), or {model_id!r} with "
@@ -120,8 +106,7 @@ def body_side(field: str, value: str | None, accepted: str = OPENAI_VALUES) -> s
         return None
     side = INPUT_TYPES.get(value)
     if side is None:
-        raise ApiError(
-            422,
+        raise InvalidRequest(
             f"{field} {shown(value)} names no side of this export: it has {accepted} "
             "(no classification or clustering graph)",
         )
@@ -136,12 +121,11 @@ def one_side(named: Iterable[tuple[str, str | None]], missing: str) -> str:
     """
     given = [(where, side) for where, side in named if side is not None]
     if not given:
-        raise ApiError(422, missing)
+        raise InvalidRequest(missing)
     first_where, first = given[0]
     for where, side in given[1:]:
         if side != first:
-            raise ApiError(
-                422,
+            raise InvalidRequest(
                 f"{first_where} and {where} name different sides ({first}, {side}); name one "
                 "side, or the same side in each place",
             )
@@ -154,8 +138,7 @@ def one_side(named: Iterable[tuple[str, str | None]], missing: str) -> str:
 def check_normalize(side: str, normalize: bool | None) -> bool:
     """Whether to normalize the side's vectors; refuses it for documents."""
     if normalize and side == "document":
-        raise ApiError(
-            422,
+        raise InvalidRequest(
             "normalize: true is refused for documents: this export keeps each document's "
             "magnitude (its norm is part of its score); drop normalize or send false",
         )
@@ -166,8 +149,7 @@ def check_dimensions(dimensions: int | None, field: str = "dimensions") -> None:
     """Refuses a shortened vector (OpenAI's ``dimensions``, Voyage's and Cohere's
     ``output_dimension``)."""
     if dimensions is not None:
-        raise ApiError(
-            422,
+        raise InvalidRequest(
             f"{field} is refused: cutting a vector changes its norm, which this export uses "
             f"as relevance (and a cut vector renormalized loses it); omit {field} to get the "
             "full vector",
@@ -178,8 +160,7 @@ def check_float_type(field: str, value: str | None) -> None:
     """Refuses a quantized output type (Voyage's ``output_dtype``, Cohere's
     ``embedding_types``): only float vectors carry the magnitude exactly."""
     if value is not None and value != "float":
-        raise ApiError(
-            422,
+        raise InvalidRequest(
             f"{field} {shown(value)} is refused: this server returns float vectors only "
             "(the graphs' output, magnitude kept); send 'float' or omit it",
         )
@@ -188,8 +169,7 @@ def check_float_type(field: str, value: str | None) -> None:
 def check_truncation(truncate: bool | None, truncation: bool | None, default: bool) -> bool:
     """``truncate`` (ours) or ``truncation`` (Voyage's name); both given must agree."""
     if truncate is not None and truncation is not None and truncate != truncation:
-        raise ApiError(
-            422,
+        raise InvalidRequest(
             f"truncate {str(truncate).lower()} and truncation {str(truncation).lower()} "
             "disagree; send one of them",
         )
@@ -201,7 +181,8 @@ def check_truncation(truncate: bool | None, truncation: bool | None, default: bo
 
 def normalized(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+    out: np.ndarray = (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+    return out
 
 
 def as_base64(vector: np.ndarray) -> str:

@@ -25,10 +25,9 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
-from magretrieve.server.errors import ApiError
-from magretrieve.serving.retriever import _RWLock
+from magretrieve.serving.errors import Draining
+from magretrieve.serving.retriever import Retriever, RWLock
 
 logger = logging.getLogger(__name__)
 
@@ -40,17 +39,10 @@ class StoreHolder:
     reloading off (an in-memory store, or a caller that passed its own state).
     """
 
-    def __init__(
-        self,
-        retriever: Any,
-        reopen: Callable[[], Any] | None = None,
-        *,
-        retry_after_s: int = 1,
-    ) -> None:
+    def __init__(self, retriever: Retriever, reopen: Callable[[], Retriever] | None = None) -> None:
         self.retriever = retriever
         self._reopen = reopen
-        self._retry_after_s = retry_after_s
-        self._lock = _RWLock()  # calls share it; reload and close take it alone
+        self._lock = RWLock()  # calls share it; reload and close take it alone
         self._closed = False
         self._reloading = threading.Lock()
         self._failed: int | None = None  # a disk generation that could not be read
@@ -59,26 +51,24 @@ class StoreHolder:
     # ------------------------------------------------------------------ calls
 
     @contextmanager
-    def use(self) -> Iterator[Any]:
+    def use(self) -> Iterator[Retriever]:
         """The Retriever for one store call (search, write + persist, delete + persist).
 
         The newest committed state is loaded first when another process committed one;
-        after :meth:`close` began, a 503 that says the server is shutting down.
+        after :meth:`close` began, :class:`~magretrieve.serving.errors.Draining` (a 503).
         """
         self.refresh()
         with self._lock.read():
             if self._closed:
-                raise ApiError(
-                    503,
-                    "the server is shutting down; the store is closed (retry on another replica)",
-                    {"Retry-After": str(self._retry_after_s)},
+                raise Draining(
+                    "the server is shutting down; the store is closed (retry on another replica)"
                 )
             yield self.retriever
 
     @property
     def generation(self) -> int | None:
         """The generation of the state this server answers from (None: no such marker)."""
-        return self.retriever.store.generation  # type: ignore[no-any-return]
+        return self.retriever.store.generation
 
     def stale(self) -> int | None:
         """The disk generation when another process committed one this server does not hold."""
@@ -86,7 +76,7 @@ class StoreHolder:
         on_disk = store.disk_generation()
         if on_disk is None or on_disk == store.generation or store.has_unsaved_writes():
             return None
-        return on_disk  # type: ignore[no-any-return]
+        return on_disk
 
     def refresh(self) -> bool:
         """Reopen the store when another process committed a newer generation; True if it did.

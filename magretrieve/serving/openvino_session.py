@@ -8,7 +8,7 @@ the only runtime of static int8 exports (OpenVINO IR, ``export --quantize int8-s
 the fastest on documents. Measured in ``benchmarks/results/encode_speed.md`` and
 docs/export.md, "Runtimes".
 
-:class:`OpenVinoSession` offers the three calls :class:`~magretrieve.serving.runtime.OnnxEncoder` makes
+:class:`OpenVinoSession` offers the three calls :class:`~magretrieve.serving.onnx_encoder.OnnxEncoder` makes
 of an onnxruntime session (``get_inputs``, ``get_outputs``, ``run``), so the encoder's
 batching, probing and pipelines stay one code path. OpenVINO is an optional extra
 (``pip install 'magretrieve[openvino]'``), imported only when this runtime is asked for.

@@ -1,4 +1,4 @@
-"""A client of a running ``magretrieve serve`` with :class:`~magretrieve.serving.runtime.OnnxEncoder`'s
+"""A client of a running ``magretrieve serve`` with :class:`~magretrieve.serving.onnx_encoder.OnnxEncoder`'s
 encoding surface, so the framework integrations embed in-process or remotely alike.
 
     enc = RemoteEncoder("http://127.0.0.1:8080", api_key=os.environ["MAGRETRIEVE_API_KEY"])

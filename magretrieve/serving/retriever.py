@@ -1,7 +1,7 @@
 """Retriever: an exported encoder plus a vector store, checked against each other.
 
 ``Retriever.load(export_dir, store="faiss:indexes/scifact")`` opens the ONNX encoder
-(:class:`magretrieve.serving.runtime.OnnxEncoder`, no torch) and the store, and refuses a store that
+(:class:`magretrieve.serving.onnx_encoder.OnnxEncoder`, no torch) and the store, and refuses a store that
 would not give the model's scores: another dimension, a metric other than inner product, a
 store that normalizes vectors while the model keeps document magnitude, or a store built by
 another model (its recorded ``model_fingerprint``/mode/γ differ) unless ``force=True``.
@@ -34,6 +34,7 @@ from magretrieve.core.errors import StoreError
 from magretrieve.core.similarity import EPS, INDEX_METRIC
 from magretrieve.core.text import blank, lone_surrogate
 from magretrieve.data.readers import Document, check_text
+from magretrieve.serving.errors import InvalidInput
 from magretrieve.stores import VectorStore, open_store
 from magretrieve.stores.base import check_finite, check_queries
 from magretrieve.stores.registry import backend_for
@@ -53,6 +54,47 @@ class EncoderLike(Protocol):
 
 #: Hits returned by every search method unless ``k`` is given (one default for all).
 DEFAULT_K = 10
+#: Candidates fetched per query when a payload filter is given, as a multiple of k (all of
+#: them for stores up to FILTER_EXACT_UP_TO points, so the filtered top-k is exact there).
+FILTER_FETCH = 20
+FILTER_EXACT_UP_TO = 20_000
+#: What a payload filter compares: JSON scalars.
+FILTER_TYPES = (str, int, float, bool, type(None))
+
+
+def check_where(where: Any) -> dict[str, Any] | None:
+    """A payload filter ``{field: value, ...}`` checked (None or ``{}``: no filter).
+
+    A hit is kept when every field is in its payload with an equal JSON value (see
+    :func:`payload_matches`); values are JSON scalars (string, number, boolean, null).
+    """
+    if where is None:
+        return None
+    if not isinstance(where, Mapping):
+        raise InvalidInput(
+            f"where must be an object of payload field: value, got {type(where).__name__}"
+        )
+    for key, value in where.items():
+        if not isinstance(key, str):
+            raise InvalidInput(f"where: field names are strings, got {key!r}")
+        if not isinstance(value, FILTER_TYPES):
+            raise InvalidInput(
+                f"where: field {key!r} holds a {type(value).__name__}; a filter compares "
+                "strings, numbers, booleans and null"
+            )
+    return dict(where) or None
+
+
+def payload_matches(payload: Mapping[str, Any], where: Mapping[str, Any]) -> bool:
+    """Every field of ``where`` is present in ``payload`` with an equal JSON value: ``true``
+    is not ``1``, and ``null`` matches a field that holds null, not a missing one."""
+    return all(key in payload and _same(payload[key], value) for key, value in where.items())
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
 
 
 @dataclass
@@ -101,7 +143,7 @@ class Hit:
         }
 
 
-class _RWLock:
+class RWLock:
     """Many readers or one writer; writers are not starved by a stream of readers."""
 
     def __init__(self) -> None:
@@ -265,7 +307,7 @@ def load_encoder(
     runtime: str | None = None,
 ) -> EncoderLike:
     """The ONNX encoder of an export folder (one seam, so tests can substitute a fake)."""
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     return OnnxEncoder.load(export_dir, threads=threads, device=device, runtime=runtime)
 
@@ -298,7 +340,7 @@ class Retriever:
         self._force = force
         #: Searched with ``[q ; 1]``: the store holds a prior's offset coordinate.
         self.offset = offset_coordinate(store.read_metadata())
-        self._lock = _RWLock()
+        self._lock = RWLock()
         self._serial = threading.Lock()  # for stores whose search is not thread-safe
         warm = getattr(encoder, "session", None)
         if callable(warm):
@@ -316,18 +358,23 @@ class Retriever:
         runtime: str | None = None,
         create: bool = True,
         for_writing: bool = False,
+        encoder: EncoderLike | None = None,
         **store_options: Any,
     ) -> Retriever:
         """Open an export folder and a store (created with the model's dimension if absent).
 
         The query graph (and with ``for_writing`` the document graph) is checked against the
         manifest before the store is touched, so a broken export never creates a store.
-        ``threads``, ``device`` and ``runtime`` go to :class:`~magretrieve.serving.runtime.OnnxEncoder`
+        ``threads``, ``device`` and ``runtime`` go to :class:`~magretrieve.serving.onnx_encoder.OnnxEncoder`
         (``runtime=None``: the export's own, onnxruntime unless its manifest names another).
         ``tuning_queries`` (a file of query texts, one per line, or a BEIR ``queries.jsonl``)
         are what an ANN store tunes ``target_recall`` on (:meth:`use_tuning_queries`).
+        ``encoder`` is the export's encoder already opened (the process's shared
+        :class:`~magretrieve.serving.engine.EmbeddingEngine`), used instead of opening
+        ``export_dir`` again.
         """
-        encoder = load_encoder(export_dir, threads=threads, device=device, runtime=runtime)
+        if encoder is None:
+            encoder = load_encoder(export_dir, threads=threads, device=device, runtime=runtime)
         # check the graphs against the manifest before a store is opened (or created)
         warm = getattr(encoder, "session", None)
         if callable(warm):
@@ -346,7 +393,7 @@ class Retriever:
         try:
             retriever = cls(encoder, vs, force=force)
             if for_writing:
-                retriever._check_not_foreign()
+                retriever.check_not_foreign()
             if tuning is not None:
                 retriever.use_tuning_queries(tuning)
             return retriever
@@ -365,7 +412,7 @@ class Retriever:
 
     # ------------------------------------------------------------------ writing
 
-    def _check_not_foreign(self) -> None:
+    def check_not_foreign(self) -> None:
         """Refuse to write into points magretrieve did not write (unless ``force``)."""
         foreign = 0 if self._force else self.store.foreign_points()
         if foreign:
@@ -378,7 +425,7 @@ class Retriever:
 
     def _record_model(self) -> None:
         if not self.store.read_metadata():
-            self._check_not_foreign()
+            self.check_not_foreign()
             self.store.write_metadata(manifest_metadata(self.manifest))
 
     def add_documents(
@@ -484,11 +531,16 @@ class Retriever:
 
     # ------------------------------------------------------------------ searching
 
-    def search(self, text: str, k: int = DEFAULT_K) -> list[Hit]:
-        """Top-``k`` hits for one query text."""
-        return self.search_batch([text], k=k)[0]
+    def search(
+        self, text: str, k: int = DEFAULT_K, *, where: Mapping[str, Any] | None = None
+    ) -> list[Hit]:
+        """Top-``k`` hits for one query text (``where``: a payload filter, see
+        :meth:`search_vectors`)."""
+        return self.search_batch([text], k=k, where=where)[0]
 
-    def search_batch(self, texts: Sequence[str], k: int = DEFAULT_K) -> list[list[Hit]]:
+    def search_batch(
+        self, texts: Sequence[str], k: int = DEFAULT_K, *, where: Mapping[str, Any] | None = None
+    ) -> list[list[Hit]]:
         """Top-``k`` hits for each query text (one encoder call, one store call)."""
         if isinstance(texts, str):
             raise StoreError("search_batch takes a list of texts; use search() for one text")
@@ -501,11 +553,27 @@ class Retriever:
                     f"query #{n} is empty or only whitespace and invisible characters, or not "
                     f"a string: {t!r}"
                 )
+        wanted = check_where(where)  # before the encoder runs
         qvecs = np.asarray(self.encoder.encode_queries(texts), dtype=np.float32)
-        return self.search_vectors(qvecs, k=k)
+        return self.search_vectors(qvecs, k=k, where=wanted)
 
-    def search_vectors(self, query_vectors: np.ndarray, k: int = DEFAULT_K) -> list[list[Hit]]:
-        """Search with already-encoded query vectors (``q / ‖q‖^γq``)."""
+    def search_vectors(
+        self,
+        query_vectors: np.ndarray,
+        k: int = DEFAULT_K,
+        *,
+        where: Mapping[str, Any] | None = None,
+    ) -> list[list[Hit]]:
+        """Search with already-encoded query vectors (``q / ‖q‖^γq``).
+
+        ``where`` (``{field: value}``) keeps only hits whose payload holds every field with an
+        equal JSON value (:func:`payload_matches`). The store is asked for more candidates
+        than ``k`` and the matches among them are kept in score order: all of its points up
+        to :data:`FILTER_EXACT_UP_TO` (the filtered top-k is then exact), else
+        :data:`FILTER_FETCH` × k. The same filter answers ``magretrieve search --where`` and
+        the server's ``/search``.
+        """
+        wanted = check_where(where)
         q = check_queries(query_vectors, int(self.manifest.dimension), "search")
         if self.offset:
             q = np.hstack([q, np.ones((len(q), 1), dtype=q.dtype)])
@@ -513,11 +581,16 @@ class Retriever:
         # store with a prior's offset coordinate returns vectors to split m(d) from b(d)
         with_vectors = bool(self.offset)
         with self._lock.read():
+            fetch = k if wanted is None else self._filter_fetch(k)
             if self.store.thread_safe_search:
-                results = self.store.search(q, k, with_vectors=with_vectors)
+                results = self.store.search(q, fetch, with_vectors=with_vectors)
             else:
                 with self._serial:
-                    results = self.store.search(q, k, with_vectors=with_vectors)
+                    results = self.store.search(q, fetch, with_vectors=with_vectors)
+        if wanted is not None:
+            results = [
+                [h for h in hits if payload_matches(h.payload, wanted)][:k] for hits in results
+            ]
         out: list[list[Hit]] = []
         for qv, hits in zip(q, results, strict=True):
             if not hits:
@@ -548,6 +621,13 @@ class Retriever:
                 ]
             )
         return out
+
+    def _filter_fetch(self, k: int) -> int:
+        """Candidates to ask the store for when a filter will drop some (see
+        :meth:`search_vectors`); never more than it holds, at least ``k``."""
+        count = int(self.store.count())
+        fetch = count if count <= FILTER_EXACT_UP_TO else k * FILTER_FETCH
+        return max(1, min(max(fetch, k), max(count, 1)))
 
     def _vectors(self, hits: Sequence[Any]) -> np.ndarray:
         """The stored vectors of the hits (fetched when the store did not return them)."""

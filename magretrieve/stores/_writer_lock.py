@@ -14,7 +14,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from magretrieve.core.errors import StoreError
+from magretrieve.core.errors import WriterLockHeld
 from magretrieve.core.redact import redact
 
 try:  # POSIX only; elsewhere the lock is a no-op (documented in docs/stores.md)
@@ -92,7 +92,7 @@ class WriterLock:
         except BlockingIOError:
             holder = _holder(self.folder)
             os.close(fd)
-            raise StoreError(
+            raise WriterLockHeld(
                 f"{self.where}: another writer holds this store ({holder}); wait for it to "
                 "finish, or write to another folder (searching it is fine meanwhile)"
             ) from None
@@ -142,10 +142,10 @@ def holder_of(path: Path) -> str | None:
         os.close(fd)
 
 
-def engine_busy(where: str, holder: str, engine: str) -> StoreError:
+def engine_busy(where: str, holder: str, engine: str) -> WriterLockHeld:
     """The refusal of a store whose engine another process holds open (one process at a time:
     readers wait too); worded like :class:`WriterLock`'s, so every store answers alike."""
-    return StoreError(
+    return WriterLockHeld(
         f"{where}: another process holds this store ({holder}); {engine} opens a store in one "
         "process at a time, so wait for it to finish"
     )

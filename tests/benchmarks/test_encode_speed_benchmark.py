@@ -119,7 +119,7 @@ def test_ndcg_comes_from_the_timed_vectors(smoke, tiny_beir_dir: Path) -> None:
     from magretrieve.core.metrics import retrieval_metrics
     from magretrieve.data.readers import load_beir
     from magretrieve.evaluation.retrieval import exact_run
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     result, _ = smoke
     folder = Path(result["_export_dirs"]["fp32"])

@@ -653,7 +653,7 @@ class PoisonEncoder:
     """The real ONNX encoder, except texts containing 'poison' come out as NaN/inf."""
 
     def __init__(self, export: Path, bad: float = np.nan) -> None:
-        from magretrieve.serving.runtime import OnnxEncoder
+        from magretrieve.serving.onnx_encoder import OnnxEncoder
 
         self.inner = OnnxEncoder.load(export)
         self.manifest = self.inner.manifest
@@ -1990,7 +1990,7 @@ LONG = " ".join(["statins"] * 400)  # 400 word tokens: far beyond max_document_l
 
 
 def test_long_texts_are_truncated_counted_and_reported(env: Env) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     enc = OnnxEncoder.load(env.export)
     limit = enc.manifest.max_document_length

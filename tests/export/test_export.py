@@ -48,7 +48,7 @@ def test_parity_and_contract_every_mode(
 
     from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
     from magretrieve.train.encoder import Encoder
 
     encoder = Encoder.load(tiny_model_dir, mode=mode, device="cpu")
@@ -231,7 +231,7 @@ def test_int8_with_optimizer_reports_agreement_and_ndcg(
     import onnx
 
     from magretrieve.core.manifest import Manifest
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     dest = tmp_path / "int8"
     result = _cli(
@@ -296,7 +296,7 @@ def test_minilm_qnorm_export_parity(tmp_path: Path) -> None:
     """The real all-MiniLM-L6-v2 (packaged, offline), zero-shot qnorm, default exporter."""
     from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     out = export_model("all-MiniLM-L6-v2", tmp_path / "minilm", mode="qnorm")
     manifest = Manifest.load(out)

@@ -76,7 +76,7 @@ def test_manifest_names_openvino_and_the_calibration(exports, tiny_beir_dir: Pat
 
 
 def test_vectors_agree_with_fp32_and_keep_the_contract(exports) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     static = OnnxEncoder.load(exports["static"])
     assert static.runtime == "openvino"  # the export's own runtime by default
@@ -96,7 +96,7 @@ def test_vectors_agree_with_fp32_and_keep_the_contract(exports) -> None:
 
 
 def test_a_vector_does_not_depend_on_its_batch_mates(exports) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     enc = OnnxEncoder.load(exports["static"], threads=1)
     together = enc.encode_documents(TEXTS)
@@ -106,7 +106,7 @@ def test_a_vector_does_not_depend_on_its_batch_mates(exports) -> None:
 
 
 def test_other_runtimes_refused_in_one_line(exports) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     with pytest.raises(
         ConfigError,
@@ -123,7 +123,7 @@ def test_same_inputs_give_the_same_vectors(
 ) -> None:
     from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     again = export_model(
         tiny_model_dir,
@@ -194,7 +194,7 @@ def test_cli_refusal_is_one_line(tiny_model_dir: Path, tmp_path: Path) -> None:
 
 
 def test_cli_index_serves_it_and_refuses_onnxruntime(exports, tmp_path: Path) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
     from magretrieve.stores import open_store
 
     corpus = tmp_path / "corpus.jsonl"

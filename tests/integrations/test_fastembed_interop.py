@@ -20,7 +20,7 @@ from fastembed.common.model_description import ModelSource, PoolingType
 from tokenizers import Tokenizer
 
 from magretrieve.core.manifest import Manifest
-from magretrieve.serving.runtime import OnnxEncoder
+from magretrieve.serving.onnx_encoder import OnnxEncoder
 
 PREFIX = "the "
 TEXTS = [

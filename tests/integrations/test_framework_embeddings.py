@@ -32,8 +32,8 @@ from magretrieve.integrations.vector_stores import (
     check_vector_store,
     store_ranking,
 )
+from magretrieve.serving.onnx_encoder import OnnxEncoder
 from magretrieve.serving.retriever import Retriever
-from magretrieve.serving.runtime import OnnxEncoder
 
 QUERIES = ["what does smoking cause", "how obesity risk", "ÜNÏCÖDÉ vitamin"]
 pytestmark = pytest.mark.filterwarnings("ignore:Payload indexes have no effect:UserWarning")
@@ -171,6 +171,69 @@ def test_llama_index_embedding_gives_each_side_its_graph(export_dir, encoder, te
     close(asyncio.run(emb.aget_text_embedding(texts[2])), want_docs[2])
     close(asyncio.run(emb.aget_query_embedding(QUERIES[0])), encoder.encode_queries(QUERIES[:1])[0])
     assert emb.class_name() == "MagRetrieveEmbedding"
+
+
+def test_components_over_one_export_share_one_engine_and_its_batches(export_dir, encoder):
+    """LangChain's and LlamaIndex's embeddings over the same export encode through one engine
+    (one copy of the graphs): their concurrent async calls are merged into shared graph runs,
+    and each still gets its own vector."""
+    import time
+
+    from magretrieve.serving.engine import shared_engine
+
+    chain = MagRetrieveEmbeddings(export_dir=str(export_dir))
+    llama = MagRetrieveEmbedding(export_dir=str(export_dir))
+    chain.embed_query(QUERIES[0])  # both open the export here, once
+    engine = shared_engine(str(export_dir))
+    assert llama._encoder.get("query") is engine is chain._encoder.get("query")
+    batches: list[tuple[int, int]] = []
+
+    class Count:
+        def on_batch(self, side, texts, requests):
+            batches.append((texts, requests))
+
+        def on_queue_depth(self, waiting):
+            pass
+
+        def on_rejected(self):
+            pass
+
+        def on_encoded(self, side, tokens, truncated):
+            pass
+
+    slow = {"first": True}
+    graphs = [e for e in (engine.encoder, engine.all_threads_encoder) if e is not None]
+    originals = [g.encode_tokenized for g in graphs]
+
+    def held(original):
+        def run(*args, **kwargs):
+            if slow.pop("first", False):
+                time.sleep(0.3)  # the first run is slow: the other calls queue behind it
+            return original(*args, **kwargs)
+
+        return run
+
+    queries = [f"{q} {i}" for i in range(6) for q in QUERIES]
+
+    async def both():
+        calls = [
+            chain.aembed_query(q) if i % 2 else llama.aget_query_embedding(q)
+            for i, q in enumerate(queries)
+        ]
+        return await asyncio.gather(*calls)
+
+    engine.set_observer(Count())
+    for g in graphs:
+        g.encode_tokenized = held(g.encode_tokenized)
+    try:
+        got = asyncio.run(both())
+    finally:
+        engine.set_observer(None)
+        for g, original in zip(graphs, originals, strict=True):
+            g.encode_tokenized = original
+    close(got, encoder.encode_queries(queries))
+    assert sum(texts for texts, _ in batches) == len(queries)
+    assert len(batches) < len(queries) and max(r for _, r in batches) > 1  # calls were merged
 
 
 def test_llama_index_default_store_is_cosine_and_qdrant_dot_is_kept(export_dir, encoder, texts):

@@ -46,7 +46,7 @@ def export_dir(tmp_path_factory, tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def encoder(export_dir):
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     return OnnxEncoder.load(export_dir, threads=1)
 

@@ -32,8 +32,8 @@ from magretrieve.integrations.haystack import (
     MagRetrieveRetriever,
     MagRetrieveTextEmbedder,
 )
+from magretrieve.serving.onnx_encoder import OnnxEncoder
 from magretrieve.serving.retriever import Retriever
-from magretrieve.serving.runtime import OnnxEncoder
 
 QUERIES = ["what does smoking cause", "how obesity risk"]
 MODULE = "magretrieve.integrations.haystack"

@@ -82,7 +82,7 @@ SERVE = (
 install()
 import json, sys
 from magretrieve import Retriever
-from magretrieve.serving.runtime import OnnxEncoder
+from magretrieve.serving.onnx_encoder import OnnxEncoder
 
 export, folder = sys.argv[1], sys.argv[2]
 docs = [{"_id": f"d{i}", "text": t} for i, t in enumerate(
@@ -131,7 +131,7 @@ def test_load_train_save_and_export_from_local_folders_open_no_socket(
 ) -> None:
     from magretrieve.data.readers import load_beir
     from magretrieve.export import export_model
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
     from magretrieve.train import trainer
     from magretrieve.train.encoder import Encoder
 

@@ -225,7 +225,7 @@ def exports(tiny_model_dir, tmp_path_factory):
 
 
 def test_norms_from_a_magnitude_keeping_export(tmp_path, exports):
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     texts = [f"statins trial {i} " + "word " * (i % 7) for i in range(30)]
     cosine = OnnxEncoder.load(exports / "cosine")
@@ -585,7 +585,7 @@ def test_fit_prior_file_is_read_by_annotate_and_rescale(tiny_model_dir, tiny_bei
 
     from magretrieve.priors import read_prior_file
     from magretrieve.priors.rescale import read_all
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     prior_file = tmp_path / "prior.json"
     runner = CliRunner()

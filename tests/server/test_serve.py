@@ -147,7 +147,7 @@ def store_copy(template: Path, tmp: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def encoder(export_dir):
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     return OnnxEncoder.load(export_dir, threads=1)
 
@@ -944,14 +944,14 @@ def test_create_app_in_process_and_the_body_limit(export_dir) -> None:
         assert_clean_error(streamed, 413, "the limit is 2000")
         assert client.get("/ready").status_code == 200
         assert client.post("/search", json={"query": "x"}, headers=headers).status_code == 404
-    assert not state.batcher.running and not state.ready  # the lifespan closed it
+    assert not state.engine.running and not state.ready  # the lifespan closed it
 
 
 def test_merged_batches_equal_one_at_a_time_within_1e6(encoder) -> None:
     """The batcher's merging (fill floor, lengths apart) on the real graph: every request gets
     the vector it gets alone."""
-    from magretrieve.server.batcher import DynamicBatcher
     from magretrieve.server.settings import ServerSettings
+    from magretrieve.serving.batcher import DynamicBatcher
 
     texts = [f"{t} number {i}" for i, t in enumerate(TEXTS * 3)]
     texts += ["short", "a much longer query about " + " ".join(TEXTS)]
@@ -983,8 +983,8 @@ def test_onnx_spinning_reaches_the_sessions(export_dir, spinning, expected) -> N
     """Spinning is on by default (onnxruntime's own default) and off with
     ``onnx_spinning=False`` (``--no-onnx-spinning``), in both graphs' sessions."""
     from magretrieve.server import create_app
-    from magretrieve.server.encoder import SPINNING_KEY
     from magretrieve.server.settings import ServerSettings
+    from magretrieve.serving.onnx_encoder import SPINNING_KEY
 
     settings = ServerSettings() if spinning is None else ServerSettings(onnx_spinning=spinning)
     encoder = create_app(export_dir, settings=settings).state.magretrieve.encoder
@@ -1011,10 +1011,12 @@ def test_graph_workers_share_the_threads_and_a_lone_batch_gets_them_all(
     assert state.encoder.threads == narrow
     assert state.settings.graph_workers == min(settings.graph_workers, threads)
     if alone is None:
-        assert state.alone_encoder is None
+        assert state.engine.all_threads_encoder is None
     else:
-        assert state.alone_encoder.threads == alone
-        assert state.alone_encoder.manifest is state.encoder.manifest  # the export read once
+        assert state.engine.all_threads_encoder.threads == alone
+        assert (
+            state.engine.all_threads_encoder.manifest is state.encoder.manifest
+        )  # the export read once
         for side in ("query", "document"):
-            opts = state.alone_encoder.session(side).get_session_options()
+            opts = state.engine.all_threads_encoder.session(side).get_session_options()
             assert opts.intra_op_num_threads == alone

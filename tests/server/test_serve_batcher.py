@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from magretrieve.server.batcher import Draining, DynamicBatcher, QueueFull
-from magretrieve.server.settings import ServerSettings
+from magretrieve.serving.batcher import DynamicBatcher
+from magretrieve.serving.errors import Draining, QueueFull
+from magretrieve.serving.settings import EngineSettings
 
 
 def enc(n_tokens: int, value: float) -> SimpleNamespace:
@@ -42,7 +43,7 @@ def run(coro):
 
 def test_concurrent_requests_merge_into_one_batch_in_order() -> None:
     fake = FakeEncoder()
-    b = DynamicBatcher(fake, ServerSettings(graph_workers=1, max_wait_ms=200))
+    b = DynamicBatcher(fake, EngineSettings(graph_workers=1, max_wait_ms=200))
     b.start()
 
     async def go():
@@ -66,7 +67,7 @@ def test_token_budget_and_row_cap_close_a_batch() -> None:
     fake.gate.clear()  # hold the worker so that every request is queued before merging
     b = DynamicBatcher(
         fake,
-        ServerSettings(graph_workers=1, max_wait_ms=0, max_batch_tokens=100, max_batch_rows=64),
+        EngineSettings(graph_workers=1, max_wait_ms=0, max_batch_tokens=100, max_batch_rows=64),
     )
     b.start()
 
@@ -89,7 +90,7 @@ def test_token_budget_and_row_cap_close_a_batch() -> None:
 
 def test_no_batching_runs_each_request_alone() -> None:
     fake = FakeEncoder()
-    b = DynamicBatcher(fake, ServerSettings(graph_workers=1, batching=False, max_wait_ms=50))
+    b = DynamicBatcher(fake, EngineSettings(graph_workers=1, batching=False, max_wait_ms=50))
     b.start()
 
     async def go():
@@ -104,7 +105,7 @@ def test_no_batching_runs_each_request_alone() -> None:
 
 def test_sides_never_share_a_batch() -> None:
     fake = FakeEncoder()
-    b = DynamicBatcher(fake, ServerSettings(graph_workers=1, max_wait_ms=100))
+    b = DynamicBatcher(fake, EngineSettings(graph_workers=1, max_wait_ms=100))
     b.start()
 
     async def go():
@@ -125,7 +126,7 @@ def test_sides_never_share_a_batch() -> None:
 def test_full_queue_refuses_and_close_drains_the_rest() -> None:
     fake = FakeEncoder()
     fake.gate.clear()
-    b = DynamicBatcher(fake, ServerSettings(graph_workers=1, max_queue=2, max_wait_ms=0))
+    b = DynamicBatcher(fake, EngineSettings(graph_workers=1, max_queue=2, max_wait_ms=0))
     b.start()
 
     async def go():
@@ -154,7 +155,7 @@ def test_an_encoder_error_reaches_every_request_of_the_batch() -> None:
     def broken(encodings, side):
         raise RuntimeError("graph failed")
 
-    b = DynamicBatcher(broken, ServerSettings(graph_workers=1, max_wait_ms=100))
+    b = DynamicBatcher(broken, EngineSettings(graph_workers=1, max_wait_ms=100))
     b.start()
 
     async def go():
@@ -169,7 +170,7 @@ def test_an_encoder_error_reaches_every_request_of_the_batch() -> None:
     assert all(isinstance(e, RuntimeError) and str(e) == "graph failed" for e in out)
 
 
-def _held_batches(fake: FakeEncoder, settings: ServerSettings, requests: list[list]) -> list:
+def _held_batches(fake: FakeEncoder, settings: EngineSettings, requests: list[list]) -> list:
     """Submit ``requests`` while the worker is held on a first request, then release it."""
     fake.gate.clear()
     b = DynamicBatcher(fake, settings)
@@ -196,7 +197,7 @@ def test_requests_of_very_different_lengths_are_not_merged() -> None:
     lengths = [10, 60, 12, 58, 11]
     out = _held_batches(
         fake,
-        ServerSettings(graph_workers=1, max_wait_ms=0),
+        EngineSettings(graph_workers=1, max_wait_ms=0),
         [[enc(n, i)] for i, n in enumerate(lengths)],
     )
     # the held lone request, then the oldest (10 tokens) with its two neighbours in length,
@@ -210,7 +211,7 @@ def test_fill_floor_zero_merges_every_length() -> None:
     fake = FakeEncoder()
     out = _held_batches(
         fake,
-        ServerSettings(graph_workers=1, max_wait_ms=0, min_batch_fill=0.0),
+        EngineSettings(graph_workers=1, max_wait_ms=0, min_batch_fill=0.0),
         [[enc(n, i)] for i, n in enumerate([10, 60, 12])],
     )
     assert fake.batches == [("query", 1), ("query", 3)]
@@ -219,7 +220,7 @@ def test_fill_floor_zero_merges_every_length() -> None:
 
 def test_a_lone_request_does_not_wait_for_max_wait() -> None:
     fake = FakeEncoder()
-    b = DynamicBatcher(fake, ServerSettings(graph_workers=1, max_wait_ms=2000))
+    b = DynamicBatcher(fake, EngineSettings(graph_workers=1, max_wait_ms=2000))
     b.start()
 
     async def go():
@@ -239,7 +240,7 @@ def test_fill_floor_is_validated() -> None:
     from magretrieve.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="min_batch_fill must be within 0..1, got 1.5"):
-        ServerSettings(min_batch_fill=1.5)
+        EngineSettings(min_batch_fill=1.5)
 
 
 def test_graph_workers_run_batches_at_once_and_drain() -> None:
@@ -253,7 +254,7 @@ def test_graph_workers_run_batches_at_once_and_drain() -> None:
         seen.append(threading.get_ident())
         return np.array([[e.ids[0]] for e in encodings], dtype=np.float32)
 
-    b = DynamicBatcher(encode, ServerSettings(graph_workers=2, batching=False))
+    b = DynamicBatcher(encode, EngineSettings(graph_workers=2, batching=False))
     b.start()
 
     async def go():
@@ -272,12 +273,12 @@ def test_graph_workers_is_validated() -> None:
     from magretrieve.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="graph_workers must be at least 1, got 0"):
-        ServerSettings(graph_workers=0)
+        EngineSettings(graph_workers=0)
 
 
 def test_a_lone_batch_runs_on_every_thread_and_nothing_beside_it() -> None:
-    """With two workers and ``encode_alone``: a request with nothing else queued or running
-    goes to ``encode_alone``; while it runs no other batch starts; requests that queue up
+    """With two workers and ``encode_all_threads``: a request with nothing else queued or running
+    goes to ``encode_all_threads``; while it runs no other batch starts; requests that queue up
     behind it then run two at a time through ``encode``."""
     alone_started, release = threading.Event(), threading.Event()
     meet = threading.Barrier(2, timeout=5)
@@ -303,8 +304,8 @@ def test_a_lone_batch_runs_on_every_thread_and_nothing_beside_it() -> None:
 
     b = DynamicBatcher(
         lambda encodings, side: track("narrow", encodings),
-        ServerSettings(graph_workers=2, batching=False),
-        encode_alone=lambda encodings, side: track("alone", encodings),
+        EngineSettings(graph_workers=2, batching=False),
+        encode_all_threads=lambda encodings, side: track("alone", encodings),
     )
     b.start()
 
@@ -328,7 +329,7 @@ def test_a_lone_batch_runs_on_every_thread_and_nothing_beside_it() -> None:
     assert inside["most"] == 2
 
 
-def test_one_worker_never_uses_encode_alone() -> None:
+def test_one_worker_never_uses_encode_all_threads() -> None:
     used: list[str] = []
 
     def narrow(encodings, side):
@@ -339,7 +340,7 @@ def test_one_worker_never_uses_encode_alone() -> None:
         used.append("alone")
         return np.zeros((len(encodings), 1), dtype=np.float32)
 
-    b = DynamicBatcher(narrow, ServerSettings(graph_workers=1), encode_alone=alone)
+    b = DynamicBatcher(narrow, EngineSettings(graph_workers=1), encode_all_threads=alone)
     b.start()
     try:
         run(b.submit("query", [enc(3, 0)]))

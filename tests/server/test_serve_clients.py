@@ -41,7 +41,7 @@ def server(tmp_path_factory, export_dir):  # noqa: F811
 @pytest.fixture(scope="module")
 def ref(export_dir):  # noqa: F811
     """Reference vectors: (texts, side) -> OnnxEncoder's vectors."""
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     enc = OnnxEncoder.load(export_dir, threads=1)
 

@@ -275,7 +275,8 @@ def test_a_write_running_at_shutdown_finishes_before_the_store_closes(
 
 
 def test_a_store_call_after_close_is_refused_before_it_starts(tmp_path, export_dir, store_template):
-    from magretrieve.server.errors import ApiError
+    from magretrieve.server.errors import error_headers, status_of
+    from magretrieve.serving.errors import Draining
 
     store = store_copy(store_template, tmp_path, "ix")
     with app_client(export_dir, f"faiss:{store}") as client:
@@ -283,10 +284,10 @@ def test_a_store_call_after_close_is_refused_before_it_starts(tmp_path, export_d
         count = holder.retriever.store.count()
     calls: list[str] = []
     holder.retriever.write_batch = lambda *a: calls.append("write")
-    with pytest.raises(ApiError) as refused, holder.use() as retriever:
+    with pytest.raises(Draining, match="shutting down") as refused, holder.use() as retriever:
         retriever.write_batch([], None)
-    assert refused.value.status == 503 and "shutting down" in refused.value.message
-    assert refused.value.headers == {"Retry-After": "1"} and calls == []
+    assert status_of(refused.value) == 503 and calls == []
+    assert error_headers(refused.value, retry_after_s=1) == {"Retry-After": "1"}
     from magretrieve.stores import open_store
 
     with open_store(f"faiss:{store}") as reopened:

@@ -48,7 +48,7 @@ def named_client(export_dir):  # noqa: F811
 
 @pytest.fixture(scope="module")
 def encoder(export_dir):  # noqa: F811
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     return OnnxEncoder.load(export_dir, threads=1)
 

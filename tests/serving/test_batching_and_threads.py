@@ -87,7 +87,7 @@ def fused_export(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 def test_batches_follow_the_token_budget_and_vectors_do_not_depend_on_it(fused_export) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     folder, encoder = fused_export
     onnx = OnnxEncoder.load(folder)
@@ -132,7 +132,7 @@ def test_threads_default_to_the_process_cores_and_the_env_knob(
 ) -> None:
     import os
 
-    from magretrieve.serving.runtime import THREADS_ENV, OnnxEncoder, available_cores
+    from magretrieve.serving.onnx_encoder import THREADS_ENV, OnnxEncoder, available_cores
 
     folder, _ = fused_export
     monkeypatch.delenv(THREADS_ENV, raising=False)
@@ -151,7 +151,7 @@ def test_threads_default_to_the_process_cores_and_the_env_knob(
 
 
 def test_unknown_device_refused(fused_export) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     folder, _ = fused_export
     with pytest.raises(ConfigError, match="unknown device 'tpu'"):
@@ -235,7 +235,7 @@ def test_fused_graph_that_misses_parity_falls_back_to_unfused(
 
     from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model, quantize
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     real = quantize.optimize_bert
 
@@ -288,7 +288,7 @@ def _cuda_ready() -> bool:
 
 
 def test_cuda_refused_in_one_line_when_absent(fused_export) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     if _cuda_ready():
         pytest.skip("a CUDA GPU is present: the refusal path does not apply")
@@ -299,7 +299,7 @@ def test_cuda_refused_in_one_line_when_absent(fused_export) -> None:
 
 @pytest.mark.skipif(not _cuda_ready(), reason="no CUDA GPU with onnxruntime's CUDA provider")
 def test_cuda_onnx_matches_cpu(fused_export) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     folder, _ = fused_export
     cpu = OnnxEncoder.load(folder).encode_documents(TEXTS)

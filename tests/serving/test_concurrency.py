@@ -101,7 +101,7 @@ def test_8_threads_x_1000_queries_equal_the_serial_results(export, tmp_path):
 
 def test_concurrent_query_and_document_encoding_match_serial(export):
     """Each side truncates at its own length even while the other side encodes."""
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     enc = OnnxEncoder.load(export, threads=1)
     long_queries = texts(60, 3, 70, 140)  # > 64 query tokens, some > 128 document tokens

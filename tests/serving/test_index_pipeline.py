@@ -35,7 +35,7 @@ def pipeline_threads() -> list[str]:
 def test_onnx_pipeline_equals_encoding_each_text(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The real split path: tokens from the reader thread, graph in the encoder thread."""
     from magretrieve.export import export_model
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     folder = export_model(tiny_model_dir, tmp_path / "exp", mode="qnorm")
     encoder = OnnxEncoder.load(folder)

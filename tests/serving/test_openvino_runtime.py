@@ -35,7 +35,7 @@ def exports(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> d
 
 
 def test_fp32_vectors_equal_onnxruntime(exports) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     ort_enc = OnnxEncoder.load(exports["fp32"], threads=1)
     ov_enc = OnnxEncoder.load(exports["fp32"], threads=1, runtime="openvino")
@@ -49,7 +49,7 @@ def test_fp32_vectors_equal_onnxruntime(exports) -> None:
 
 
 def test_concurrent_calls_match_serial(exports) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     enc = OnnxEncoder.load(exports["fp32"], threads=1, runtime="openvino")
     serial = [enc.encode_documents([t]) for t in TEXTS * 4]
@@ -64,7 +64,7 @@ def test_probe_runs_on_openvino_sessions_too(exports) -> None:
 
     from magretrieve.core.errors import ManifestError
     from magretrieve.core.manifest import Manifest
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     manifest = replace(Manifest.load(exports["fp32"]), dimension=31)
     enc = OnnxEncoder(manifest, threads=1, runtime="openvino")
@@ -74,7 +74,7 @@ def test_probe_runs_on_openvino_sessions_too(exports) -> None:
 
 
 def test_bf16_close_to_fp32_or_refused(exports) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     ref = OnnxEncoder.load(exports["fp32"], threads=1).encode_documents(TEXTS)
     enc = OnnxEncoder.load(exports["fp32"], threads=1, runtime="openvino-bf16")
@@ -92,7 +92,7 @@ def test_bf16_close_to_fp32_or_refused(exports) -> None:
 def test_bf16_refused_without_native_support(exports, monkeypatch) -> None:
     import openvino
 
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     real = openvino.Core.get_property
 
@@ -108,7 +108,7 @@ def test_bf16_refused_without_native_support(exports, monkeypatch) -> None:
 
 
 def test_refusals(exports, monkeypatch) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     with pytest.raises(ConfigError, match="unknown runtime 'tensorrt'; choose one of onnxruntime"):
         OnnxEncoder.load(exports["fp32"], runtime="tensorrt")
@@ -155,8 +155,8 @@ def test_cli_index_with_openvino_equals_onnxruntime(exports, tmp_path: Path) -> 
 
 def test_query_session_warms_every_query_length_once(exports, monkeypatch) -> None:
     """OpenVINO prepares kernels per shape on first sight; the query session pays that at open."""
+    from magretrieve.serving.onnx_encoder import WARM_QUERY_TOKENS, OnnxEncoder
     from magretrieve.serving.openvino_session import OpenVinoSession
-    from magretrieve.serving.runtime import WARM_QUERY_TOKENS, OnnxEncoder
 
     seen: list[tuple[int, ...]] = []
     real = OpenVinoSession.run

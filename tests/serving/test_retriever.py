@@ -242,7 +242,7 @@ def test_real_onnx_export_end_to_end(tiny_export, tiny_beir_dir, tmp_path):
     import sys
 
     from magretrieve.data.readers import load_corpus
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     r = Retriever.load(tiny_export, store=f"faiss:{tmp_path / 'ix'}")
     docs = load_corpus(tiny_beir_dir / "corpus.jsonl")

@@ -44,7 +44,7 @@ def exported(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_round_trip_equals_pytorch(exported) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     folder, encoder = exported
     onnx = OnnxEncoder.load(folder)
@@ -57,7 +57,7 @@ def test_round_trip_equals_pytorch(exported) -> None:
 
 
 def test_prefix_and_truncation_come_from_the_manifest(exported) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     folder, encoder = exported
     onnx = OnnxEncoder.load(folder)
@@ -77,7 +77,7 @@ def test_prefix_and_truncation_come_from_the_manifest(exported) -> None:
 
 
 def test_batching_does_not_change_vectors_or_order(exported) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     onnx = OnnxEncoder.load(exported[0])
     one = onnx.encode_documents(TEXTS, batch_size=1)
@@ -90,7 +90,7 @@ def test_batching_does_not_change_vectors_or_order(exported) -> None:
 
 
 def test_bad_arguments(exported) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     onnx = OnnxEncoder.load(exported[0])
     with pytest.raises(ConfigError, match="list of texts"):
@@ -102,7 +102,7 @@ def test_bad_arguments(exported) -> None:
 
 
 def test_threads_and_lazy_sessions(exported) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     onnx = OnnxEncoder.load(exported[0], threads=1)
     onnx.encode_queries(["lung"])
@@ -115,7 +115,7 @@ def test_a_graph_that_fails_its_probe_is_refused_on_every_call(exported) -> None
     from dataclasses import replace
 
     from magretrieve.core.manifest import Manifest
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     manifest = replace(Manifest.load(exported[0]), dimension=31)  # the graph gives 32
     onnx = OnnxEncoder(manifest, threads=1)
@@ -126,7 +126,7 @@ def test_a_graph_that_fails_its_probe_is_refused_on_every_call(exported) -> None
 
 
 def test_tampered_graph_refused(exported, tmp_path: Path) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     copy = shutil.copytree(exported[0], tmp_path / "copy")
     data = bytearray((copy / "query.onnx").read_bytes())
@@ -137,7 +137,7 @@ def test_tampered_graph_refused(exported, tmp_path: Path) -> None:
 
 
 def test_unknown_version_refused(exported, tmp_path: Path) -> None:
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     copy = shutil.copytree(exported[0], tmp_path / "copy")
     manifest = json.loads((copy / "magretrieve.json").read_text())

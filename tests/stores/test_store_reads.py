@@ -234,8 +234,7 @@ def test_a_store_that_cannot_scan_says_why_it_answered_short(tmp_path, monkeypat
         store.search(vectors[:2], 200)
 
 
-def test_the_servers_filtered_search_finds_every_match_on_chroma(tmp_path):
-    from magretrieve.server.routes_store import _search_in
+def test_the_filtered_search_finds_every_match_on_chroma(tmp_path):
     from magretrieve.serving.retriever import Retriever
 
     vectors = clustered(2400)
@@ -247,7 +246,7 @@ def test_the_servers_filtered_search_finds_every_match_on_chroma(tmp_path):
         )
         retriever = Retriever(FakeEncoder(dim=32), store, force=True)
         query = np.random.default_rng(2).normal(size=(1, 32)).astype(np.float32)
-        hits = _search_in(retriever, query, 20, {"group": "wanted"})[0]
+        hits = retriever.search_vectors(query, 20, where={"group": "wanted"})[0]
         assert sorted(h.id for h in hits) == sorted(ids[i] for i in range(7, 2400, 120))
     finally:
         store.close()

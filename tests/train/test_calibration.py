@@ -59,7 +59,7 @@ def test_calibrated_scale_round_trips_through_save_and_export(
 ) -> None:
     from magretrieve.core.manifest import Manifest
     from magretrieve.export.build import export_model
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     enc = Encoder.load(tiny_model_dir, "qnorm", device="cpu")
     raw_norms = np.linalg.norm(enc.embed(DOCS, "document"), axis=1)

@@ -203,7 +203,7 @@ def test_train_head_on_vectors_learns_a_prior() -> None:
 def test_head_exports_into_the_document_graph(tiny_model_dir: Path, tmp_path: Path) -> None:
     from magretrieve.core.manifest import Manifest
     from magretrieve.export.build import export_model
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     enc = Encoder.load(tiny_model_dir, "qnorm", norm_head="mlp", norm_head_hidden=4, device="cpu")
     _randomize(enc.norm_head, seed=2)

@@ -65,7 +65,7 @@ def test_malformed_prompts_refused(config: dict, message: str) -> None:
 def test_prompts_reach_encoder_manifest_and_onnx_encoder(tmp_path: Path) -> None:
     from magretrieve.core.manifest import Manifest
     from magretrieve.export import export_model
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
     from magretrieve.train.encoder import Encoder
 
     folder = st_folder_with_prompts(tmp_path / "st", {"query": "query: ", "passage": "passage: "})

@@ -3,7 +3,7 @@
 A CPU replica has one set of cores to give the graphs. By default every encode goes through
 one worker thread that runs one graph call at a time with every intra-op thread; with
 ``graph_workers`` N, N workers each run their own batch at once on their share of the
-threads (onnxruntime sessions may be run from several threads). Given ``encode_alone`` (a
+threads (onnxruntime sessions may be run from several threads). Given ``encode_all_threads`` (a
 graph run on every thread), a batch that would run alone (no other batch running, nothing else
 queued) runs there instead, and no other batch starts until it ends: a lone client gets every
 core, a busy replica N batches side by side. A worker takes
@@ -22,39 +22,54 @@ or a request it could not take is waiting (then the cores have work and waiting 
 them). Under load the queue fills while a batch runs, so batches grow without waiting.
 
 The queue is bounded: past ``max_queue`` waiting requests :meth:`DynamicBatcher.submit` raises
-:class:`QueueFull` (the server answers 503 with ``Retry-After``). :meth:`DynamicBatcher.close`
-refuses new requests and finishes every queued one before the thread ends, so a SIGTERM drains.
+:class:`~magretrieve.serving.errors.QueueFull` (the server answers 503 with ``Retry-After``).
+:meth:`DynamicBatcher.close` refuses new requests and finishes every queued one before the
+threads end, so a SIGTERM drains.
+
+A request is awaited (:meth:`DynamicBatcher.submit`, from an event loop) or waited for
+(:meth:`DynamicBatcher.submit_wait`, from any other thread): both kinds share the queues and
+merge into the same batches, so a server's handlers, asyncio code and worker threads of one
+process all feed the same graph runs. What the batcher did is told to an optional
+:class:`BatchObserver` (the server's Prometheus metrics).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from magretrieve.core.config import SIDES
-from magretrieve.server.metrics import Metrics
-from magretrieve.server.settings import ServerSettings
+from magretrieve.serving.errors import Draining, QueueFull
+from magretrieve.serving.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
 
 #: ``encode(encodings, side) -> (n, dim) float32``: the graph run of one merged batch.
 EncodeFn = Callable[[Sequence[Any], str], np.ndarray]
+#: Hands a request its rows of the batch's vectors, or the error the batch raised.
+Deliver = Callable[[np.ndarray | None, BaseException | None], None]
 
 
-class QueueFull(Exception):
-    """More requests are waiting for the encoder than the server's ``max_queue``."""
+class BatchObserver(Protocol):
+    """What the batcher reports (the server counts it in Prometheus metrics)."""
 
+    def on_batch(self, side: str, texts: int, requests: int) -> None:
+        """A merged batch of ``texts`` texts from ``requests`` requests ran."""
 
-class Draining(Exception):
-    """The server is shutting down and takes no new encode requests."""
+    def on_queue_depth(self, waiting: int) -> None:
+        """Requests waiting now, after a batch was taken."""
+
+    def on_rejected(self) -> None:
+        """A request was refused because the queue was full."""
 
 
 @dataclass
@@ -64,8 +79,7 @@ class _Job:
     longest: int
     #: Real (unpadded) tokens of the request's texts.
     tokens: int
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
+    deliver: Deliver
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -77,7 +91,7 @@ class _Shape:
     longest: int
     tokens: int
 
-    def fits(self, job: _Job, s: ServerSettings) -> bool:
+    def fits(self, job: _Job, s: EngineSettings) -> bool:
         rows, longest = self.rows + len(job.encodings), max(self.longest, job.longest)
         padded = rows * longest
         return (
@@ -91,11 +105,11 @@ class _Shape:
         self.longest = max(self.longest, job.longest)
         self.tokens += job.tokens
 
-    def full(self, s: ServerSettings) -> bool:
+    def full(self, s: EngineSettings) -> bool:
         return self.rows >= s.max_batch_rows or self.rows * self.longest >= s.max_batch_tokens
 
 
-def _resolve(future: asyncio.Future, value: Any, error: BaseException | None) -> None:
+def _resolve(future: asyncio.Future[np.ndarray], value: Any, error: BaseException | None) -> None:
     if future.done():  # the client went away and its handler was cancelled
         return
     if error is not None:
@@ -104,20 +118,42 @@ def _resolve(future: asyncio.Future, value: Any, error: BaseException | None) ->
         future.set_result(value)
 
 
+def _loop_delivery(future: asyncio.Future[np.ndarray]) -> Deliver:
+    """Hands the result to ``future`` on its own event loop (the worker is another thread)."""
+    loop = future.get_loop()
+
+    def deliver(value: np.ndarray | None, error: BaseException | None) -> None:
+        loop.call_soon_threadsafe(_resolve, future, value, error)
+
+    return deliver
+
+
+def _thread_delivery(future: concurrent.futures.Future[np.ndarray]) -> Deliver:
+    """Hands the result to a thread waiting on ``future``."""
+
+    def deliver(value: np.ndarray | None, error: BaseException | None) -> None:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)  # type: ignore[arg-type]
+
+    return deliver
+
+
 class DynamicBatcher:
     """``settings.graph_workers`` worker threads, one queue per side; see the module docstring."""
 
     def __init__(
         self,
         encode: EncodeFn,
-        settings: ServerSettings,
-        metrics: Metrics | None = None,
-        encode_alone: EncodeFn | None = None,
+        settings: EngineSettings,
+        observer: BatchObserver | None = None,
+        encode_all_threads: EncodeFn | None = None,
     ) -> None:
         self._encode = encode
-        self._encode_alone = encode_alone if settings.graph_workers > 1 else None
+        self._encode_all_threads = encode_all_threads if settings.graph_workers > 1 else None
         self.settings = settings
-        self.metrics = metrics
+        self.observer = observer
         self._queues: dict[str, deque[_Job]] = {side: deque() for side in SIDES}
         self._waiting = 0
         #: Batches in the graphs now, and whether one of them runs alone on every thread.
@@ -131,6 +167,11 @@ class DynamicBatcher:
     def depth(self) -> int:
         """Requests waiting for the encoder (not counting the batch running now)."""
         return self._waiting
+
+    @property
+    def closing(self) -> bool:
+        """:meth:`close` was called: new requests are refused."""
+        return self._closing
 
     @property
     def running(self) -> bool:
@@ -155,26 +196,37 @@ class DynamicBatcher:
 
     async def submit(self, side: str, encodings: Sequence[Any]) -> np.ndarray:
         """The vectors of ``encodings`` (one request's texts, in order) once their batch ran."""
-        loop = asyncio.get_running_loop()
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self._enqueue(side, encodings, _loop_delivery(future))
+        return await future
+
+    def submit_wait(self, side: str, encodings: Sequence[Any]) -> np.ndarray:
+        """:meth:`submit` for a thread that is not an event loop: blocks until the batch ran."""
+        future: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
+        self._enqueue(side, encodings, _thread_delivery(future))
+        return future.result()
+
+    def _enqueue(self, side: str, encodings: Sequence[Any], deliver: Deliver) -> None:
         job = _Job(
             side,
             encodings,
             max((len(e.ids) for e in encodings), default=1),
             sum(len(e.ids) for e in encodings),
-            loop.create_future(),
-            loop,
+            deliver,
         )
         with self._cond:
             if self._closing:
-                raise Draining()
+                raise Draining("the encoder is shutting down and takes no new texts")
             if self._waiting >= self.settings.max_queue:
-                if self.metrics is not None:
-                    self.metrics.rejected.inc()
-                raise QueueFull()
+                if self.observer is not None:
+                    self.observer.on_rejected()
+                raise QueueFull(
+                    f"the encoder queue is full ({self.settings.max_queue} requests waiting); "
+                    "retry later"
+                )
             self._queues[side].append(job)
             self._waiting += 1
             self._cond.notify()
-        return await job.future
 
     # ------------------------------------------------------------------ worker
 
@@ -202,11 +254,13 @@ class DynamicBatcher:
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
-            alone = self._encode_alone is not None and self._running == 0 and not self._waiting
+            alone = (
+                self._encode_all_threads is not None and self._running == 0 and not self._waiting
+            )
             self._running += 1
             self._alone_running = alone
-            if self.metrics is not None:
-                self.metrics.queue_depth.set(self._waiting)
+            if self.observer is not None:
+                self.observer.on_queue_depth(self._waiting)
         return jobs, alone
 
     def _finished(self, alone: bool) -> None:
@@ -240,21 +294,22 @@ class DynamicBatcher:
             jobs, alone = taken
             side = jobs[0].side
             encodings = [e for job in jobs for e in job.encodings]
-            encode = self._encode_alone if alone and self._encode_alone else self._encode
+            encode = (
+                self._encode_all_threads if alone and self._encode_all_threads else self._encode
+            )
             try:
                 vectors = encode(encodings, side)
             except BaseException as exc:  # handed to every waiting request, never lost
                 logger.exception("encoding a batch of %d %s texts failed", len(encodings), side)
                 for job in jobs:
-                    job.loop.call_soon_threadsafe(_resolve, job.future, None, exc)
+                    job.deliver(None, exc)
                 continue
             finally:
                 self._finished(alone)
-            if self.metrics is not None:
-                self.metrics.batch_texts.labels(side).observe(len(encodings))
-                self.metrics.batch_requests.labels(side).observe(len(jobs))
+            if self.observer is not None:
+                self.observer.on_batch(side, len(encodings), len(jobs))
             start = 0
             for job in jobs:
                 stop = start + len(job.encodings)
-                job.loop.call_soon_threadsafe(_resolve, job.future, vectors[start:stop], None)
+                job.deliver(vectors[start:stop], None)
                 start = stop

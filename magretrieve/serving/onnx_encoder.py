@@ -30,6 +30,8 @@ DEFAULT_DOCUMENT_BATCH = 128
 WARM_QUERY_TOKENS = 64
 #: Environment knob: onnxruntime intra-op threads when ``threads`` is not given.
 THREADS_ENV = "MAGRETRIEVE_ONNX_THREADS"
+#: onnxruntime's session config key for intra-op thread spinning (:attr:`OnnxEncoder.spinning`).
+SPINNING_KEY = "session.intra_op.allow_spinning"
 #: Devices an OnnxEncoder runs on, and the onnxruntime provider each one needs.
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 #: Runtimes that run the export's graphs: name → (engine, inference precision). ``openvino``
@@ -122,6 +124,14 @@ class OnnxEncoder:
     ``batch_size`` (most texts per batch) and ``max_batch_tokens`` (padded tokens per batch
     over length-sorted texts).
     """
+
+    #: Whether onnxruntime's intra-op threads spin-wait after each parallel section
+    #: (onnxruntime's own default). On cores of its own that is faster: the batcher runs graph
+    #: after graph, and awake threads start the next one at once (measured in
+    #: ``benchmarks/results/serve_load.md``, docs/serve.md). Where other processes share the
+    #: cores, spinning threads take their time slices; False (``--no-onnx-spinning``) lets
+    #: them sleep between runs. Set before the sessions open.
+    spinning: bool = True
 
     def __init__(
         self,
@@ -266,6 +276,7 @@ class OnnxEncoder:
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.add_session_config_entry(SPINNING_KEY, "1" if self.spinning else "0")
         return options
 
     def _probe(self, side: str, session: Any) -> None:
