@@ -212,6 +212,7 @@ COMMANDS: dict[str, list[str]] = {
         "--scann-leaves-to-search",
         "--scann-reorder",
         "--store",
+        "--where",
         "-k",
         "EXPORT_DIR",
         "QUERY",
