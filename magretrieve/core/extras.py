@@ -19,6 +19,8 @@ from magretrieve.core.errors import ConfigError
 #: Top-level module -> (distribution on PyPI, the extra of magretrieve that installs it).
 EXTRAS: dict[str, tuple[str, str]] = {
     # serving runtimes and export
+    "onnxruntime": ("onnxruntime", "serve"),
+    "tokenizers": ("tokenizers", "serve"),
     "openvino": ("openvino", "openvino"),
     "nncf": ("nncf", "openvino-int8"),
     # training, evaluation, models

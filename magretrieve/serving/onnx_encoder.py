@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from magretrieve.core.batching import DEFAULT_BATCH_TOKENS, token_budget_batches
 from magretrieve.core.config import SIDES
 from magretrieve.core.errors import ConfigError, ManifestError, first_line
+from magretrieve.core.extras import require
 from magretrieve.core.manifest import Manifest
 from magretrieve.core.similarity import Similarity
 
@@ -96,11 +97,16 @@ def check_runtime(runtime: str | None, device: str, manifest: Manifest) -> str:
     return runtime
 
 
+def _onnxruntime() -> Any:
+    """onnxruntime, or one line naming the ``serve`` extra that installs it."""
+    return require("onnxruntime", what="ONNX serving")
+
+
 def check_device(device: str) -> str:
     """Refuse an unknown device, or ``cuda`` when onnxruntime has no CUDA provider here."""
     if device not in PROVIDERS:
         raise ConfigError(f"unknown device {device!r}; choose one of {', '.join(PROVIDERS)}")
-    import onnxruntime as ort
+    ort = _onnxruntime()
 
     if PROVIDERS[device] not in ort.get_available_providers():
         raise ConfigError(
@@ -140,7 +146,7 @@ class OnnxEncoder:
         device: str = "cpu",
         runtime: str | None = None,
     ) -> None:
-        from tokenizers import Tokenizer
+        Tokenizer = require("tokenizers", what="ONNX serving").Tokenizer
 
         if manifest.folder is None:
             raise ManifestError("OnnxEncoder needs a manifest loaded from a folder")
@@ -252,7 +258,7 @@ class OnnxEncoder:
             from magretrieve.serving.openvino_session import OpenVinoSession
 
             return OpenVinoSession(path, threads=self.threads, precision=precision)
-        import onnxruntime as ort
+        ort = _onnxruntime()
 
         options = self._session_options()
         providers: list[Any] = [PROVIDERS["cpu"]]
@@ -267,7 +273,7 @@ class OnnxEncoder:
 
     def _session_options(self) -> Any:
         """The onnxruntime ``SessionOptions`` every session of this encoder opens with."""
-        import onnxruntime as ort
+        ort = _onnxruntime()
 
         options = ort.SessionOptions()
         # One graph runs at a time per call: parallelism inside operators (intra-op), none

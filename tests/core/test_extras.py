@@ -120,6 +120,18 @@ def _nncf() -> Any:
     return import_nncf()
 
 
+def _onnxruntime() -> Any:
+    from magretrieve.serving.onnx_encoder import check_device
+
+    return check_device("cpu")
+
+
+def _tokenizers() -> Any:
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
+
+    return OnnxEncoder(manifest=None)  # type: ignore[arg-type]
+
+
 def _openvino() -> Any:
     from magretrieve.serving.openvino_session import import_openvino
 
@@ -190,6 +202,12 @@ def _not_installed(dist: str, extra: str) -> str:
 #: (module to block, what runs into the guard, the whole message)
 GUARDS: list[tuple[str, Callable[[], Any], str]] = [
     ("ray", _ray, "engine 'ray' needs ray: pip install 'magretrieve[ray]'"),
+    (
+        "onnxruntime",
+        _onnxruntime,
+        "ONNX serving needs onnxruntime: pip install 'magretrieve[serve]'",
+    ),
+    ("tokenizers", _tokenizers, "ONNX serving needs tokenizers: pip install 'magretrieve[serve]'"),
     ("nncf", _nncf, "--quantize int8-static needs nncf: pip install 'magretrieve[openvino-int8]'"),
     (
         "openvino",
