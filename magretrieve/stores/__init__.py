@@ -123,6 +123,5 @@ def use_tuning_queries(store: VectorStore, tuning: Any) -> None:
             f"the store {store.dimension}"
         )
     store.tuning_queries = tuning
-    measure = getattr(store, "measure_recall", None)
-    if callable(measure) and store.describe()["parameters"].get("recall"):
-        measure(target_recall=getattr(store, "target_recall", None))
+    if store.describe()["parameters"].get("recall"):
+        store.measure_recall(target_recall=getattr(store, "target_recall", None))

@@ -89,7 +89,10 @@ class FaissStore(RecordTableMixin, VectorStore):
         target_recall: float | None = None,
         index: Any = None,
         single_query_threads: int | None = 1,
+        saved: _faiss_files.Saved | None = None,
     ) -> None:
+        """A new store (``index_type`` or an adopted ``index``), or the one ``saved`` in
+        ``path`` (what :meth:`open` read; the options then are the search-time ones)."""
         self._path = Path(path) if path is not None else None
         where = self.location
         dim = check_dimension(dimension, where)
@@ -102,6 +105,9 @@ class FaissStore(RecordTableMixin, VectorStore):
         }
         self.target_recall = _check("target_recall", target_recall, where)
         self._init_common(dim, self._path, single_query_threads)
+        if saved is not None:
+            self._load(saved, given)
+            return
         self.params = {k: (v if v is not None else DEFAULTS[k]) for k, v in given.items()}
         if index is not None:
             if index_type is not None:
@@ -267,53 +273,49 @@ class FaissStore(RecordTableMixin, VectorStore):
         options: dict[str, Any],
     ) -> FaissStore:
         state = saved.state
-        where = f"faiss:{path}"
         if dimension is not None and int(dimension) != int(state["dimension"]):
             raise StoreError(
                 f"{path}: store has dimension {state['dimension']}, "
                 f"but the model produces dimension {dimension}"
             )
+        cls._check_reopen(f"faiss:{path}", state["index_type"], state["parameters"], options)
+        return cls(int(state["dimension"]), path, saved=saved, **options)
+
+    def _load(self, saved: _faiss_files.Saved, given: dict[str, Any]) -> None:
+        """Take the state, index and records of a saved generation."""
+        state, path, where = saved.state, self._path, self.location
+        assert path is not None
         params = dict(state["parameters"])
         stored_type = state["index_type"]
-        cls._check_reopen(where, stored_type, params, options)
-        store = cls.__new__(cls)
-        store.target_recall = _check("target_recall", options.get("target_recall"), where)
-        store._init_common(int(state["dimension"]), path, options.get("single_query_threads", 1))
-        store.params = {**{k: DEFAULTS[k] for k in DEFAULTS}, **params}
-        for key in SEARCH_OPTIONS:
-            if options.get(key) is not None:
-                store.params[key] = _check(key, options[key], where)
-        store.index_type = stored_type
-        store._generation = int(state["generation"])
-        store._meta = _faiss_files.metadata(state, path)
-        store.recall = state.get("recall")
-        store._sequential = bool(state.get("sequential", False))
+        self.params = {**{k: DEFAULTS[k] for k in DEFAULTS}, **params}
+        self.params.update({k: given[k] for k in SEARCH_OPTIONS if given[k] is not None})
+        self.index_type = stored_type
+        self._generation = int(state["generation"])
+        self._meta = _faiss_files.metadata(state, path)
+        self.recall = state.get("recall")
+        self._sequential = bool(state.get("sequential", False))
         if saved.index_file is None:  # generation 0: created, first save never completed
             if stored_type != "factory" and params.get("factory") is None:
-                store.params["factory"] = fx.alias_factory(stored_type, store.params)
-            factory = store.params.get("factory")
+                self.params["factory"] = fx.alias_factory(stored_type, self.params)
+            factory = self.params.get("factory")
             if factory is not None:
-                store._handle = fx.wrap(fx.make_factory_index(store._dim, factory, where), where)
-                fx.set_build_parameters(store._handle, store.params)
-            store._normalizes = bool(store._handle and store._handle.normalizes)
+                self._handle = fx.wrap(fx.make_factory_index(self._dim, factory, where), where)
+                fx.set_build_parameters(self._handle, self.params)
+            self._normalizes = bool(self._handle and self._handle.normalizes)
         else:
-            store._handle = fx.read(str(saved.index_file), str(saved.index_file))
-            store._normalizes = store._handle.normalizes
+            self._handle = fx.read(str(saved.index_file), str(saved.index_file))
+            self._normalizes = self._handle.normalizes
             records_file = path / state["records_file"]
             _check_records(saved.records, records_file)
-            store._table = RecordTable.from_json(saved.records or {})
+            self._table = RecordTable.from_json(saved.records or {})
             pending = saved.pending
             pfids = (saved.records or {}).get("pending", [])
             if pending is not None and len(pfids):
-                store._pending = [(np.asarray(pfids, dtype=np.int64), pending)]
-            _check_consistent(store, saved.index_file, records_file)
-        if store._handle is not None:
-            fx.set_search_parameters(store._handle, store.params)
-            store._check_applicable(
-                store._handle.kind,
-                {k: options.get(k) for k in SEARCH_OPTIONS},
-            )
-        return store
+                self._pending = [(np.asarray(pfids, dtype=np.int64), pending)]
+            _check_consistent(self, saved.index_file, records_file)
+        if self._handle is not None:
+            fx.set_search_parameters(self._handle, self.params)
+            self._check_applicable(self._handle.kind, {k: given[k] for k in SEARCH_OPTIONS})
 
     @staticmethod
     def _check_reopen(
@@ -447,74 +449,52 @@ class FaissStore(RecordTableMixin, VectorStore):
                 self._begin_write()
                 self._flush_pending(final=True)
                 self._dirty = True
-            if self._handle is not None and self._handle.kind in ("hnsw", "ivf") and self.count():
-                self.measure_recall(target_recall=self.target_recall)
+            self.measure_recall(target_recall=self.target_recall)
 
-    def measure_recall(
-        self, queries: np.ndarray | None = None, target_recall: float | None = None
-    ) -> dict[str, Any] | None:
-        """Measure recall@10 against exact search (tuning efSearch/nprobe to a target first).
+    def _recall_lock(self) -> Any:
+        return self._lock
 
-        Queries are directions of sampled stored vectors, plus ``queries`` (real query
-        vectors) when given. The result is kept in ``describe()["parameters"]["recall"]`` and
-        the state file; see :mod:`magretrieve.stores._ann_recall`.
-        """
-        where = self.location
-        target_recall = _check("target_recall", target_recall, where)
+    def _recall_knob(self) -> Any:
+        """``efSearch`` of an HNSW index, ``nprobe`` of an IVF one (set through FAISS)."""
         self._ready_for_search()
-        if (
-            self._handle is None
-            or self._pending
-            or self._handle.kind not in ("hnsw", "ivf")
-            or not self.count()
-        ):
+        handle = self._handle
+        if handle is None or self._pending or handle.kind not in ("hnsw", "ivf"):
             return None
-        with self._lock:
-            fids = np.fromiter(self._table.row.values(), dtype=np.int64)
-            ids = [self._table.records[f][0] for f in fids]
-            vectors = np.concatenate(
-                [
-                    self._handle.index.reconstruct_batch(fids[i : i + 65536])
-                    for i in range(0, len(fids), 65536)
-                ]
-            )
-            name = "ef_search" if self._handle.kind == "hnsw" else "nprobe"
-            if name == "ef_search":
-                values: list[int] = list(_ann_recall.HNSW_EF)
-            else:
-                values = _ann_recall.nprobe_values(int(self.params["nlist"]))
+        name = "ef_search" if handle.kind == "hnsw" else "nprobe"
+        if name == "ef_search":
+            values: list[int] = list(_ann_recall.HNSW_EF)
+        else:
+            values = _ann_recall.nprobe_values(int(self.params["nlist"]))
 
-            def set_knob(v: int) -> None:
-                self.params[name] = int(v)
-                fx.set_search_parameters(self._handle, self.params)  # type: ignore[arg-type]
+        def set_knob(v: int) -> None:
+            self.params[name] = int(v)
+            fx.set_search_parameters(handle, self.params)
 
-            knob = _ann_recall.Knob(name, values, set_knob, int(self.params[name]))
-            table = self._table
+        return _ann_recall.Knob(name, values, set_knob, int(self.params[name]))
 
-            def search(q: np.ndarray, k: int) -> list[list[str]]:
-                _, found = self.raw_search(q, min(k + len(table.tombstones), self._handle.ntotal))  # type: ignore[union-attr]
-                out = []
-                for row in found:
-                    live = [r[0] for f in row if (r := table.live(int(f))) is not None]
-                    out.append(live[:k])
-                return out
+    def _stored_vectors(self) -> tuple[list[str], np.ndarray]:
+        """The vectors as the index holds them (decoded codes of a lossy index)."""
+        fids = np.fromiter(self._table.row.values(), dtype=np.int64)
+        ids = [self._table.records[f][0] for f in fids]
+        chunks = [
+            self._handle.index.reconstruct_batch(fids[i : i + 65536])  # type: ignore[union-attr]
+            for i in range(0, len(fids), 65536)
+        ]
+        return ids, np.concatenate(chunks) if chunks else np.zeros((0, self._dim), np.float32)
 
-            self.recall = _ann_recall.measure(
-                search,
-                ids,
-                vectors,
-                knob=knob,
-                target=target_recall,
-                queries=queries if queries is not None else self.tuning_queries,
-                ground_truth=(
-                    "exact inner product over the decoded (compressed) vectors"
-                    if self._handle.lossy
-                    else "exact inner product over the stored vectors"
-                ),
-                where=where,
-            )
-            self._dirty = True
-            return self.recall
+    def _ground_truth(self) -> str:
+        if self._handle is not None and self._handle.lossy:
+            return "exact inner product over the decoded (compressed) vectors"
+        return super()._ground_truth()
+
+    def _recall_search(self, q: np.ndarray, k: int) -> list[list[str]]:
+        table = self._table
+        _, found = self.raw_search(q, min(k + len(table.tombstones), self._handle.ntotal))  # type: ignore[union-attr]
+        return [[r[0] for f in row if (r := table.live(int(f))) is not None][:k] for row in found]
+
+    def _keep_recall(self, recall: dict[str, Any], knob: Any) -> None:
+        self.recall = recall
+        self._dirty = True  # kept in the state file by the next save
 
     # ------------------------------------------------------------------ protocol
 

@@ -35,7 +35,6 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
-    check_reopen,
     metric_refusal,
     missing_store,
     one_line,
@@ -141,30 +140,27 @@ class MilvusStore(VectorStore):
         self.ef_search = ef_search
         self.nprobe = nprobe
         index = (index_type or "FLAT").upper()
-        asked = {
+        if index not in INDEX_TYPES:
+            raise StoreError(
+                f"{self._location}: index_type {index_type!r} is not one of {', '.join(INDEX_TYPES)}"
+            )
+        self._asked: dict[str, Any] = {
             "index_type": index_type,
             "hnsw_m": hnsw_m,
             "ef_construction": ef_construction,
             "nlist": nlist,
         }
-        if index not in INDEX_TYPES:
-            raise StoreError(
-                f"{self._location}: index_type {index_type!r} is not one of {', '.join(INDEX_TYPES)}"
-            )
+        self._new_index = index
         try:
-            if client.has_collection(collection):
-                self.created_here = False
-                self._open_existing(dimension)
-                self._check_reopen(asked)
-            else:
-                if dimension is None:
-                    raise missing_store(self._location, f"Milvus collection {collection!r}")
-                self._create(int(dimension), index, hnsw_m, ef_construction, nlist)
+            self._open_or_create(dimension, f"Milvus collection {collection!r}", self._asked)
             client.load_collection(collection)
         except pymilvus().MilvusException as exc:
             raise StoreError(f"{self._location}: Milvus request failed ({one_line(exc)})") from None
 
-    def _open_existing(self, dimension: int | None) -> None:
+    def _exists(self) -> bool:
+        return bool(self.client.has_collection(self.collection))
+
+    def _open_existing(self, dimension: int | None) -> int:
         desc = self.client.describe_collection(self.collection)
         fields = {f["name"]: f for f in desc["fields"]}
         missing = [f for f in FIELDS if f not in fields]
@@ -178,17 +174,10 @@ class MilvusStore(VectorStore):
             raise metric_refusal(
                 self._location, f"metric {metric}", "IP", ". Create a new collection"
             )
-        dim = int(fields["vector"]["params"]["dim"])
-        if dimension is not None and dim != int(dimension):
-            raise StoreError(
-                f"{self._location} has vector size {dim}, but the model produces dimension "
-                f"{dimension}"
-            )
-        self._dim = dim
+        return int(fields["vector"]["params"]["dim"])
 
-    def _check_reopen(self, asked: Mapping[str, Any]) -> None:
-        """Refuse build options that differ from the ones the collection's index was built
-        with: its type from the index itself, its parameters from the collection property
+    def _recorded_build(self) -> dict[str, Any]:
+        """The index type from the index itself, its parameters from the collection property
         written at creation. A collection created without that property (by another program,
         or before magretrieve recorded it) has unknown parameters, and any are accepted."""
         props = self.client.describe_collection(self.collection).get("properties") or {}
@@ -200,7 +189,7 @@ class MilvusStore(VectorStore):
         self._index = {**built, **self._index}
         recorded = {"index_type": self._index.get("index_type")}
         recorded.update({k: built.get(p) for k, p in BUILD_PARAMS.items()})
-        check_reopen(self._location, recorded, asked)
+        return recorded
 
     def _metric(self) -> str:
         for name in self.client.list_indexes(self.collection):
@@ -211,14 +200,10 @@ class MilvusStore(VectorStore):
         self._index = {}
         return "IP"  # no index yet: ours is created with IP
 
-    def _create(
-        self,
-        dim: int,
-        index: str,
-        hnsw_m: int | None,
-        ef_construction: int | None,
-        nlist: int | None,
-    ) -> None:
+    def _create(self, dim: int) -> None:
+        index = self._new_index
+        hnsw_m, ef_construction = self._asked["hnsw_m"], self._asked["ef_construction"]
+        nlist = self._asked["nlist"]
         mv = pymilvus()
         schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field("doc_id", mv.DataType.VARCHAR, is_primary=True, max_length=MAX_ID_LENGTH)
@@ -242,7 +227,6 @@ class MilvusStore(VectorStore):
             self.collection, properties={INDEX_KEY: json.dumps({"index_type": index, **params})}
         )
         self._index = {"index_type": index, "metric_type": "IP", **params}
-        self._dim = dim
 
     @property
     def dimension(self) -> int:
@@ -254,10 +238,6 @@ class MilvusStore(VectorStore):
 
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
         return (pymilvus().MilvusException,)
-
-    def _run(self, what: str, fn: Any) -> Any:
-        with self._driver(what):
-            return fn()
 
     # ------------------------------------------------------------------ primitives
 

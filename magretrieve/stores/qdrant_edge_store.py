@@ -30,7 +30,7 @@ class QdrantEdgeStore(QdrantStore):
     kind = "qdrant-edge"
 
     def __init__(self, path: str | Path, dimension: int | None = None, **options: Any) -> None:
-        self._setup(EdgeAPI(path), dimension, **options)
+        super().__init__(dimension=dimension, api=EdgeAPI(path), **options)
 
     def foreign_points(self) -> int:
         """A shard without magretrieve's file beside it was not written by magretrieve."""
