@@ -8,7 +8,7 @@ first vectors added and is trained on them once enough are there (or at ``optimi
 the FAISS idiom. A FAISS index object can be passed instead (``open_store(index)``).
 
 Split by job: :mod:`._faiss_index` builds/adopts index objects (owning references, training,
-search knobs), :mod:`._faiss_records` is the id map, :mod:`._faiss_files` the generations on
+search knobs), :mod:`._record_table` is the id map, :mod:`._faiss_files` the generations on
 disk, :mod:`._ann_recall` measures and tunes recall, :mod:`._writer_lock` keeps a second
 writer out. This module is the store that ties them together.
 
@@ -21,6 +21,8 @@ benchmarks/results/stores.md).
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import threading
 from collections.abc import Iterable
@@ -33,14 +35,14 @@ from magretrieve.core.errors import StoreError
 from magretrieve.core.topk import top_k
 from magretrieve.stores import _ann_recall, _faiss_files, registry
 from magretrieve.stores import _faiss_index as fx
-from magretrieve.stores._faiss_records import RecordTable, RecordTableMixin
+from magretrieve.stores._generation import SavedGenerations
+from magretrieve.stores._record_table import RecordTable, RecordTableMixin
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
     StoreHit,
     StoreRecord,
     VectorStore,
-    atomic_write_json,
     check_dimension,
     missing_store,
     reading_store,
@@ -64,7 +66,7 @@ def _check(name: str, value: Any, where: str) -> Any:
     return registry.OPTIONS[name].check(value, where) if value is not None else None
 
 
-class FaissStore(RecordTableMixin, VectorStore):
+class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
     """A FAISS index plus a record table (string id + payload + norm per int64 FAISS id).
 
     Deletion and replacement use ``remove_ids`` where the index supports it (flat, IVF) and
@@ -74,6 +76,8 @@ class FaissStore(RecordTableMixin, VectorStore):
 
     kind = "faiss"
     thread_safe_search = True  # FAISS const search is thread-safe; knobs change only by tuning
+    _files = _faiss_files.FILES
+    _kept_on_catch_up = ("_writer", "single_query_threads", "target_recall")
 
     def __init__(
         self,
@@ -233,13 +237,6 @@ class FaissStore(RecordTableMixin, VectorStore):
         return bool(getattr(self, "_normalizes", False))
 
     @property
-    def generation(self) -> int | None:
-        return self._generation if self._path is not None else None
-
-    def disk_generation(self) -> int | None:
-        return _faiss_files.disk_generation(self._path) if self._path is not None else None
-
-    @property
     def index(self) -> Any:
         """The underlying FAISS index object (None while an untrained index waits for data)."""
         return self._handle.index if self._handle is not None else None
@@ -363,19 +360,8 @@ class FaissStore(RecordTableMixin, VectorStore):
             "metadata": self._meta,
         }
 
-    def _begin_write(self) -> None:
-        """First write of this object: take the folder's writer lock, catch up with disk."""
-        if self._writer is None or self._writer.held:
-            return
-        self._writer.acquire()
-        on_disk = _faiss_files.disk_generation(self._path)  # type: ignore[arg-type]
-        if on_disk is not None and on_disk != self._generation and not self._dirty:
-            # another writer committed since this object was opened: start from its state
-            fresh = FaissStore.open(self._path)  # type: ignore[arg-type]
-            writer, threads = self._writer, self.single_query_threads
-            target = self.target_recall
-            self.__dict__.update(fresh.__dict__)
-            self._writer, self.single_query_threads, self.target_recall = writer, threads, target
+    def _reopened(self) -> FaissStore:
+        return FaissStore.open(self._path)  # type: ignore[arg-type]
 
     def persist(self) -> None:
         """Save a new generation atomically (the state file is switched last).
@@ -393,24 +379,19 @@ class FaissStore(RecordTableMixin, VectorStore):
             if self._handle is None and self._pending:
                 self._flush_pending(final=True)
             if self._handle is None:  # nothing added yet: record the empty store's settings
-                if not _faiss_files.has_state(self._path):
-                    self._path.mkdir(parents=True, exist_ok=True)
-                    atomic_write_json(self._path / STATE_FILE, self._state({}))
+                _faiss_files.FILES.begin(self._path, self._state({}))
                 self._dirty = False
                 return
             records = self._table.to_json()
-            pending = None
+            blobs = {"index": fx.serialize(self._handle), "records": b""}
             if self._pending:
                 pending = np.concatenate([v for _, v in self._pending])
                 records["pending"] = np.concatenate([f for f, _ in self._pending]).tolist()
-            _faiss_files.write(
-                self._path,
-                self._generation + 1,
-                fx.serialize(self._handle),
-                records,
-                pending,
-                self._state,
-            )
+                buf = io.BytesIO()
+                np.save(buf, np.ascontiguousarray(pending, dtype=np.float32))
+                blobs["pending"] = buf.getvalue()
+            blobs["records"] = json.dumps(records).encode()
+            _faiss_files.FILES.commit(self._path, self._generation + 1, blobs, self._state)
             self._generation += 1
             self._dirty = False
 
@@ -664,13 +645,6 @@ class FaissStore(RecordTableMixin, VectorStore):
         if self.recall is not None:
             out["recall"] = self.recall
         return out
-
-    def close(self) -> None:
-        """Release the writer lock; a folder this object created but never saved is removed."""
-        if self._writer is not None:
-            self._writer.release()
-            if self._path is not None and not _faiss_files.has_state(self._path):
-                self._writer.discard_empty()
 
 
 # ----------------------------------------------------------------------------- consistency

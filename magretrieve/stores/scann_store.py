@@ -66,20 +66,18 @@ from magretrieve.core.errors import StoreError
 from magretrieve.core.files import sha256_file
 from magretrieve.core.topk import exact_search
 from magretrieve.stores import _ann_recall, registry
-from magretrieve.stores._faiss_records import RecordTable, RecordTableMixin
+from magretrieve.stores._generation import GenerationFiles, SavedGenerations
+from magretrieve.stores._record_table import RecordTable, RecordTableMixin
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
     StoreHit,
     StoreRecord,
     VectorStore,
-    atomic_write_bytes,
-    atomic_write_json,
     check_dimension,
     fsync_dir,
     missing_store,
     plain_file,
-    read_state_file,
     reading_store,
     require,
     state_metadata,
@@ -155,7 +153,16 @@ def default_leaves(n: int) -> int:
     return max(1, round(math.sqrt(n)))
 
 
-class ScannStore(RecordTableMixin, VectorStore):
+FILES = GenerationFiles(
+    STATE_FILE,
+    FORMAT,
+    "ScaNN",
+    {"records": "records-{gen}.json", "vectors": "vectors-{gen}.npy"},
+    folders={"scann": "scann-{gen}"},
+)
+
+
+class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
     """Record table + float32 vectors + (after ``optimize``) a ScaNN searcher over them.
 
     Row ``r`` of the record table is row ``r`` of the vectors; rows ``0..built-1`` are the
@@ -165,6 +172,9 @@ class ScannStore(RecordTableMixin, VectorStore):
 
     kind = "scann"
     thread_safe_search = False  # optimize() swaps the searcher; the Retriever serializes
+    _files = FILES
+    _kept_on_catch_up = ("_writer", "target_recall")
+    _path: Path
 
     def __init__(
         self,
@@ -248,12 +258,8 @@ class ScannStore(RecordTableMixin, VectorStore):
             raise StoreError(f"{where}: option(s) {unknown} do not apply to scann stores")
         checked = {k: _check(k, v, where) for k, v in options.items() if v is not None}
         scann_ops()  # a missing extra is refused before anything is created
-        if not (path / STATE_FILE).is_file():
-            if any(path.glob("records-*.json")) or any(path.glob("scann-*")):
-                raise StoreError(
-                    f"{where}: store files without {STATE_FILE}: a save was interrupted before "
-                    "its first commit; delete the folder and re-index"
-                )
+        if not FILES.has_state(path):
+            FILES.check_no_orphans(path)
             if dimension is None:
                 raise missing_store(str(path), "ScaNN store")
             return cls(int(dimension), path, **checked)
@@ -262,7 +268,7 @@ class ScannStore(RecordTableMixin, VectorStore):
 
     @classmethod
     def _from_state(cls, path: Path, dimension: int | None, options: dict[str, Any]) -> ScannStore:
-        state = read_state_file(path / STATE_FILE, FORMAT, "ScaNN")
+        state = FILES.read_state(path)
         dim = int(state["dimension"])
         if dimension is not None and int(dimension) != dim:
             raise StoreError(
@@ -278,8 +284,8 @@ class ScannStore(RecordTableMixin, VectorStore):
         self.recall = state.get("recall")
         if state.get("records_file") is None:  # generation 0: created, nothing saved yet
             return
-        records_file = _checked_file(path, state, "records")
-        vectors_file = _checked_file(path, state, "vectors")
+        records_file = FILES.checked(path, state, "records")
+        vectors_file = FILES.checked(path, state, "vectors")
         records = json.loads(records_file.read_text())
         rows = records["records"]
         if not isinstance(rows, list) or any(
@@ -334,20 +340,10 @@ class ScannStore(RecordTableMixin, VectorStore):
             **files,
         }
 
-    def _begin_write(self) -> None:
-        """First write of this object: take the folder's writer lock, catch up with disk."""
-        if self._writer.held:
-            return
-        self._writer.acquire()
-        on_disk = _disk_generation(self._path)
-        if on_disk is not None and on_disk != self._generation and not self._dirty:
-            # another writer committed since this object was opened: start from its state
-            fresh = ScannStore._from_state(self._path, None, {})
-            writer, params, target = self._writer, self.params, self.target_recall
-            fresh._writer.release()
-            self.__dict__.update(fresh.__dict__)
-            self._writer, self.target_recall = writer, target
-            self.params.update({k: v for k, v in params.items() if v is not None})
+    def _reopened(self) -> ScannStore:
+        """The committed store, with this object's options for the next build and search."""
+        options = {k: v for k, v in self.params.items() if v is not None}
+        return ScannStore._from_state(self._path, None, options)
 
     def persist(self) -> None:
         """Save a new generation atomically (the state file is switched last).
@@ -361,36 +357,23 @@ class ScannStore(RecordTableMixin, VectorStore):
                 return
             self._begin_write()
             path, gen = self._path, self._generation + 1
-            path.mkdir(parents=True, exist_ok=True)
-            if not (path / STATE_FILE).is_file():
-                # an empty generation 0 first: a crash during the first real save then leaves
-                # a store that reopens (empty) and resumes, instead of orphan files
-                atomic_write_json(path / STATE_FILE, self._state({}))
+            FILES.begin(path, self._state({}))
             self._compact_pending()
             m = len(self._table.records)
             records = {**self._table.to_json(), "built": self._built}
-            files: dict[str, Any] = {
-                "records_file": f"records-{gen}.json",
-                "vectors_file": f"vectors-{gen}.npy",
-            }
-            atomic_write_bytes(path / files["records_file"], json.dumps(records).encode())
+            saved: dict[str, Any] = {}
             if self._searcher is not None and self._scann_files is None:
                 self._scann_files = self._save_searcher(f"scann-{gen}")
             if self._searcher is not None and self._scann_files is not None:
-                files["scann_dir"] = self._scann_files["dir"]
-                files["scann_sha256"] = self._scann_files["sha256"]
-            files["vectors_from"] = self._vectors_from_saved()
+                saved["scann_dir"] = self._scann_files["dir"]
+                saved["scann_sha256"] = self._scann_files["sha256"]
+            saved["vectors_from"] = self._vectors_from_saved()
             buf = io.BytesIO()
-            np.save(buf, self._vecs[files["vectors_from"] : m])
-            atomic_write_bytes(path / files["vectors_file"], buf.getvalue())
-            for key in ("records", "vectors"):
-                files[f"{key}_sha256"] = sha256_file(path / files[f"{key}_file"])
-            atomic_write_json(path / STATE_FILE, self._state(files))
+            np.save(buf, self._vecs[saved["vectors_from"] : m])
+            blobs = {"records": json.dumps(records).encode(), "vectors": buf.getvalue()}
+            FILES.commit(path, gen, blobs, self._state, saved)
             self._generation = gen
             self._dirty = False
-            _remove_stale(
-                path, {files["records_file"], files["vectors_file"], files.get("scann_dir")}
-            )
 
     def _vectors_from_saved(self) -> int:
         """First row the vectors file must hold: ``built`` when the saved searcher keeps its
@@ -713,40 +696,8 @@ class ScannStore(RecordTableMixin, VectorStore):
             out["recall"] = self.recall
         return out
 
-    @property
-    def generation(self) -> int | None:
-        return self._generation
-
-    def disk_generation(self) -> int | None:
-        return _disk_generation(self._path)
-
-    def close(self) -> None:
-        """Release the writer lock; a folder this object created but never saved is removed."""
-        self._writer.release()
-        if not (self._path / STATE_FILE).is_file():
-            self._writer.discard_empty()
-
 
 # ----------------------------------------------------------------------------- files
-
-
-def _disk_generation(path: Path) -> int | None:
-    try:
-        return int(json.loads((path / STATE_FILE).read_text()).get("generation", 0))
-    except (OSError, ValueError, AttributeError, TypeError):
-        return None
-
-
-def _checked_file(path: Path, state: dict[str, Any], key: str) -> Path:
-    """``DIR/<state[key_file]>``: a plain name, present, matching its recorded checksum."""
-    f = plain_file(path, state[f"{key}_file"], STATE_FILE)
-    if not f.is_file():
-        raise StoreError(f"{f}: missing (the store in {path} is incomplete)")
-    if sha256_file(f) != state[f"{key}_sha256"]:
-        raise StoreError(
-            f"{f}: does not match the checksum in {STATE_FILE} (half-written or modified)"
-        )
-    return f
 
 
 def _read_vectors(f: Path, records_name: str, rows: int, rows_from: int, dim: int) -> np.ndarray:
@@ -837,22 +788,6 @@ def _load_searcher(path: Path, state: dict[str, Any]) -> Any:
     except RuntimeError as exc:
         raise StoreError(f"{folder}: ScaNN cannot load it ({str(exc).splitlines()[0]})") from None
     return ops.ScannSearcher(native)
-
-
-def _remove_stale(path: Path, keep: set[str | None]) -> None:
-    """Older generations, and what saves a crash interrupted left behind."""
-    for stale in [
-        *path.glob("records-*.json"),
-        *path.glob("vectors-*.npy"),
-        *path.glob(".records-*.tmp"),
-        *path.glob(".vectors-*.tmp"),
-        *path.glob(f".{STATE_FILE}.*.tmp"),
-    ]:
-        if stale.name not in keep:
-            stale.unlink(missing_ok=True)
-    for stale in [*path.glob("scann-*"), *path.glob(".scann-*.tmp")]:
-        if stale.name not in keep and stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- registry entry
