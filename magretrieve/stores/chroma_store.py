@@ -49,6 +49,7 @@ from magretrieve.stores.base import (
     missing_store,
     require,
 )
+from magretrieve.stores.options import HnswOptions, IndexOptions, RecallOptions
 
 #: Collection metadata key under which the building model is recorded (a JSON string).
 META_KEY = "magretrieve.metadata"
@@ -93,15 +94,15 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
         collection: str,
         dimension: int | None = None,
         *,
-        hnsw_m: int | None = None,
-        ef_construction: int | None = None,
-        ef_search: int | None = None,
-        target_recall: float | None = None,
+        options: IndexOptions | None = None,
         location: str | None = None,
         reopen: Any = None,
         writer: WriterLock | None = None,
         generation: int | None = None,
+        **knobs: Any,
     ) -> None:
+        """``options`` (or its keywords ``hnsw_m``, ``ef_construction``, ``ef_search``,
+        ``target_recall``): the HNSW graph Chroma builds, and how it is searched and tuned."""
         self.client = client
         #: The embedded folder's writer lock (None for a server, which serializes writes).
         self._writer = writer
@@ -111,8 +112,9 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
         self._reopen = reopen
         self.name = collection
         self._location = location or f"chroma collection {collection!r}"
-        self.target_recall = target_recall
-        if target_recall is not None and reopen is None:
+        opts = IndexOptions.of(options, knobs, self._location, CHROMA_OPTIONS)
+        self.target_recall = opts.target_recall
+        if opts.target_recall is not None and reopen is None:
             raise StoreError(
                 f"{self._location}: --target-recall needs the embedded Chroma (a server applies a "
                 "new ef_search only when it reloads the collection); give --ef-search instead"
@@ -122,11 +124,11 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
                 f"{self._location}: Chroma collection names are 3-512 characters of "
                 "letters, digits, '.', '_' and '-', starting and ending with a letter or digit"
             )
-        self._asked = {"hnsw_m": hnsw_m, "ef_construction": ef_construction}
-        self._new_ef = ef_search
+        self._asked = {"hnsw_m": opts.hnsw.m, "ef_construction": opts.hnsw.ef_construction}
+        self._new_ef = opts.hnsw.ef_search
         self._open_or_create(dimension, f"Chroma collection {collection!r}", self._asked)
-        if ef_search is not None and not self.created_here:
-            self._set_ef(ef_search)
+        if self._new_ef is not None and not self.created_here:
+            self._set_ef(self._new_ef)
 
     def _exists(self) -> bool:
         return self.name in self._run("list collections", lambda: self._names())
@@ -550,6 +552,10 @@ def open_chroma(
         raise
 
 
+#: The index options a Chroma collection takes: its HNSW graph and a recall target.
+CHROMA_OPTIONS = (*HnswOptions.keywords(), *RecallOptions.keywords())
+
+
 def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> ChromaStore:
     return open_chroma(loc, dimension, **options)
 
@@ -560,7 +566,7 @@ registry.register(
         form=FORM,
         parse=parse_chroma,
         open=_open,
-        options=("hnsw_m", "ef_construction", "ef_search", "target_recall"),
+        options=CHROMA_OPTIONS,
         extra="chroma",
     )
 )

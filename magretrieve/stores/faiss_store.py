@@ -47,6 +47,7 @@ from magretrieve.stores.base import (
     missing_store,
     reading_store,
 )
+from magretrieve.stores.options import IndexOptions
 
 logger = logging.getLogger(__name__)
 
@@ -84,30 +85,23 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
         dimension: int,
         path: str | Path | None = None,
         *,
-        index_type: str | None = None,
-        hnsw_m: int | None = None,
-        ef_construction: int | None = None,
-        ef_search: int | None = None,
-        nlist: int | None = None,
-        nprobe: int | None = None,
-        target_recall: float | None = None,
+        options: IndexOptions | None = None,
         index: Any = None,
         single_query_threads: int | None = 1,
         saved: _faiss_files.Saved | None = None,
+        **knobs: Any,
     ) -> None:
-        """A new store (``index_type`` or an adopted ``index``), or the one ``saved`` in
-        ``path`` (what :meth:`open` read; the options then are the search-time ones)."""
+        """A new store (``options``, or its keywords ``index_type``, ``hnsw_m``, ... ; or an
+        adopted ``index``), or the one ``saved`` in ``path`` (what :meth:`open` read; the
+        options then are the search-time ones)."""
         self._path = Path(path) if path is not None else None
         where = self.location
         dim = check_dimension(dimension, where)
-        given = {
-            "hnsw_m": _check("hnsw_m", hnsw_m, where),
-            "ef_construction": _check("ef_construction", ef_construction, where),
-            "ef_search": _check("ef_search", ef_search, where),
-            "nlist": _check("nlist", nlist, where),
-            "nprobe": _check("nprobe", nprobe, where),
-        }
-        self.target_recall = _check("target_recall", target_recall, where)
+        opts = IndexOptions.of(options, knobs, where)
+        index_type = opts.index_type
+        given = opts.as_keywords()
+        del given["index_type"], given["target_recall"]
+        self.target_recall = opts.target_recall
         self._init_common(dim, self._path, single_query_threads)
         if saved is not None:
             self._load(saved, given)
@@ -694,15 +688,7 @@ def _check_consistent(store: FaissStore, index_file: Path, records_file: Path) -
 
 # ----------------------------------------------------------------------------- registry entry
 
-FAISS_OPTIONS = (
-    "index_type",
-    "hnsw_m",
-    "ef_construction",
-    "ef_search",
-    "nlist",
-    "nprobe",
-    "target_recall",
-)
+FAISS_OPTIONS = IndexOptions.keywords()
 
 
 def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> FaissStore:
@@ -716,9 +702,8 @@ def _adopts(obj: Any) -> bool:
 def _adopt_object(
     obj: Any, dimension: int | None, collection: str | None, options: dict[str, Any]
 ) -> FaissStore:
-    options = dict(options)
-    path = options.pop("path", None)
-    opts = registry.check_options(registry.backend_for("faiss:x")[0], options, "FAISS index")
+    opts = dict(options)
+    path = opts.pop("path", None)
     if dimension is not None and int(obj.d) != int(dimension):
         raise StoreError(
             f"FAISS index has dimension {obj.d}, but the model produces dimension {dimension}"
@@ -732,11 +717,16 @@ registry.register(
         form="faiss:DIR",
         parse=registry.parse_dir,
         open=_open,
-        options=FAISS_OPTIONS,
+        options=(IndexOptions,),
+        index_types="flat (exact, default), hnsw, ivf, or any faiss.index_factory string, e.g. "
+        "'IVF1024,PQ32' (untrained indexes are trained on the first vectors added)",
         folder=True,
         adopts=_adopts,
         adopt=_adopt_object,
         adopted="a FAISS index with the inner-product metric",
+        adopt_options=(
+            registry.StoreOption("path", str, "An adopted FAISS index: the folder it saves to."),
+        ),
         extra="faiss",
     )
 )

@@ -48,6 +48,7 @@ from magretrieve.stores.base import (
     missing_store,
     require,
 )
+from magretrieve.stores.options import IndexOptions
 
 FORM = "lancedb:PATH/TABLE"
 #: Keys of the ``vector`` field's metadata.
@@ -115,17 +116,15 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
         table: str,
         dimension: int | None = None,
         *,
-        index_type: str | None = None,
-        hnsw_m: int | None = None,
-        ef_construction: int | None = None,
-        ef_search: int | None = None,
-        nlist: int | None = None,
-        nprobe: int | None = None,
-        target_recall: float | None = None,
+        options: IndexOptions | None = None,
         force: bool = False,
         location: str | None = None,
         writer: WriterLock | None = None,
+        **knobs: Any,
     ) -> None:
+        """``options`` (or its keywords ``index_type``, ``hnsw_m``, ``ef_construction``,
+        ``ef_search``, ``nlist``, ``nprobe``, ``target_recall``): the vector index
+        ``optimize()`` builds, and how it is searched and tuned."""
         self.db = db
         #: The folder's writer lock (None: the caller serializes writes).
         self._writer = writer
@@ -134,30 +133,25 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
         self._generation = _generation.read(writer.folder) if writer is not None else None
         self.name = table
         self._location = location or f"lancedb table {table!r}"
-        self.target_recall = target_recall
+        opts = IndexOptions.of(options, knobs, self._location)
+        self.target_recall = opts.target_recall
         self.force = force
-        self.ef_search, self.nprobe = ef_search, nprobe
+        self.ef_search, self.nprobe = opts.hnsw.ef_search, opts.ivf.nprobe
         self._build: dict[str, Any] = {}
-        asked = {
-            "index_type": index_type.upper() if index_type is not None else None,
-            "hnsw_m": hnsw_m,
-            "ef_construction": ef_construction,
-            "nlist": nlist,
-        }
-        if index_type is not None:
-            kind = index_type.upper()
+        asked = opts.build()
+        if opts.index_type is not None:
+            kind = asked["index_type"] = opts.index_type.upper()
             if kind not in INDEX_TYPES:
                 raise StoreError(
-                    f"{self._location}: index_type {index_type!r} is not one of "
+                    f"{self._location}: index_type {opts.index_type!r} is not one of "
                     f"{', '.join(t.lower() if t == 'FLAT' else t for t in INDEX_TYPES)}"
                 )
-            self._build = {"index_type": kind, "hnsw_m": hnsw_m, "ef_construction": ef_construction}
-            self._build["nlist"] = nlist
+            self._build = dict(asked)
         self._open_or_create(dimension, f"LanceDB table {table!r}", asked)
         recorded = self._field_meta(INDEX_KEY) or {}
         if recorded:
             self._build = recorded  # reopened: the index the table was built with
-        if recorded.get("tuned") and ef_search is None and nprobe is None:
+        if recorded.get("tuned") and opts.hnsw.ef_search is None and opts.ivf.nprobe is None:
             self.ef_search, self.nprobe = recorded.get("ef_search"), recorded.get("nprobe")
 
     def _exists(self) -> bool:
@@ -551,16 +545,9 @@ registry.register(
         form=FORM,
         parse=registry.parse_path_collection,
         open=_open,
-        options=(
-            "index_type",
-            "hnsw_m",
-            "ef_construction",
-            "ef_search",
-            "nlist",
-            "nprobe",
-            "target_recall",
-            FORCE_OPTION,
-        ),
+        options=(IndexOptions, FORCE_OPTION),
+        index_types="IVF_HNSW_SQ, IVF_PQ, ... (built after indexing, recall measured; exact "
+        "scan when absent)",
         extra="lancedb",
     )
 )

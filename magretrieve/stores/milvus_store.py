@@ -40,6 +40,7 @@ from magretrieve.stores.base import (
     one_line,
     require,
 )
+from magretrieve.stores.options import HnswOptions, IndexOptions, IvfOptions
 
 #: Collection property under which the building model is recorded (a JSON string).
 META_KEY = "magretrieve.metadata"
@@ -123,33 +124,27 @@ class MilvusStore(VectorStore):
         collection: str,
         dimension: int | None = None,
         *,
-        index_type: str | None = None,
-        hnsw_m: int | None = None,
-        ef_construction: int | None = None,
-        ef_search: int | None = None,
-        nlist: int | None = None,
-        nprobe: int | None = None,
+        options: IndexOptions | None = None,
         owns_client: bool = False,
         location: str | None = None,
+        **knobs: Any,
     ) -> None:
+        """``options`` (or its keywords ``index_type``, ``hnsw_m``, ``ef_construction``,
+        ``ef_search``, ``nlist``, ``nprobe``): the index built and how it is searched."""
         self._location = location or f"milvus collection {collection!r}"
+        opts = IndexOptions.of(options, knobs, self._location, MILVUS_OPTIONS)
         self.client = client
         self.collection = check_collection_name(collection, self._location)
         self._owns = owns_client
         self._lite_path: str | None = None  # set by open_milvus for a Milvus Lite file
-        self.ef_search = ef_search
-        self.nprobe = nprobe
-        index = (index_type or "FLAT").upper()
+        self.ef_search, self.nprobe = opts.hnsw.ef_search, opts.ivf.nprobe
+        index = (opts.index_type or "FLAT").upper()
         if index not in INDEX_TYPES:
             raise StoreError(
-                f"{self._location}: index_type {index_type!r} is not one of {', '.join(INDEX_TYPES)}"
+                f"{self._location}: index_type {opts.index_type!r} is not one of "
+                f"{', '.join(INDEX_TYPES)}"
             )
-        self._asked: dict[str, Any] = {
-            "index_type": index_type,
-            "hnsw_m": hnsw_m,
-            "ef_construction": ef_construction,
-            "nlist": nlist,
-        }
+        self._asked = opts.build()
         self._new_index = index
         try:
             self._open_or_create(dimension, f"Milvus collection {collection!r}", self._asked)
@@ -484,6 +479,10 @@ def parse_milvus(rest: str, spec: str = "") -> dict[str, str]:
     )
 
 
+#: The index options a Milvus collection takes.
+MILVUS_OPTIONS = ("index_type", *HnswOptions.keywords(), *IvfOptions.keywords())
+
+
 def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> MilvusStore:
     return open_milvus(loc, dimension, **options)
 
@@ -499,8 +498,7 @@ def _adopt(
 ) -> MilvusStore:
     if not collection:
         raise StoreError("a MilvusClient needs collection='name'")
-    backend, _ = registry.backend_for("milvus:x.db/x")
-    opts = registry.check_options(backend, options, f"milvus collection {collection!r}")
+    opts = dict(options)
     opts.pop("token", None)  # the client is already authenticated
     return MilvusStore(client, collection, dimension, **opts)
 
@@ -512,18 +510,14 @@ registry.register(
         parse=parse_milvus,
         open=_open,
         options=(
-            "index_type",
-            "hnsw_m",
-            "ef_construction",
-            "ef_search",
-            "nlist",
-            "nprobe",
+            *MILVUS_OPTIONS,
             registry.StoreOption(
                 "token",
                 str,
                 "Milvus server token, 'user:password' or an API key (default $MILVUS_TOKEN).",
             ),
         ),
+        index_types="FLAT (default), HNSW, IVF_FLAT",
         adopts=_adopts,
         adopt=_adopt,
         adopted="a pymilvus MilvusClient (collection=NAME)",

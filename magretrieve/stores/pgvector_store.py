@@ -45,6 +45,7 @@ from magretrieve.stores.base import (
     one_line,
     require,
 )
+from magretrieve.stores.options import IndexOptions
 
 #: Key of the table COMMENT's JSON object under which the building model is recorded.
 META_KEY = "magretrieve"
@@ -253,18 +254,17 @@ class PgVectorStore(VectorStore):
         table: str,
         dimension: int | None = None,
         *,
-        index_type: str | None = None,
-        hnsw_m: int | None = None,
-        ef_construction: int | None = None,
-        ef_search: int | None = None,
-        nlist: int | None = None,
-        nprobe: int | None = None,
-        target_recall: float | None = None,
+        options: IndexOptions | None = None,
         owns_connection: bool = False,
         location: str | None = None,
+        **knobs: Any,
     ) -> None:
+        """``options`` (or its keywords ``index_type``, ``hnsw_m``, ``ef_construction``,
+        ``ef_search``, ``nlist``, ``nprobe``, ``target_recall``): the index built and how it
+        is searched and tuned."""
         sql = _sql()
-        self.target_recall = target_recall
+        opts = IndexOptions.of(options, knobs, location or f"pgvector table {table!r}")
+        self.target_recall = opts.target_recall
         self.recall: dict[str, Any] | None = None
         self.conn = conn
         self._lock = threading.RLock()
@@ -272,18 +272,13 @@ class PgVectorStore(VectorStore):
         self._name = split_table(table, location or "pgvector")
         self._location = location or f"pgvector table {table!r}"
         self._table = sql.Identifier(*self._name)
-        self.ef_search = ef_search
-        self.nprobe = nprobe
-        if index_type is not None and index_type not in INDEX_TYPES:
+        self.ef_search, self.nprobe = opts.hnsw.ef_search, opts.ivf.nprobe
+        if opts.index_type is not None and opts.index_type not in INDEX_TYPES:
             raise StoreError(
-                f"{self._location}: index_type {index_type!r} is not one of {', '.join(INDEX_TYPES)}"
+                f"{self._location}: index_type {opts.index_type!r} is not one of "
+                f"{', '.join(INDEX_TYPES)}"
             )
-        self._asked: dict[str, Any] = {
-            "index_type": index_type,
-            "hnsw_m": hnsw_m,
-            "ef_construction": ef_construction,
-            "nlist": nlist,
-        }
+        self._asked = opts.build()
         try:
             with conn.transaction():
                 register_vector(conn)
@@ -693,10 +688,8 @@ def _adopt(
 ) -> VectorStore:
     if not table:
         raise StoreError("a psycopg connection needs collection='table'")
-    backend, _ = registry.backend_for(f"pgvector:x#{table}")
-    opts = registry.check_options(backend, options, f"pgvector table {table!r}")
     register_vector(conn)
-    return store_for(conn, table, dimension, opts, owns=False, where=None)
+    return store_for(conn, table, dimension, options, owns=False, where=None)
 
 
 FORM = "pgvector:POSTGRES_URI#TABLE"
@@ -707,16 +700,8 @@ registry.register(
         form=FORM,
         parse=parse_pgvector,
         open=_open,
-        options=(
-            "index_type",
-            "hnsw_m",
-            "ef_construction",
-            "ef_search",
-            "nlist",
-            "nprobe",
-            "prefetch",
-            "target_recall",
-        ),
+        options=(IndexOptions, "prefetch"),
+        index_types="hnsw (default), ivfflat (built by optimize), flat",
         adopts=_adopts,
         adopt=_adopt,
         adopted="a psycopg connection (collection=TABLE)",

@@ -59,6 +59,7 @@ from magretrieve.stores.base import (
     point_uuid,
     require,
 )
+from magretrieve.stores.options import HnswOptions, RecallOptions
 
 # RESERVED, make_payload, split_payload and quantized_query_factors live in _qdrant_common
 # and stay importable from here.
@@ -371,10 +372,8 @@ QUANTIZATION_OPTIONS = (
     ),
 )
 QDRANT_OPTIONS = (
-    "target_recall",
-    "hnsw_m",
-    "ef_construction",
-    "ef_search",
+    RecallOptions,
+    HnswOptions,
     *QUANTIZATION_OPTIONS,
     registry.StoreOption(
         "shard_number", int, "Qdrant server: shards.", cli="--shard-number", minimum=1
@@ -577,8 +576,7 @@ def _adopt_client(
 ) -> QdrantStore:
     if not collection:
         raise StoreError("a QdrantClient needs collection='name'")
-    backend, _ = registry.backend_for("qdrant-memory:x")
-    opts = registry.check_options(backend, options, f"Qdrant collection {collection!r}")
+    opts = dict(options)
     for key in _CLIENT_OPTIONS:
         opts.pop(key, None)
     return _store_for(client, collection, dimension, opts, owns=False, where=None)

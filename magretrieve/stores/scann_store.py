@@ -82,6 +82,7 @@ from magretrieve.stores.base import (
     require,
     state_metadata,
 )
+from magretrieve.stores.options import RecallOptions
 
 logger = logging.getLogger(__name__)
 
@@ -829,7 +830,7 @@ SCANN_OPTIONS = (
         minimum=100,
         maximum=1 << 40,
     ),
-    "target_recall",
+    RecallOptions,
 )
 
 
