@@ -18,7 +18,7 @@ import os
 import tempfile
 import threading
 import uuid
-from abc import ABC, abstractmethod
+from abc import ABC
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -117,8 +117,11 @@ class VectorStore(ABC):
     ``_describe()``             index parameters worth reporting
     ==========================  ==========================================================
 
-    plus the ``dimension`` and ``location`` properties and :meth:`_driver_errors` (the
-    library's exception classes). Class attributes declare a backend's limits:
+    plus ``_dim`` and ``_location`` (or the ``dimension`` and ``location`` properties) and
+    :meth:`_driver_errors` (the library's exception classes). A store over a database
+    opens or creates its collection through the lifecycle hooks (:meth:`_open_or_create`);
+    an ANN store names its search knob (:meth:`_recall_knob`) and gets
+    :meth:`measure_recall`. Class attributes declare a backend's limits:
     ``max_id_bytes`` (longest id in UTF-8 bytes) and ``max_k``. ``thread_safe_search`` says
     whether concurrent ``search`` calls are safe without a lock (the Retriever serializes
     them when not).
@@ -138,15 +141,18 @@ class VectorStore(ABC):
     #: The vector dimension (set by :meth:`_open_or_create` for the database stores).
     _dim: int
 
-    @property
-    @abstractmethod
-    def dimension(self) -> int:
-        """Vector dimension the store was created with."""
+    #: Where the data lives, for :attr:`location` (set by the backend's constructor).
+    _location: str
 
     @property
-    @abstractmethod
+    def dimension(self) -> int:
+        """Vector dimension the store was created with."""
+        return self._dim
+
+    @property
     def location(self) -> str:
         """Human-readable name of where the data lives (a path, URL/collection, ...)."""
+        return self._location
 
     @property
     def metric(self) -> str:

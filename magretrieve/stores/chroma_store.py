@@ -193,14 +193,6 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
     # ------------------------------------------------------------------ properties
 
     @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
-    def location(self) -> str:
-        return self._location
-
-    @property
     def ef_search(self) -> int | None:
         hnsw = (self.col.configuration or {}).get("hnsw") or {}
         return hnsw.get("ef_search")

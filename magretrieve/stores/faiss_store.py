@@ -219,10 +219,6 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
     # ------------------------------------------------------------------ properties
 
     @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
     def location(self) -> str:
         return f"faiss:{self._path}" if self._path else "faiss:(in memory)"
 

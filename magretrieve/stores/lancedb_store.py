@@ -251,14 +251,6 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
 
     # ------------------------------------------------------------------ properties
 
-    @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
-    def location(self) -> str:
-        return self._location
-
     def _index(self) -> Any:
         for idx in self.tbl.list_indices():
             if "vector" in list(getattr(idx, "columns", [])):

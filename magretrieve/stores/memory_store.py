@@ -129,10 +129,6 @@ class MemoryStore(IdMapMixin, VectorStore):
             self._writer.release()
 
     @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
     def location(self) -> str:
         return f"memory:{self._path}" if self._path else "memory:"
 

@@ -223,14 +223,6 @@ class MilvusStore(VectorStore):
         )
         self._index = {"index_type": index, "metric_type": "IP", **params}
 
-    @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
-    def location(self) -> str:
-        return self._location
-
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
         return (pymilvus().MilvusException,)
 

@@ -398,14 +398,6 @@ class PgVectorStore(VectorStore):
 
     # ------------------------------------------------------------------ properties
 
-    @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
-    def location(self) -> str:
-        return self._location
-
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
         return (psycopg().Error,)
 

@@ -198,10 +198,6 @@ class QdrantStore(VectorStore):
         self._hnsw, self._shards = made["hnsw"], made["shards"]
 
     @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
     def location(self) -> str:
         return self.api.where
 

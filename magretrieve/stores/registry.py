@@ -2,20 +2,31 @@
 
 ``parse_spec``, ``open_store``, the ``magretrieve index/search/rescale`` store options
 and the backend list of the shared store tests are all computed from the entries
-registered here, so a new vector store is **one file plus one line**.
+registered here, so a new vector store is **its I/O, a typed option class and one line**.
 
 How to add a backend (say ``redis:URL/INDEX``)
 ----------------------------------------------
 
 1. Write ``magretrieve/stores/redis_store.py`` with a subclass of
-   :class:`magretrieve.stores.base.VectorStore` that implements only the *primitives*
-   (``_upsert``, ``_query``, ``_delete``, ``_fetch``, ``_existing``, ``_count``,
-   ``_scan_ids``, ``_read_meta``/``_write_meta``, ``_describe``), the ``dimension`` and
-   ``location`` properties and ``_driver_errors`` (the client library's exception classes).
-   The base class checks ids, vectors, payloads, ``k`` and queries, computes the norms
-   (``Batch.norms``: store them and return them as ``StoreHit.doc_norm``), turns the
-   library's errors into one-line messages with secrets masked, and orders results; the
-   primitives receive checked input only. Declare limits as class attributes
+   :class:`magretrieve.stores.base.VectorStore` that implements only its I/O:
+
+   - the *primitives* (``_upsert``, ``_query``, ``_delete``, ``_fetch``, ``_existing``,
+     ``_count``, ``_scan_ids``, ``_read_meta``/``_write_meta``, ``_describe``), the
+     ``dimension`` and ``location`` properties and ``_driver_errors`` (the client library's
+     exception classes). The base class checks ids, vectors, payloads, ``k`` and queries,
+     computes the norms (``Batch.norms``: store them and return them as
+     ``StoreHit.doc_norm``), turns the library's errors into one-line messages with secrets
+     masked, and orders results; the primitives receive checked input only;
+   - the *lifecycle* hooks ``_exists``, ``_open_existing`` (check the layout and metric,
+     return the dimension), ``_create`` and ``_recorded_build``; the constructor calls
+     ``self._open_or_create(dimension, what, options.build())``, which opens or creates,
+     checks the dimension and the build options on reopen, and creates nothing on a
+     read-only open (no dimension);
+   - for an ANN index, ``_recall_knob`` (the search knob ``measure_recall`` tunes to
+     ``target_recall``) and ``_keep_recall`` (where the measurement is kept).
+
+   Take the index options as one :class:`~magretrieve.stores.options.IndexOptions` (or its
+   keywords: ``IndexOptions.of(options, knobs, where)``). Declare limits as class attributes
    (``max_id_bytes``, ``max_k``), and pass ids and values to the client as bound
    parameters (or escaped literals), never pasted into a query string. Import the client
    library lazily with :func:`~magretrieve.stores.base.require` so a missing extra is one
@@ -28,7 +39,7 @@ How to add a backend (say ``redis:URL/INDEX``)
            parse=parse_url_collection,  # rest-of-spec -> location dict (or your own)
            open=_open,                  # (location, dimension, options) -> VectorStore
            options=(
-               "hnsw_m", "ef_search",   # shared knobs, declared in OPTIONS below
+               HnswOptions,             # an option class: all its keywords and flags
                StoreOption("password", str, "Redis password."),  # the backend's own
            ),
            extra="redis",               # pip install 'magretrieve[redis]'
@@ -43,9 +54,10 @@ entry. The shared store tests (``tests/test_stores.py``, ``tests/test_backend_co
 and the injection and secrets suites) run every registered backend; they fail until
 ``tests/store_examples.py`` names an example spec for the new prefix.
 
-Options are declared once with their type, bounds and CLI flag, and checked here before
-any backend (or native library) sees them: ``--hnsw-m 0`` is a one-line error, not a
-SIGABRT inside FAISS.
+Options are declared once, in the option classes of :mod:`magretrieve.stores.options` (or
+as a backend's own :class:`StoreOption`), with their type, bounds and CLI flag, and checked
+here before any backend (or native library) sees them, for specs and adopted objects alike:
+``--hnsw-m 0`` is a one-line error, not a SIGABRT inside FAISS.
 """
 
 from __future__ import annotations

@@ -235,10 +235,6 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
     # ------------------------------------------------------------------ properties
 
     @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
     def location(self) -> str:
         return f"scann:{self._path}"
 
