@@ -131,6 +131,8 @@ class QdrantStore(VectorStore):
         }
         what = "Qdrant Edge store" if hasattr(api, "shard_path") else api.label
         self._open_or_create(dimension, what, asked)
+        if not self.created_here:
+            api.open()  # after every check: an Edge shard is held from here on
         if self.ef_search is None:
             recall = self._doc().get("recall") or {}
             if "target" in recall:
@@ -163,7 +165,6 @@ class QdrantStore(VectorStore):
             else ". Create a new collection, or rank this Cosine one by cos·m(d) after "
             "`magretrieve annotate`",
         )
-        api.open()
         self.quantization = "int8" if cfg["quantized"] else None
         self._hnsw, self._shards = cfg["hnsw"] or {}, cfg["shards"]
         return dim
