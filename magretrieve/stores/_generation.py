@@ -62,6 +62,15 @@ class MarkerGeneration:
     _writer: Any
     _generation: int | None
 
+    def _begin_write(self) -> None:
+        raise NotImplementedError
+
+    def _before_create(self) -> bool:
+        """Creating is a write: take the writer lock first (and look again: another process
+        may have created it meanwhile)."""
+        self._begin_write()
+        return True
+
     def _committed(self) -> None:
         """After each write: bump the folder's generation marker, so readers reload."""
         if self._writer is not None:

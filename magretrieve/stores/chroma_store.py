@@ -133,10 +133,6 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
     def _exists(self) -> bool:
         return self.name in self._run("list collections", lambda: self._names())
 
-    def _before_create(self) -> bool:
-        self._begin_write()  # creating is a write; another process may have created it
-        return True
-
     def _create(self, dimension: int) -> None:
         hnsw: dict[str, Any] = {"space": "ip"}
         for key, value in (

@@ -157,10 +157,6 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
     def _exists(self) -> bool:
         return self.name in self._run("list tables", self._table_names)
 
-    def _before_create(self) -> bool:
-        self._begin_write()  # creating is a write; another process may have created it
-        return True
-
     def _create(self, dimension: int) -> None:
         pa = require("pyarrow", "pyarrow", "lancedb")
         schema = pa.schema(
