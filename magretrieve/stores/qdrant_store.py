@@ -59,7 +59,7 @@ from magretrieve.stores.base import (
     point_uuid,
     require,
 )
-from magretrieve.stores.options import HnswOptions, RecallOptions
+from magretrieve.stores.options import HnswOptions, IndexOptions, RecallOptions
 
 # RESERVED, make_payload, split_payload and quantized_query_factors live in _qdrant_common
 # and stay importable from here.
@@ -73,6 +73,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+#: The index keywords a Qdrant collection or Edge shard takes: its HNSW graph, a recall target.
+INDEX_KEYWORDS = (*HnswOptions.keywords(), *RecallOptions.keywords())
 
 
 class QdrantStore(VectorStore):
@@ -94,27 +98,29 @@ class QdrantStore(VectorStore):
         owns_client: bool = False,
         location: str | None = None,
         api: Any = None,
-        hnsw_m: int | None = None,
-        ef_construction: int | None = None,
-        ef_search: int | None = None,
+        options: IndexOptions | None = None,
         quantization: str | None = None,
         oversampling: float = 2.0,
         rescore: bool = True,
         query_scaling: bool = True,
-        target_recall: float | None = None,
-        **create_options: Any,
+        **knobs: Any,
     ) -> None:
         """Over ``client`` and ``collection``, or over ``api``: any object implementing the
-        client interface of :mod:`._qdrant_clients` (the Edge shard's)."""
+        client interface of :mod:`._qdrant_clients` (the Edge shard's). ``options`` (or its
+        keywords ``hnsw_m``, ``ef_construction``, ``ef_search``, ``target_recall``): the HNSW
+        index; the other keywords are creation options of the client (``shard_number``, ...)."""
         if api is None:
             api = ClientAPI(client, str(collection), owns_client=owns_client, location=location)
         self.client, self.collection = client, collection
         self.api = api
-        self.ef_search = ef_search
+        index = {k: knobs.pop(k) for k in INDEX_KEYWORDS if k in knobs}
+        opts = IndexOptions.of(options, index, api.where, INDEX_KEYWORDS)
+        create_options = knobs
+        self.ef_search = opts.hnsw.ef_search
         self.oversampling = float(oversampling)
         self.rescore = bool(rescore)
         self.query_scaling = bool(query_scaling)
-        self.target_recall = target_recall
+        self.target_recall = opts.target_recall
         self.embedded = bool(api.embedded)
         self.thread_safe_search = bool(api.thread_safe)
         self._norm_mean: float | None = None  # mean stored doc_norm, for quantized search
@@ -122,10 +128,10 @@ class QdrantStore(VectorStore):
             raise StoreError(f"unknown Qdrant quantization {quantization!r}; use 'int8' or none")
         self.quantization = quantization
         self._create_options = create_options
-        self._asked_hnsw = (hnsw_m, ef_construction)
+        self._asked_hnsw = (opts.hnsw.m, opts.hnsw.ef_construction)
         asked = {
-            "hnsw_m": hnsw_m,
-            "ef_construction": ef_construction,
+            "hnsw_m": opts.hnsw.m,
+            "ef_construction": opts.hnsw.ef_construction,
             "quantization": quantization,
             **create_options,
         }
