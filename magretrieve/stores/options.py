@@ -230,7 +230,7 @@ class RecallOptions(OptionClass):
 
 #: The help of ``--faiss-index`` before the registry adds each backend's index kinds.
 INDEX_TYPE_HELP = (
-    "The vector index a store builds (inner product always); exact when left out. By backend:"
+    "The vector index a store builds, always by inner product; by backend:"
 )
 
 
