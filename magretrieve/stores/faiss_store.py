@@ -44,6 +44,7 @@ from magretrieve.stores.base import (
     StoreRecord,
     VectorStore,
     check_dimension,
+    check_reopen,
     missing_store,
     reading_store,
 )
@@ -321,13 +322,7 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
                     f"{where}: the store was built as a {shown} index; --faiss-index {asked} "
                     "cannot change it. Index into a new folder (or delete this one) to rebuild"
                 )
-        for key in BUILD_OPTIONS:
-            if options.get(key) is not None and options[key] != params.get(key):
-                raise StoreError(
-                    f"{where}: {registry.OPTIONS[key].cli} {options[key]} differs from the "
-                    f"{params.get(key)} the index was built with; it cannot change on reopen. "
-                    "Index into a new folder to rebuild"
-                )
+        check_reopen(where, params, {k: options.get(k) for k in BUILD_OPTIONS})
 
     def _state(self, files: dict[str, Any]) -> dict[str, Any]:
         return {
