@@ -819,7 +819,7 @@ def test_faiss_reopen_build_options_must_match_search_options_apply(tmp_path):
     s.add(ids, docs)
     s.persist()
     s.close()
-    with pytest.raises(StoreError, match=r"--hnsw-m 16 differs from the 8 the index was built"):
+    with pytest.raises(StoreError, match=r"--hnsw-m 16 differs from the 8 the store was built"):
         open_store(spec, hnsw_m=16)
     reopened = open_store(spec, ef_search=77, hnsw_m=8, index_type="hnsw")
     assert reopened.parameters()["ef_search"] == 77
