@@ -279,3 +279,16 @@ def test_files_without_a_state_file_are_an_interrupted_first_save(tmp_path):
         FILES.check_no_orphans(tmp_path)
     FILES.begin(tmp_path, _state(1)({}))  # the empty generation 0 a first save commits first
     assert json.loads((tmp_path / "toy.json").read_text())["generation"] == 0
+
+
+def test_open_store_takes_a_typed_options_object(tmp_path):
+    pytest.importorskip("faiss")
+    typed = IndexOptions(index_type="hnsw", hnsw=HnswOptions(m=8, ef_search=40))
+    store = open_store(f"faiss:{tmp_path / 'f'}", dimension=4, options=typed)
+    assert store.parameters()["hnsw_m"] == 8 and store.parameters()["ef_search"] == 40
+    with pytest.raises(StoreError, match="hnsw_m is given twice"):
+        open_store(f"faiss:{tmp_path / 'g'}", dimension=4, options=typed, hnsw_m=8)
+    with pytest.raises(StoreError, match=r"options= takes an option class"):
+        open_store(f"faiss:{tmp_path / 'g'}", dimension=4, options={"hnsw_m": 8})
+    with pytest.raises(StoreError, match=r"\['nlist'\] do not apply to chroma"):
+        open_store("chroma:x/y", dimension=4, options=IndexOptions(ivf=IvfOptions(nlist=4)))
