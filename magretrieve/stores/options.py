@@ -229,9 +229,7 @@ class RecallOptions(OptionClass):
 
 
 #: The help of ``--faiss-index`` before the registry adds each backend's index kinds.
-INDEX_TYPE_HELP = (
-    "The vector index a store builds, always by inner product; by backend:"
-)
+INDEX_TYPE_HELP = "The vector index a store builds, always by inner product; by backend:"
 
 
 @dataclass(frozen=True)
