@@ -75,13 +75,15 @@ def open_store(
 
     ``options`` are backend knobs (``index_type``, ``hnsw_m``, ``ef_construction``,
     ``ef_search``, ``nlist``, ``nprobe``, ``target_recall``, ``quantization``,
-    ``shard_number``, ``replication_factor``, ...; see ``registry.OPTIONS``); ``None`` values
+    ``shard_number``, ``replication_factor``, ...; see ``registry.OPTIONS``), or
+    ``options=IndexOptions(...)`` (:mod:`magretrieve.stores.options`); ``None`` values
     are ignored, values out of range and options that do not apply to the backend are an error
     raised before any backend library is called. ``tuning_queries`` (query vectors, e.g. the
     user's queries encoded with the model's query graph) are what an ANN store tunes
     ``target_recall`` on instead of its synthetic sample (:func:`use_tuning_queries`).
     """
     tuning = options.pop("tuning_queries", None)
+    _expand_typed(options)
     obj = spec_or_object
     if isinstance(obj, VectorStore):
         store = obj
@@ -99,6 +101,26 @@ def open_store(
                 store.close()
             raise
     return store
+
+
+def _expand_typed(options: dict[str, Any]) -> None:
+    """``options=IndexOptions(...)`` (or another option class) as the keywords it stands for."""
+    from magretrieve.stores.options import OptionClass
+
+    typed = options.pop("options", None)
+    if typed is None:
+        return
+    if not isinstance(typed, OptionClass):
+        raise StoreError(
+            f"options= takes an option class of magretrieve.stores.options (IndexOptions, "
+            f"HnswOptions, ...), got {type(typed).__name__}"
+        )
+    for key, value in typed.as_keywords().items():
+        if value is None:
+            continue
+        if options.get(key) is not None:
+            raise StoreError(f"{key} is given twice: in options= and as a keyword")
+        options[key] = value
 
 
 def use_tuning_queries(store: VectorStore, tuning: Any) -> None:
@@ -123,6 +145,5 @@ def use_tuning_queries(store: VectorStore, tuning: Any) -> None:
             f"the store {store.dimension}"
         )
     store.tuning_queries = tuning
-    measure = getattr(store, "measure_recall", None)
-    if callable(measure) and store.describe()["parameters"].get("recall"):
-        measure(target_recall=getattr(store, "target_recall", None))
+    if store.describe()["parameters"].get("recall"):
+        store.measure_recall(target_recall=getattr(store, "target_recall", None))

@@ -18,9 +18,9 @@ import os
 import tempfile
 import threading
 import uuid
-from abc import ABC, abstractmethod
+from abc import ABC
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,8 +117,11 @@ class VectorStore(ABC):
     ``_describe()``             index parameters worth reporting
     ==========================  ==========================================================
 
-    plus the ``dimension`` and ``location`` properties and :meth:`_driver_errors` (the
-    library's exception classes). Class attributes declare a backend's limits:
+    plus ``_dim`` and ``_location`` (or the ``dimension`` and ``location`` properties) and
+    :meth:`_driver_errors` (the library's exception classes). A store over a database
+    opens or creates its collection through the lifecycle hooks (:meth:`_open_or_create`);
+    an ANN store names its search knob (:meth:`_recall_knob`) and gets
+    :meth:`measure_recall`. Class attributes declare a backend's limits:
     ``max_id_bytes`` (longest id in UTF-8 bytes) and ``max_k``. ``thread_safe_search`` says
     whether concurrent ``search`` calls are safe without a lock (the Retriever serializes
     them when not).
@@ -135,16 +138,21 @@ class VectorStore(ABC):
     #: Query vectors an ANN store tunes and measures its recall on (``_ann_recall.TuningQueries``,
     #: set by ``open_store(tuning_queries=...)`` or the Retriever); None: a synthetic sample.
     tuning_queries: Any = None
+    #: The vector dimension (set by :meth:`_open_or_create` for the database stores).
+    _dim: int
+
+    #: Where the data lives, for :attr:`location` (set by the backend's constructor).
+    _location: str
 
     @property
-    @abstractmethod
     def dimension(self) -> int:
         """Vector dimension the store was created with."""
+        return self._dim
 
     @property
-    @abstractmethod
     def location(self) -> str:
         """Human-readable name of where the data lives (a path, URL/collection, ...)."""
+        return self._location
 
     @property
     def metric(self) -> str:
@@ -247,6 +255,149 @@ class VectorStore(ABC):
     def _describe(self) -> dict[str, Any]:
         return {}
 
+    # ------------------------------------------------------------------ lifecycle, once
+
+    def _exists(self) -> bool:
+        """Whether the collection / table / folder this object names exists already."""
+        raise NotImplementedError
+
+    def _open_existing(self, dimension: int | None) -> int:
+        """Check what exists (fields, metric) and return its vector dimension (``dimension``
+        is the one asked for, for a backend that can only tell from the caller)."""
+        raise NotImplementedError
+
+    def _create(self, dimension: int) -> None:
+        """Create it, empty, for vectors of ``dimension`` with the build options given."""
+        raise NotImplementedError
+
+    def _recorded_build(self) -> dict[str, Any]:
+        """The build options an existing store was built with (None where unknown), compared
+        with the ones asked for by :func:`check_reopen`."""
+        return {}
+
+    def _before_create(self) -> bool:
+        """Called before creating; True when what exists must be looked up again (the store
+        took its folder's writer lock, and another process may have created it meanwhile)."""
+        return False
+
+    def _open_or_create(
+        self, dimension: int | None, what: str, asked: Mapping[str, Any] | None = None
+    ) -> None:
+        """Open what exists, or create it when a ``dimension`` is given: the one lifecycle.
+
+        Opening checks the backend's layout (:meth:`_open_existing`), the dimension against
+        the one asked for, and the build options ``asked`` against the recorded ones; a
+        read-only open (no dimension) of a missing ``what`` creates nothing. Sets
+        ``_dim`` and :attr:`created_here`.
+        """
+        exists = self._exists()
+        if not exists and dimension is not None and self._before_create():
+            exists = self._exists()
+        if exists:
+            self.created_here = False
+            found = int(self._open_existing(dimension))
+            if dimension is not None and found != int(dimension):
+                raise StoreError(
+                    f"{self.location} has vector size {found}, but the model produces "
+                    f"dimension {dimension}"
+                )
+            self._dim = found
+            check_reopen(self.location, self._recorded_build(), asked or {})
+            return
+        if dimension is None:
+            raise missing_store(self.location, what)
+        self._dim = check_dimension(dimension, self.location)
+        self._create(self._dim)
+        self.created_here = True
+
+    # ------------------------------------------------------------------ recall, once
+
+    def _recall_knob(self) -> Any:
+        """The search knob tuned to a recall target (``_ann_recall.Knob``: its name, the
+        values to try and how to set one), or None when nothing approximate is searched now
+        (no ANN index, an empty store): then :meth:`measure_recall` measures nothing."""
+        return None
+
+    def _stored_vectors(self) -> tuple[list[str], np.ndarray]:
+        """Every live (id, vector), the truth recall is measured against. Read through the
+        primitives in chunks; a backend with a faster scan overrides it."""
+        ids: list[str] = []
+        vectors: list[np.ndarray] = []
+        scan = iter(self._scan_ids())
+        while chunk := list(itertools.islice(scan, EXACT_SCAN_CHUNK)):
+            for record in self._fetch(chunk):
+                ids.append(record.id)
+                vectors.append(np.asarray(record.vector, dtype=np.float32))
+        if not vectors:
+            return [], np.zeros((0, self.dimension), dtype=np.float32)
+        return ids, np.stack(vectors)
+
+    def _ground_truth(self) -> str:
+        """What exact search runs over when recall is measured."""
+        return "exact inner product over the stored vectors"
+
+    def _recall_search(self, queries: np.ndarray, k: int) -> list[list[str]]:
+        """The ids the store answers, as a user's search gets them."""
+        return [[h.id for h in row] for row in self.search(queries, k, with_vectors=False)]
+
+    def _tune(self, run: Any, knob: Any, target: float | None) -> dict[str, Any]:
+        """Measure (tuning ``knob`` to ``target`` first): ``run(knob, target, warn=True)`` is
+        one pass of :func:`._ann_recall.measure`. A backend with a second knob or a second
+        pass (LanceDB's partitions, ScaNN's reorder, Chroma's raise to the warning line)
+        overrides this."""
+        return dict(run(knob, target))
+
+    def _keep_recall(self, recall: dict[str, Any], knob: Any) -> None:  # noqa: B027
+        """Keep the measurement (and the knob's chosen value) where the backend records
+        its state, for ``describe()``; the default keeps nothing beyond the return value."""
+
+    def _recall_lock(self) -> Any:
+        """Held while recall is measured (the stores that swap their index under a lock)."""
+        return nullcontext()
+
+    def measure_recall(
+        self, queries: np.ndarray | None = None, target_recall: float | None = None
+    ) -> dict[str, Any] | None:
+        """recall@10 of the store's answers against exact search on a query sample, tuning
+        the backend's search knob to ``target_recall`` first when one is given (see
+        :mod:`magretrieve.stores._ann_recall`); None when nothing approximate is searched.
+
+        ``queries`` are the user's query vectors (default: the store's ``tuning_queries``,
+        else a synthetic sample). The result is kept by the backend and reported by
+        ``describe()["parameters"]["recall"]``.
+        """
+        from magretrieve.stores import _ann_recall, registry
+
+        if target_recall is not None:
+            target_recall = registry.OPTIONS["target_recall"].check(target_recall, self.location)
+        with self._recall_lock():
+            knob = self._recall_knob()
+            if knob is None:
+                return None
+            ids, vectors = self._stored_vectors()
+            if not ids:
+                return None
+            given = queries if queries is not None else self.tuning_queries
+
+            def run(
+                knob: Any, target: float | None, warn: bool = True, queries: Any = given
+            ) -> dict[str, Any]:
+                return _ann_recall.measure(
+                    self._recall_search,
+                    ids,
+                    vectors,
+                    knob=knob,
+                    target=target,
+                    queries=queries,
+                    ground_truth=self._ground_truth(),
+                    where=self.location,
+                    warn=warn,
+                )
+
+            recall = self._tune(run, knob, target_recall)
+            self._keep_recall(recall, knob)
+            return recall
+
     # ------------------------------------------------------------------ the checks, once
 
     @contextmanager
@@ -260,6 +411,11 @@ class VectorStore(ABC):
             raise StoreError(
                 f"{self.location}: {what} failed ({type(exc).__name__}: {one_line(exc)})"
             ) from None
+
+    def _run(self, what: str, fn: Any) -> Any:
+        """``fn()`` with the library's errors turned into one StoreError line."""
+        with self._driver(what):
+            return fn()
 
     def check_batch(
         self,

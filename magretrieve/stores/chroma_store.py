@@ -47,9 +47,9 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
-    check_reopen,
     missing_store,
 )
+from magretrieve.stores.options import HnswOptions, IndexOptions, RecallOptions
 
 #: Collection metadata key under which the building model is recorded (a JSON string).
 META_KEY = "magretrieve.metadata"
@@ -94,15 +94,15 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
         collection: str,
         dimension: int | None = None,
         *,
-        hnsw_m: int | None = None,
-        ef_construction: int | None = None,
-        ef_search: int | None = None,
-        target_recall: float | None = None,
+        options: IndexOptions | None = None,
         location: str | None = None,
         reopen: Any = None,
         writer: WriterLock | None = None,
         generation: int | None = None,
+        **knobs: Any,
     ) -> None:
+        """``options`` (or its keywords ``hnsw_m``, ``ef_construction``, ``ef_search``,
+        ``target_recall``): the HNSW graph Chroma builds, and how it is searched and tuned."""
         self.client = client
         #: The embedded folder's writer lock (None for a server, which serializes writes).
         self._writer = writer
@@ -112,8 +112,9 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
         self._reopen = reopen
         self.name = collection
         self._location = location or f"chroma collection {collection!r}"
-        self.target_recall = target_recall
-        if target_recall is not None and reopen is None:
+        opts = IndexOptions.of(options, knobs, self._location, CHROMA_OPTIONS)
+        self.target_recall = opts.target_recall
+        if opts.target_recall is not None and reopen is None:
             raise StoreError(
                 f"{self._location}: --target-recall needs the embedded Chroma (a server applies a "
                 "new ef_search only when it reloads the collection); give --ef-search instead"
@@ -123,51 +124,47 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
                 f"{self._location}: Chroma collection names are 3-512 characters of "
                 "letters, digits, '.', '_' and '-', starting and ending with a letter or digit"
             )
-        existing = self._run("list collections", lambda: self._names())
-        if collection not in existing and dimension is not None:
-            self._begin_write()  # creating is a write; another process may have created it
-            existing = self._run("list collections", lambda: self._names())
-        if collection in existing:
-            self.col = self._run("open", lambda: self.client.get_collection(collection))
-            self._check_existing(dimension)
-            built = (self.col.configuration or {}).get("hnsw") or {}
-            check_reopen(
-                self._location,
-                {
-                    "hnsw_m": built.get("max_neighbors"),
-                    "ef_construction": built.get("ef_construction"),
-                },
-                {"hnsw_m": hnsw_m, "ef_construction": ef_construction},
-            )
-            if ef_search is not None:
-                self._set_ef(ef_search)
-        else:
-            if dimension is None:
-                raise missing_store(self._location, f"Chroma collection {collection!r}")
-            hnsw: dict[str, Any] = {"space": "ip"}
-            for key, value in (
-                ("max_neighbors", hnsw_m),
-                ("ef_construction", ef_construction),
-                ("ef_search", ef_search),
-            ):
-                if value is not None:
-                    hnsw[key] = int(value)
-            self.col = self._run(
-                "create",
-                lambda: self.client.create_collection(
-                    collection,
-                    configuration={"hnsw": hnsw},
-                    metadata={"magretrieve.dimension": int(dimension)},
-                    embedding_function=None,
-                ),
-            )
-            self._dim = int(dimension)
+        self._asked = {"hnsw_m": opts.hnsw.m, "ef_construction": opts.hnsw.ef_construction}
+        self._new_ef = opts.hnsw.ef_search
+        self._open_or_create(dimension, f"Chroma collection {collection!r}", self._asked)
+        if self._new_ef is not None and not self.created_here:
+            self._set_ef(self._new_ef)
+
+    def _exists(self) -> bool:
+        return self.name in self._run("list collections", lambda: self._names())
+
+    def _create(self, dimension: int) -> None:
+        hnsw: dict[str, Any] = {"space": "ip"}
+        for key, value in (
+            ("max_neighbors", self._asked["hnsw_m"]),
+            ("ef_construction", self._asked["ef_construction"]),
+            ("ef_search", self._new_ef),
+        ):
+            if value is not None:
+                hnsw[key] = int(value)
+        self.col = self._run(
+            "create",
+            lambda: self.client.create_collection(
+                self.name,
+                configuration={"hnsw": hnsw},
+                metadata={"magretrieve.dimension": dimension},
+                embedding_function=None,
+            ),
+        )
+
+    def _recorded_build(self) -> dict[str, Any]:
+        built = (self.col.configuration or {}).get("hnsw") or {}
+        return {
+            "hnsw_m": built.get("max_neighbors"),
+            "ef_construction": built.get("ef_construction"),
+        }
 
     def _names(self) -> set[str]:
         cols = self.client.list_collections()
         return {c if isinstance(c, str) else c.name for c in cols}
 
-    def _check_existing(self, dimension: int | None) -> None:
+    def _open_existing(self, dimension: int | None) -> int:
+        self.col = self._run("open", lambda: self.client.get_collection(self.name))
         space = _space(self.col)
         if space != "ip":
             raise StoreError(
@@ -183,30 +180,13 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
             dim = len(emb[0]) if emb is not None and len(emb) else dimension
         if dim is None:
             raise StoreError(f"{self._location}: empty collection of unknown dimension")
-        if dimension is not None and int(dim) != int(dimension):
-            raise StoreError(
-                f"{self._location} has vector dimension {dim}, but the model produces "
-                f"dimension {dimension}"
-            )
-        self._dim = int(dim)
+        return int(dim)
 
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
         # chromadb's own errors, and what its HTTP client raises for an unreachable server
         return (chromadb().errors.ChromaError, ValueError, RuntimeError, OSError)
 
-    def _run(self, what: str, fn: Any) -> Any:
-        with self._driver(what):
-            return fn()
-
     # ------------------------------------------------------------------ properties
-
-    @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
-    def location(self) -> str:
-        return self._location
 
     @property
     def ef_search(self) -> int | None:
@@ -310,7 +290,7 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
     ) -> list[list[StoreHit]] | None:
         """Chroma's HNSW search in space ``ip`` can stop short of ``k`` hits (at any
         ef_search): those rows are answered by an exact scan of the stored vectors."""
-        ids, vectors = self._all_vectors()
+        ids, vectors = self._stored_vectors()
         scores = q.astype(np.float32) @ vectors.T
         out = []
         for row in scores:
@@ -381,7 +361,7 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
             yield from (str(i) for i in page["ids"])
             offset += len(page["ids"])
 
-    def _all_vectors(self) -> tuple[list[str], np.ndarray]:
+    def _stored_vectors(self) -> tuple[list[str], np.ndarray]:
         ids: list[str] = []
         vecs: list[np.ndarray] = []
         offset = 0
@@ -445,50 +425,27 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
 
     def optimize(self) -> None:
         """Measure the HNSW graph's recall (tuning ``ef_search`` to ``target_recall``)."""
-        if self.count():
-            self.measure_recall(target_recall=self.target_recall)
+        self.measure_recall(target_recall=self.target_recall)
 
-    def measure_recall(
-        self, queries: np.ndarray | None = None, target_recall: float | None = None
-    ) -> dict[str, Any] | None:
-        """recall@10 of Chroma's HNSW search against exact search (see ``_ann_recall``)."""
-        if target_recall is not None:
-            target_recall = registry.OPTIONS["target_recall"].check(target_recall, self.location)
-        ids, vectors = self._all_vectors()
-        if not ids:
-            return None
-        before = int(self.ef_search or 100)
-        knob = _ann_recall.Knob("ef_search", _ann_recall.HNSW_EF, self._set_ef, before)
-
-        def search(q: np.ndarray, k: int) -> list[list[str]]:
-            return [[h.id for h in row] for row in self.search(q, k, with_vectors=False)]
-
-        recall = _ann_recall.measure(
-            search,
-            ids,
-            vectors,
-            knob=knob,
-            target=target_recall,
-            queries=queries if queries is not None else self.tuning_queries,
-            where=self.location,
-            warn=target_recall is not None,
+    def _recall_knob(self) -> Any:
+        return _ann_recall.Knob(
+            "ef_search", _ann_recall.HNSW_EF, self._set_ef, int(self.ef_search or 100)
         )
+
+    def _tune(self, run: Any, knob: Any, target: float | None) -> dict[str, Any]:
+        """Without a target, a graph below the warning line at the settings given gets its
+        ef_search raised until it is not."""
+        before = knob.current
+        recall = run(knob, target, warn=target is not None)
         value = recall[f"recall_at_{recall['k']}"]
-        if target_recall is None and value < _ann_recall.WARN_BELOW:
-            # below the warning line at the settings given: raise ef_search until it is not
-            recall = _ann_recall.measure(
-                search,
-                ids,
-                vectors,
-                knob=knob,
-                target=_ann_recall.WARN_BELOW,
-                queries=queries,
-                where=self.location,
-            )
+        if target is None and value < _ann_recall.WARN_BELOW:
+            recall = run(knob, _ann_recall.WARN_BELOW)
             recall["raised_from"] = {"ef_search": before, f"recall_at_{recall['k']}": value}
+        return dict(recall)
+
+    def _keep_recall(self, recall: dict[str, Any], knob: Any) -> None:
         self._set_ef(knob.current)
         self._write_meta_value(RECALL_KEY, recall)
-        return recall
 
     def _describe(self) -> dict[str, Any]:
         hnsw = dict((self.col.configuration or {}).get("hnsw") or {})
@@ -583,6 +540,10 @@ def open_chroma(
         raise
 
 
+#: The index options a Chroma collection takes: its HNSW graph and a recall target.
+CHROMA_OPTIONS = (*HnswOptions.keywords(), *RecallOptions.keywords())
+
+
 def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> ChromaStore:
     return open_chroma(loc, dimension, **options)
 
@@ -593,7 +554,7 @@ registry.register(
         form=FORM,
         parse=parse_chroma,
         open=_open,
-        options=("hnsw_m", "ef_construction", "ef_search", "target_recall"),
+        options=CHROMA_OPTIONS,
         extra="chroma",
     )
 )

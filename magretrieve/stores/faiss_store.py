@@ -8,7 +8,7 @@ first vectors added and is trained on them once enough are there (or at ``optimi
 the FAISS idiom. A FAISS index object can be passed instead (``open_store(index)``).
 
 Split by job: :mod:`._faiss_index` builds/adopts index objects (owning references, training,
-search knobs), :mod:`._faiss_records` is the id map, :mod:`._faiss_files` the generations on
+search knobs), :mod:`._record_table` is the id map, :mod:`._faiss_files` the generations on
 disk, :mod:`._ann_recall` measures and tunes recall, :mod:`._writer_lock` keeps a second
 writer out. This module is the store that ties them together.
 
@@ -21,6 +21,8 @@ benchmarks/results/stores.md).
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import threading
 from collections.abc import Iterable
@@ -33,18 +35,20 @@ from magretrieve.core.errors import StoreError
 from magretrieve.core.topk import top_k
 from magretrieve.stores import _ann_recall, _faiss_files, registry
 from magretrieve.stores import _faiss_index as fx
-from magretrieve.stores._faiss_records import RecordTable, RecordTableMixin
+from magretrieve.stores._generation import SavedGenerations
+from magretrieve.stores._record_table import RecordTable, RecordTableMixin
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
     StoreHit,
     StoreRecord,
     VectorStore,
-    atomic_write_json,
     check_dimension,
+    check_reopen,
     missing_store,
     reading_store,
 )
+from magretrieve.stores.options import IndexOptions
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +68,7 @@ def _check(name: str, value: Any, where: str) -> Any:
     return registry.OPTIONS[name].check(value, where) if value is not None else None
 
 
-class FaissStore(RecordTableMixin, VectorStore):
+class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
     """A FAISS index plus a record table (string id + payload + norm per int64 FAISS id).
 
     Deletion and replacement use ``remove_ids`` where the index supports it (flat, IVF) and
@@ -74,34 +78,35 @@ class FaissStore(RecordTableMixin, VectorStore):
 
     kind = "faiss"
     thread_safe_search = True  # FAISS const search is thread-safe; knobs change only by tuning
+    _files = _faiss_files.FILES
+    _kept_on_catch_up = ("_writer", "single_query_threads", "target_recall")
 
     def __init__(
         self,
         dimension: int,
         path: str | Path | None = None,
         *,
-        index_type: str | None = None,
-        hnsw_m: int | None = None,
-        ef_construction: int | None = None,
-        ef_search: int | None = None,
-        nlist: int | None = None,
-        nprobe: int | None = None,
-        target_recall: float | None = None,
+        options: IndexOptions | None = None,
         index: Any = None,
         single_query_threads: int | None = 1,
+        saved: _faiss_files.Saved | None = None,
+        **knobs: Any,
     ) -> None:
+        """A new store (``options``, or its keywords ``index_type``, ``hnsw_m``, ... ; or an
+        adopted ``index``), or the one ``saved`` in ``path`` (what :meth:`open` read; the
+        options then are the search-time ones)."""
         self._path = Path(path) if path is not None else None
         where = self.location
         dim = check_dimension(dimension, where)
-        given = {
-            "hnsw_m": _check("hnsw_m", hnsw_m, where),
-            "ef_construction": _check("ef_construction", ef_construction, where),
-            "ef_search": _check("ef_search", ef_search, where),
-            "nlist": _check("nlist", nlist, where),
-            "nprobe": _check("nprobe", nprobe, where),
-        }
-        self.target_recall = _check("target_recall", target_recall, where)
+        opts = IndexOptions.of(options, knobs, where)
+        index_type = opts.index_type
+        given = opts.as_keywords()
+        del given["index_type"], given["target_recall"]
+        self.target_recall = opts.target_recall
         self._init_common(dim, self._path, single_query_threads)
+        if saved is not None:
+            self._load(saved, given)
+            return
         self.params = {k: (v if v is not None else DEFAULTS[k]) for k, v in given.items()}
         if index is not None:
             if index_type is not None:
@@ -215,23 +220,12 @@ class FaissStore(RecordTableMixin, VectorStore):
     # ------------------------------------------------------------------ properties
 
     @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
     def location(self) -> str:
         return f"faiss:{self._path}" if self._path else "faiss:(in memory)"
 
     @property
     def normalizes_vectors(self) -> bool:
         return bool(getattr(self, "_normalizes", False))
-
-    @property
-    def generation(self) -> int | None:
-        return self._generation if self._path is not None else None
-
-    def disk_generation(self) -> int | None:
-        return _faiss_files.disk_generation(self._path) if self._path is not None else None
 
     @property
     def index(self) -> Any:
@@ -267,53 +261,49 @@ class FaissStore(RecordTableMixin, VectorStore):
         options: dict[str, Any],
     ) -> FaissStore:
         state = saved.state
-        where = f"faiss:{path}"
         if dimension is not None and int(dimension) != int(state["dimension"]):
             raise StoreError(
                 f"{path}: store has dimension {state['dimension']}, "
                 f"but the model produces dimension {dimension}"
             )
+        cls._check_reopen(f"faiss:{path}", state["index_type"], state["parameters"], options)
+        return cls(int(state["dimension"]), path, saved=saved, **options)
+
+    def _load(self, saved: _faiss_files.Saved, given: dict[str, Any]) -> None:
+        """Take the state, index and records of a saved generation."""
+        state, path, where = saved.state, self._path, self.location
+        assert path is not None
         params = dict(state["parameters"])
         stored_type = state["index_type"]
-        cls._check_reopen(where, stored_type, params, options)
-        store = cls.__new__(cls)
-        store.target_recall = _check("target_recall", options.get("target_recall"), where)
-        store._init_common(int(state["dimension"]), path, options.get("single_query_threads", 1))
-        store.params = {**{k: DEFAULTS[k] for k in DEFAULTS}, **params}
-        for key in SEARCH_OPTIONS:
-            if options.get(key) is not None:
-                store.params[key] = _check(key, options[key], where)
-        store.index_type = stored_type
-        store._generation = int(state["generation"])
-        store._meta = _faiss_files.metadata(state, path)
-        store.recall = state.get("recall")
-        store._sequential = bool(state.get("sequential", False))
+        self.params = {**{k: DEFAULTS[k] for k in DEFAULTS}, **params}
+        self.params.update({k: given[k] for k in SEARCH_OPTIONS if given[k] is not None})
+        self.index_type = stored_type
+        self._generation = int(state["generation"])
+        self._meta = _faiss_files.metadata(state, path)
+        self.recall = state.get("recall")
+        self._sequential = bool(state.get("sequential", False))
         if saved.index_file is None:  # generation 0: created, first save never completed
             if stored_type != "factory" and params.get("factory") is None:
-                store.params["factory"] = fx.alias_factory(stored_type, store.params)
-            factory = store.params.get("factory")
+                self.params["factory"] = fx.alias_factory(stored_type, self.params)
+            factory = self.params.get("factory")
             if factory is not None:
-                store._handle = fx.wrap(fx.make_factory_index(store._dim, factory, where), where)
-                fx.set_build_parameters(store._handle, store.params)
-            store._normalizes = bool(store._handle and store._handle.normalizes)
+                self._handle = fx.wrap(fx.make_factory_index(self._dim, factory, where), where)
+                fx.set_build_parameters(self._handle, self.params)
+            self._normalizes = bool(self._handle and self._handle.normalizes)
         else:
-            store._handle = fx.read(str(saved.index_file), str(saved.index_file))
-            store._normalizes = store._handle.normalizes
+            self._handle = fx.read(str(saved.index_file), str(saved.index_file))
+            self._normalizes = self._handle.normalizes
             records_file = path / state["records_file"]
             _check_records(saved.records, records_file)
-            store._table = RecordTable.from_json(saved.records or {})
+            self._table = RecordTable.from_json(saved.records or {})
             pending = saved.pending
             pfids = (saved.records or {}).get("pending", [])
             if pending is not None and len(pfids):
-                store._pending = [(np.asarray(pfids, dtype=np.int64), pending)]
-            _check_consistent(store, saved.index_file, records_file)
-        if store._handle is not None:
-            fx.set_search_parameters(store._handle, store.params)
-            store._check_applicable(
-                store._handle.kind,
-                {k: options.get(k) for k in SEARCH_OPTIONS},
-            )
-        return store
+                self._pending = [(np.asarray(pfids, dtype=np.int64), pending)]
+            _check_consistent(self, saved.index_file, records_file)
+        if self._handle is not None:
+            fx.set_search_parameters(self._handle, self.params)
+            self._check_applicable(self._handle.kind, {k: given[k] for k in SEARCH_OPTIONS})
 
     @staticmethod
     def _check_reopen(
@@ -332,13 +322,7 @@ class FaissStore(RecordTableMixin, VectorStore):
                     f"{where}: the store was built as a {shown} index; --faiss-index {asked} "
                     "cannot change it. Index into a new folder (or delete this one) to rebuild"
                 )
-        for key in BUILD_OPTIONS:
-            if options.get(key) is not None and options[key] != params.get(key):
-                raise StoreError(
-                    f"{where}: {registry.OPTIONS[key].cli} {options[key]} differs from the "
-                    f"{params.get(key)} the index was built with; it cannot change on reopen. "
-                    "Index into a new folder to rebuild"
-                )
+        check_reopen(where, params, {k: options.get(k) for k in BUILD_OPTIONS})
 
     def _state(self, files: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -361,19 +345,8 @@ class FaissStore(RecordTableMixin, VectorStore):
             "metadata": self._meta,
         }
 
-    def _begin_write(self) -> None:
-        """First write of this object: take the folder's writer lock, catch up with disk."""
-        if self._writer is None or self._writer.held:
-            return
-        self._writer.acquire()
-        on_disk = _faiss_files.disk_generation(self._path)  # type: ignore[arg-type]
-        if on_disk is not None and on_disk != self._generation and not self._dirty:
-            # another writer committed since this object was opened: start from its state
-            fresh = FaissStore.open(self._path)  # type: ignore[arg-type]
-            writer, threads = self._writer, self.single_query_threads
-            target = self.target_recall
-            self.__dict__.update(fresh.__dict__)
-            self._writer, self.single_query_threads, self.target_recall = writer, threads, target
+    def _reopened(self) -> FaissStore:
+        return FaissStore.open(self._path)  # type: ignore[arg-type]
 
     def persist(self) -> None:
         """Save a new generation atomically (the state file is switched last).
@@ -391,24 +364,19 @@ class FaissStore(RecordTableMixin, VectorStore):
             if self._handle is None and self._pending:
                 self._flush_pending(final=True)
             if self._handle is None:  # nothing added yet: record the empty store's settings
-                if not _faiss_files.has_state(self._path):
-                    self._path.mkdir(parents=True, exist_ok=True)
-                    atomic_write_json(self._path / STATE_FILE, self._state({}))
+                _faiss_files.FILES.begin(self._path, self._state({}))
                 self._dirty = False
                 return
             records = self._table.to_json()
-            pending = None
+            blobs = {"index": fx.serialize(self._handle), "records": b""}
             if self._pending:
                 pending = np.concatenate([v for _, v in self._pending])
                 records["pending"] = np.concatenate([f for f, _ in self._pending]).tolist()
-            _faiss_files.write(
-                self._path,
-                self._generation + 1,
-                fx.serialize(self._handle),
-                records,
-                pending,
-                self._state,
-            )
+                buf = io.BytesIO()
+                np.save(buf, np.ascontiguousarray(pending, dtype=np.float32))
+                blobs["pending"] = buf.getvalue()
+            blobs["records"] = json.dumps(records).encode()
+            _faiss_files.FILES.commit(self._path, self._generation + 1, blobs, self._state)
             self._generation += 1
             self._dirty = False
 
@@ -447,74 +415,52 @@ class FaissStore(RecordTableMixin, VectorStore):
                 self._begin_write()
                 self._flush_pending(final=True)
                 self._dirty = True
-            if self._handle is not None and self._handle.kind in ("hnsw", "ivf") and self.count():
-                self.measure_recall(target_recall=self.target_recall)
+            self.measure_recall(target_recall=self.target_recall)
 
-    def measure_recall(
-        self, queries: np.ndarray | None = None, target_recall: float | None = None
-    ) -> dict[str, Any] | None:
-        """Measure recall@10 against exact search (tuning efSearch/nprobe to a target first).
+    def _recall_lock(self) -> Any:
+        return self._lock
 
-        Queries are directions of sampled stored vectors, plus ``queries`` (real query
-        vectors) when given. The result is kept in ``describe()["parameters"]["recall"]`` and
-        the state file; see :mod:`magretrieve.stores._ann_recall`.
-        """
-        where = self.location
-        target_recall = _check("target_recall", target_recall, where)
+    def _recall_knob(self) -> Any:
+        """``efSearch`` of an HNSW index, ``nprobe`` of an IVF one (set through FAISS)."""
         self._ready_for_search()
-        if (
-            self._handle is None
-            or self._pending
-            or self._handle.kind not in ("hnsw", "ivf")
-            or not self.count()
-        ):
+        handle = self._handle
+        if handle is None or self._pending or handle.kind not in ("hnsw", "ivf"):
             return None
-        with self._lock:
-            fids = np.fromiter(self._table.row.values(), dtype=np.int64)
-            ids = [self._table.records[f][0] for f in fids]
-            vectors = np.concatenate(
-                [
-                    self._handle.index.reconstruct_batch(fids[i : i + 65536])
-                    for i in range(0, len(fids), 65536)
-                ]
-            )
-            name = "ef_search" if self._handle.kind == "hnsw" else "nprobe"
-            if name == "ef_search":
-                values: list[int] = list(_ann_recall.HNSW_EF)
-            else:
-                values = _ann_recall.nprobe_values(int(self.params["nlist"]))
+        name = "ef_search" if handle.kind == "hnsw" else "nprobe"
+        if name == "ef_search":
+            values: list[int] = list(_ann_recall.HNSW_EF)
+        else:
+            values = _ann_recall.nprobe_values(int(self.params["nlist"]))
 
-            def set_knob(v: int) -> None:
-                self.params[name] = int(v)
-                fx.set_search_parameters(self._handle, self.params)  # type: ignore[arg-type]
+        def set_knob(v: int) -> None:
+            self.params[name] = int(v)
+            fx.set_search_parameters(handle, self.params)
 
-            knob = _ann_recall.Knob(name, values, set_knob, int(self.params[name]))
-            table = self._table
+        return _ann_recall.Knob(name, values, set_knob, int(self.params[name]))
 
-            def search(q: np.ndarray, k: int) -> list[list[str]]:
-                _, found = self.raw_search(q, min(k + len(table.tombstones), self._handle.ntotal))  # type: ignore[union-attr]
-                out = []
-                for row in found:
-                    live = [r[0] for f in row if (r := table.live(int(f))) is not None]
-                    out.append(live[:k])
-                return out
+    def _stored_vectors(self) -> tuple[list[str], np.ndarray]:
+        """The vectors as the index holds them (decoded codes of a lossy index)."""
+        fids = np.fromiter(self._table.row.values(), dtype=np.int64)
+        ids = [self._table.records[f][0] for f in fids]
+        chunks = [
+            self._handle.index.reconstruct_batch(fids[i : i + 65536])  # type: ignore[union-attr]
+            for i in range(0, len(fids), 65536)
+        ]
+        return ids, np.concatenate(chunks) if chunks else np.zeros((0, self._dim), np.float32)
 
-            self.recall = _ann_recall.measure(
-                search,
-                ids,
-                vectors,
-                knob=knob,
-                target=target_recall,
-                queries=queries if queries is not None else self.tuning_queries,
-                ground_truth=(
-                    "exact inner product over the decoded (compressed) vectors"
-                    if self._handle.lossy
-                    else "exact inner product over the stored vectors"
-                ),
-                where=where,
-            )
-            self._dirty = True
-            return self.recall
+    def _ground_truth(self) -> str:
+        if self._handle is not None and self._handle.lossy:
+            return "exact inner product over the decoded (compressed) vectors"
+        return super()._ground_truth()
+
+    def _recall_search(self, q: np.ndarray, k: int) -> list[list[str]]:
+        table = self._table
+        _, found = self.raw_search(q, min(k + len(table.tombstones), self._handle.ntotal))  # type: ignore[union-attr]
+        return [[r[0] for f in row if (r := table.live(int(f))) is not None][:k] for row in found]
+
+    def _keep_recall(self, recall: dict[str, Any], knob: Any) -> None:
+        self.recall = recall
+        self._dirty = True  # kept in the state file by the next save
 
     # ------------------------------------------------------------------ protocol
 
@@ -685,13 +631,6 @@ class FaissStore(RecordTableMixin, VectorStore):
             out["recall"] = self.recall
         return out
 
-    def close(self) -> None:
-        """Release the writer lock; a folder this object created but never saved is removed."""
-        if self._writer is not None:
-            self._writer.release()
-            if self._path is not None and not _faiss_files.has_state(self._path):
-                self._writer.discard_empty()
-
 
 # ----------------------------------------------------------------------------- consistency
 
@@ -740,15 +679,7 @@ def _check_consistent(store: FaissStore, index_file: Path, records_file: Path) -
 
 # ----------------------------------------------------------------------------- registry entry
 
-FAISS_OPTIONS = (
-    "index_type",
-    "hnsw_m",
-    "ef_construction",
-    "ef_search",
-    "nlist",
-    "nprobe",
-    "target_recall",
-)
+FAISS_OPTIONS = IndexOptions.keywords()
 
 
 def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> FaissStore:
@@ -762,9 +693,8 @@ def _adopts(obj: Any) -> bool:
 def _adopt_object(
     obj: Any, dimension: int | None, collection: str | None, options: dict[str, Any]
 ) -> FaissStore:
-    options = dict(options)
-    path = options.pop("path", None)
-    opts = registry.check_options(registry.backend_for("faiss:x")[0], options, "FAISS index")
+    opts = dict(options)
+    path = opts.pop("path", None)
     if dimension is not None and int(obj.d) != int(dimension):
         raise StoreError(
             f"FAISS index has dimension {obj.d}, but the model produces dimension {dimension}"
@@ -778,11 +708,16 @@ registry.register(
         form="faiss:DIR",
         parse=registry.parse_dir,
         open=_open,
-        options=FAISS_OPTIONS,
+        options=(IndexOptions,),
+        index_types="flat (exact, default), hnsw, ivf, or any faiss.index_factory string, e.g. "
+        "'IVF1024,PQ32' (untrained indexes are trained on the first vectors added)",
         folder=True,
         adopts=_adopts,
         adopt=_adopt_object,
         adopted="a FAISS index with the inner-product metric",
+        adopt_options=(
+            registry.StoreOption("path", str, "An adopted FAISS index: the folder it saves to."),
+        ),
         extra="faiss",
     )
 )

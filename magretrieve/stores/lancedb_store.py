@@ -46,9 +46,9 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
-    check_reopen,
     missing_store,
 )
+from magretrieve.stores.options import IndexOptions
 
 FORM = "lancedb:PATH/TABLE"
 #: Keys of the ``vector`` field's metadata.
@@ -116,17 +116,15 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
         table: str,
         dimension: int | None = None,
         *,
-        index_type: str | None = None,
-        hnsw_m: int | None = None,
-        ef_construction: int | None = None,
-        ef_search: int | None = None,
-        nlist: int | None = None,
-        nprobe: int | None = None,
-        target_recall: float | None = None,
+        options: IndexOptions | None = None,
         force: bool = False,
         location: str | None = None,
         writer: WriterLock | None = None,
+        **knobs: Any,
     ) -> None:
+        """``options`` (or its keywords ``index_type``, ``hnsw_m``, ``ef_construction``,
+        ``ef_search``, ``nlist``, ``nprobe``, ``target_recall``): the vector index
+        ``optimize()`` builds, and how it is searched and tuned."""
         self.db = db
         #: The folder's writer lock (None: the caller serializes writes).
         self._writer = writer
@@ -135,64 +133,50 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
         self._generation = _generation.read(writer.folder) if writer is not None else None
         self.name = table
         self._location = location or f"lancedb table {table!r}"
-        self.target_recall = target_recall
+        opts = IndexOptions.of(options, knobs, self._location)
+        self.target_recall = opts.target_recall
         self.force = force
-        self.ef_search, self.nprobe = ef_search, nprobe
+        self.ef_search, self.nprobe = opts.hnsw.ef_search, opts.ivf.nprobe
         self._build: dict[str, Any] = {}
-        asked = {
-            "index_type": index_type.upper() if index_type is not None else None,
-            "hnsw_m": hnsw_m,
-            "ef_construction": ef_construction,
-            "nlist": nlist,
-        }
-        if index_type is not None:
-            kind = index_type.upper()
+        asked = opts.build()
+        if opts.index_type is not None:
+            kind = asked["index_type"] = opts.index_type.upper()
             if kind not in INDEX_TYPES:
                 raise StoreError(
-                    f"{self._location}: index_type {index_type!r} is not one of "
+                    f"{self._location}: index_type {opts.index_type!r} is not one of "
                     f"{', '.join(t.lower() if t == 'FLAT' else t for t in INDEX_TYPES)}"
                 )
-            self._build = {"index_type": kind, "hnsw_m": hnsw_m, "ef_construction": ef_construction}
-            self._build["nlist"] = nlist
-        names = self._run("list tables", self._table_names)
-        if table not in names and dimension is not None:
-            self._begin_write()  # creating is a write; another process may have created it
-            names = self._run("list tables", self._table_names)
-        if table in names:
-            self.tbl = self._run("open", lambda: db.open_table(table))
-            self.created_here = False
-            self._check_existing(dimension)
-        else:
-            if dimension is None:
-                raise missing_store(self._location, f"LanceDB table {table!r}")
-            pa = require("pyarrow")
-            schema = pa.schema(
-                [
-                    pa.field("doc_id", pa.string(), nullable=False),
-                    pa.field("vector", pa.list_(pa.float32(), int(dimension))),
-                    pa.field("payload", pa.string()),
-                    pa.field("doc_norm", pa.float32()),
-                ]
-            )
-            self.tbl = self._run("create", lambda: db.create_table(table, schema=schema))
-            self._dim = int(dimension)
+            self._build = dict(asked)
+        self._open_or_create(dimension, f"LanceDB table {table!r}", asked)
         recorded = self._field_meta(INDEX_KEY) or {}
         if recorded:
-            check_reopen(
-                self._location,
-                {
-                    "index_type": recorded.get("index_type"),
-                    "hnsw_m": recorded.get("m", recorded.get("hnsw_m")),
-                    "ef_construction": recorded.get("ef_construction"),
-                    "nlist": recorded.get("nlist"),
-                },
-                asked,
-            )
-            self._build = recorded
-        if not self._build and recorded:
             self._build = recorded  # reopened: the index the table was built with
-        if recorded.get("tuned") and ef_search is None and nprobe is None:
+        if recorded.get("tuned") and opts.hnsw.ef_search is None and opts.ivf.nprobe is None:
             self.ef_search, self.nprobe = recorded.get("ef_search"), recorded.get("nprobe")
+
+    def _exists(self) -> bool:
+        return self.name in self._run("list tables", self._table_names)
+
+    def _create(self, dimension: int) -> None:
+        pa = require("pyarrow")
+        schema = pa.schema(
+            [
+                pa.field("doc_id", pa.string(), nullable=False),
+                pa.field("vector", pa.list_(pa.float32(), dimension)),
+                pa.field("payload", pa.string()),
+                pa.field("doc_norm", pa.float32()),
+            ]
+        )
+        self.tbl = self._run("create", lambda: self.db.create_table(self.name, schema=schema))
+
+    def _recorded_build(self) -> dict[str, Any]:
+        recorded = self._field_meta(INDEX_KEY) or {}
+        return {
+            "index_type": recorded.get("index_type"),
+            "hnsw_m": recorded.get("m", recorded.get("hnsw_m")),
+            "ef_construction": recorded.get("ef_construction"),
+            "nlist": recorded.get("nlist"),
+        }
 
     def _begin_write(self) -> None:
         """Before the first write of this object: take the folder's writer lock, then read the
@@ -211,7 +195,8 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
             names = self.db.table_names()
         return list(names)
 
-    def _check_existing(self, dimension: int | None) -> None:
+    def _open_existing(self, dimension: int | None) -> int:
+        self.tbl = self._run("open", lambda: self.db.open_table(self.name))
         schema = self.tbl.schema
         missing = [f for f in FIELDS if f not in schema.names]
         if missing:
@@ -231,21 +216,12 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
                         "needs dot (cosine erases document magnitude; l2 ranks by distance). "
                         "Drop that index or create a new table"
                     )
-        if dimension is not None and int(dim) != int(dimension):
-            raise StoreError(
-                f"{self._location} has vector dimension {dim}, but the model produces "
-                f"dimension {dimension}"
-            )
-        self._dim = int(dim)
+        return int(dim)
 
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
         # lance raises OSError/ValueError/RuntimeError; pyarrow its ArrowException
         arrow = require("pyarrow")
         return (OSError, ValueError, RuntimeError, arrow.ArrowException)
-
-    def _run(self, what: str, fn: Any) -> Any:
-        with self._driver(what):
-            return fn()
 
     # ------------------------------------------------------------------ field metadata
 
@@ -270,14 +246,6 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
         self._committed()
 
     # ------------------------------------------------------------------ properties
-
-    @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
-    def location(self) -> str:
-        return self._location
 
     def _index(self) -> Any:
         for idx in self.tbl.list_indices():
@@ -429,78 +397,53 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
         self._write_field_meta(INDEX_KEY, {"index_type": kind, "nlist": int(nlist), **args})
         self._build = self._field_meta(INDEX_KEY) or {}
 
-    def measure_recall(
-        self, queries: np.ndarray | None = None, target_recall: float | None = None
-    ) -> dict[str, Any] | None:
-        """recall@10 of the index against exact search; an index below the bar is refused.
-
-        Tunes ``ef_search`` (HNSW kinds) or ``nprobe`` (the others) to ``target_recall`` first.
-        Below :data:`_ann_recall.WARN_BELOW` without ``force`` the index is dropped (the table
-        stays, searched exactly) and a StoreError gives the measured recall.
-        """
-        if target_recall is not None:
-            target_recall = registry.OPTIONS["target_recall"].check(target_recall, self.location)
+    def _recall_knob(self) -> Any:
+        """``ef_search`` of the HNSW kinds, ``nprobe`` of the others (None: exact scan)."""
         if self._index() is None:
             return None
-        scan = self._scan(["doc_id", "vector"])
-        ids = [str(i) for i in scan["doc_id"].to_pylist()]
-        vectors = np.asarray(scan["vector"].to_pylist(), dtype=np.float32)
-        kind = str(self._build.get("index_type", ""))
-        if "HNSW" in kind:
+        if "HNSW" in str(self._build.get("index_type", "")):
 
             def set_ef(value: int) -> None:
                 self.ef_search = int(value)
 
-            knob = _ann_recall.Knob("ef_search", _ann_recall.HNSW_EF, set_ef, self.ef_search or 0)
-        else:
+            return _ann_recall.Knob("ef_search", _ann_recall.HNSW_EF, set_ef, self.ef_search or 0)
+        return self._nprobe_knob()
 
-            def set_nprobe(value: int) -> None:
-                self.nprobe = int(value)
+    def _nprobe_knob(self) -> Any:
+        def set_nprobe(value: int) -> None:
+            self.nprobe = int(value)
 
-            nlist = int(self._build.get("nlist") or 1)
-            knob = _ann_recall.Knob(
-                "nprobe", _ann_recall.nprobe_values(nlist), set_nprobe, self.nprobe or 0
-            )
-        tune = target_recall is not None
+        nlist = int(self._build.get("nlist") or 1)
+        return _ann_recall.Knob(
+            "nprobe", _ann_recall.nprobe_values(nlist), set_nprobe, self.nprobe or 0
+        )
 
-        def search(q: np.ndarray, k: int) -> list[list[str]]:
-            return [[h.id for h in row] for row in self.search(q, k, with_vectors=False)]
+    def _stored_vectors(self) -> tuple[list[str], np.ndarray]:
+        scan = self._scan(["doc_id", "vector"])
+        ids = [str(i) for i in scan["doc_id"].to_pylist()]
+        return ids, np.asarray(scan["vector"].to_pylist(), dtype=np.float32)
 
-        if tune and "HNSW" in kind:
-            # IVF_HNSW_*: a partition left unprobed is missed at any ef, so nprobe is tuned
-            # first (at a generous ef), then ef_search at that nprobe
-            def set_nprobe_first(value: int) -> None:
-                self.nprobe = int(value)
-
-            nlist = int(self._build.get("nlist") or 1)
+    def _tune(self, run: Any, knob: Any, target: float | None) -> dict[str, Any]:
+        """IVF_HNSW_*: a partition left unprobed is missed at any ef, so nprobe is tuned
+        first (at a generous ef), then ef_search at that nprobe. Without a target the
+        settings given are measured as they are."""
+        kind = str(self._build.get("index_type", ""))
+        if target is not None and "HNSW" in kind:
             chosen_ef = self.ef_search
             self.ef_search = max(int(self.ef_search or 0), PROBE_EF)
-            _ann_recall.measure(
-                search,
-                ids,
-                vectors,
-                knob=_ann_recall.Knob(
-                    "nprobe", _ann_recall.nprobe_values(nlist), set_nprobe_first, self.nprobe or 0
-                ),
-                target=target_recall,
-                queries=queries,
-                where=self.location,
-                warn=False,
-            )
+            run(self._nprobe_knob(), target, warn=False)
             self.ef_search = chosen_ef
-
-        recall = _ann_recall.measure(
-            search,
-            ids,
-            vectors,
-            knob=knob if tune else None,
-            target=target_recall,
-            queries=queries if queries is not None else self.tuning_queries,
-            where=self.location,
-        )
+        recall = dict(run(knob if target is not None else None, target))
         recall["index_type"] = kind
         if "HNSW" in kind and self.nprobe:
             recall["nprobe"] = int(self.nprobe)
+        self._tuned = target is not None
+        return recall
+
+    def _keep_recall(self, recall: dict[str, Any], knob: Any) -> None:
+        """Keep it with the index settings; an index below the bar is dropped and refused
+        (unless ``force``), with the measured recall and the ways out."""
+        kind = recall["index_type"]
         value = recall[f"recall_at_{recall['k']}"]
         if value < _ann_recall.WARN_BELOW and not self.force:
             self._begin_write()
@@ -513,13 +456,14 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
                 f"{self._location}: {kind} measured recall@{recall['k']} {value:.3f} against "
                 f"exact search (< {_ann_recall.WARN_BELOW}) on these magnitude-keeping vectors; "
                 "the index was dropped and the table is searched exactly. Ways out: "
-                f"{_way_out(kind, target_recall, self.nprobe, nlist)}"
+                f"{_way_out(kind, recall.get('target'), self.nprobe, nlist)}"
             )
         index_meta = dict(self._field_meta(INDEX_KEY) or {"index_type": kind})
-        index_meta.update({"ef_search": self.ef_search, "nprobe": self.nprobe, "tuned": tune})
+        index_meta.update(
+            {"ef_search": self.ef_search, "nprobe": self.nprobe, "tuned": self._tuned}
+        )
         self._write_field_meta(INDEX_KEY, index_meta)
         self._write_field_meta(RECALL_KEY, recall)
-        return recall
 
     def _describe(self) -> dict[str, Any]:
         idx = self._index()
@@ -589,16 +533,9 @@ registry.register(
         form=FORM,
         parse=registry.parse_path_collection,
         open=_open,
-        options=(
-            "index_type",
-            "hnsw_m",
-            "ef_construction",
-            "ef_search",
-            "nlist",
-            "nprobe",
-            "target_recall",
-            FORCE_OPTION,
-        ),
+        options=(IndexOptions, FORCE_OPTION),
+        index_types="IVF_HNSW_SQ, IVF_PQ, ... (built after indexing, recall measured; exact "
+        "scan when absent)",
         extra="lancedb",
     )
 )

@@ -18,6 +18,7 @@ from magretrieve.core.errors import StoreError
 from magretrieve.core.files import sha256_file
 from magretrieve.core.topk import top_k
 from magretrieve.stores import registry
+from magretrieve.stores._generation import GenerationFiles, SavedGenerations
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
@@ -37,11 +38,12 @@ from magretrieve.stores.base import (
 STATE_FILE = "memory_store.json"
 
 
-class MemoryStore(IdMapMixin, VectorStore):
+class MemoryStore(SavedGenerations, IdMapMixin, VectorStore):
     """All vectors in one float32 matrix; search is ``queries @ vectors.T`` and a partial sort."""
 
     kind = "memory"
     thread_safe_search = True
+    _files = GenerationFiles(STATE_FILE, "magretrieve-memory-store", "memory", {})
 
     def __init__(self, dimension: int, path: str | Path | None = None) -> None:
         if int(dimension) < 1:
@@ -98,39 +100,12 @@ class MemoryStore(IdMapMixin, VectorStore):
         store._generation = int(state.get("generation", 0))
         return store
 
-    def _begin_write(self) -> None:
-        """First write of this object: take the folder's writer lock, catch up with disk."""
-        if self._writer is None or self._writer.held:
-            return
-        self._writer.acquire()
-        state_file = self._path / STATE_FILE  # type: ignore[operator]
-        if state_file.is_file() and not self._dirty:
-            on_disk = int(json.loads(state_file.read_text()).get("generation", 0))
-            if on_disk != self._generation:  # another writer committed since we opened
-                fresh = MemoryStore.open(self._path)  # type: ignore[arg-type]
-                writer = self._writer
-                self.__dict__.update(fresh.__dict__)
-                self._writer = writer
-
-    @property
-    def generation(self) -> int | None:
-        return self._generation if self._path is not None else None
-
-    def disk_generation(self) -> int | None:
-        if self._path is None:
-            return None
-        try:
-            return int(json.loads((self._path / STATE_FILE).read_text()).get("generation", 0))
-        except (OSError, ValueError, AttributeError, TypeError):
-            return None
+    def _reopened(self) -> MemoryStore:
+        return MemoryStore.open(self._path)  # type: ignore[arg-type]
 
     def close(self) -> None:
         if self._writer is not None:
             self._writer.release()
-
-    @property
-    def dimension(self) -> int:
-        return self._dim
 
     @property
     def location(self) -> str:

@@ -36,11 +36,11 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
-    check_reopen,
     metric_refusal,
     missing_store,
     one_line,
 )
+from magretrieve.stores.options import HnswOptions, IndexOptions, IvfOptions
 
 #: Collection property under which the building model is recorded (a JSON string).
 META_KEY = "magretrieve.metadata"
@@ -124,47 +124,38 @@ class MilvusStore(VectorStore):
         collection: str,
         dimension: int | None = None,
         *,
-        index_type: str | None = None,
-        hnsw_m: int | None = None,
-        ef_construction: int | None = None,
-        ef_search: int | None = None,
-        nlist: int | None = None,
-        nprobe: int | None = None,
+        options: IndexOptions | None = None,
         owns_client: bool = False,
         location: str | None = None,
+        **knobs: Any,
     ) -> None:
+        """``options`` (or its keywords ``index_type``, ``hnsw_m``, ``ef_construction``,
+        ``ef_search``, ``nlist``, ``nprobe``): the index built and how it is searched."""
         self._location = location or f"milvus collection {collection!r}"
+        opts = IndexOptions.of(options, knobs, self._location, MILVUS_OPTIONS)
         self.client = client
         self.collection = check_collection_name(collection, self._location)
         self._owns = owns_client
         self._lite_path: str | None = None  # set by open_milvus for a Milvus Lite file
-        self.ef_search = ef_search
-        self.nprobe = nprobe
-        index = (index_type or "FLAT").upper()
-        asked = {
-            "index_type": index_type,
-            "hnsw_m": hnsw_m,
-            "ef_construction": ef_construction,
-            "nlist": nlist,
-        }
+        self.ef_search, self.nprobe = opts.hnsw.ef_search, opts.ivf.nprobe
+        index = (opts.index_type or "FLAT").upper()
         if index not in INDEX_TYPES:
             raise StoreError(
-                f"{self._location}: index_type {index_type!r} is not one of {', '.join(INDEX_TYPES)}"
+                f"{self._location}: index_type {opts.index_type!r} is not one of "
+                f"{', '.join(INDEX_TYPES)}"
             )
+        self._asked = opts.build()
+        self._new_index = index
         try:
-            if client.has_collection(collection):
-                self.created_here = False
-                self._open_existing(dimension)
-                self._check_reopen(asked)
-            else:
-                if dimension is None:
-                    raise missing_store(self._location, f"Milvus collection {collection!r}")
-                self._create(int(dimension), index, hnsw_m, ef_construction, nlist)
+            self._open_or_create(dimension, f"Milvus collection {collection!r}", self._asked)
             client.load_collection(collection)
         except pymilvus().MilvusException as exc:
             raise StoreError(f"{self._location}: Milvus request failed ({one_line(exc)})") from None
 
-    def _open_existing(self, dimension: int | None) -> None:
+    def _exists(self) -> bool:
+        return bool(self.client.has_collection(self.collection))
+
+    def _open_existing(self, dimension: int | None) -> int:
         desc = self.client.describe_collection(self.collection)
         fields = {f["name"]: f for f in desc["fields"]}
         missing = [f for f in FIELDS if f not in fields]
@@ -178,17 +169,10 @@ class MilvusStore(VectorStore):
             raise metric_refusal(
                 self._location, f"metric {metric}", "IP", ". Create a new collection"
             )
-        dim = int(fields["vector"]["params"]["dim"])
-        if dimension is not None and dim != int(dimension):
-            raise StoreError(
-                f"{self._location} has vector size {dim}, but the model produces dimension "
-                f"{dimension}"
-            )
-        self._dim = dim
+        return int(fields["vector"]["params"]["dim"])
 
-    def _check_reopen(self, asked: Mapping[str, Any]) -> None:
-        """Refuse build options that differ from the ones the collection's index was built
-        with: its type from the index itself, its parameters from the collection property
+    def _recorded_build(self) -> dict[str, Any]:
+        """The index type from the index itself, its parameters from the collection property
         written at creation. A collection created without that property (by another program,
         or before magretrieve recorded it) has unknown parameters, and any are accepted."""
         props = self.client.describe_collection(self.collection).get("properties") or {}
@@ -200,7 +184,7 @@ class MilvusStore(VectorStore):
         self._index = {**built, **self._index}
         recorded = {"index_type": self._index.get("index_type")}
         recorded.update({k: built.get(p) for k, p in BUILD_PARAMS.items()})
-        check_reopen(self._location, recorded, asked)
+        return recorded
 
     def _metric(self) -> str:
         for name in self.client.list_indexes(self.collection):
@@ -211,14 +195,10 @@ class MilvusStore(VectorStore):
         self._index = {}
         return "IP"  # no index yet: ours is created with IP
 
-    def _create(
-        self,
-        dim: int,
-        index: str,
-        hnsw_m: int | None,
-        ef_construction: int | None,
-        nlist: int | None,
-    ) -> None:
+    def _create(self, dim: int) -> None:
+        index = self._new_index
+        hnsw_m, ef_construction = self._asked["hnsw_m"], self._asked["ef_construction"]
+        nlist = self._asked["nlist"]
         mv = pymilvus()
         schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field("doc_id", mv.DataType.VARCHAR, is_primary=True, max_length=MAX_ID_LENGTH)
@@ -242,22 +222,9 @@ class MilvusStore(VectorStore):
             self.collection, properties={INDEX_KEY: json.dumps({"index_type": index, **params})}
         )
         self._index = {"index_type": index, "metric_type": "IP", **params}
-        self._dim = dim
-
-    @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
-    def location(self) -> str:
-        return self._location
 
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
         return (pymilvus().MilvusException,)
-
-    def _run(self, what: str, fn: Any) -> Any:
-        with self._driver(what):
-            return fn()
 
     # ------------------------------------------------------------------ primitives
 
@@ -504,6 +471,10 @@ def parse_milvus(rest: str, spec: str = "") -> dict[str, str]:
     )
 
 
+#: The index options a Milvus collection takes.
+MILVUS_OPTIONS = ("index_type", *HnswOptions.keywords(), *IvfOptions.keywords())
+
+
 def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> MilvusStore:
     return open_milvus(loc, dimension, **options)
 
@@ -519,8 +490,7 @@ def _adopt(
 ) -> MilvusStore:
     if not collection:
         raise StoreError("a MilvusClient needs collection='name'")
-    backend, _ = registry.backend_for("milvus:x.db/x")
-    opts = registry.check_options(backend, options, f"milvus collection {collection!r}")
+    opts = dict(options)
     opts.pop("token", None)  # the client is already authenticated
     return MilvusStore(client, collection, dimension, **opts)
 
@@ -532,18 +502,14 @@ registry.register(
         parse=parse_milvus,
         open=_open,
         options=(
-            "index_type",
-            "hnsw_m",
-            "ef_construction",
-            "ef_search",
-            "nlist",
-            "nprobe",
+            *MILVUS_OPTIONS,
             registry.StoreOption(
                 "token",
                 str,
                 "Milvus server token, 'user:password' or an API key (default $MILVUS_TOKEN).",
             ),
         ),
+        index_types="FLAT (default), HNSW, IVF_FLAT",
         adopts=_adopts,
         adopt=_adopt,
         adopted="a pymilvus MilvusClient (collection=NAME)",

@@ -35,7 +35,7 @@ from magretrieve.core.errors import StoreError
 from magretrieve.core.extras import require
 from magretrieve.core.redact import redact
 from magretrieve.core.text import lone_surrogate
-from magretrieve.stores import registry
+from magretrieve.stores import _ann_recall, registry
 from magretrieve.stores._pgvector_sql import (
     META_KEY,
     _quote,
@@ -52,11 +52,10 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
-    check_reopen,
     metric_refusal,
-    missing_store,
     one_line,
 )
+from magretrieve.stores.options import IndexOptions
 
 #: COMMENT key of the last recall measurement (with the ef_search it tuned to).
 RECALL_KEY = "magretrieve.recall"
@@ -168,18 +167,17 @@ class PgVectorStore(VectorStore):
         table: str,
         dimension: int | None = None,
         *,
-        index_type: str | None = None,
-        hnsw_m: int | None = None,
-        ef_construction: int | None = None,
-        ef_search: int | None = None,
-        nlist: int | None = None,
-        nprobe: int | None = None,
-        target_recall: float | None = None,
+        options: IndexOptions | None = None,
         owns_connection: bool = False,
         location: str | None = None,
+        **knobs: Any,
     ) -> None:
+        """``options`` (or its keywords ``index_type``, ``hnsw_m``, ``ef_construction``,
+        ``ef_search``, ``nlist``, ``nprobe``, ``target_recall``): the index built and how it
+        is searched and tuned."""
         sql = _sql()
-        self.target_recall = target_recall
+        opts = IndexOptions.of(options, knobs, location or f"pgvector table {table!r}")
+        self.target_recall = opts.target_recall
         self.recall: dict[str, Any] | None = None
         self.conn = conn
         self._lock = threading.RLock()
@@ -187,32 +185,17 @@ class PgVectorStore(VectorStore):
         self._name = split_table(table, location or "pgvector")
         self._location = location or f"pgvector table {table!r}"
         self._table = sql.Identifier(*self._name)
-        self.ef_search = ef_search
-        self.nprobe = nprobe
-        if index_type is not None and index_type not in INDEX_TYPES:
+        self.ef_search, self.nprobe = opts.hnsw.ef_search, opts.ivf.nprobe
+        if opts.index_type is not None and opts.index_type not in INDEX_TYPES:
             raise StoreError(
-                f"{self._location}: index_type {index_type!r} is not one of {', '.join(INDEX_TYPES)}"
+                f"{self._location}: index_type {opts.index_type!r} is not one of "
+                f"{', '.join(INDEX_TYPES)}"
             )
+        self._asked = opts.build()
         try:
             with conn.transaction():
                 register_vector(conn)
-                if table_exists(conn, self._name):
-                    self.created_here = False
-                    self._open_existing(dimension)
-                    self._check_reopen(
-                        {
-                            "index_type": index_type,
-                            "hnsw_m": hnsw_m,
-                            "ef_construction": ef_construction,
-                            "nlist": nlist,
-                        }
-                    )
-                else:
-                    if dimension is None:
-                        raise missing_store(self._location, f"table {'.'.join(self._name)!r}")
-                    self._create(
-                        int(dimension), index_type or "hnsw", hnsw_m, ef_construction, nlist
-                    )
+                self._open_or_create(dimension, f"table {'.'.join(self._name)!r}", self._asked)
         except psycopg().Error as exc:
             raise StoreError(f"{self._location}: {type(exc).__name__}: {one_line(exc)}") from None
         recall = self._tx(lambda: read_comment(self.conn, self._name)).get(RECALL_KEY)
@@ -223,7 +206,10 @@ class PgVectorStore(VectorStore):
 
     # ------------------------------------------------------------------ setup
 
-    def _open_existing(self, dimension: int | None) -> None:
+    def _exists(self) -> bool:
+        return table_exists(self.conn, self._name)
+
+    def _open_existing(self, dimension: int | None) -> int:
         cols = {
             r[0]
             for r in self.conn.execute(
@@ -242,16 +228,10 @@ class PgVectorStore(VectorStore):
         self._check_indexes()
         if dim is None:  # pragma: no cover - excluded by the column check above
             raise StoreError(f"{self._location}: no embedding column")
-        if dimension is not None and dim != int(dimension):
-            raise StoreError(
-                f"{self._location} has vector size {dim}, but the model produces dimension "
-                f"{dimension}"
-            )
-        self._dim = dim
+        return dim
 
-    def _check_reopen(self, asked: Mapping[str, Any]) -> None:
-        """Refuse build options that differ from the ones the table was built with: an index's
-        parameters from its definition, the index type (and the lists of an IVFFlat index
+    def _recorded_build(self) -> dict[str, Any]:
+        """The build options the table was built with: an index's parameters from its definition, the index type (and the lists of an IVFFlat index
         optimize() has not built yet) from the COMMENT written at creation. A table without
         that record (created before magretrieve wrote it, or by another program) and without
         an index has unknown options, and any are accepted."""
@@ -269,8 +249,8 @@ class PgVectorStore(VectorStore):
         elif built.get("index_type") == "ivfflat":
             recorded["nlist"] = built.get("nlist")
             # the index is still to build: optimize() builds it, as it would have before
-            self._pending_ivf = asked.get("nlist") or built.get("nlist")
-        check_reopen(self._location, recorded, asked)
+            self._pending_ivf = self._asked.get("nlist") or built.get("nlist")
+        return recorded
 
     def _check_indexes(self) -> None:
         for name, method, opclass in vector_indexes(self.conn, self._name, "embedding"):
@@ -282,15 +262,11 @@ class PgVectorStore(VectorStore):
                     ". Create a new table",
                 )
 
-    def _create(
-        self,
-        dim: int,
-        index_type: str,
-        hnsw_m: int | None,
-        ef_construction: int | None,
-        nlist: int | None,
-    ) -> None:
+    def _create(self, dim: int) -> None:
         sql = _sql()
+        index_type = self._asked["index_type"] or "hnsw"
+        hnsw_m, ef_construction = self._asked["hnsw_m"], self._asked["ef_construction"]
+        nlist = self._asked["nlist"]
         if dim < 1 or dim > 16000:
             raise StoreError(f"{self._location}: pgvector dimension must be 1..16000, got {dim}")
         self.conn.execute(
@@ -316,7 +292,6 @@ class PgVectorStore(VectorStore):
             # IVFFlat lists are trained on the rows present when the index is built:
             # it is built by optimize(), after the bulk load
             self._pending_ivf = nlist
-        self._dim = dim
 
     def _create_index(self, method: str, params: Mapping[str, int | None]) -> None:
         sql = _sql()
@@ -335,14 +310,6 @@ class PgVectorStore(VectorStore):
         )
 
     # ------------------------------------------------------------------ properties
-
-    @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
-    def location(self) -> str:
-        return self._location
 
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
         return (psycopg().Error,)
@@ -499,49 +466,25 @@ class PgVectorStore(VectorStore):
             self._run("index build", lambda: self._create_index("ivfflat", {"lists": lists}))
             del self._pending_ivf
         self._run("analyze", lambda: self.conn.execute(sql.SQL("ANALYZE {}").format(self._table)))
+        self.measure_recall(target_recall=self.target_recall)
+
+    def _recall_knob(self) -> Any:
+        """``hnsw.ef_search`` (at most pgvector's 1,000) of an HNSW index; the recall is kept
+        in the table's COMMENT."""
         indexes = self._tx(lambda: vector_indexes(self.conn, self._name, "embedding"))
-        if any(m == "hnsw" for _, m, _ in indexes) and self.count():
-            self.measure_recall(target_recall=self.target_recall)
-
-    def measure_recall(
-        self, queries: np.ndarray | None = None, target_recall: float | None = None
-    ) -> dict[str, Any] | None:
-        """recall@10 of the HNSW search against exact inner product (tuning ``hnsw.ef_search``,
-        at most pgvector's 1,000, to ``target_recall`` first); kept in the table's COMMENT.
-        See :mod:`magretrieve.stores._ann_recall`."""
-        from magretrieve.stores import _ann_recall
-
-        if target_recall is not None:
-            target_recall = registry.OPTIONS["target_recall"].check(target_recall, self.location)
-        ids = list(self.iter_ids())
-        if not ids:
+        if not any(m == "hnsw" for _, m, _ in indexes):
             return None
-        vectors = np.concatenate(
-            [self.get_vectors(ids[i : i + 4096]) for i in range(0, len(ids), 4096)]
-        )
 
         def set_ef(value: int) -> None:
             self.ef_search = int(value)
 
-        values = [v for v in _ann_recall.HNSW_EF if v <= 1000] + [1000]
-        knob = _ann_recall.Knob("ef_search", sorted(set(values)), set_ef, int(self.ef_search or 40))
+        values = sorted({v for v in _ann_recall.HNSW_EF if v <= 1000} | {1000})
+        return _ann_recall.Knob("ef_search", values, set_ef, int(self.ef_search or 40))
 
-        def search(q: np.ndarray, k: int) -> list[list[str]]:
-            return [[h.id for h in row] for row in self.search(q, k, with_vectors=False)]
-
-        recall = _ann_recall.measure(
-            search,
-            ids,
-            vectors,
-            knob=knob,
-            target=target_recall,
-            queries=queries if queries is not None else self.tuning_queries,
-            where=self.location,
-        )
+    def _keep_recall(self, recall: dict[str, Any], knob: Any) -> None:
         self.ef_search = knob.current
         self.recall = recall
         self._write_comment_key(RECALL_KEY, recall)
-        return recall
 
     def _describe(self) -> dict[str, Any]:
         indexes = self._tx(lambda: vector_indexes(self.conn, self._name, "embedding"))
@@ -650,10 +593,8 @@ def _adopt(
 ) -> VectorStore:
     if not table:
         raise StoreError("a psycopg connection needs collection='table'")
-    backend, _ = registry.backend_for(f"pgvector:x#{table}")
-    opts = registry.check_options(backend, options, f"pgvector table {table!r}")
     register_vector(conn)
-    return store_for(conn, table, dimension, opts, owns=False, where=None)
+    return store_for(conn, table, dimension, options, owns=False, where=None)
 
 
 FORM = "pgvector:POSTGRES_URI#TABLE"
@@ -664,16 +605,8 @@ registry.register(
         form=FORM,
         parse=parse_pgvector,
         open=_open,
-        options=(
-            "index_type",
-            "hnsw_m",
-            "ef_construction",
-            "ef_search",
-            "nlist",
-            "nprobe",
-            "prefetch",
-            "target_recall",
-        ),
+        options=(IndexOptions, "prefetch"),
+        index_types="hnsw (default), ivfflat (built by optimize), flat",
         adopts=_adopts,
         adopt=_adopt,
         adopted="a psycopg connection (collection=TABLE)",

@@ -19,6 +19,7 @@ from typing import Any
 
 from magretrieve.stores import registry
 from magretrieve.stores._qdrant_clients import META_FILE, SHARD_DIR, EdgeAPI
+from magretrieve.stores.options import HnswOptions, RecallOptions
 from magretrieve.stores.qdrant_store import QUANTIZATION_OPTIONS, QdrantStore
 
 __all__ = ["META_FILE", "SHARD_DIR", "QdrantEdgeStore"]
@@ -30,7 +31,7 @@ class QdrantEdgeStore(QdrantStore):
     kind = "qdrant-edge"
 
     def __init__(self, path: str | Path, dimension: int | None = None, **options: Any) -> None:
-        self._setup(EdgeAPI(path), dimension, **options)
+        super().__init__(dimension=dimension, api=EdgeAPI(path), **options)
 
     def foreign_points(self) -> int:
         """A shard without magretrieve's file beside it was not written by magretrieve."""
@@ -42,9 +43,7 @@ class QdrantEdgeStore(QdrantStore):
 # ----------------------------------------------------------------------------- registry entry
 
 EDGE_OPTIONS = (
-    "hnsw_m",
-    "ef_construction",
-    "ef_search",
+    HnswOptions,
     *QUANTIZATION_OPTIONS,
     registry.StoreOption(
         "full_scan_threshold", int, "Qdrant Edge: exact below this size (KB).", minimum=0
@@ -52,7 +51,7 @@ EDGE_OPTIONS = (
     registry.StoreOption(
         "indexing_threshold", int, "Qdrant Edge: index segments above this size.", minimum=0
     ),
-    "target_recall",
+    RecallOptions,
 )
 
 registry.register(

@@ -55,11 +55,11 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
-    check_reopen,
     missing_store,
     one_line,
     point_uuid,
 )
+from magretrieve.stores.options import HnswOptions, IndexOptions, RecallOptions
 
 # RESERVED, make_payload, split_payload and quantized_query_factors live in _qdrant_common
 # and stay importable from here.
@@ -75,6 +75,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+#: The index keywords a Qdrant collection or Edge shard takes: its HNSW graph, a recall target.
+INDEX_KEYWORDS = (*HnswOptions.keywords(), *RecallOptions.keywords())
+
+
 class QdrantStore(VectorStore):
     """A Qdrant collection (or Edge shard) searched by dot product.
 
@@ -87,104 +91,97 @@ class QdrantStore(VectorStore):
 
     def __init__(
         self,
-        client: Any,
-        collection: str,
+        client: Any = None,
+        collection: str | None = None,
         dimension: int | None = None,
         *,
         owns_client: bool = False,
         location: str | None = None,
-        **options: Any,
-    ) -> None:
-        api = ClientAPI(client, collection, owns_client=owns_client, location=location)
-        self._setup(api, dimension, **options)
-        self.client, self.collection = client, collection
-
-    @classmethod
-    def over(cls, api: Any, dimension: int | None, **options: Any) -> QdrantStore:
-        """The store over any object implementing the client interface of _qdrant_clients."""
-        store = cls.__new__(cls)
-        store._setup(api, dimension, **options)
-        return store
-
-    def _setup(
-        self,
-        api: Any,
-        dimension: int | None,
-        *,
-        hnsw_m: int | None = None,
-        ef_construction: int | None = None,
-        ef_search: int | None = None,
+        api: Any = None,
+        options: IndexOptions | None = None,
         quantization: str | None = None,
         oversampling: float = 2.0,
         rescore: bool = True,
         query_scaling: bool = True,
-        target_recall: float | None = None,
-        **create_options: Any,
+        **knobs: Any,
     ) -> None:
+        """Over ``client`` and ``collection``, or over ``api``: any object implementing the
+        client interface of :mod:`._qdrant_clients` (the Edge shard's). ``options`` (or its
+        keywords ``hnsw_m``, ``ef_construction``, ``ef_search``, ``target_recall``): the HNSW
+        index; the other keywords are creation options of the client (``shard_number``, ...)."""
+        if api is None:
+            api = ClientAPI(client, str(collection), owns_client=owns_client, location=location)
+        self.client, self.collection = client, collection
         self.api = api
-        self.ef_search = ef_search
+        index = {k: knobs.pop(k) for k in INDEX_KEYWORDS if k in knobs}
+        opts = IndexOptions.of(options, index, api.where, INDEX_KEYWORDS)
+        create_options = knobs
+        self.ef_search = opts.hnsw.ef_search
         self.oversampling = float(oversampling)
         self.rescore = bool(rescore)
         self.query_scaling = bool(query_scaling)
-        self.target_recall = target_recall
+        self.target_recall = opts.target_recall
         self.embedded = bool(api.embedded)
         self.thread_safe_search = bool(api.thread_safe)
         self._norm_mean: float | None = None  # mean stored doc_norm, for quantized search
         if quantization not in (None, "int8"):
             raise StoreError(f"unknown Qdrant quantization {quantization!r}; use 'int8' or none")
-        cfg = api.config()
-        if cfg is not None:
-            if cfg["named"] is not None:
-                raise StoreError(
-                    f"{api.label} has named vectors {cfg['named']}; magretrieve uses one "
-                    "unnamed vector per point"
-                )
-            edge = api.__class__.__name__ == "EdgeAPI"
-            self._dim = check_vector_params(
-                api.label,
-                cfg["distance"],
-                cfg["size"],
-                dimension,
-                advice=""
-                if edge
-                else ". Create a new collection, or rank this Cosine one by cos·m(d) after "
-                "`magretrieve annotate`",
-            )
-            self._check_reopen(cfg, hnsw_m, ef_construction, quantization, create_options)
-            api.open()
-            self.quantization = "int8" if cfg["quantized"] else None
-            self._hnsw, self._shards = cfg["hnsw"] or {}, cfg["shards"]
-            self.created_here = False
-        else:
-            if dimension is None:
-                raise (
-                    missing_store(getattr(api, "where", api.label), api.label)
-                    if not hasattr(api, "shard_path")
-                    else missing_store(str(api.path), "Qdrant Edge store")
-                )
-            self._dim = int(dimension)
-            made = api.create(self._dim, hnsw_m, ef_construction, quantization, **create_options)
-            self.quantization = quantization
-            self._hnsw, self._shards = made["hnsw"], made["shards"]
-            self.created_here = True
+        self.quantization = quantization
+        self._create_options = create_options
+        self._asked_hnsw = (opts.hnsw.m, opts.hnsw.ef_construction)
+        asked = {
+            "hnsw_m": opts.hnsw.m,
+            "ef_construction": opts.hnsw.ef_construction,
+            "quantization": quantization,
+            **create_options,
+        }
+        what = "Qdrant Edge store" if hasattr(api, "shard_path") else api.label
+        self._open_or_create(dimension, what, asked)
+        if not self.created_here:
+            api.open()  # after every check: an Edge shard is held from here on
         if self.ef_search is None:
             recall = self._doc().get("recall") or {}
             if "target" in recall:
                 self.ef_search = recall.get("hnsw_ef")  # the value --target-recall chose
 
-    def _check_reopen(
-        self,
-        cfg: dict[str, Any],
-        hnsw_m: int | None,
-        ef_construction: int | None,
-        quantization: str | None,
-        create_options: dict[str, Any],
-    ) -> None:
-        """Refuse build options that differ from the ones the collection or shard was built
-        with (its own config records them). Embedded qdrant-client builds no index and reports
-        its defaults whatever was asked, so it has nothing recorded to compare."""
-        if self.embedded:
-            return
+    @classmethod
+    def over(cls, api: Any, dimension: int | None, **options: Any) -> QdrantStore:
+        """The store over any object implementing the client interface of _qdrant_clients."""
+        return cls(dimension=dimension, api=api, **options)
+
+    def _exists(self) -> bool:
+        self._config = self.api.config()
+        return self._config is not None
+
+    def _open_existing(self, dimension: int | None) -> int:
+        cfg, api = self._config, self.api
+        if cfg["named"] is not None:
+            raise StoreError(
+                f"{api.label} has named vectors {cfg['named']}; magretrieve uses one "
+                "unnamed vector per point"
+            )
+        edge = api.__class__.__name__ == "EdgeAPI"
+        dim = check_vector_params(
+            api.label,
+            cfg["distance"],
+            cfg["size"],
+            dimension,
+            advice=""
+            if edge
+            else ". Create a new collection, or rank this Cosine one by cos·m(d) after "
+            "`magretrieve annotate`",
+        )
+        self.quantization = "int8" if cfg["quantized"] else None
+        self._hnsw, self._shards = cfg["hnsw"] or {}, cfg["shards"]
+        return dim
+
+    def _recorded_build(self) -> dict[str, Any]:
+        """What the collection or shard was built with (its own config records it). Embedded
+        qdrant-client builds no index and reports its defaults whatever was asked, so it has
+        nothing recorded to compare."""
+        cfg = self._config
+        if self.embedded or cfg is None:
+            return {}
         hnsw = cfg["hnsw"] or {}
         recorded: dict[str, Any] = {
             "hnsw_m": hnsw.get("m"),
@@ -195,17 +192,17 @@ class QdrantStore(VectorStore):
         }
         if cfg["shards"] is not None:
             recorded["shard_number"], recorded["replication_factor"] = cfg["shards"]
-        asked = {
-            "hnsw_m": hnsw_m,
-            "ef_construction": ef_construction,
-            "quantization": quantization,
-            **{k: create_options.get(k) for k in recorded if k in create_options},
-        }
-        check_reopen(self.api.where, recorded, asked)
+        return recorded
 
-    @property
-    def dimension(self) -> int:
-        return self._dim
+    def _create(self, dimension: int) -> None:
+        made = self.api.create(
+            dimension,
+            self._asked_hnsw[0],
+            self._asked_hnsw[1],
+            self.quantization,
+            **self._create_options,
+        )
+        self._hnsw, self._shards = made["hnsw"], made["shards"]
 
     @property
     def location(self) -> str:
@@ -296,21 +293,20 @@ class QdrantStore(VectorStore):
     def optimize(self) -> None:
         """Build the HNSW index (Edge), then measure its recall (tuned to ``target_recall``)."""
         self.api.optimize()
-        if not self.embedded and self.count():
-            self.measure_recall(target_recall=self.target_recall)
+        self.measure_recall(target_recall=self.target_recall)
 
-    def measure_recall(
-        self, queries: np.ndarray | None = None, target_recall: float | None = None
-    ) -> dict[str, Any] | None:
-        """recall@10 of the HNSW search against exact search (tuning hnsw_ef to a target).
-
-        See :mod:`magretrieve.stores._ann_recall`; the result is kept beside the model
-        metadata and reported by ``describe()``. Embedded qdrant-client is exact: nothing to do.
-        """
-        if target_recall is not None:
-            target_recall = registry.OPTIONS["target_recall"].check(target_recall, self.location)
-        if self.embedded or not self.count():
+    def _recall_knob(self) -> Any:
+        """``hnsw_ef`` of the HNSW index (None: embedded qdrant-client searches exactly)."""
+        if self.embedded:
             return None
+
+        def set_ef(value: int) -> None:
+            self.ef_search = int(value)
+
+        start = int(self.ef_search or self._hnsw.get("ef_construct") or 100)
+        return _ann_recall.Knob("hnsw_ef", _ann_recall.HNSW_EF, set_ef, start)
+
+    def _stored_vectors(self) -> tuple[list[str], np.ndarray]:
         ids: list[str] = []
         vecs: list[np.ndarray] = []
         offset = None
@@ -321,30 +317,19 @@ class QdrantStore(VectorStore):
                 vecs.append(np.asarray(p.vector, dtype=np.float32))
             if offset is None:
                 break
+        return ids, np.stack(vecs) if vecs else np.zeros((0, self._dim), dtype=np.float32)
 
-        def set_ef(value: int) -> None:
-            self.ef_search = int(value)
-
-        start = int(self.ef_search or self._hnsw.get("ef_construct") or 100)
-        knob = _ann_recall.Knob("hnsw_ef", _ann_recall.HNSW_EF, set_ef, start)
-        tune = target_recall is not None or self.ef_search is not None
-
-        def search(q: np.ndarray, k: int) -> list[list[str]]:
-            return [[h.id for h in row] for row in self.search(q, k, with_vectors=False)]
-
-        recall = _ann_recall.measure(
-            search,
-            ids,
-            np.stack(vecs),
-            knob=knob if tune else None,
-            target=target_recall,
-            queries=queries if queries is not None else self.tuning_queries,
-            where=self.location,
-        )
+    def _tune(self, run: Any, knob: Any, target: float | None) -> dict[str, Any]:
+        """hnsw_ef is tuned for a target, and re-measured at a value given."""
+        tune = target is not None or self.ef_search is not None
+        recall = dict(run(knob if tune else None, target))
         if tune:
             self.ef_search = knob.current
-        self.api.write_doc({"metadata": self.read_metadata(), "recall": recall})
         return recall
+
+    def _keep_recall(self, recall: dict[str, Any], knob: Any) -> None:
+        """Kept beside the model metadata."""
+        self.api.write_doc({"metadata": self.read_metadata(), "recall": recall})
 
     def _describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -390,10 +375,8 @@ QUANTIZATION_OPTIONS = (
     ),
 )
 QDRANT_OPTIONS = (
-    "target_recall",
-    "hnsw_m",
-    "ef_construction",
-    "ef_search",
+    RecallOptions,
+    HnswOptions,
     *QUANTIZATION_OPTIONS,
     registry.StoreOption(
         "shard_number", int, "Qdrant server: shards.", cli="--shard-number", minimum=1
@@ -596,8 +579,7 @@ def _adopt_client(
 ) -> QdrantStore:
     if not collection:
         raise StoreError("a QdrantClient needs collection='name'")
-    backend, _ = registry.backend_for("qdrant-memory:x")
-    opts = registry.check_options(backend, options, f"Qdrant collection {collection!r}")
+    opts = dict(options)
     for key in _CLIENT_OPTIONS:
         opts.pop(key, None)
     return _store_for(client, collection, dimension, opts, owns=False, where=None)

@@ -2,20 +2,31 @@
 
 ``parse_spec``, ``open_store``, the ``magretrieve index/search/rescale`` store options
 and the backend list of the shared store tests are all computed from the entries
-registered here, so a new vector store is **one file plus one line**.
+registered here, so a new vector store is **its I/O, a typed option class and one line**.
 
 How to add a backend (say ``redis:URL/INDEX``)
 ----------------------------------------------
 
 1. Write ``magretrieve/stores/redis_store.py`` with a subclass of
-   :class:`magretrieve.stores.base.VectorStore` that implements only the *primitives*
-   (``_upsert``, ``_query``, ``_delete``, ``_fetch``, ``_existing``, ``_count``,
-   ``_scan_ids``, ``_read_meta``/``_write_meta``, ``_describe``), the ``dimension`` and
-   ``location`` properties and ``_driver_errors`` (the client library's exception classes).
-   The base class checks ids, vectors, payloads, ``k`` and queries, computes the norms
-   (``Batch.norms``: store them and return them as ``StoreHit.doc_norm``), turns the
-   library's errors into one-line messages with secrets masked, and orders results; the
-   primitives receive checked input only. Declare limits as class attributes
+   :class:`magretrieve.stores.base.VectorStore` that implements only its I/O:
+
+   - the *primitives* (``_upsert``, ``_query``, ``_delete``, ``_fetch``, ``_existing``,
+     ``_count``, ``_scan_ids``, ``_read_meta``/``_write_meta``, ``_describe``), the
+     ``dimension`` and ``location`` properties and ``_driver_errors`` (the client library's
+     exception classes). The base class checks ids, vectors, payloads, ``k`` and queries,
+     computes the norms (``Batch.norms``: store them and return them as
+     ``StoreHit.doc_norm``), turns the library's errors into one-line messages with secrets
+     masked, and orders results; the primitives receive checked input only;
+   - the *lifecycle* hooks ``_exists``, ``_open_existing`` (check the layout and metric,
+     return the dimension), ``_create`` and ``_recorded_build``; the constructor calls
+     ``self._open_or_create(dimension, what, options.build())``, which opens or creates,
+     checks the dimension and the build options on reopen, and creates nothing on a
+     read-only open (no dimension);
+   - for an ANN index, ``_recall_knob`` (the search knob ``measure_recall`` tunes to
+     ``target_recall``) and ``_keep_recall`` (where the measurement is kept).
+
+   Take the index options as one :class:`~magretrieve.stores.options.IndexOptions` (or its
+   keywords: ``IndexOptions.of(options, knobs, where)``). Declare limits as class attributes
    (``max_id_bytes``, ``max_k``), and pass ids and values to the client as bound
    parameters (or escaped literals), never pasted into a query string. Import the client
    library lazily with :func:`~magretrieve.core.extras.require` (its module listed in
@@ -29,7 +40,7 @@ How to add a backend (say ``redis:URL/INDEX``)
            parse=parse_url_collection,  # rest-of-spec -> location dict (or your own)
            open=_open,                  # (location, dimension, options) -> VectorStore
            options=(
-               "hnsw_m", "ef_search",   # shared knobs, declared in OPTIONS below
+               HnswOptions,             # an option class: all its keywords and flags
                StoreOption("password", str, "Redis password."),  # the backend's own
            ),
            extra="redis",               # pip install 'magretrieve[redis]'
@@ -44,15 +55,16 @@ entry. The shared store tests (``tests/stores/test_stores.py`` and the
 injection and secrets suites) run every registered backend; they fail until
 ``tests/support/store_examples.py`` names an example spec for the new prefix.
 
-Options are declared once with their type, bounds and CLI flag, and checked here before
-any backend (or native library) sees them: ``--hnsw-m 0`` is a one-line error, not a
-SIGABRT inside FAISS.
+Options are declared once, in the option classes of :mod:`magretrieve.stores.options` (or
+as a backend's own :class:`StoreOption`), with their type, bounds and CLI flag, and checked
+here before any backend (or native library) sees them, for specs and adopted objects alike:
+``--hnsw-m 0`` is a one-line error, not a SIGABRT inside FAISS.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +72,14 @@ from typing import Any
 
 from magretrieve.core.errors import StoreError
 from magretrieve.core.redact import remember_secrets
+from magretrieve.stores.options import (
+    INDEX_TYPE_HELP,
+    IndexOptions,
+    OptionClass,
+    StoreOption,
+)
+
+__all__ = ["OPTIONS", "Backend", "StoreOption", "backends", "open_spec", "register"]
 
 #: Modules that register the built-in backends (imported on first use of the registry).
 #: Adding a backend = adding its module here.
@@ -79,138 +99,15 @@ BACKEND_MODULES: tuple[str, ...] = (
 # ----------------------------------------------------------------------------- options
 
 
-@dataclass(frozen=True)
-class StoreOption:
-    """One ``open_store`` keyword: its type, bounds, CLI flag and help.
-
-    ``cli`` is the flag of ``magretrieve index`` (and ``rescale``); ``search`` says the option
-    is a search-time knob also offered by ``magretrieve search``. Options with ``cli=None``
-    are Python-only.
-    """
-
-    name: str
-    type: type
-    help: str
-    cli: str | None = None
-    minimum: float | None = None
-    maximum: float | None = None
-    exclusive_minimum: bool = False
-    choices: tuple[str, ...] | None = None
-    search: bool = False
-
-    def check(self, value: Any, where: str = "") -> Any:
-        """``value`` converted to the option's type, or a StoreError naming the option."""
-        label = self.cli or self.name
-        prefix = f"{where}: " if where else ""
-        if self.type is bool:
-            if not isinstance(value, bool):
-                raise StoreError(f"{prefix}{label} must be true or false, got {value!r}")
-            return value
-        if self.type is str:
-            if not isinstance(value, str):
-                raise StoreError(f"{prefix}{label} must be a string, got {value!r}")
-            if self.choices is not None and value not in self.choices:
-                raise StoreError(
-                    f"{prefix}{label} must be one of {', '.join(self.choices)}, got {value!r}"
-                )
-            return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            try:  # numpy scalars and numeric strings from config files
-                value = float(value) if self.type is float else int(str(value))
-            except (TypeError, ValueError):
-                raise StoreError(
-                    f"{prefix}{label} must be {'a number' if self.type is float else 'an integer'}"
-                    f", got {value!r}"
-                ) from None
-        if self.type is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise StoreError(f"{prefix}{label} must be an integer, got {value!r}")
-            value = int(value)
-        else:
-            value = float(value)
-            if not math.isfinite(value):
-                raise StoreError(f"{prefix}{label} must be a finite number, got {value!r}")
-        low, high = self.minimum, self.maximum
-        if low is not None and (value <= low if self.exclusive_minimum else value < low):
-            bound = f"> {low:g}" if self.exclusive_minimum else f">= {low:g}"
-            raise StoreError(f"{prefix}{label} must be {bound}, got {value!r}")
-        if high is not None and value > high:
-            raise StoreError(f"{prefix}{label} must be <= {high:g}, got {value!r}")
-        return value
-
-
-def _opt(name: str, typ: type, help: str, **kw: Any) -> StoreOption:
-    return StoreOption(name, typ, help, **kw)
-
-
-#: Every option any registered backend accepts. The knobs several backends share are declared
-#: here; a backend declares its own as :class:`StoreOption` objects in its entry, and
-#: ``register`` adds them (the CLI flags are derived from this table).
+#: Every option any registered backend accepts: those of the option classes of
+#: :mod:`magretrieve.stores.options`, the annotated cosine stores' ``prefetch``, and what a
+#: backend declares as :class:`StoreOption` objects in its entry (``register`` adds them; the
+#: CLI flags are derived from this table).
 OPTIONS: dict[str, StoreOption] = {
     o.name: o
     for o in (
-        _opt(
-            "index_type",
-            str,
-            "FAISS index: flat (exact, default), hnsw, ivf, or any faiss.index_factory string, "
-            "e.g. 'IVF1024,PQ32' (inner product is always used; untrained indexes are trained "
-            "on the first vectors added). Milvus: FLAT, HNSW, IVF_FLAT. LanceDB: IVF_HNSW_SQ, "
-            "IVF_PQ, ... (built after indexing, recall measured; exact scan when absent).",
-            cli="--faiss-index",
-        ),
-        _opt(
-            "hnsw_m",
-            int,
-            "HNSW M, links per node (FAISS default 32, Qdrant 16).",
-            cli="--hnsw-m",
-            minimum=2,
-            maximum=1024,
-        ),
-        _opt(
-            "ef_construction",
-            int,
-            "HNSW efConstruction (FAISS 200, Qdrant 100).",
-            cli="--ef-construction",
-            minimum=1,
-            maximum=100_000,
-        ),
-        _opt(
-            "ef_search",
-            int,
-            "HNSW efSearch / Qdrant hnsw_ef (FAISS 128); raised to k when smaller.",
-            cli="--ef-search",
-            minimum=1,
-            maximum=100_000,
-            search=True,
-        ),
-        _opt(
-            "nlist",
-            int,
-            "FAISS IVF lists (default ~4·√n).",
-            cli="--nlist",
-            minimum=1,
-            maximum=1 << 24,
-        ),
-        _opt(
-            "nprobe",
-            int,
-            "FAISS IVF lists probed (16).",
-            cli="--nprobe",
-            minimum=1,
-            maximum=1 << 24,
-            search=True,
-        ),
-        _opt(
-            "target_recall",
-            float,
-            "After building an ANN index, tune efSearch/nprobe/hnsw_ef by measurement to reach "
-            "this recall@10 against exact search at the highest speed (e.g. 0.99).",
-            cli="--target-recall",
-            minimum=0.0,
-            maximum=1.0,
-            exclusive_minimum=True,
-        ),
-        _opt(
+        *IndexOptions.declared(),
+        StoreOption(
             "prefetch",
             int,
             "Annotated Cosine collection/table (magretrieve annotate): cosine candidates "
@@ -244,14 +141,18 @@ class Backend:
     - ``parse(rest, spec)``: the part after ``prefix:`` -> location dict (``{"path": ...}``);
       raise StoreError for a malformed spec (the message should show ``form``).
     - ``open(location, dimension, options)``: the store (options already validated).
-    - ``options``: what the backend accepts: names of shared options (:data:`OPTIONS`) and
-      the backend's own :class:`StoreOption` declarations; other options are an error.
+    - ``options``: what the backend accepts: option classes of :mod:`.options` (all their
+      keywords), names of shared options (:data:`OPTIONS`) and the backend's own
+      :class:`StoreOption` declarations; other options are an error.
+    - ``index_types``: the index kinds its ``index_type`` takes, for the ``--faiss-index`` help.
     - ``folder``: the location's ``path`` is a directory the store owns (a regular file there
       is refused before anything is encoded).
     - ``persists(location)``: whether what is added outlives the process (``memory:`` does not).
     - ``adopts(obj)`` / ``adopt(obj, dimension, collection, options)``: accept a live client
       or index object in ``open_store`` instead of a spec; ``adopted`` names that object for
-      the error listing what ``open_store`` takes (``"a QdrantClient (collection=...)"``).
+      the error listing what ``open_store`` takes (``"a QdrantClient (collection=...)"``);
+      ``adopt_options`` are options only an adopted object takes. ``adopt`` receives the
+      options checked (:func:`open_object`).
     - ``extra``: the pip extra that installs the backend's library.
     """
 
@@ -259,18 +160,28 @@ class Backend:
     form: str
     parse: Callable[[str, str], dict[str, str]]
     open: Callable[[dict[str, str], int | None, dict[str, Any]], Any]
-    options: tuple[str | StoreOption, ...] = ()
+    options: tuple[str | StoreOption | type[OptionClass], ...] = ()
+    index_types: str | None = None
     folder: bool = False
     persists: Callable[[dict[str, str]], bool] = lambda loc: True
     adopts: Callable[[Any], bool] | None = None
     adopt: Callable[[Any, int | None, str | None, dict[str, Any]], Any] | None = None
     adopted: str | None = None
+    adopt_options: tuple[StoreOption, ...] = ()
     extra: str | None = None
+
+    @property
+    def declared(self) -> tuple[str | StoreOption, ...]:
+        """The options as names and declarations (option classes expanded)."""
+        out: list[str | StoreOption] = []
+        for o in self.options:
+            out.extend(o.declared() if isinstance(o, type) else (o,))
+        return tuple(out)
 
     @property
     def option_names(self) -> tuple[str, ...]:
         """Names of the options the backend accepts."""
-        return tuple(o.name if isinstance(o, StoreOption) else o for o in self.options)
+        return tuple(o.name if isinstance(o, StoreOption) else o for o in self.declared)
 
 
 _BACKENDS: dict[str, Backend] = {}
@@ -286,7 +197,7 @@ def register(backend: Backend) -> Backend:
         backend.adopts is not None and not backend.adopted
     ):
         raise ValueError(f"{prefix}: adopts, adopt and adopted are given together or not at all")
-    for option in backend.options:
+    for option in backend.declared:
         if isinstance(option, StoreOption):
             add_option(option)
     unknown = sorted(set(backend.option_names) - set(OPTIONS))
@@ -337,14 +248,23 @@ def backend_for(spec: str) -> tuple[Backend, dict[str, str]]:
     return backend, backend.parse(rest, spec)
 
 
-def check_options(backend: Backend, options: dict[str, Any], where: str = "") -> dict[str, Any]:
-    """Options with ``None`` dropped, each validated; options the backend does not take refused."""
+def check_options(
+    backend: Backend, options: dict[str, Any], where: str = "", *, adopting: bool = False
+) -> dict[str, Any]:
+    """Options with ``None`` dropped, each validated; options the backend does not take refused
+    (``adopting``: an adopted object's, which may take the entry's ``adopt_options`` too)."""
     given = {k: v for k, v in options.items() if v is not None}
     remember_secrets(options=given)
-    unknown = sorted(set(given) - set(backend.option_names))
+    declared = dict(OPTIONS)
+    if adopting:
+        declared.update({o.name: o for o in backend.adopt_options})
+    allowed = set(backend.option_names) | (
+        {o.name for o in backend.adopt_options} if adopting else set()
+    )
+    unknown = sorted(set(given) - allowed)
     if unknown:
         raise StoreError(f"option(s) {unknown} do not apply to {backend.prefix} stores")
-    return {k: OPTIONS[k].check(v, where) for k, v in given.items()}
+    return {k: declared[k].check(v, where) for k, v in given.items()}
 
 
 def check_folder(path: str | Path, spec: str) -> None:
@@ -365,9 +285,13 @@ def open_spec(spec: str, dimension: int | None, options: dict[str, Any]) -> Any:
 def open_object(
     obj: Any, dimension: int | None, collection: str | None, options: dict[str, Any]
 ) -> Any:
+    """The store over a live client or index object a backend adopts, its options checked
+    first (one line naming the option at fault, before the object is touched)."""
     for backend in backends():
         if backend.adopts is not None and backend.adopt is not None and backend.adopts(obj):
-            return backend.adopt(obj, dimension, collection, options)
+            where = type(obj).__name__ + (f" collection {collection!r}" if collection else "")
+            opts = check_options(backend, options, where, adopting=True)
+            return backend.adopt(obj, dimension, collection, opts)
     *others, last = ["a VectorStore", *adopted_objects()]
     either = f"{', '.join(others)} or {last}" if others else last
     raise StoreError(
@@ -397,8 +321,12 @@ def cli_options(search_only: bool = False) -> list[StoreOption]:
     """Options with a CLI flag (only search-time knobs when ``search_only``)."""
     _load()
     used = {name for b in _BACKENDS.values() for name in b.option_names}
+    kinds = [f"{b.prefix}: {b.index_types}" for b in _BACKENDS.values() if b.index_types]
+    index_type = dataclasses.replace(
+        OPTIONS["index_type"], help=f"{INDEX_TYPE_HELP} {'; '.join(kinds)}."
+    )
     return [
-        o
+        index_type if o.name == "index_type" else o
         for o in OPTIONS.values()
         if o.cli is not None and o.name in used and (o.search or not search_only)
     ]

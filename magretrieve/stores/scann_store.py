@@ -67,23 +67,22 @@ from magretrieve.core.extras import require
 from magretrieve.core.files import sha256_file
 from magretrieve.core.topk import exact_search
 from magretrieve.stores import _ann_recall, registry
-from magretrieve.stores._faiss_records import RecordTable, RecordTableMixin
+from magretrieve.stores._generation import GenerationFiles, SavedGenerations
+from magretrieve.stores._record_table import RecordTable, RecordTableMixin
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
     StoreHit,
     StoreRecord,
     VectorStore,
-    atomic_write_bytes,
-    atomic_write_json,
     check_dimension,
     fsync_dir,
     missing_store,
     plain_file,
-    read_state_file,
     reading_store,
     state_metadata,
 )
+from magretrieve.stores.options import RecallOptions
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +154,16 @@ def default_leaves(n: int) -> int:
     return max(1, round(math.sqrt(n)))
 
 
-class ScannStore(RecordTableMixin, VectorStore):
+FILES = GenerationFiles(
+    STATE_FILE,
+    FORMAT,
+    "ScaNN",
+    {"records": "records-{gen}.json", "vectors": "vectors-{gen}.npy"},
+    folders={"scann": "scann-{gen}"},
+)
+
+
+class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
     """Record table + float32 vectors + (after ``optimize``) a ScaNN searcher over them.
 
     Row ``r`` of the record table is row ``r`` of the vectors; rows ``0..built-1`` are the
@@ -165,6 +173,9 @@ class ScannStore(RecordTableMixin, VectorStore):
 
     kind = "scann"
     thread_safe_search = False  # optimize() swaps the searcher; the Retriever serializes
+    _files = FILES
+    _kept_on_catch_up = ("_writer", "target_recall")
+    _path: Path
 
     def __init__(
         self,
@@ -176,19 +187,29 @@ class ScannStore(RecordTableMixin, VectorStore):
         reorder: int | None = None,
         exact_below: int | None = None,
         target_recall: float | None = None,
+        state: dict[str, Any] | None = None,
     ) -> None:
+        """A new store in ``path``, or the one whose ``state`` :meth:`open` read there (the
+        options given then replace the recorded ones for the next build and search)."""
         self._path = Path(path)
         where = self.location
         dim = check_dimension(dimension, where)
-        params = {
+        given = {
             "num_leaves": _check("num_leaves", num_leaves, where),
             "leaves_to_search": _check("leaves_to_search", leaves_to_search, where),
-            "reorder": _check("reorder", reorder, where) or REORDER,
+            "reorder": _check("reorder", reorder, where),
             "exact_below": _check("exact_below", exact_below, where),
         }
-        if params["exact_below"] is None:
-            params["exact_below"] = EXACT_BELOW
+        if state is None:
+            params = {**given, "reorder": given["reorder"] or REORDER}
+            if params["exact_below"] is None:
+                params["exact_below"] = EXACT_BELOW
+        else:
+            params = dict(state["parameters"])
+            params.update({k: v for k, v in given.items() if v is not None})
         self._init_common(dim, self._path, params, target_recall)
+        if state is not None:
+            self._load(state)
 
     def _init_common(
         self, dim: int, path: Path, params: dict[str, Any], target_recall: float | None
@@ -214,10 +235,6 @@ class ScannStore(RecordTableMixin, VectorStore):
     # ------------------------------------------------------------------ properties
 
     @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
     def location(self) -> str:
         return f"scann:{self._path}"
 
@@ -238,40 +255,34 @@ class ScannStore(RecordTableMixin, VectorStore):
             raise StoreError(f"{where}: option(s) {unknown} do not apply to scann stores")
         checked = {k: _check(k, v, where) for k, v in options.items() if v is not None}
         scann_ops()  # a missing extra is refused before anything is created
-        if not (path / STATE_FILE).is_file():
-            if any(path.glob("records-*.json")) or any(path.glob("scann-*")):
-                raise StoreError(
-                    f"{where}: store files without {STATE_FILE}: a save was interrupted before "
-                    "its first commit; delete the folder and re-index"
-                )
+        if not FILES.has_state(path):
+            FILES.check_no_orphans(path)
             if dimension is None:
                 raise missing_store(str(path), "ScaNN store")
             return cls(int(dimension), path, **checked)
         with reading_store(path / STATE_FILE, OSError):
-            return cls._load(path, dimension, checked)
+            return cls._from_state(path, dimension, checked)
 
     @classmethod
-    def _load(cls, path: Path, dimension: int | None, options: dict[str, Any]) -> ScannStore:
-        state = read_state_file(path / STATE_FILE, FORMAT, "ScaNN")
+    def _from_state(cls, path: Path, dimension: int | None, options: dict[str, Any]) -> ScannStore:
+        state = FILES.read_state(path)
         dim = int(state["dimension"])
         if dimension is not None and int(dimension) != dim:
             raise StoreError(
                 f"{path}: store has dimension {dim}, but the model produces dimension {dimension}"
             )
-        params = dict(state["parameters"])
-        for key in ("num_leaves", "leaves_to_search", "reorder", "exact_below"):
-            if options.get(key) is not None:  # the next build / the next search use these
-                params[key] = options[key]
-        store = cls.__new__(cls)
-        store._path = path
-        store._init_common(dim, path, params, options.get("target_recall"))
-        store._generation = int(state["generation"])
-        store._meta = state_metadata(state, str(path / STATE_FILE))
-        store.recall = state.get("recall")
+        return cls(dim, path, state=state, **options)
+
+    def _load(self, state: dict[str, Any]) -> None:
+        """Take the records, vectors and searcher of the saved generation ``state`` names."""
+        path, dim = self._path, self._dim
+        self._generation = int(state["generation"])
+        self._meta = state_metadata(state, str(path / STATE_FILE))
+        self.recall = state.get("recall")
         if state.get("records_file") is None:  # generation 0: created, nothing saved yet
-            return store
-        records_file = _checked_file(path, state, "records")
-        vectors_file = _checked_file(path, state, "vectors")
+            return
+        records_file = FILES.checked(path, state, "records")
+        vectors_file = FILES.checked(path, state, "vectors")
         records = json.loads(records_file.read_text())
         rows = records["records"]
         if not isinstance(rows, list) or any(
@@ -285,30 +296,29 @@ class ScannStore(RecordTableMixin, VectorStore):
             for r in rows
         ):
             raise StoreError(f"{records_file}: records must be [id, payload, norm] lists or null")
-        store._table = RecordTable.from_json(records)
-        if len(store._table.row) != sum(r is not None for r in rows):
+        self._table = RecordTable.from_json(records)
+        if len(self._table.row) != sum(r is not None for r in rows):
             raise StoreError(f"{records_file}: a document id appears twice")
-        store._built = int(records.get("built", 0))
-        m = len(store._table.records)
-        if not 0 <= store._built <= m or any(t >= store._built for t in store._table.tombstones):
+        self._built = int(records.get("built", 0))
+        m = len(self._table.records)
+        if not 0 <= self._built <= m or any(t >= self._built for t in self._table.tombstones):
             raise StoreError(f"{records_file}: built rows or tombstones outside the table")
-        rows_from = _vectors_from(path, state, store._built)
-        store._vecs = _read_vectors(vectors_file, records_file.name, m, rows_from, dim)
+        rows_from = _vectors_from(path, state, self._built)
+        self._vecs = _read_vectors(vectors_file, records_file.name, m, rows_from, dim)
         if state.get("scann_dir") is not None:
-            store._index = dict(state["index"])
-            store._scann_files = {"dir": state["scann_dir"], "sha256": state["scann_sha256"]}
-            built_rows = _dataset_rows(path, state, store._built, dim) if rows_from else None
-            store._searcher = _load_searcher(path, state)
-            if int(store._searcher.size()) != store._built:
+            self._index = dict(state["index"])
+            self._scann_files = {"dir": state["scann_dir"], "sha256": state["scann_sha256"]}
+            built_rows = _dataset_rows(path, state, self._built, dim) if rows_from else None
+            self._searcher = _load_searcher(path, state)
+            if int(self._searcher.size()) != self._built:
                 raise StoreError(
-                    f"{path / state['scann_dir']}: searcher holds {store._searcher.size()} "
-                    f"vectors, {records_file.name} says {store._built}; the files disagree"
+                    f"{path / state['scann_dir']}: searcher holds {self._searcher.size()} "
+                    f"vectors, {records_file.name} says {self._built}; the files disagree"
                 )
             if built_rows is not None:
-                store._vecs = _joined(built_rows, store._vecs)
-        elif store._built:
-            raise StoreError(f"{records_file}: {store._built} built rows but no ScaNN searcher")
-        return store
+                self._vecs = _joined(built_rows, self._vecs)
+        elif self._built:
+            raise StoreError(f"{records_file}: {self._built} built rows but no ScaNN searcher")
 
     # ------------------------------------------------------------------ save
 
@@ -327,20 +337,10 @@ class ScannStore(RecordTableMixin, VectorStore):
             **files,
         }
 
-    def _begin_write(self) -> None:
-        """First write of this object: take the folder's writer lock, catch up with disk."""
-        if self._writer.held:
-            return
-        self._writer.acquire()
-        on_disk = _disk_generation(self._path)
-        if on_disk is not None and on_disk != self._generation and not self._dirty:
-            # another writer committed since this object was opened: start from its state
-            fresh = ScannStore._load(self._path, None, {})
-            writer, params, target = self._writer, self.params, self.target_recall
-            fresh._writer.release()
-            self.__dict__.update(fresh.__dict__)
-            self._writer, self.target_recall = writer, target
-            self.params.update({k: v for k, v in params.items() if v is not None})
+    def _reopened(self) -> ScannStore:
+        """The committed store, with this object's options for the next build and search."""
+        options = {k: v for k, v in self.params.items() if v is not None}
+        return ScannStore._from_state(self._path, None, options)
 
     def persist(self) -> None:
         """Save a new generation atomically (the state file is switched last).
@@ -354,36 +354,23 @@ class ScannStore(RecordTableMixin, VectorStore):
                 return
             self._begin_write()
             path, gen = self._path, self._generation + 1
-            path.mkdir(parents=True, exist_ok=True)
-            if not (path / STATE_FILE).is_file():
-                # an empty generation 0 first: a crash during the first real save then leaves
-                # a store that reopens (empty) and resumes, instead of orphan files
-                atomic_write_json(path / STATE_FILE, self._state({}))
+            FILES.begin(path, self._state({}))
             self._compact_pending()
             m = len(self._table.records)
             records = {**self._table.to_json(), "built": self._built}
-            files: dict[str, Any] = {
-                "records_file": f"records-{gen}.json",
-                "vectors_file": f"vectors-{gen}.npy",
-            }
-            atomic_write_bytes(path / files["records_file"], json.dumps(records).encode())
+            saved: dict[str, Any] = {}
             if self._searcher is not None and self._scann_files is None:
                 self._scann_files = self._save_searcher(f"scann-{gen}")
             if self._searcher is not None and self._scann_files is not None:
-                files["scann_dir"] = self._scann_files["dir"]
-                files["scann_sha256"] = self._scann_files["sha256"]
-            files["vectors_from"] = self._vectors_from_saved()
+                saved["scann_dir"] = self._scann_files["dir"]
+                saved["scann_sha256"] = self._scann_files["sha256"]
+            saved["vectors_from"] = self._vectors_from_saved()
             buf = io.BytesIO()
-            np.save(buf, self._vecs[files["vectors_from"] : m])
-            atomic_write_bytes(path / files["vectors_file"], buf.getvalue())
-            for key in ("records", "vectors"):
-                files[f"{key}_sha256"] = sha256_file(path / files[f"{key}_file"])
-            atomic_write_json(path / STATE_FILE, self._state(files))
+            np.save(buf, self._vecs[saved["vectors_from"] : m])
+            blobs = {"records": json.dumps(records).encode(), "vectors": buf.getvalue()}
+            FILES.commit(path, gen, blobs, self._state, saved)
             self._generation = gen
             self._dirty = False
-            _remove_stale(
-                path, {files["records_file"], files["vectors_file"], files.get("scann_dir")}
-            )
 
     def _vectors_from_saved(self) -> int:
         """First row the vectors file must hold: ``built`` when the saved searcher keeps its
@@ -632,66 +619,54 @@ class ScannStore(RecordTableMixin, VectorStore):
         self.recall = None
         self._dirty = True
 
-    def measure_recall(
-        self, queries: np.ndarray | None = None, target_recall: float | None = None
-    ) -> dict[str, Any] | None:
-        """recall@10 of the store's answers against exact search (None without a searcher).
+    def _recall_lock(self) -> Any:
+        return self._lock
 
-        With a target, ``leaves_to_search`` is raised step by step until it is reached (see
-        :mod:`._ann_recall`); when only every leaf reaches it, ``reorder`` is doubled (up to
-        :data:`REORDER_DOUBLINGS` times) and the leaves tuned again. The chosen values are
-        kept in the state file.
-        """
-        target_recall = _check("target_recall", target_recall, self.location)
-        with self._lock:
-            if self._searcher is None or not self.count():
-                return None
-            live = np.asarray(
-                [r for r, rec in enumerate(self._table.records) if rec is not None],
-                dtype=np.int64,
-            )
-            ids = [self._table.records[r][0] for r in live]
-            leaves = int(self._index["num_leaves"])  # type: ignore[index]
+    def _recall_knob(self) -> Any:
+        """``leaves_to_search`` of the searcher (None without one: the store is exact)."""
+        if self._searcher is None:
+            return None
 
-            def set_leaves(value: int) -> None:
-                self.params["leaves_to_search"] = int(value)
+        def set_leaves(value: int) -> None:
+            self.params["leaves_to_search"] = int(value)
 
-            knob = _ann_recall.Knob(
-                "leaves_to_search",
-                _ann_recall.nprobe_values(leaves),
-                set_leaves,
-                self.effective_leaves_to_search(),
-            )
+        leaves = int(self._index["num_leaves"])  # type: ignore[index]
+        values = _ann_recall.nprobe_values(leaves)
+        return _ann_recall.Knob(
+            "leaves_to_search", values, set_leaves, self.effective_leaves_to_search()
+        )
 
-            def search(qs: np.ndarray, k: int) -> list[list[str]]:
-                recs = self._table.records
-                return [[recs[r][0] for r, _ in row] for row in self._search_rows(qs, k)]  # type: ignore[index]
+    def _stored_vectors(self) -> tuple[list[str], np.ndarray]:
+        recs = self._table.records
+        live = np.asarray([r for r, rec in enumerate(recs) if rec is not None], dtype=np.int64)
+        return [recs[r][0] for r in live], self._vecs[live]
 
-            vectors = self._vecs[live]
-            base = int(self.params["reorder"])
-            doublings = REORDER_DOUBLINGS if target_recall is not None else 0
-            recall: dict[str, Any] = {}
-            for step in range(doublings + 1):
-                self.params["reorder"] = base * 2**step
-                recall = _ann_recall.measure(
-                    search,
-                    ids,
-                    vectors,
-                    knob=knob,
-                    target=target_recall,
-                    queries=queries if queries is not None else self.tuning_queries,
-                    where=self.location,
-                    warn=False,
-                )
-                if recall.get("target_met_on_tuning_queries") and knob.current < leaves:
-                    break  # reached before every leaf is searched: re-scoring is not the limit
-            _ann_recall.warn_if_low(recall, self.location)
-            recall["num_leaves"] = leaves
-            recall["reorder"] = int(self.params["reorder"])
-            self.recall = recall
-            self._begin_write()
-            self._dirty = True
-            return self.recall
+    def _recall_search(self, qs: np.ndarray, k: int) -> list[list[str]]:
+        recs = self._table.records
+        return [[recs[r][0] for r, _ in row] for row in self._search_rows(qs, k)]  # type: ignore[index]
+
+    def _tune(self, run: Any, knob: Any, target: float | None) -> dict[str, Any]:
+        """With a target, when only every leaf reaches it, ``reorder`` is doubled (up to
+        :data:`REORDER_DOUBLINGS` times) and the leaves tuned again: once too few candidates
+        are re-scored exactly no number of leaves makes up for it."""
+        leaves = int(self._index["num_leaves"])  # type: ignore[index]
+        base = int(self.params["reorder"])
+        recall: dict[str, Any] = {}
+        for step in range(REORDER_DOUBLINGS + 1 if target is not None else 1):
+            self.params["reorder"] = base * 2**step
+            recall = dict(run(knob, target, warn=False))
+            if recall.get("target_met_on_tuning_queries") and knob.current < leaves:
+                break  # reached before every leaf is searched: re-scoring is not the limit
+        _ann_recall.warn_if_low(recall, self.location)
+        recall["num_leaves"] = leaves
+        recall["reorder"] = int(self.params["reorder"])
+        return recall
+
+    def _keep_recall(self, recall: dict[str, Any], knob: Any) -> None:
+        """Kept (with the chosen leaves and reorder) in the state file by the next save."""
+        self.recall = recall
+        self._begin_write()
+        self._dirty = True
 
     def _describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -718,40 +693,8 @@ class ScannStore(RecordTableMixin, VectorStore):
             out["recall"] = self.recall
         return out
 
-    @property
-    def generation(self) -> int | None:
-        return self._generation
-
-    def disk_generation(self) -> int | None:
-        return _disk_generation(self._path)
-
-    def close(self) -> None:
-        """Release the writer lock; a folder this object created but never saved is removed."""
-        self._writer.release()
-        if not (self._path / STATE_FILE).is_file():
-            self._writer.discard_empty()
-
 
 # ----------------------------------------------------------------------------- files
-
-
-def _disk_generation(path: Path) -> int | None:
-    try:
-        return int(json.loads((path / STATE_FILE).read_text()).get("generation", 0))
-    except (OSError, ValueError, AttributeError, TypeError):
-        return None
-
-
-def _checked_file(path: Path, state: dict[str, Any], key: str) -> Path:
-    """``DIR/<state[key_file]>``: a plain name, present, matching its recorded checksum."""
-    f = plain_file(path, state[f"{key}_file"], STATE_FILE)
-    if not f.is_file():
-        raise StoreError(f"{f}: missing (the store in {path} is incomplete)")
-    if sha256_file(f) != state[f"{key}_sha256"]:
-        raise StoreError(
-            f"{f}: does not match the checksum in {STATE_FILE} (half-written or modified)"
-        )
-    return f
 
 
 def _read_vectors(f: Path, records_name: str, rows: int, rows_from: int, dim: int) -> np.ndarray:
@@ -844,22 +787,6 @@ def _load_searcher(path: Path, state: dict[str, Any]) -> Any:
     return ops.ScannSearcher(native)
 
 
-def _remove_stale(path: Path, keep: set[str | None]) -> None:
-    """Older generations, and what saves a crash interrupted left behind."""
-    for stale in [
-        *path.glob("records-*.json"),
-        *path.glob("vectors-*.npy"),
-        *path.glob(".records-*.tmp"),
-        *path.glob(".vectors-*.tmp"),
-        *path.glob(f".{STATE_FILE}.*.tmp"),
-    ]:
-        if stale.name not in keep:
-            stale.unlink(missing_ok=True)
-    for stale in [*path.glob("scann-*"), *path.glob(".scann-*.tmp")]:
-        if stale.name not in keep and stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
-
-
 # ----------------------------------------------------------------------------- registry entry
 
 SCANN_OPTIONS = (
@@ -899,7 +826,7 @@ SCANN_OPTIONS = (
         minimum=100,
         maximum=1 << 40,
     ),
-    "target_recall",
+    RecallOptions,
 )
 
 

@@ -92,7 +92,7 @@ def test_hnsw_options_pass_through_and_survive_a_new_process(tmp_path):
     assert out.returncode == 0, out.stderr
     last = out.stdout.strip().splitlines()[-1]
     assert json.loads(last) == [30, {"model_fingerprint": "abc", "mode": "qnorm"}, DIM, 24, 77]
-    with pytest.raises(StoreError, match="dimension 16, but the model produces dimension 8"):
+    with pytest.raises(StoreError, match="vector size 16, but the model produces dimension 8"):
         open_store(spec, dimension=8)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from magretrieve.core.errors import StoreError
-from magretrieve.stores import _faiss_files, open_store
+from magretrieve.stores import _generation, open_store
 from tests.support.benchmarks import load_benchmark
 from tests.support.exports import tiny_export_dir
 
@@ -106,7 +106,7 @@ def test_crash_inside_each_write_of_the_first_save_still_resumes(tmp_path, monke
     ids, vecs = _data(30)
     path = tmp_path / "f"
     calls = {"n": 0}
-    real_bytes, real_json = _faiss_files.atomic_write_bytes, _faiss_files.atomic_write_json
+    real_bytes, real_json = _generation.atomic_write_bytes, _generation.atomic_write_json
 
     def counting(real):
         def write(*args, **kwargs):
@@ -117,8 +117,8 @@ def test_crash_inside_each_write_of_the_first_save_still_resumes(tmp_path, monke
 
         return write
 
-    monkeypatch.setattr(_faiss_files, "atomic_write_bytes", counting(real_bytes))
-    monkeypatch.setattr(_faiss_files, "atomic_write_json", counting(real_json))
+    monkeypatch.setattr(_generation, "atomic_write_bytes", counting(real_bytes))
+    monkeypatch.setattr(_generation, "atomic_write_json", counting(real_json))
     store = open_store(f"faiss:{path}", dimension=8)
     store.add(ids[:20], vecs[:20])
     with pytest.raises(Crash):

@@ -143,7 +143,7 @@ def test_metadata_and_rows_survive_a_new_process(tmp_path):
         {"model_fingerprint": "abc", "mode": "qnorm"},
         DIM,
     ]
-    with pytest.raises(StoreError, match="dimension 16, but the model produces dimension 8"):
+    with pytest.raises(StoreError, match="vector size 16, but the model produces dimension 8"):
         open_store(spec, dimension=8)
     with pytest.raises(StoreError, match="index_type 'hnsw' is not one of"):
         open_store(spec, index_type="hnsw")

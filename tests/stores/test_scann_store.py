@@ -23,7 +23,7 @@ pytest.importorskip("scann")
 
 from magretrieve.core.errors import StoreError
 from magretrieve.core.extras import MissingExtra
-from magretrieve.stores import _ann_recall, open_store, scann_store
+from magretrieve.stores import _ann_recall, _generation, open_store, scann_store
 from tests.support.ann_data import ann_data
 
 DIM = 32
@@ -499,7 +499,7 @@ def test_an_interrupted_save_leaves_the_previous_generation(tmp_path, monkeypatc
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(scann_store, "atomic_write_json", crash)  # the state switch fails
+    monkeypatch.setattr(_generation, "atomic_write_json", crash)  # the state switch fails
     with pytest.raises(KeyboardInterrupt):
         s.persist()
     monkeypatch.undo()

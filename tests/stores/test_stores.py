@@ -416,7 +416,7 @@ def test_faiss_half_written_state_detected(tmp_path):
 
 def test_faiss_crash_between_generations_keeps_previous_state(tmp_path, monkeypatch):
     """A crash after the new index file but before the state switch loses nothing committed."""
-    from magretrieve.stores import _faiss_files
+    from magretrieve.stores import _generation
 
     ids, docs, _ = make_data(n=40)
     path = tmp_path / "f"
@@ -424,15 +424,15 @@ def test_faiss_crash_between_generations_keeps_previous_state(tmp_path, monkeypa
     s.add(ids[:20], docs[:20])
     s.persist()
     s.add(ids[20:], docs[20:])
-    real = _faiss_files.atomic_write_json
+    real = _generation.atomic_write_json
 
     def crash(*a, **k):
         raise KeyboardInterrupt("killed")
 
-    monkeypatch.setattr(_faiss_files, "atomic_write_json", crash)
+    monkeypatch.setattr(_generation, "atomic_write_json", crash)
     with pytest.raises(KeyboardInterrupt):
         s.persist()
-    monkeypatch.setattr(_faiss_files, "atomic_write_json", real)
+    monkeypatch.setattr(_generation, "atomic_write_json", real)
     s.close()
     reopened = open_store(f"faiss:{path}")
     assert reopened.count() == 20
@@ -821,7 +821,7 @@ def test_faiss_reopen_build_options_must_match_search_options_apply(tmp_path):
     s.add(ids, docs)
     s.persist()
     s.close()
-    with pytest.raises(StoreError, match=r"--hnsw-m 16 differs from the 8 the index was built"):
+    with pytest.raises(StoreError, match=r"--hnsw-m 16 differs from the 8 the store was built"):
         open_store(spec, hnsw_m=16)
     reopened = open_store(spec, ef_search=77, hnsw_m=8, index_type="hnsw")
     assert reopened.parameters()["ef_search"] == 77

@@ -1,4 +1,5 @@
-"""The FAISS store's id map: string ids, payloads and norms per int64 FAISS id.
+"""The record table of the stores that keep their own index (FAISS, ScaNN): string ids,
+payloads and norms per int64 row (the FAISS id, the ScaNN row).
 
 FAISS knows vectors by int64 ids; the store gives id ``n`` to the ``n``-th record ever added,
 so the table is a list indexed by FAISS id. A record is ``[doc_id, payload, doc_norm]`` or
