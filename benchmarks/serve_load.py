@@ -678,7 +678,7 @@ def agreement(port: int, export: Path, threads: int, texts: list[str]) -> float:
     gives far less, and its speed would be of another model)."""
     import urllib.request
 
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     body = json.dumps({"input": texts, "model": MODEL}).encode()
     req = urllib.request.Request(

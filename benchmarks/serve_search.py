@@ -115,7 +115,7 @@ def passages(source: str, data: Path, export: Path, threads: int) -> tuple[list[
         _, texts, docs, _ = load_vectors(lock=False)
         return texts, docs.astype(np.float32)
     from magretrieve.data.readers import load_beir
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     texts = [d.full_text for d in load_beir(data).corpus.values()]
     enc = OnnxEncoder.load(export, threads=threads)
@@ -140,7 +140,7 @@ def query_space(
 ) -> dict[str, Any]:
     """Does the served export put the mixture's passages (and the queries) where the encoder
     that made them did? Cosine and norm ratio over a sample."""
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     enc = OnnxEncoder.load(export, threads=threads)
     pick = np.unique(np.linspace(0, len(texts) - 1, min(256, len(texts))).astype(int))
@@ -169,7 +169,7 @@ def query_space(
 def truth_rows(export: Path, threads: int, texts: list[str], vecs: np.ndarray) -> np.ndarray:
     """Exact inner-product top-10 rows of each held-out text, its query encoded by the export."""
     from magretrieve.core.topk import exact_search
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     enc = OnnxEncoder.load(export, threads=threads)
     q = np.asarray(enc.encode_queries(texts), dtype=np.float32)
@@ -187,7 +187,7 @@ def spec_of(kind: str, folder: Path) -> str:
 def build_store(kind: str, vecs: np.ndarray, folder: Path, export: Path) -> dict[str, Any]:
     """Open with target_recall 0.99, add with progress, optimize, stamp the model; cached."""
     from magretrieve.serving.retriever import manifest_metadata
-    from magretrieve.serving.runtime import OnnxEncoder
+    from magretrieve.serving.onnx_encoder import OnnxEncoder
     from magretrieve.stores import open_store
 
     done = folder.with_suffix(".json")
