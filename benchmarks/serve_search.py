@@ -186,8 +186,8 @@ def spec_of(kind: str, folder: Path) -> str:
 
 def build_store(kind: str, vecs: np.ndarray, folder: Path, export: Path) -> dict[str, Any]:
     """Open with target_recall 0.99, add with progress, optimize, stamp the model; cached."""
-    from magretrieve.serving.retriever import manifest_metadata
     from magretrieve.serving.onnx_encoder import OnnxEncoder
+    from magretrieve.serving.retriever import manifest_metadata
     from magretrieve.stores import open_store
 
     done = folder.with_suffix(".json")
