@@ -288,6 +288,9 @@ def test_every_guard_raises_missing_extra(
 ) -> None:
     monkeypatch.chdir(tmp_path)  # store folders land here (the specs are relative)
     monkeypatch.setitem(sys.modules, module, None)
+    # a submodule another test imported is found in sys.modules without its parent: block it too
+    for loaded in [m for m in sys.modules if m.startswith(module + ".")]:
+        monkeypatch.setitem(sys.modules, loaded, None)
     with pytest.raises(MissingExtra) as info:
         call()
     error = info.value

@@ -30,7 +30,7 @@ from magretrieve.serving.errors import (
     QueueFull,
 )
 
-EXPORT = "/srv/models/secret-export"
+EXPORT = "/data/models/secret-export"
 
 
 class TinyEncoder:
@@ -96,7 +96,7 @@ def test_each_error_answers_its_status_in_one_line(client, n: int) -> None:
     assert set(body) == {"error"} and body["error"]["code"] == status
     message = body["error"]["message"]
     assert words in message
-    assert "\n" not in message and EXPORT not in message and "/srv" not in message
+    assert "\n" not in message and EXPORT not in message and "/data/" not in message
     assert "4242" not in message and "Traceback" not in message
     if status == 503:
         assert r.headers["retry-after"] == "7"
@@ -118,7 +118,7 @@ def test_a_message_written_from_the_request_keeps_its_routes() -> None:
 
     refused = InvalidRequest("input_type is required; or use /query/v1/embeddings")
     assert public_message(refused, scrub) == str(refused)  # not scrubbed: no server state
-    assert public_message(StoreError("/srv/ix: corrupt"), scrub) == "<path>srv<path>ix: corrupt"
+    assert public_message(StoreError("/data/ix: corrupt"), scrub) == "<path>data<path>ix: corrupt"
 
 
 def test_a_bug_is_a_500_naming_only_its_type(client) -> None:
