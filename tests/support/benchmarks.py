@@ -19,6 +19,8 @@ from pathlib import Path
 from types import ModuleType
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+#: Scripts another script imports by plain name (serve_search reuses serve_load's launcher).
+SHARED_SCRIPTS = ("serve_load",)
 
 
 class BenchmarkHelpers(importlib.abc.MetaPathFinder):
@@ -30,7 +32,9 @@ class BenchmarkHelpers(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None,
         target: ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
-        if path is not None or not fullname.startswith("_") or "." in fullname:
+        if path is not None or "." in fullname:
+            return None
+        if not fullname.startswith("_") and fullname not in SHARED_SCRIPTS:
             return None
         file = BENCHMARKS / f"{fullname}.py"
         if not file.is_file():

@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from magretrieve.data.readers import TrainingPair
 from magretrieve.train.encoder import Encoder
@@ -78,6 +77,17 @@ def _rank(rank: int, world: int, init: str, model_dir: str, case: str, out: str)
         dist.destroy_process_group()
 
 
+def run_ranks(world: int, init: str, model_dir: str, case: str, out: str) -> None:
+    """Start each rank as this file run as a script: a fresh interpreter imports the installed
+    magretrieve (the tests' package is not importable from the working folder a child gets)."""
+    procs = [
+        subprocess.Popen([sys.executable, __file__, str(r), str(world), init, model_dir, case, out])
+        for r in range(world)
+    ]
+    codes = [p.wait(timeout=900) for p in procs]
+    assert codes == [0] * world, f"ranks exited with {codes}"
+
+
 def assert_same(a: dict, b: dict) -> None:
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
     assert sorted(a["grads"]) == sorted(b["grads"])
@@ -94,12 +104,7 @@ def test_two_ranks_equal_one_process_with_the_doubled_batch(case, tiny_model_dir
     single = one_step(tiny_model_dir, mode, pairs, TrainConfig(batch_size=len(pairs), **kw))
     assert single["grads"], "no gradient reached the parameters"
     out = str(tmp_path / "grads")
-    mp.spawn(
-        _rank,
-        args=(2, str(tmp_path / "init"), str(tiny_model_dir), case, out),
-        nprocs=2,
-        join=True,
-    )
+    run_ranks(2, str(tmp_path / "init"), str(tiny_model_dir), case, out)
     ranks = [torch.load(f"{out}.{r}") for r in range(2)]
     for got in ranks:  # DDP leaves the same averaged gradient on every rank
         assert_same(single, got)
@@ -150,3 +155,7 @@ def test_torchrun_two_ranks_writes_one_run(tiny_model_dir, tmp_path):
     assert log["total_steps"] == 2  # 8 pairs / (2 ranks × 2)
     # rank 0 alone printed the summary
     assert result.stdout.count('"out"') == 1
+
+
+if __name__ == "__main__":  # one rank, started by run_ranks
+    _rank(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:7])
