@@ -87,6 +87,7 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
 
     kind = "chroma"
     thread_safe_search = True
+    persists_beside_search = True  # each write commits: persist is a no-op
 
     def __init__(
         self,

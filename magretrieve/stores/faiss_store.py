@@ -78,6 +78,8 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
 
     kind = "faiss"
     thread_safe_search = True  # FAISS const search is thread-safe; knobs change only by tuning
+    #: the save trains (ivf alias) under the store lock, then serializes without it
+    persists_beside_search = True
     _files = _faiss_files.FILES
     _kept_on_catch_up = ("_writer", "single_query_threads", "target_recall")
 
@@ -357,7 +359,7 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
         """
         if self._path is None:
             return
-        with self._lock:
+        with self._lock:  # searches wait only while the ivf alias trains here
             if not self._dirty and _faiss_files.has_state(self._path):
                 return
             self._begin_write()
@@ -367,17 +369,20 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
                 _faiss_files.FILES.begin(self._path, self._state({}))
                 self._dirty = False
                 return
-            records = self._table.to_json()
-            blobs = {"index": fx.serialize(self._handle), "records": b""}
+            handle, records, gen = self._handle, self._table.to_json(), self._generation + 1
+            pending: dict[str, bytes] = {}
             if self._pending:
-                pending = np.concatenate([v for _, v in self._pending])
+                vecs = np.concatenate([v for _, v in self._pending])
                 records["pending"] = np.concatenate([f for f, _ in self._pending]).tolist()
                 buf = io.BytesIO()
-                np.save(buf, np.ascontiguousarray(pending, dtype=np.float32))
-                blobs["pending"] = buf.getvalue()
-            blobs["records"] = json.dumps(records).encode()
-            _faiss_files.FILES.commit(self._path, self._generation + 1, blobs, self._state)
-            self._generation += 1
+                np.save(buf, np.ascontiguousarray(vecs, dtype=np.float32))
+                pending["pending"] = buf.getvalue()
+        # Serialized and written without the lock, so searches go on: FAISS searches only
+        # read the index, and writers wait (the Retriever saves between writers' turns).
+        blobs = {"index": fx.serialize(handle), "records": json.dumps(records).encode(), **pending}
+        _faiss_files.FILES.commit(self._path, gen, blobs, self._state)
+        with self._lock:
+            self._generation = gen
             self._dirty = False
 
     # ------------------------------------------------------------------ training

@@ -109,6 +109,7 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
 
     kind = "lancedb"
     thread_safe_search = True
+    persists_beside_search = True  # each write commits: persist is a no-op
 
     def __init__(
         self,

@@ -114,6 +114,7 @@ class QdrantCosineStore(AnnotatableStore):
     """An annotated Cosine collection searched by ``cos·m(d)`` (prefetch + formula)."""
 
     kind = "qdrant-cosine"
+    persists_beside_search = True  # each write commits: persist is a no-op
 
     def __init__(
         self,
