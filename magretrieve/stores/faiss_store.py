@@ -359,7 +359,7 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
         """
         if self._path is None:
             return
-        with self._lock:  # searches wait only while the ivf alias trains here
+        with self._lock:  # searches wait while an untrained index is saved (a small store)
             if not self._dirty and _faiss_files.has_state(self._path):
                 return
             self._begin_write()
@@ -377,10 +377,18 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
                 buf = io.BytesIO()
                 np.save(buf, np.ascontiguousarray(vecs, dtype=np.float32))
                 pending["pending"] = buf.getvalue()
+                # a search may train the index on its buffer: save this small store locked
+                self._save(handle, records, pending, gen)
+                return
         # Serialized and written without the lock, so searches go on: FAISS searches only
-        # read the index, and writers wait (the Retriever saves between writers' turns).
+        # read a trained index, and writers wait (the Retriever saves between their turns).
+        self._save(handle, records, pending, gen)
+
+    def _save(
+        self, handle: fx.IndexHandle, records: dict[str, Any], pending: dict[str, bytes], gen: int
+    ) -> None:
         blobs = {"index": fx.serialize(handle), "records": json.dumps(records).encode(), **pending}
-        _faiss_files.FILES.commit(self._path, gen, blobs, self._state)
+        _faiss_files.FILES.commit(self._path, gen, blobs, self._state)  # type: ignore[arg-type]
         with self._lock:
             self._generation = gen
             self._dirty = False
