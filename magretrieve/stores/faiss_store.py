@@ -22,7 +22,6 @@ benchmarks/results/stores.md).
 from __future__ import annotations
 
 import io
-import json
 import logging
 import threading
 from collections.abc import Iterable
@@ -36,7 +35,7 @@ from magretrieve.core.topk import top_k
 from magretrieve.stores import _ann_recall, _faiss_files, registry
 from magretrieve.stores import _faiss_index as fx
 from magretrieve.stores._generation import SavedGenerations
-from magretrieve.stores._record_table import RecordTable, RecordTableMixin
+from magretrieve.stores._record_table import RecordTable, RecordTableMixin, json_bytes
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
@@ -387,7 +386,7 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
     def _save(
         self, handle: fx.IndexHandle, records: dict[str, Any], pending: dict[str, bytes], gen: int
     ) -> None:
-        blobs = {"index": fx.serialize(handle), "records": json.dumps(records).encode(), **pending}
+        blobs = {"index": fx.serialize(handle), "records": json_bytes(records), **pending}
         _faiss_files.FILES.commit(self._path, gen, blobs, self._state)  # type: ignore[arg-type]
         with self._lock:
             self._generation = gen

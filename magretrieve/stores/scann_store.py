@@ -68,7 +68,7 @@ from magretrieve.core.files import sha256_file
 from magretrieve.core.topk import exact_search
 from magretrieve.stores import _ann_recall, registry
 from magretrieve.stores._generation import GenerationFiles, SavedGenerations
-from magretrieve.stores._record_table import RecordTable, RecordTableMixin
+from magretrieve.stores._record_table import RecordTable, RecordTableMixin, json_bytes
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
@@ -372,7 +372,7 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
         saved["vectors_from"] = self._vectors_from_saved(searcher, scann_files)
         buf = io.BytesIO()
         np.save(buf, vecs[saved["vectors_from"] : m])
-        blobs = {"records": json.dumps(records).encode(), "vectors": buf.getvalue()}
+        blobs = {"records": json_bytes(records), "vectors": buf.getvalue()}
         FILES.commit(path, gen, blobs, self._state, saved)
         with self._lock:
             if self._searcher is searcher:
