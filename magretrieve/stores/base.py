@@ -1057,6 +1057,18 @@ def check_payload_keys(
         )
 
 
+def recorded_object(raw: Any, where: str, what: str) -> dict[str, Any] | None:
+    """A JSON object a store recorded as text in its database's metadata (``what`` names the
+    field in the error): None when empty or not an object; text that is not JSON is refused."""
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise StoreError(f"{where}: {what} is not JSON") from None
+    return value if isinstance(value, dict) and value else None
+
+
 def json_safe(value: Any, doc_id: str) -> Any:
     """Round-trip a payload through JSON (refusing NaN) so every backend stores the same thing."""
     try:

@@ -47,6 +47,7 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     missing_store,
+    recorded_object,
 )
 from magretrieve.stores.options import IndexOptions
 
@@ -227,13 +228,7 @@ class LanceDBStore(_generation.MarkerGeneration, CollectionStore):
     def _field_meta(self, key: str) -> dict[str, Any] | None:
         meta = self.tbl.schema.field("vector").metadata or {}
         raw = meta.get(key.encode())
-        if not raw:
-            return None
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            raise StoreError(f"{self._location}: vector field metadata {key} is not JSON") from None
-        return value if isinstance(value, dict) and value else None
+        return recorded_object(raw, self._location, f"vector field metadata {key}")
 
     def _write_field_meta(self, key: str, value: Mapping[str, Any] | None) -> None:
         self._begin_write()

@@ -40,6 +40,7 @@ from magretrieve.stores.base import (
     metric_refusal,
     missing_store,
     one_line,
+    recorded_object,
 )
 from magretrieve.stores.options import HnswOptions, IndexOptions, IvfOptions
 
@@ -328,13 +329,7 @@ class MilvusStore(CollectionStore):
     def _read_meta(self) -> dict[str, Any] | None:
         props = self.client.describe_collection(self.collection)
         raw = (props.get("properties") or {}).get(META_KEY)
-        if not raw:
-            return None
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            raise StoreError(f"{self._location}: property {META_KEY} is not JSON") from None
-        return value if isinstance(value, dict) and value else None
+        return recorded_object(raw, self._location, f"property {META_KEY}")
 
     def _write_meta(self, meta: dict[str, Any]) -> None:
         text = json.dumps(meta, sort_keys=True)
