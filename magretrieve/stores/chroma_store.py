@@ -465,8 +465,7 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
         if self.client is not None:
             self.client.close()
             self.client = None
-        if self._writer is not None:
-            self._writer.release()
+        super().close()
 
 
 # ----------------------------------------------------------------------------- registry entry

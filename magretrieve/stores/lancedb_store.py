@@ -111,7 +111,8 @@ class LanceDBStore(_generation.MarkerGeneration, CollectionStore):
     ``LanceDBStore(db, table, dimension, options=…)``: ``options`` (or its keywords
     ``index_type``, ``hnsw_m``, ``ef_construction``, ``ef_search``, ``nlist``, ``nprobe``,
     ``target_recall``) is the vector index ``optimize()`` builds, and how it is searched and
-    tuned.
+    tuned. A table holds no handle (every write is a version): closing releases the folder's
+    writer lock.
     """
 
     kind = "lancedb"
@@ -474,11 +475,6 @@ class LanceDBStore(_generation.MarkerGeneration, CollectionStore):
             if recall:
                 out["recall"] = recall
         return out
-
-    def close(self) -> None:
-        """Release the writer lock (LanceDB tables hold no handle: every write is a version)."""
-        if self._writer is not None:
-            self._writer.release()
 
 
 # ----------------------------------------------------------------------------- registry entry
