@@ -413,6 +413,18 @@ class VectorStore(ABC):
                 f"{self.location}: {what} failed ({type(exc).__name__}: {one_line(exc)})"
             ) from None
 
+    def _recorded_object(self, raw: Any, what: str) -> dict[str, Any] | None:
+        """A JSON object the store recorded as text in its database's metadata (``what``
+        names that field in the error): None when empty or not an object; text that is not
+        JSON is refused in one line."""
+        if not raw:
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            raise StoreError(f"{self.location}: {what} is not JSON") from None
+        return value if isinstance(value, dict) and value else None
+
     def _run(self, what: str, fn: Any) -> Any:
         """``fn()`` with the library's errors turned into one StoreError line."""
         with self._driver(what):
@@ -1055,18 +1067,6 @@ def check_payload_keys(
             f"{prefix}document {doc_id!r}: payload key(s) {clash} are reserved by magretrieve "
             "stores; nothing of this batch was written"
         )
-
-
-def recorded_object(raw: Any, where: str, what: str) -> dict[str, Any] | None:
-    """A JSON object a store recorded as text in its database's metadata (``what`` names the
-    field in the error): None when empty or not an object; text that is not JSON is refused."""
-    if not raw:
-        return None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        raise StoreError(f"{where}: {what} is not JSON") from None
-    return value if isinstance(value, dict) and value else None
 
 
 def json_safe(value: Any, doc_id: str) -> Any:

@@ -48,7 +48,6 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     missing_store,
-    recorded_object,
 )
 from magretrieve.stores.options import HnswOptions, IndexOptions, RecallOptions
 
@@ -385,7 +384,7 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
     def _meta_value(self, key: str) -> dict[str, Any] | None:
         self.col = self._run("read", lambda: self.client.get_collection(self.collection))
         raw = (self.col.metadata or {}).get(key)
-        return recorded_object(raw, self._location, f"collection metadata {key}")
+        return self._recorded_object(raw, f"collection metadata {key}")
 
     def _write_meta_value(self, key: str, value: Mapping[str, Any] | None) -> None:
         """Set one key of the collection's metadata, keeping the others (Chroma's ``modify``

@@ -47,7 +47,6 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     missing_store,
-    recorded_object,
 )
 from magretrieve.stores.options import IndexOptions
 
@@ -229,7 +228,7 @@ class LanceDBStore(_generation.MarkerGeneration, CollectionStore):
     def _field_meta(self, key: str) -> dict[str, Any] | None:
         meta = self.tbl.schema.field("vector").metadata or {}
         raw = meta.get(key.encode())
-        return recorded_object(raw, self._location, f"vector field metadata {key}")
+        return self._recorded_object(raw, f"vector field metadata {key}")
 
     def _write_field_meta(self, key: str, value: Mapping[str, Any] | None) -> None:
         self._begin_write()

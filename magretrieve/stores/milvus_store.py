@@ -40,7 +40,6 @@ from magretrieve.stores.base import (
     metric_refusal,
     missing_store,
     one_line,
-    recorded_object,
 )
 from magretrieve.stores.options import HnswOptions, IndexOptions, IvfOptions
 
@@ -329,7 +328,7 @@ class MilvusStore(CollectionStore):
     def _read_meta(self) -> dict[str, Any] | None:
         props = self.client.describe_collection(self.collection)
         raw = (props.get("properties") or {}).get(META_KEY)
-        return recorded_object(raw, self._location, f"property {META_KEY}")
+        return self._recorded_object(raw, f"property {META_KEY}")
 
     def _write_meta(self, meta: dict[str, Any]) -> None:
         text = json.dumps(meta, sort_keys=True)
