@@ -162,7 +162,3 @@ class PgConnection(CollectionStore):
     def _first_value(self, stmt: Any) -> Any:
         """The first column of ``stmt``'s first row, in one transaction."""
         return self._tx(lambda: self.conn.execute(stmt).fetchone())[0]
-
-    def close(self) -> None:
-        if self._owns:
-            self.conn.close()

@@ -771,6 +771,12 @@ class CollectionStore(VectorStore):
     def _opened(self, opts: IndexOptions) -> None:
         """Called once the collection is open (read what the build recorded, load it)."""
 
+    def close(self) -> None:
+        """Close the client when this store opened it (``owns_client``), once."""
+        if self._owns:
+            self.client.close()
+            self._owns = False
+
 
 class IdMapMixin:
     """Id-map primitives for stores that keep ids and metadata in process.

@@ -349,11 +349,11 @@ class MilvusStore(CollectionStore):
         return out
 
     def close(self) -> None:
-        if self._owns:
-            self.client.close()
-            self._owns = False
-            if self._lite_path is not None:
-                release_lite(self._lite_path)
+        """Close an owned client, then let a Milvus Lite file's embedded server stop."""
+        owned = self._owns
+        super().close()
+        if owned and self._lite_path is not None:
+            release_lite(self._lite_path)
 
 
 def hit_id(hit: Mapping[str, Any]) -> str:

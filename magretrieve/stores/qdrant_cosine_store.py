@@ -400,7 +400,3 @@ class QdrantCosineStore(AnnotatableStore):
                 exact=True,
             ).count
         )
-
-    def close(self) -> None:
-        if self._owns:
-            self.client.close()
