@@ -42,6 +42,7 @@ import numpy as np
 from magretrieve.core.errors import StoreError
 from magretrieve.core.redact import redact_value
 from magretrieve.stores.base import CollectionStore, StoreHit, StoreRecord, VectorStore
+from magretrieve.stores.options import IndexOptions
 
 #: Payload field (Qdrant) or column (pgvector) holding m(d) unless the annotation names another.
 DEFAULT_FIELD = "magretrieve_m"
@@ -168,7 +169,7 @@ class AnnotatableStore(CollectionStore):
     def _index_keywords(self) -> tuple[str, ...]:
         return ("ef_search",)
 
-    def _configure(self, opts: Any) -> dict[str, Any]:
+    def _configure(self, opts: IndexOptions) -> dict[str, Any]:
         self.ef_search = opts.hnsw.ef_search
         return {}
 
@@ -176,7 +177,7 @@ class AnnotatableStore(CollectionStore):
         """Its opener found it (an annotation never creates a store)."""
         return True
 
-    def _opened(self, opts: Any) -> None:
+    def _opened(self, opts: IndexOptions) -> None:
         ann = annotation_of(self.read_metadata())
         if ann is None and not self._annotating:
             raise self._refusal()

@@ -56,6 +56,7 @@ from magretrieve.stores.annotation import (
     unit,
 )
 from magretrieve.stores.base import Batch, StoreHit, StoreRecord
+from magretrieve.stores.options import IndexOptions
 
 #: The column annotate adds.
 DEFAULT_COLUMN = DEFAULT_FIELD
@@ -145,7 +146,7 @@ class PgCosineStore(PgConnection, AnnotatableStore):
     def _name_shown(self) -> str:
         return ".".join(self.collection)
 
-    def _configure(self, opts: Any) -> dict[str, Any]:
+    def _configure(self, opts: IndexOptions) -> dict[str, Any]:
         self._name = self.collection
         self._ref = table_ref(self._name)
         return super()._configure(opts)

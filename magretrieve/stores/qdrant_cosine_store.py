@@ -64,6 +64,7 @@ from magretrieve.stores.base import (
     check_payload_keys,
     point_uuid,
 )
+from magretrieve.stores.options import IndexOptions
 
 # The annotation names below live in magretrieve.stores.annotation and stay importable here.
 __all__ = [
@@ -119,7 +120,7 @@ class QdrantCosineStore(AnnotatableStore):
     kind = "qdrant-cosine"
     noun = "qdrant collection"
 
-    def _configure(self, opts: Any) -> dict[str, Any]:
+    def _configure(self, opts: IndexOptions) -> dict[str, Any]:
         self.embedded = type(getattr(self.client, "_client", None)).__name__ == "QdrantLocal"
         self.thread_safe_search = not self.embedded
         return super()._configure(opts)
