@@ -32,6 +32,7 @@ import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import registry
+from magretrieve.stores.annotation import AnnotatableStore
 from magretrieve.stores.base import (
     METRIC,
     StoreHit,
@@ -42,6 +43,7 @@ from magretrieve.stores.base import (
 
 __all__ = [
     "METRIC",
+    "AnnotatableStore",
     "SPEC_FORMS",
     "StoreHit",
     "StoreRecord",

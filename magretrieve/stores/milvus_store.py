@@ -21,6 +21,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,9 @@ from magretrieve.stores import registry
 from magretrieve.stores._writer_lock import engine_busy, holder_of
 from magretrieve.stores.base import (
     Batch,
+    CollectionStore,
     StoreHit,
     StoreRecord,
-    VectorStore,
     metric_refusal,
     missing_store,
     one_line,
@@ -108,35 +109,29 @@ def check_collection_name(name: str, where: str) -> str:
     return name
 
 
-class MilvusStore(VectorStore):
-    """A Milvus collection searched by inner product (metric ``IP``)."""
+class MilvusStore(CollectionStore):
+    """A Milvus collection searched by inner product (metric ``IP``).
+
+    ``MilvusStore(client, collection, dimension, options=…)``: ``options`` (or its keywords
+    ``index_type``, ``hnsw_m``, ``ef_construction``, ``ef_search``, ``nlist``, ``nprobe``) is
+    the index built and how it is searched.
+    """
 
     kind = "milvus"
+    noun = "milvus collection"
+    label = "Milvus collection"
     thread_safe_search = False
     max_id_bytes = MAX_ID_LENGTH
     max_k = MAX_K
     #: The vector index as Milvus describes it, with the recorded build parameters.
     _index: dict[str, Any]
+    _lite_path: str | None = None  # set by open_milvus for a Milvus Lite file
 
-    def __init__(
-        self,
-        client: Any,
-        collection: str,
-        dimension: int | None = None,
-        *,
-        options: IndexOptions | None = None,
-        owns_client: bool = False,
-        location: str | None = None,
-        **knobs: Any,
-    ) -> None:
-        """``options`` (or its keywords ``index_type``, ``hnsw_m``, ``ef_construction``,
-        ``ef_search``, ``nlist``, ``nprobe``): the index built and how it is searched."""
-        self._location = location or f"milvus collection {collection!r}"
-        opts = IndexOptions.of(options, knobs, self._location, MILVUS_OPTIONS)
-        self.client = client
-        self.collection = check_collection_name(collection, self._location)
-        self._owns = owns_client
-        self._lite_path: str | None = None  # set by open_milvus for a Milvus Lite file
+    def _index_keywords(self) -> tuple[str, ...]:
+        return MILVUS_OPTIONS
+
+    def _configure(self, opts: IndexOptions) -> dict[str, Any]:
+        check_collection_name(self.collection, self._location)
         self.ef_search, self.nprobe = opts.hnsw.ef_search, opts.ivf.nprobe
         index = (opts.index_type or "FLAT").upper()
         if index not in INDEX_TYPES:
@@ -146,9 +141,13 @@ class MilvusStore(VectorStore):
             )
         self._asked = opts.build()
         self._new_index = index
+        return self._asked
+
+    @contextmanager
+    def _opening(self) -> Iterator[None]:
         try:
-            self._open_or_create(dimension, f"Milvus collection {collection!r}", self._asked)
-            client.load_collection(collection)
+            yield
+            self.client.load_collection(self.collection)
         except pymilvus().MilvusException as exc:
             raise StoreError(f"{self._location}: Milvus request failed ({one_line(exc)})") from None
 
@@ -329,13 +328,7 @@ class MilvusStore(VectorStore):
     def _read_meta(self) -> dict[str, Any] | None:
         props = self.client.describe_collection(self.collection)
         raw = (props.get("properties") or {}).get(META_KEY)
-        if not raw:
-            return None
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            raise StoreError(f"{self._location}: property {META_KEY} is not JSON") from None
-        return value if isinstance(value, dict) and value else None
+        return self._recorded_object(raw, f"property {META_KEY}")
 
     def _write_meta(self, meta: dict[str, Any]) -> None:
         text = json.dumps(meta, sort_keys=True)
@@ -356,11 +349,11 @@ class MilvusStore(VectorStore):
         return out
 
     def close(self) -> None:
-        if self._owns:
-            self.client.close()
-            self._owns = False
-            if self._lite_path is not None:
-                release_lite(self._lite_path)
+        """Close an owned client, then let a Milvus Lite file's embedded server stop."""
+        owned = self._owns
+        super().close()
+        if owned and self._lite_path is not None:
+            release_lite(self._lite_path)
 
 
 def hit_id(hit: Mapping[str, Any]) -> str:

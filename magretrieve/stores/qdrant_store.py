@@ -127,16 +127,14 @@ class QdrantStore(VectorStore):
         if quantization not in (None, "int8"):
             raise StoreError(f"unknown Qdrant quantization {quantization!r}; use 'int8' or none")
         self.quantization = quantization
-        self._create_options = create_options
-        self._asked_hnsw = (opts.hnsw.m, opts.hnsw.ef_construction)
-        asked = {
+        self._asked = {
             "hnsw_m": opts.hnsw.m,
             "ef_construction": opts.hnsw.ef_construction,
             "quantization": quantization,
             **create_options,
         }
         what = "Qdrant Edge store" if hasattr(api, "shard_path") else api.label
-        self._open_or_create(dimension, what, asked)
+        self._open_or_create(dimension, what, self._asked)
         if not self.created_here:
             api.open()  # after every check: an Edge shard is held from here on
         if self.ef_search is None:
@@ -195,13 +193,7 @@ class QdrantStore(VectorStore):
         return recorded
 
     def _create(self, dimension: int) -> None:
-        made = self.api.create(
-            dimension,
-            self._asked_hnsw[0],
-            self._asked_hnsw[1],
-            self.quantization,
-            **self._create_options,
-        )
+        made = self.api.create(dimension, self._asked)
         self._hnsw, self._shards = made["hnsw"], made["shards"]
 
     @property

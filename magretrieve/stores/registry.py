@@ -21,7 +21,9 @@ How to add a backend (say ``redis:URL/INDEX``)
      return the dimension), ``_create`` and ``_recorded_build``; the constructor calls
      ``self._open_or_create(dimension, what, options.build())``, which opens or creates,
      checks the dimension and the build options on reopen, and creates nothing on a
-     read-only open (no dimension);
+     read-only open (no dimension). A store over one collection of a database client
+     subclasses :class:`~magretrieve.stores.base.CollectionStore` instead, whose
+     constructor does all of that (the backend adds its checks in ``_configure``);
    - for an ANN index, ``_recall_knob`` (the search knob ``measure_recall`` tunes to
      ``target_recall``) and ``_keep_recall`` (where the measurement is kept).
 
