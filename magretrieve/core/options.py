@@ -21,6 +21,7 @@ without click.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import functools
 import math
@@ -70,7 +71,9 @@ class Option:
         """How messages name the option: its flag (first spelling), else its keyword."""
         return self.flag.split("/")[0] if self.flag else self.name
 
-    def check(self, value: Any, where: str = "", error: type[Exception] = ConfigError) -> Any:
+    def check(
+        self, value: Any, where: str = "", error: builtins.type[Exception] = ConfigError
+    ) -> Any:
         """``value`` converted to the option's type, or ``error`` naming the option (after
         ``where``, when given) and what it must be."""
         label = self.label
@@ -127,10 +130,16 @@ def option(type_: type, help: str, *, name: str = "", default: Any = None, **dec
     return field(default=default, metadata={OPTION: declaration})
 
 
-@functools.cache
+#: :func:`_own_options` per class, computed once.
+_OWN: dict[type, tuple[tuple[str, Option | None], ...]] = {}
+
+
 def _own_options(cls: type) -> tuple[tuple[str, Option | None], ...]:
     """(field name, its option) per field of ``cls``; None for a nested option class. Cached,
     so a class gives the same Option objects every time."""
+    known = _OWN.get(cls)
+    if known is not None:
+        return known
     out: list[tuple[str, Option | None]] = []
     nested: Mapping[str, type] = getattr(cls, "_nested", {})
     for f in dataclasses.fields(cls):
@@ -139,7 +148,7 @@ def _own_options(cls: type) -> tuple[tuple[str, Option | None], ...]:
         elif OPTION in f.metadata:
             declared: Option = f.metadata[OPTION]
             out.append((f.name, declared if declared.name else _named(declared, f.name)))
-    return tuple(out)
+    return _OWN.setdefault(cls, tuple(out))
 
 
 @functools.cache

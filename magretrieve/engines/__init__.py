@@ -117,7 +117,7 @@ def engine_options(
     own = {opt.name for opt in engine.declared}
     for other in ENGINES.values():
         theirs = [opt for opt in other.declared if opt.name not in own]
-        stray = [opt.flag for opt in theirs if given.get(opt.name) is not None]
+        stray = [opt.label for opt in theirs if given.get(opt.name) is not None]
         if other.name != name and stray:
             verb = "needs" if len(stray) == 1 else "need"
             raise ConfigError(f"{' and '.join(stray)} {verb} --engine {other.name}")
