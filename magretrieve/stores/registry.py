@@ -83,7 +83,16 @@ from magretrieve.stores.options import (
     StoreOptions,
 )
 
-__all__ = ["OPTIONS", "Backend", "StoreOption", "backends", "open_spec", "register"]
+__all__ = [
+    "OPTIONS",
+    "Backend",
+    "StoreOption",
+    "StoreOptions",
+    "backends",
+    "check_option",
+    "open_spec",
+    "register",
+]
 
 #: Modules that register the built-in backends (imported on first use of the registry).
 #: Adding a backend = adding its module here.
