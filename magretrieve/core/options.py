@@ -44,6 +44,8 @@ class Option:
 
     - ``name``: the Python keyword (``open_store(hnsw_m=...)``, ``ServerSettings(max_queue=...)``);
       a field made by :func:`option` without one takes the field's name.
+    - ``type``: ``int``, ``float``, ``str`` or ``bool``; a field made by :func:`option` takes
+      it from its annotation, so it is written once.
     - ``flag``: the command-line flag (``--hnsw-m``); None keeps the option Python-only. A
       ``bool`` option's flag is a switch (``--onnx-spinning/--no-onnx-spinning``) or a single
       flag that sets the opposite of its default (``--no-batching``).
@@ -122,12 +124,30 @@ class Option:
         return os.environ.get(self.env) or None
 
 
-def option(type_: type, help: str, *, name: str = "", default: Any = None, **declared: Any) -> Any:
+def option(help: str, *, name: str = "", default: Any = None, **declared: Any) -> Any:
     """A field of an option class, declared as an :class:`Option`: ``default`` is the field's
-    default, and ``name`` (the keyword; default: the field's name), ``type_``, ``help`` and
+    default, its annotation the option's type (``int``, ``float``, ``str`` or ``bool``, or
+    that ``| None``), and ``name`` (the keyword; default: the field's name), ``help`` and
     ``declared`` (``flag``, ``minimum``, ``choices``, ``env``, ...) sit in its metadata."""
-    declaration = Option(name, type_, help, default=default, **declared)
+    declaration = Option(name, object, help, default=default, **declared)
     return field(default=default, metadata={OPTION: declaration})
+
+
+#: The types an option can have, by the name an annotation gives them.
+_TYPES: dict[str, type] = {t.__name__: t for t in (int, float, str, bool)}
+
+
+def _annotated_type(cls: type, f: dataclasses.Field[Any]) -> type:
+    """The option type a field's annotation names (``int | None`` is ``int``)."""
+    annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", repr(f.type))
+    names = {part.strip() for part in str(annotation).split("|")} - {"None"}
+    found = _TYPES.get(names.pop()) if len(names) == 1 else None
+    if found is None:
+        raise TypeError(
+            f"{cls.__name__}.{f.name}: an option is int, float, str or bool (or that | None), "
+            f"not {annotation}"
+        )
+    return found
 
 
 #: :func:`_own_options` per class, computed once.
@@ -147,15 +167,16 @@ def _own_options(cls: type) -> tuple[tuple[str, Option | None], ...]:
             out.append((f.name, None))
         elif OPTION in f.metadata:
             declared: Option = f.metadata[OPTION]
-            out.append((f.name, declared if declared.name else _named(declared, f.name)))
+            out.append((f.name, _named(declared, f.name, _annotated_type(cls, f))))
     return _OWN.setdefault(cls, tuple(out))
 
 
 @functools.cache
-def _named(declared: Option, name: str) -> Option:
-    """``declared`` named ``name``: one object per declaration and name, so a field shared by
-    two option classes (``IndexOptions.target_recall``) is the same option in both."""
-    return dataclasses.replace(declared, name=name)
+def _named(declared: Option, name: str, type_: type) -> Option:
+    """``declared`` with its keyword (its own, else the field's ``name``) and its type: one
+    object per declaration, so a field shared by two option classes
+    (``IndexOptions.target_recall``) is the same option in both."""
+    return dataclasses.replace(declared, name=declared.name or name, type=type_)
 
 
 class OptionClass:

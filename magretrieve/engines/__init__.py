@@ -31,15 +31,13 @@ class RayOptions(OptionClass):
     """The options of ``engine="ray"``: which cluster, how many encoding actors."""
 
     address: str | None = option(
-        str,
         "Ray cluster to join (e.g. auto, ray://head:10001); default: start a local Ray.",
         flag="--address",
     )
     workers: int | None = option(
-        int, "Ray encoding actors (default: one per CPU).", flag="--workers", minimum=1
+        "Ray encoding actors (default: one per CPU).", flag="--workers", minimum=1
     )
     connect_timeout: float | None = option(
-        float,
         "Seconds the --address cluster gets to answer (default: 30).",
         flag="--connect-timeout",
         minimum=0,

@@ -45,27 +45,22 @@ class EngineSettings(OptionClass):
     """
 
     max_inputs: int = option(
-        int,
         "Texts per request (OpenAI's limit; still encoded in batches of --max-batch-tokens).",
         default=2048,
         flag="--max-inputs",
         minimum=1,
     )
     max_text_chars: int = option(
-        int, "Characters per text.", default=32_768, flag="--max-text-chars", minimum=1
+        "Characters per text.", default=32_768, flag="--max-text-chars", minimum=1
     )
     max_batch_tokens: int = option(
-        int,
         "Padded-token budget of one merged batch.",
         default=DEFAULT_BATCH_TOKENS,
         flag="--max-batch-tokens",
         minimum=1,
     )
-    max_batch_rows: int = option(
-        int, "Texts per batch.", default=64, flag="--max-batch-rows", minimum=1
-    )
+    max_batch_rows: int = option("Texts per batch.", default=64, flag="--max-batch-rows", minimum=1)
     max_wait_ms: float = option(
-        float,
         "How long a request waits for others to join its batch.",
         default=2.0,
         flag="--max-wait-ms",
@@ -73,20 +68,16 @@ class EngineSettings(OptionClass):
         maximum=10_000,
     )
     min_batch_fill: float = option(
-        float,
         "Least share of a merged batch's padded tokens that are real tokens.",
         default=0.75,
         minimum=0,
         maximum=1,
     )
     max_queue: int = option(
-        int, "Waiting requests before 503.", default=512, flag="--max-queue", minimum=1
+        "Waiting requests before 503.", default=512, flag="--max-queue", minimum=1
     )
-    batching: bool = option(
-        bool, "Encode every request on its own.", default=True, flag="--no-batching"
-    )
+    batching: bool = option("Encode every request on its own.", default=True, flag="--no-batching")
     graph_workers: int = option(
-        int,
         "Batches run at once, each on --threads / N intra-op threads (a batch alone "
         "runs on all of them).",
         default=2,
@@ -138,32 +129,26 @@ class ServerSettings(EngineSettings):
     """
 
     api_key: str | None = option(
-        str,
         "Bearer key for every route but /health /ready /info /metrics; turns the write "
         f"endpoints on. Prefer ${API_KEY_ENV} (a flag shows in the process list).",
         flag="--api-key",
         env=API_KEY_ENV,
     )
-    max_body_bytes: int = option(
-        int, "Bytes per request body.", default=16 * 1024 * 1024, minimum=1
-    )
-    max_k: int = option(int, "Hits per query of /search.", default=1000, minimum=1)
-    retry_after_s: int = option(int, "Retry-After (seconds) of a 503.", default=1, minimum=1)
+    max_body_bytes: int = option("Bytes per request body.", default=16 * 1024 * 1024, minimum=1)
+    max_k: int = option("Hits per query of /search.", default=1000, minimum=1)
+    retry_after_s: int = option("Retry-After (seconds) of a 503.", default=1, minimum=1)
     onnx_spinning: bool = option(
-        bool,
         "Let onnxruntime's threads spin-wait between runs (fastest on cores of its own; "
         "--no-onnx-spinning where a database or other replicas share the cores).",
         default=True,
         flag="--onnx-spinning/--no-onnx-spinning",
     )
     model_id: str | None = option(
-        str,
         "Served model id: GET /v1/models lists ID:query and ID:document, which name the "
         "side (default: the export folder's name).",
         flag="--model-id",
     )
     limit_concurrency: int = option(
-        int,
         "Open connections and running requests before new requests get 503 (/health "
         "always answers).",
         default=1024,
@@ -171,7 +156,6 @@ class ServerSettings(EngineSettings):
         minimum=1,
     )
     timeout_keep_alive: float = option(
-        float,
         "Seconds a connection may wait without sending a complete request before it is "
         "closed (idle after an answer, or slow to send its headers).",
         default=5.0,
@@ -181,7 +165,6 @@ class ServerSettings(EngineSettings):
         maximum=3600,
     )
     recall_sample: float = option(
-        float,
         "Share of /search queries re-run exactly in the background for the live recall@10 "
         "gauge (/metrics, /info); 0 turns it off.",
         default=0.01,

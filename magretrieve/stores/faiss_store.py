@@ -684,7 +684,7 @@ FAISS_OPTIONS = IndexOptions.keywords()
 class AdoptedFaissOptions(StoreOptions):
     """What only an adopted FAISS index takes: where it is saved."""
 
-    path: str | None = option(str, "An adopted FAISS index: the folder it saves to.")
+    path: str | None = option("An adopted FAISS index: the folder it saves to.")
 
 
 def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> FaissStore:

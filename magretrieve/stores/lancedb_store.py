@@ -525,7 +525,6 @@ class LanceDBOptions(StoreOptions):
     ``Retriever.load(force=True)`` (``magretrieve index --force``)."""
 
     force: bool | None = option(
-        bool,
         "LanceDB: keep a vector index whose measured recall is below the bar (IVF_PQ on "
         "magnitude-keeping vectors); set by --force of magretrieve index.",
     )

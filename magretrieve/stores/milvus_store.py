@@ -484,7 +484,6 @@ class MilvusOptions(StoreOptions):
     """How the client authenticates against a Milvus server."""
 
     token: str | None = option(
-        str,
         "Milvus server token, 'user:password' or an API key (default $MILVUS_TOKEN).",
         env="MILVUS_TOKEN",
     )

@@ -74,7 +74,6 @@ class HnswOptions(StoreOptions):
     """An HNSW graph: links per node and the build and search breadths."""
 
     m: int | None = option(
-        int,
         "HNSW M, links per node (FAISS default 32, Qdrant 16).",
         name="hnsw_m",
         flag="--hnsw-m",
@@ -82,14 +81,12 @@ class HnswOptions(StoreOptions):
         maximum=1024,
     )
     ef_construction: int | None = option(
-        int,
         "HNSW efConstruction (FAISS 200, Qdrant 100).",
         flag="--ef-construction",
         minimum=1,
         maximum=100_000,
     )
     ef_search: int | None = option(
-        int,
         "HNSW efSearch / Qdrant hnsw_ef (FAISS 128); raised to k when smaller.",
         flag="--ef-search",
         minimum=1,
@@ -103,10 +100,9 @@ class IvfOptions(StoreOptions):
     """An inverted file: its lists (partitions) and how many a query probes."""
 
     nlist: int | None = option(
-        int, "IVF lists (default ~4·√n).", flag="--nlist", minimum=1, maximum=1 << 24
+        "IVF lists (default ~4·√n).", flag="--nlist", minimum=1, maximum=1 << 24
     )
     nprobe: int | None = option(
-        int,
         "IVF lists probed (FAISS 16).",
         flag="--nprobe",
         minimum=1,
@@ -120,7 +116,6 @@ class RecallOptions(StoreOptions):
     """The recall@10 an ANN index is tuned to, by measurement."""
 
     target_recall: float | None = option(
-        float,
         "After building an ANN index, tune efSearch/nprobe/hnsw_ef by measurement to reach "
         "this recall@10 against exact search at the highest speed (e.g. 0.99).",
         flag="--target-recall",
@@ -138,7 +133,7 @@ INDEX_TYPE_HELP = "The vector index a store builds, always by inner product; by 
 class IndexTypeOptions(StoreOptions):
     """The kind of index a store builds (each backend names its own kinds)."""
 
-    index_type: str | None = option(str, INDEX_TYPE_HELP, flag="--faiss-index")
+    index_type: str | None = option(INDEX_TYPE_HELP, flag="--faiss-index")
 
 
 @dataclass(frozen=True)
@@ -170,7 +165,6 @@ class AnnotatedOptions(StoreOptions):
     """An annotated Cosine collection or table (``magretrieve annotate``): its re-ranking."""
 
     prefetch: int | None = option(
-        int,
         "Annotated Cosine collection/table (magretrieve annotate): cosine candidates "
         "re-ranked by cos·m(d) (default 100, or the value recorded by annotate).",
         flag="--prefetch",

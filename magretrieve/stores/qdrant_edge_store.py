@@ -49,11 +49,9 @@ class QdrantEdgeStore(QdrantStore):
 class EdgeOptions(StoreOptions):
     """When an Edge shard searches exactly and when it indexes a segment."""
 
-    full_scan_threshold: int | None = option(
-        int, "Qdrant Edge: exact below this size (KB).", minimum=0
-    )
+    full_scan_threshold: int | None = option("Qdrant Edge: exact below this size (KB).", minimum=0)
     indexing_threshold: int | None = option(
-        int, "Qdrant Edge: index segments above this size.", minimum=0
+        "Qdrant Edge: index segments above this size.", minimum=0
     )
 
 

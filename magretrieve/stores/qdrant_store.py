@@ -370,27 +370,24 @@ class QdrantQuantizationOptions(StoreOptions):
     """Quantized search, shared with Qdrant Edge: int8 vectors, searched with rescoring."""
 
     quantization: str | None = option(
-        str,
         "Qdrant / Edge scalar quantization (searched with rescoring).",
         flag="--quantization",
         choices=("int8",),
     )
-    oversampling: float | None = option(float, "Qdrant quantized search oversampling.", minimum=1.0)
-    rescore: bool | None = option(bool, "Qdrant quantized search rescoring with full vectors.")
-    query_scaling: bool | None = option(bool, "Scale int8-quantized queries to the stored norms.")
+    oversampling: float | None = option("Qdrant quantized search oversampling.", minimum=1.0)
+    rescore: bool | None = option("Qdrant quantized search rescoring with full vectors.")
+    query_scaling: bool | None = option("Scale int8-quantized queries to the stored norms.")
 
 
 @dataclass(frozen=True)
 class QdrantServerOptions(StoreOptions):
     """How a Qdrant server lays a new collection out."""
 
-    shard_number: int | None = option(
-        int, "Qdrant server: shards.", flag="--shard-number", minimum=1
-    )
+    shard_number: int | None = option("Qdrant server: shards.", flag="--shard-number", minimum=1)
     replication_factor: int | None = option(
-        int, "Qdrant server: replicas.", flag="--replication-factor", minimum=1
+        "Qdrant server: replicas.", flag="--replication-factor", minimum=1
     )
-    on_disk: bool | None = option(bool, "Qdrant server: keep vectors on disk.")
+    on_disk: bool | None = option("Qdrant server: keep vectors on disk.")
 
 
 @dataclass(frozen=True)
@@ -398,9 +395,9 @@ class QdrantClientOptions(StoreOptions):
     """How the client reaches a Qdrant server (not options of the collection)."""
 
     api_key: str | None = option(
-        str, "Qdrant server API key (default $QDRANT_API_KEY).", env="QDRANT_API_KEY"
+        "Qdrant server API key (default $QDRANT_API_KEY).", env="QDRANT_API_KEY"
     )
-    timeout: int | None = option(int, "Qdrant server request timeout in seconds.", minimum=1)
+    timeout: int | None = option("Qdrant server request timeout in seconds.", minimum=1)
 
 
 QDRANT_OPTIONS = (

@@ -47,7 +47,7 @@ How to add a backend (say ``redis:URL/INDEX``)
 
        @dataclass(frozen=True)
        class RedisOptions(StoreOptions):
-           password: str | None = option(str, "Redis password.", env="REDIS_PASSWORD")
+           password: str | None = option("Redis password.", env="REDIS_PASSWORD")
 
 3. Add the module name to :data:`BACKEND_MODULES` below (the one registry line), the client
    library to an extra in ``pyproject.toml``, and a row to ``docs/stores.md``.

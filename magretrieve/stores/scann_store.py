@@ -797,14 +797,12 @@ class ScannOptions(StoreOptions):
     """A ScaNN searcher: its k-means tree, how much of it a query visits, exact re-scoring."""
 
     num_leaves: int | None = option(
-        int,
         "ScaNN: leaves of the k-means tree, used by the next build (default about √n).",
         flag="--scann-leaves",
         minimum=1,
         maximum=1 << 20,
     )
     leaves_to_search: int | None = option(
-        int,
         "ScaNN: leaves each query visits (default a tenth; --target-recall tunes it).",
         flag="--scann-leaves-to-search",
         minimum=1,
@@ -812,7 +810,6 @@ class ScannOptions(StoreOptions):
         search=True,
     )
     reorder: int | None = option(
-        int,
         f"ScaNN: candidates re-scored exactly before answering (default {REORDER}; "
         "--target-recall doubles it when every leaf is not enough).",
         flag="--scann-reorder",
@@ -821,7 +818,6 @@ class ScannOptions(StoreOptions):
         search=True,
     )
     exact_below: int | None = option(
-        int,
         f"ScaNN: stores smaller than this are searched exactly, no searcher built "
         f"(default {EXACT_BELOW:,}).",
         flag="--scann-exact-below",

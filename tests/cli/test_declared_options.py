@@ -60,11 +60,11 @@ def test_each_declared_flag_is_the_same_on_every_command() -> None:
 
 @dataclass(frozen=True)
 class _Flags(OptionClass):
-    count: int = option(int, "How many.", default=3, flag="--count", minimum=1)
-    label: str | None = option(str, "A label.", flag="--label", choices=("x", "y"))
-    fast: bool = option(bool, "Go fast.", default=True, flag="--fast/--no-fast")
-    check: bool = option(bool, "Skip the check.", default=True, flag="--no-check")
-    hidden: int = option(int, "Python only.", default=1)
+    count: int = option("How many.", default=3, flag="--count", minimum=1)
+    label: str | None = option("A label.", flag="--label", choices=("x", "y"))
+    fast: bool = option("Go fast.", default=True, flag="--fast/--no-fast")
+    check: bool = option("Skip the check.", default=True, flag="--no-check")
+    hidden: int = option("Python only.", default=1)
 
 
 def test_click_derivation_of_each_kind_of_option() -> None:

@@ -13,16 +13,16 @@ from magretrieve.core.options import Option, OptionClass, option
 
 @dataclass(frozen=True)
 class _Inner(OptionClass):
-    depth: int | None = option(int, "How deep.", name="inner_depth", flag="--depth", minimum=1)
+    depth: int | None = option("How deep.", name="inner_depth", flag="--depth", minimum=1)
 
 
 @dataclass(frozen=True)
 class _Toy(OptionClass):
-    size: int = option(int, "How many.", default=4, flag="--size", minimum=1, maximum=10)
-    ratio: float = option(float, "A share.", default=0.5, minimum=0, exclusive_minimum=True)
-    mode: str | None = option(str, "A kind.", flag="--mode", choices=("a", "b"))
-    on: bool = option(bool, "Turn it off.", default=True, flag="--off")
-    key: str | None = option(str, "A key.", flag="--key", env="TOY_KEY")
+    size: int = option("How many.", default=4, flag="--size", minimum=1, maximum=10)
+    ratio: float = option("A share.", default=0.5, minimum=0, exclusive_minimum=True)
+    mode: str | None = option("A kind.", flag="--mode", choices=("a", "b"))
+    on: bool = option("Turn it off.", default=True, flag="--off")
+    key: str | None = option("A key.", flag="--key", env="TOY_KEY")
     inner: _Inner = field(default_factory=_Inner)
     _nested: ClassVar[Any] = {"inner": _Inner}
 
@@ -85,8 +85,8 @@ def test_values_are_converted_to_the_declared_type() -> None:
 def test_check_declared_checks_an_instance_in_place() -> None:
     @dataclass(frozen=True)
     class Settings(OptionClass):
-        workers: int = option(int, "Workers.", default=2, minimum=1)
-        name: str | None = option(str, "A name.")
+        workers: int = option("Workers.", default=2, minimum=1)
+        name: str | None = option("A name.")
 
         def __post_init__(self) -> None:
             self.check_declared()
@@ -109,3 +109,14 @@ def test_the_environment_fills_an_option_not_given(monkeypatch) -> None:
     assert key.from_env(None) == "from-env"
     assert key.from_env("given") == "given"  # what is given wins
     assert Option("plain", str, "No variable.").from_env(None) is None
+
+
+def test_the_type_is_the_fields_annotation_and_only_a_scalar_one() -> None:
+    assert [o.type for o in _Toy.declared()] == [int, float, str, bool, str, int]
+
+    @dataclass(frozen=True)
+    class Bad(OptionClass):
+        items: list[int] | None = option("A list.")
+
+    with pytest.raises(TypeError, match=r"^Bad.items: an option is int, float, str or bool"):
+        Bad.declared()

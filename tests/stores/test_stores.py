@@ -1112,7 +1112,7 @@ class _DictStore(VectorStore):
 
 @dataclass(frozen=True)
 class _ToyOptions(StoreOptions):
-    secret_knob: str | None = option(str, "A toy option of its own.")
+    secret_knob: str | None = option("A toy option of its own.")
 
 
 def test_a_store_of_primitives_gets_every_check_from_the_base(monkeypatch):
