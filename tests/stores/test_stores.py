@@ -23,7 +23,7 @@ from magretrieve.core.errors import StoreError
 from magretrieve.core.options import option
 from magretrieve.stores import VectorStore, open_store, parse_spec, registry
 from magretrieve.stores.faiss_store import FaissStore
-from magretrieve.stores.options import StoreOptions
+from magretrieve.stores.options import HnswOptions, StoreOptions
 from tests.support import store_examples
 from tests.support.ann_data import ann_data as _ann_data
 
@@ -657,7 +657,7 @@ def test_a_new_backend_is_one_registry_entry(tmp_path, monkeypatch):
         form="toy:NAME",
         parse=registry.parse_collection,
         open=_open,
-        options=("ef_search",),
+        options=(HnswOptions,),
     )
     monkeypatch.setitem(registry._BACKENDS, "toy", toy)
     assert parse_spec("toy:abc") == ("toy", {"collection": "abc"})
