@@ -8,9 +8,9 @@ process. Every other engine is one module here plus one :class:`Engine` entry in
 An engine declares its own options as an option class (fields made by
 :func:`magretrieve.core.options.option`, like every option of the project);
 ``magretrieve index`` derives its flags from them, so the CLI names no engine, and the values
-are checked against the declarations before the engine is imported. An engine function has the signature of
-:func:`magretrieve.serving.indexing.index_corpus` plus its own keyword options, and returns an
-:class:`~magretrieve.serving.indexing.IndexReport`.
+are checked against the declarations before the engine is imported. An engine function has
+the signature of :func:`magretrieve.serving.indexing.index_corpus` plus its own keyword
+options, and returns an :class:`~magretrieve.serving.indexing.IndexReport`.
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ class Engine:
     """An indexing engine: its function, its own options, and how it treats shared ones.
 
     ``options``: its option class (None: it takes none). ``forwards``: options of
-    ``magretrieve index`` itself (e.g. ``threads``) handed on to the
-    engine when set. ``refuses``: options of the local path it cannot honour, each with the
+    ``magretrieve index`` itself (e.g. ``threads``) handed on to the engine when set. ``refuses``: options of the local path it cannot honour, each with the
     reason the user is told.
     """
 
