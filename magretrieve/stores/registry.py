@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -372,11 +372,3 @@ def _missing_collection(spec: str) -> StoreError:
         f"store spec {spec!r}: missing collection name (expected {form}, e.g. "
         f"{form.replace('COLLECTION', 'scifact')}); use one of: {', '.join(spec_forms())}"
     )
-
-
-def option_names(*groups: Sequence[str]) -> tuple[str, ...]:
-    """Concatenate option-name groups without duplicates (keeps order)."""
-    out: list[str] = []
-    for g in groups:
-        out.extend(n for n in g if n not in out)
-    return tuple(out)
