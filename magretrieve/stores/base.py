@@ -370,7 +370,7 @@ class VectorStore(ABC):
         from magretrieve.stores import _ann_recall, registry
 
         if target_recall is not None:
-            target_recall = registry.OPTIONS["target_recall"].check(target_recall, self.location)
+            target_recall = registry.check_option("target_recall", target_recall, self.location)
         with self._recall_lock():
             knob = self._recall_knob()
             if knob is None:
@@ -982,7 +982,7 @@ def check_reopen(where: str, recorded: Mapping[str, Any], asked: Mapping[str, An
         if value is None or old is None or _same(old, value):
             continue
         option = registry.OPTIONS.get(key)
-        label = (option.cli if option is not None else None) or key
+        label = option.label if option is not None else key
         raise StoreError(
             f"{where}: {label} {value} differs from the {old} the store was built with; it "
             "cannot change on reopen. Leave it out to use the store as built, or index into a "

@@ -537,7 +537,8 @@ def open_chroma(
         raise
 
 
-#: The index options a Chroma collection takes: its HNSW graph and a recall target.
+#: The index option classes a Chroma collection takes: its HNSW graph and a recall target.
+CHROMA_INDEX = (HnswOptions, RecallOptions)
 CHROMA_OPTIONS = (*HnswOptions.keywords(), *RecallOptions.keywords())
 
 
@@ -551,7 +552,7 @@ registry.register(
         form=FORM,
         parse=parse_chroma,
         open=_open,
-        options=CHROMA_OPTIONS,
+        options=CHROMA_INDEX,
         extra="chroma",
     )
 )

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.core.extras import require
+from magretrieve.core.options import option
 from magretrieve.stores import _ann_recall, _generation, registry
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
@@ -48,7 +50,7 @@ from magretrieve.stores.base import (
     StoreRecord,
     missing_store,
 )
-from magretrieve.stores.options import IndexOptions
+from magretrieve.stores.options import IndexOptions, StoreOptions
 
 FORM = "lancedb:PATH/TABLE"
 #: Keys of the ``vector`` field's metadata.
@@ -506,14 +508,15 @@ def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -
     return open_lancedb(loc, dimension, **options)
 
 
-#: Whether to keep an index below the recall bar: the backend's own option, set by
-#: ``Retriever.load(force=True)`` (``magretrieve index --force``).
-FORCE_OPTION = registry.StoreOption(
-    "force",
-    bool,
-    "LanceDB: keep a vector index whose measured recall is below the bar (IVF_PQ on "
-    "magnitude-keeping vectors); set by --force of magretrieve index.",
-)
+@dataclass(frozen=True)
+class LanceDBOptions(StoreOptions):
+    """Whether to keep an index below the recall bar: the backend's own option, set by
+    ``Retriever.load(force=True)`` (``magretrieve index --force``)."""
+
+    force: bool | None = option(
+        "LanceDB: keep a vector index whose measured recall is below the bar (IVF_PQ on "
+        "magnitude-keeping vectors); set by --force of magretrieve index.",
+    )
 
 
 registry.register(
@@ -522,7 +525,7 @@ registry.register(
         form=FORM,
         parse=registry.parse_path_collection,
         open=_open,
-        options=(IndexOptions, FORCE_OPTION),
+        options=(IndexOptions, LanceDBOptions),
         index_types="IVF_HNSW_SQ, IVF_PQ, ... (built after indexing, recall measured; exact "
         "scan when absent)",
         extra="lancedb",

@@ -22,6 +22,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.core.extras import require
+from magretrieve.core.options import option
 from magretrieve.core.redact import redact
 from magretrieve.stores import registry
 from magretrieve.stores._writer_lock import engine_busy, holder_of
@@ -41,7 +43,13 @@ from magretrieve.stores.base import (
     missing_store,
     one_line,
 )
-from magretrieve.stores.options import HnswOptions, IndexOptions, IvfOptions
+from magretrieve.stores.options import (
+    HnswOptions,
+    IndexOptions,
+    IndexTypeOptions,
+    IvfOptions,
+    StoreOptions,
+)
 
 #: Collection property under which the building model is recorded (a JSON string).
 META_KEY = "magretrieve.metadata"
@@ -396,7 +404,7 @@ def open_milvus(
         uri = str(path)
     lite = None if "url" in location else os.path.abspath(uri)
     try:
-        token = token if token is not None else os.environ.get("MILVUS_TOKEN", "")
+        token = MilvusOptions.named("token").from_env(token)
         # a token authenticates against a server; Milvus Lite has no users
         client = mv.MilvusClient(uri, token=token) if token and not lite else mv.MilvusClient(uri)
     except Exception as exc:  # connection refused, lite folder locked by another process
@@ -464,8 +472,19 @@ def parse_milvus(rest: str, spec: str = "") -> dict[str, str]:
     )
 
 
-#: The index options a Milvus collection takes.
-MILVUS_OPTIONS = ("index_type", *HnswOptions.keywords(), *IvfOptions.keywords())
+@dataclass(frozen=True)
+class MilvusOptions(StoreOptions):
+    """How the client authenticates against a Milvus server."""
+
+    token: str | None = option(
+        "Milvus server token, 'user:password' or an API key (default $MILVUS_TOKEN).",
+        env="MILVUS_TOKEN",
+    )
+
+
+#: The index option classes a Milvus collection takes.
+MILVUS_INDEX = (IndexTypeOptions, HnswOptions, IvfOptions)
+MILVUS_OPTIONS = tuple(k for group in MILVUS_INDEX for k in group.keywords())
 
 
 def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> MilvusStore:
@@ -494,14 +513,7 @@ registry.register(
         form=FORM,
         parse=parse_milvus,
         open=_open,
-        options=(
-            *MILVUS_OPTIONS,
-            registry.StoreOption(
-                "token",
-                str,
-                "Milvus server token, 'user:password' or an API key (default $MILVUS_TOKEN).",
-            ),
-        ),
+        options=(*MILVUS_INDEX, MilvusOptions),
         index_types="FLAT (default), HNSW, IVF_FLAT",
         adopts=_adopts,
         adopt=_adopt,

@@ -55,7 +55,7 @@ from magretrieve.stores.base import (
     metric_refusal,
     one_line,
 )
-from magretrieve.stores.options import IndexOptions
+from magretrieve.stores.options import AnnotatedOptions, IndexOptions
 
 #: COMMENT key of the last recall measurement (with the ef_search it tuned to).
 RECALL_KEY = "magretrieve.recall"
@@ -563,7 +563,7 @@ registry.register(
         form=FORM,
         parse=parse_pgvector,
         open=_open,
-        options=(IndexOptions, "prefetch"),
+        options=(IndexOptions, AnnotatedOptions),
         index_types="hnsw (default), ivfflat (built by optimize), flat",
         adopts=_adopts,
         adopt=_adopt,

@@ -289,9 +289,9 @@ def test_a_constructor_takes_the_options_object_or_its_keywords():
 def test_the_registry_derives_its_table_and_flags_from_the_option_classes():
     for option in IndexOptions.declared():
         assert registry.OPTIONS[option.name] is option
-    flags = {o.cli: o for o in registry.cli_options()}
+    flags = {o.flag: o for o in registry.cli_options()}
     assert {"--hnsw-m", "--ef-construction", "--ef-search", "--nlist", "--nprobe"} <= set(flags)
-    assert {o.cli for o in registry.cli_options(search_only=True)} >= {"--ef-search", "--nprobe"}
+    assert {o.flag for o in registry.cli_options(search_only=True)} >= {"--ef-search", "--nprobe"}
     help_ = flags["--faiss-index"].help
     takes_index_type = [b.prefix for b in registry.backends() if "index_type" in b.option_names]
     assert sorted(takes_index_type) == ["faiss", "lancedb", "milvus", "pgvector"]
