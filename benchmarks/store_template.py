@@ -86,23 +86,33 @@ def read(rev: str | None, path: str) -> str:
 @click.command()
 @click.option("--base", default="main", show_default=True, help="Revision counted as 'before'.")
 @click.option(
+    "--mid",
+    default=None,
+    help="A revision between the two (e.g. the last merged step), shown as one more column.",
+)
+@click.option(
     "--out",
     type=click.Path(path_type=Path),
     default=ROOT / "benchmarks/results/store_template.md",
     show_default=True,
 )
-def main(base: str, out: Path) -> None:
+def main(base: str, mid: str | None, out: Path) -> None:
     rows = []
-    totals = [0, 0, 0, 0]
+    totals = [0, 0, 0, 0, 0]
     for backend in BACKENDS:
         path = f"{STORES}/{backend}_store.py"
         before, before_io = count(read(base, path))
         after, after_io = count(read(None, path))
+        between = count(read(mid, path))[0] if mid else 0
+        shown = f" {between} |" if mid else ""
         rows.append(
-            f"| {backend} | {before} | {after} | {after - before:+d} | {before_io} | {after_io} |"
+            f"| {backend} | {before} |{shown} {after} | {after - before:+d} | {before_io} "
+            f"| {after_io} |"
         )
-        for n, v in enumerate((before, after, before_io, after_io)):
+        for n, v in enumerate((before, after, before_io, after_io, between)):
             totals[n] += v
+    mid_head = f" beyond I/O at {mid} |" if mid else ""
+    mid_total = f" {totals[4]} |" if mid else ""
     shared = []
     for name in SHARED:
         try:
@@ -116,16 +126,18 @@ def main(base: str, out: Path) -> None:
             "# Store template: lines each backend writes beyond its I/O",
             "",
             "Written by `python benchmarks/store_template.py --base "
-            f"{base}` (AST count; see the script's docstring for what counts as I/O).",
+            f"{base}{f' --mid {mid}' if mid else ''}` (AST count; see the script's docstring "
+            "for what counts as I/O).",
             "",
             "Counted by this script at both revisions (the issue that asked for the template "
             "quoted figures of another count; compare the columns here with each other).",
             "",
-            "| backend | beyond I/O before | beyond I/O after | change | I/O before | I/O after |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |",
+            f"| backend | beyond I/O before |{mid_head} beyond I/O after | change | I/O before "
+            "| I/O after |",
+            "| --- | ---: |" + (" ---: |" if mid else "") + " ---: | ---: | ---: | ---: |",
             *rows,
-            f"| all | {totals[0]} | {totals[1]} | {totals[1] - totals[0]:+d} | {totals[2]} "
-            f"| {totals[3]} |",
+            f"| all | {totals[0]} |{mid_total} {totals[1]} | {totals[1] - totals[0]:+d} "
+            f"| {totals[2]} | {totals[3]} |",
             "",
             "The shared template (whole files) that took the work over:",
             "",

@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 
+from magretrieve.cli._options import click_options
+
 
 def fmt(value: Any, digits: int = 4) -> str:
     if isinstance(value, float):
@@ -94,11 +96,6 @@ def magnitude_options(func: Any) -> Any:
     return func
 
 
-def _click_option(opt: Any) -> Any:
-    kind: Any = click.Choice(list(opt.choices)) if opt.choices else opt.type
-    return click.option(opt.cli, opt.name, type=kind, default=None, help=opt.help)
-
-
 def store_options(fn):  # type: ignore[no-untyped-def]
     """The store options of every registered backend (magretrieve/stores/registry.py), as click options.
 
@@ -108,18 +105,14 @@ def store_options(fn):  # type: ignore[no-untyped-def]
     """
     from magretrieve.stores.registry import cli_options
 
-    for opt in reversed(cli_options()):
-        fn = _click_option(opt)(fn)
-    return fn
+    return click_options(cli_options())(fn)
 
 
 def search_store_options(fn):  # type: ignore[no-untyped-def]
     """The search-time store knobs (``--ef-search``, ``--nprobe``, ...) for ``search``."""
     from magretrieve.stores.registry import cli_options
 
-    for opt in reversed(cli_options(search_only=True)):
-        fn = _click_option(opt)(fn)
-    return fn
+    return click_options(cli_options(search_only=True))(fn)
 
 
 def collect_store_options(**kw: Any) -> dict[str, Any]:

@@ -6,14 +6,14 @@ import click
 
 from magretrieve.cli._common import collect_store_options, device_option, store_options
 from magretrieve.cli._group import main
+from magretrieve.cli._options import click_options
 from magretrieve.engines import ENGINES, engine_options, option_specs
 from magretrieve.serving.onnx_encoder import RUNTIMES
 
 
 def engine_flags(fn):  # type: ignore[no-untyped-def]
     """``--engine`` and the options every engine declares (magretrieve/engines), as click options."""
-    for opt in reversed(option_specs()):
-        fn = click.option(opt.flag, opt.name, type=opt.type, default=None, help=opt.help)(fn)
+    fn = click_options(option_specs())(fn)
     where = ", or ".join(e.help for e in ENGINES.values())
     return click.option(
         "--engine",

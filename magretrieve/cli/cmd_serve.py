@@ -4,48 +4,16 @@ from __future__ import annotations
 
 import signal
 import socket
-from collections.abc import Callable
-from dataclasses import MISSING, Field, fields
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from magretrieve.cli._common import collect_store_options, search_store_options
 from magretrieve.cli._group import main
+from magretrieve.cli._options import cli_declared, click_options
 from magretrieve.core.errors import ConfigError
 from magretrieve.core.redact import redact
-from magretrieve.serving.settings import CLICK, FLAG, HELP, ServerSettings
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def setting_fields(settings_class: type) -> list[Field[Any]]:
-    """The settings of ``settings_class`` that the command line sets (declaration order)."""
-    return [f for f in fields(settings_class) if FLAG in f.metadata]
-
-
-def setting_option(f: Field[Any]) -> Callable[[F], F]:
-    """The click option of one declared setting: its flag, default, help and type."""
-    meta = f.metadata
-    options = dict(meta[CLICK])
-    within = options.pop("within", None)
-    if within is not None:
-        options["type"] = click.FloatRange(*within)
-    default = f.default if f.default is not MISSING else None
-    flag = meta[FLAG] or "--" + f.name.replace("_", "-")
-    return click.option(flag, f.name, default=default, help=meta[HELP], **options)
-
-
-def settings_options(settings_class: type) -> Callable[[F], F]:
-    """Every command-line setting of ``settings_class`` as click options, in declaration order:
-    the defaults and help are the dataclass's, written once."""
-
-    def decorate(command: F) -> F:
-        for f in reversed(setting_fields(settings_class)):
-            command = setting_option(f)(command)
-        return command
-
-    return decorate
+from magretrieve.serving.settings import ServerSettings
 
 
 @main.command("serve")
@@ -57,7 +25,7 @@ def settings_options(settings_class: type) -> Callable[[F], F]:
 @click.option("--port", type=int, default=8080, show_default=True, help="Port to bind.")
 @click.option("--threads", type=int, default=None, help="Intra-op threads of the graphs.")
 @click.option("--runtime", default=None, help="Runtime of the graphs (default: the export's).")
-@settings_options(ServerSettings)
+@click_options(ServerSettings.declared())
 @click.option("--force", is_flag=True, help="Serve a store built by another model.")
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
 @search_store_options
@@ -83,7 +51,7 @@ def serve_cmd(
     from magretrieve.server.connections import protocol_class
     from magretrieve.server.settings import key_from_env
 
-    given = {f.name: options.pop(f.name) for f in setting_fields(ServerSettings)}
+    given = {o.name: options.pop(o.name) for o in cli_declared(ServerSettings.declared())}
     given["api_key"] = key_from_env(given["api_key"])
     settings = ServerSettings(**given)
     if threads is not None and threads < 1:

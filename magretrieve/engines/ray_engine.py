@@ -37,6 +37,7 @@ import numpy as np
 from magretrieve.core.errors import ConfigError, DataError, StoreError
 from magretrieve.core.extras import require
 from magretrieve.data.readers import Document, corpus_document, is_empty, iter_corpus
+from magretrieve.engines import RayOptions
 from magretrieve.serving.indexing import IndexReport
 from magretrieve.stores.base import check_finite
 
@@ -234,14 +235,13 @@ def index_corpus_ray(
 
     if batch_size < 1 or checkpoint_every < 1:
         raise DataError("batch_size and checkpoint_every must be positive")
-    if workers is not None and workers < 1:
-        raise ConfigError(f"workers must be at least 1, got {workers}")
+    # the engine's options are checked against their declarations (engines.RayOptions)
+    checked = RayOptions(address=address, workers=workers, connect_timeout=connect_timeout)
+    checked.check_declared()
+    workers = checked.workers
     if threads < 1:
         raise ConfigError(f"threads must be at least 1, got {threads}")
-    if connect_timeout is None:
-        connect_timeout = CONNECT_TIMEOUT
-    if not connect_timeout > 0:
-        raise ConfigError(f"connect timeout must be positive, got {connect_timeout}")
+    connect_timeout = checked.connect_timeout or CONNECT_TIMEOUT
     folder = getattr(retriever.manifest, "folder", None)
     if folder is None:
         raise ConfigError("engine 'ray' needs a retriever loaded from an export folder")

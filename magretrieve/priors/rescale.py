@@ -39,6 +39,7 @@ from magretrieve.core.errors import ConfigError, StoreError
 from magretrieve.core.extras import require_all
 from magretrieve.priors import DocumentPrior, prior_from_dict, stored_vectors
 from magretrieve.priors.base import unit
+from magretrieve.stores.annotation import INCOMPLETE_KEY  # present while a rescale runs
 
 logger = logging.getLogger(__name__)
 
@@ -186,9 +187,6 @@ def apply_recorded_magnitude(
 
 
 # ----------------------------------------------------------------------------- checks
-
-#: Store-metadata key present while a rescale into the store has not finished.
-INCOMPLETE_KEY = "incomplete"
 
 
 def incomplete_marker(

@@ -1,9 +1,11 @@
 """The knobs of the embedding engine and of the HTTP server on it, each declared once.
 
-A knob is a dataclass field made by :func:`setting`: its default is the field's default and its
-help, command-line flag and click type sit in the field's metadata, so ``magretrieve serve``
-derives its options from the declaration (:func:`magretrieve.cli.cmd_serve.settings_options`)
-instead of repeating each default. :class:`EngineSettings` holds what the embedding engine
+A knob is a dataclass field made by :func:`magretrieve.core.options.option`: its default is the
+field's default, and its help, command-line flag, bounds and environment variable sit in its
+declaration, so ``magretrieve serve`` derives its options from it
+(:mod:`magretrieve.cli._options`) and the settings check their own values against it
+(:meth:`~magretrieve.core.options.OptionClass.check_declared`: the same error line from
+Python and from the command line). :class:`EngineSettings` holds what the embedding engine
 needs; :class:`ServerSettings` extends it with what only the HTTP server needs. Both live here,
 in the serving layer, because the command line must read them without the ``server`` extra
 (FastAPI and uvicorn are imported only when a server starts);
@@ -12,55 +14,18 @@ in the serving layer, because the command line must read them without the ``serv
 
 from __future__ import annotations
 
-import os
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from magretrieve.core.batching import DEFAULT_BATCH_TOKENS
 from magretrieve.core.config import SIDES
 from magretrieve.core.env import API_KEY_ENV
 from magretrieve.core.errors import ConfigError
-
-#: Metadata keys of a setting: its help, and how the command line spells it.
-HELP, FLAG, CLICK = "help", "flag", "click"
-
-
-def setting(
-    default: Any,
-    help: str,
-    *,
-    flag: str | None = None,
-    cli: bool = True,
-    **click_options: Any,
-) -> Any:
-    """A settings field: ``default``, with ``help`` and (``cli``) a command-line option.
-
-    ``flag`` is the option's declaration when it is not ``--field-name`` (``--no-batching``,
-    ``--onnx-spinning/--no-onnx-spinning``); ``click_options`` go to ``click.option`` as given
-    (``type``, ``flag_value``, ``show_default``), except ``within=(low, high)``, a closed range
-    the command line checks. ``cli=False`` keeps a knob out of the command line (Python only).
-    """
-    meta: dict[str, Any] = {HELP: help}
-    if cli:
-        meta[FLAG] = flag
-        meta[CLICK] = click_options
-    return field(default=default, metadata=meta)
-
-
-#: Settings that must be at least 1, checked by :meth:`EngineSettings.__post_init__`.
-_ENGINE_AT_LEAST_ONE = (
-    "max_inputs",
-    "max_text_chars",
-    "max_batch_tokens",
-    "max_batch_rows",
-    "max_queue",
-    "graph_workers",
-)
+from magretrieve.core.options import OptionClass, option
 
 
 @dataclass(frozen=True)
-class EngineSettings:
+class EngineSettings(OptionClass):
     """What the embedding engine accepts per call and how it merges calls into batches.
 
     ``max_batch_tokens`` is the padded-token budget of one merged batch (rows × longest);
@@ -79,55 +44,49 @@ class EngineSettings:
     OpenAI fit; each call is still encoded in batches of ``max_batch_tokens``.
     """
 
-    max_inputs: int = setting(
-        2048,
+    max_inputs: int = option(
         "Texts per request (OpenAI's limit; still encoded in batches of --max-batch-tokens).",
-        type=int,
-        show_default=True,
+        default=2048,
+        flag="--max-inputs",
+        minimum=1,
     )
-    max_text_chars: int = setting(32_768, "Characters per text.", type=int, show_default=True)
-    max_batch_tokens: int = setting(
-        DEFAULT_BATCH_TOKENS,
+    max_text_chars: int = option(
+        "Characters per text.", default=32_768, flag="--max-text-chars", minimum=1
+    )
+    max_batch_tokens: int = option(
         "Padded-token budget of one merged batch.",
-        type=int,
-        show_default=True,
+        default=DEFAULT_BATCH_TOKENS,
+        flag="--max-batch-tokens",
+        minimum=1,
     )
-    max_batch_rows: int = setting(64, "Texts per batch.", type=int, show_default=True)
-    max_wait_ms: float = setting(
-        2.0,
+    max_batch_rows: int = option("Texts per batch.", default=64, flag="--max-batch-rows", minimum=1)
+    max_wait_ms: float = option(
         "How long a request waits for others to join its batch.",
-        type=float,
-        show_default=True,
+        default=2.0,
+        flag="--max-wait-ms",
+        minimum=0,
+        maximum=10_000,
     )
-    min_batch_fill: float = setting(
-        0.75,
+    min_batch_fill: float = option(
         "Least share of a merged batch's padded tokens that are real tokens.",
-        cli=False,
+        default=0.75,
+        minimum=0,
+        maximum=1,
     )
-    max_queue: int = setting(512, "Waiting requests before 503.", type=int, show_default=True)
-    batching: bool = setting(
-        True,
-        "Encode every request on its own.",
-        flag="--no-batching",
-        flag_value=False,
+    max_queue: int = option(
+        "Waiting requests before 503.", default=512, flag="--max-queue", minimum=1
     )
-    graph_workers: int = setting(
-        2,
+    batching: bool = option("Encode every request on its own.", default=True, flag="--no-batching")
+    graph_workers: int = option(
         "Batches run at once, each on --threads / N intra-op threads (a batch alone "
         "runs on all of them).",
-        type=int,
-        show_default=True,
+        default=2,
+        flag="--graph-workers",
+        minimum=1,
     )
 
     def __post_init__(self) -> None:
-        for name in _ENGINE_AT_LEAST_ONE:
-            value = getattr(self, name)
-            if isinstance(value, bool) or int(value) < 1:
-                raise ConfigError(f"setting {name} must be at least 1, got {value!r}")
-        if not 0 <= self.max_wait_ms <= 10_000:
-            raise ConfigError(f"max_wait_ms must be within 0..10000, got {self.max_wait_ms}")
-        if not 0 <= self.min_batch_fill <= 1:
-            raise ConfigError(f"min_batch_fill must be within 0..1, got {self.min_batch_fill}")
+        self.check_declared()  # every field, the server's too, against its declaration
 
 
 #: What a model id may not hold: whitespace and control characters (ids go in URLs and configs).
@@ -143,10 +102,6 @@ def model_id_problem(model_id: str) -> str | None:
     if any(model_id.endswith(f":{side}") for side in SIDES):
         return "must not end in :query or :document (the server adds those to name a side)"
     return None
-
-
-#: Settings of the server that must be at least 1 (the engine checks its own).
-_SERVER_AT_LEAST_ONE = ("max_body_bytes", "max_k", "retry_after_s", "limit_concurrency")
 
 
 @dataclass(frozen=True)
@@ -173,62 +128,53 @@ class ServerSettings(EngineSettings):
     (:mod:`magretrieve.server.recall_watch`); 0 turns the check off.
     """
 
-    api_key: str | None = setting(
-        None,
+    api_key: str | None = option(
         "Bearer key for every route but /health /ready /info /metrics; turns the write "
         f"endpoints on. Prefer ${API_KEY_ENV} (a flag shows in the process list).",
+        flag="--api-key",
+        env=API_KEY_ENV,
     )
-    max_body_bytes: int = setting(16 * 1024 * 1024, "Bytes per request body.", cli=False)
-    max_k: int = setting(1000, "Hits per query of /search.", cli=False)
-    retry_after_s: int = setting(1, "Retry-After (seconds) of a 503.", cli=False)
-    onnx_spinning: bool = setting(
-        True,
+    max_body_bytes: int = option("Bytes per request body.", default=16 * 1024 * 1024, minimum=1)
+    max_k: int = option("Hits per query of /search.", default=1000, minimum=1)
+    retry_after_s: int = option("Retry-After (seconds) of a 503.", default=1, minimum=1)
+    onnx_spinning: bool = option(
         "Let onnxruntime's threads spin-wait between runs (fastest on cores of its own; "
         "--no-onnx-spinning where a database or other replicas share the cores).",
+        default=True,
         flag="--onnx-spinning/--no-onnx-spinning",
-        show_default=True,
     )
-    model_id: str | None = setting(
-        None,
+    model_id: str | None = option(
         "Served model id: GET /v1/models lists ID:query and ID:document, which name the "
         "side (default: the export folder's name).",
+        flag="--model-id",
     )
-    limit_concurrency: int = setting(
-        1024,
+    limit_concurrency: int = option(
         "Open connections and running requests before new requests get 503 (/health "
         "always answers).",
-        type=int,
-        show_default=True,
+        default=1024,
+        flag="--limit-concurrency",
+        minimum=1,
     )
-    timeout_keep_alive: float = setting(
-        5.0,
+    timeout_keep_alive: float = option(
         "Seconds a connection may wait without sending a complete request before it is "
         "closed (idle after an answer, or slow to send its headers).",
-        type=float,
-        show_default=True,
+        default=5.0,
+        flag="--timeout-keep-alive",
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=3600,
     )
-    recall_sample: float = setting(
-        0.01,
+    recall_sample: float = option(
         "Share of /search queries re-run exactly in the background for the live recall@10 "
         "gauge (/metrics, /info); 0 turns it off.",
-        type=float,
-        within=(0.0, 1.0),
-        show_default=True,
+        default=0.01,
+        flag="--recall-sample",
+        minimum=0,
+        maximum=1,
     )
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in _SERVER_AT_LEAST_ONE:
-            value = getattr(self, name)
-            if isinstance(value, bool) or int(value) < 1:
-                raise ConfigError(f"server setting {name} must be at least 1, got {value!r}")
-        if not 0 < self.timeout_keep_alive <= 3600:
-            raise ConfigError(
-                "timeout_keep_alive must be above 0 and at most 3600 seconds, "
-                f"got {self.timeout_keep_alive}"
-            )
-        if not 0 <= self.recall_sample <= 1:
-            raise ConfigError(f"recall_sample must be within 0..1, got {self.recall_sample}")
         if self.model_id is not None:
             problem = model_id_problem(self.model_id)
             if problem:
@@ -250,7 +196,5 @@ class ServerSettings(EngineSettings):
 
 def key_from_env(given: str | None) -> str | None:
     """``given``, else ``$MAGRETRIEVE_API_KEY``, else None (no key: write endpoints off)."""
-    if given is not None:
-        return given
-    value = os.environ.get(API_KEY_ENV)
-    return value if value else None
+    key: str | None = ServerSettings.named("api_key").from_env(given)
+    return key

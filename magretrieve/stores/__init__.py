@@ -32,6 +32,7 @@ import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import registry
+from magretrieve.stores.annotation import AnnotatableStore
 from magretrieve.stores.base import (
     METRIC,
     StoreHit,
@@ -42,6 +43,7 @@ from magretrieve.stores.base import (
 
 __all__ = [
     "METRIC",
+    "AnnotatableStore",
     "SPEC_FORMS",
     "StoreHit",
     "StoreRecord",
@@ -105,12 +107,12 @@ def open_store(
 
 def _expand_typed(options: dict[str, Any]) -> None:
     """``options=IndexOptions(...)`` (or another option class) as the keywords it stands for."""
-    from magretrieve.stores.options import OptionClass
+    from magretrieve.stores.options import StoreOptions
 
     typed = options.pop("options", None)
     if typed is None:
         return
-    if not isinstance(typed, OptionClass):
+    if not isinstance(typed, StoreOptions):
         raise StoreError(
             f"options= takes an option class of magretrieve.stores.options (IndexOptions, "
             f"HnswOptions, ...), got {type(typed).__name__}"

@@ -223,12 +223,12 @@ def make_factory_index(dimension: int, factory: str, where: str) -> Any:
             "faiss.index_factory string such as 'HNSW32,Flat' or 'IVF256,PQ16'"
         )
     # the numbers inside the string get the same bounds as the options (HNSW0 aborts in FAISS)
-    from magretrieve.stores.registry import OPTIONS
+    from magretrieve.stores.registry import check_option
 
     for pattern, option in ((r"HNSW(\d+)", "hnsw_m"), (r"IVF(\d+)", "nlist")):
         for value in re.findall(pattern, factory):
             try:
-                OPTIONS[option].check(int(value), where)
+                check_option(option, int(value), where)
             except StoreError as exc:
                 raise StoreError(f"{exc} (in the factory string {factory!r})") from None
     try:

@@ -83,6 +83,11 @@ class MarkerGeneration:
     def disk_generation(self) -> int | None:
         return read(self._writer.folder) if self._writer is not None else None
 
+    def close(self) -> None:
+        """Release the folder's writer lock (a server client holds none)."""
+        if self._writer is not None:
+            self._writer.release()
+
 
 # ----------------------------------------------------------------------------- file generations
 

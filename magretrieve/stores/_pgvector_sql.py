@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.core.extras import require
+from magretrieve.stores.base import CollectionStore, one_line
 
 #: Key of a COMMENT's JSON object under which magretrieve records the building model (the
 #: table's COMMENT) or the annotation (the m column's COMMENT).
@@ -109,14 +112,34 @@ def as_array(value: Any) -> np.ndarray:
     return np.asarray(value, dtype=np.float32)
 
 
-class PgConnection:
-    """One psycopg connection shared by every thread of a store: each unit of work runs in
-    its own transaction (a savepoint inside the caller's) under the connection's lock, since
-    psycopg transactions on a shared connection must not interleave (indexing reads
-    ``existing`` in a reader thread while the writer adds). List it before ``VectorStore``."""
+class PgConnection(CollectionStore):
+    """A store over one table of one psycopg connection (``PgConnection(conn, table,
+    dimension, owns_connection=…, …)``), shared by every thread of the store: each unit of
+    work runs in its own transaction (a savepoint inside the caller's) under the connection's
+    lock, since psycopg transactions on a shared connection must not interleave (indexing
+    reads ``existing`` in a reader thread while the writer adds). The table is opened in one
+    transaction, a PostgreSQL error reported in one line."""
 
-    conn: Any
-    _lock: threading.RLock
+    noun = "pgvector table"
+    label = "table"
+
+    def __init__(self, *args: Any, owns_connection: bool = False, **kwargs: Any) -> None:
+        self._lock = threading.RLock()
+        super().__init__(*args, owns_client=owns_connection, **kwargs)
+
+    @property
+    def conn(self) -> Any:
+        """The psycopg connection."""
+        return self.client
+
+    @contextmanager
+    def _opening(self) -> Iterator[None]:
+        try:
+            with self.conn.transaction():
+                register_vector(self.conn)
+                yield
+        except psycopg().Error as exc:
+            raise StoreError(f"{self._location}: {type(exc).__name__}: {one_line(exc)}") from None
 
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
         return (psycopg().Error,)
@@ -125,3 +148,17 @@ class PgConnection:
         """Run ``fn()`` in one transaction, holding the connection's lock."""
         with self._lock, self.conn.transaction():
             return fn()
+
+    def _changed_rows(self, stmt: Any, params: Any) -> int:
+        """How many rows ``stmt`` (an UPDATE or DELETE) changed, in one transaction."""
+
+        def run() -> int:
+            with self.conn.cursor() as cur:
+                cur.execute(stmt, params)
+                return int(cur.rowcount)
+
+        return int(self._tx(run))
+
+    def _first_value(self, stmt: Any) -> Any:
+        """The first column of ``stmt``'s first row, in one transaction."""
+        return self._tx(lambda: self.conn.execute(stmt).fetchone())[0]

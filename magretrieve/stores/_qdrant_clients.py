@@ -8,7 +8,7 @@ here spells them for one library:
 
 =================  =====================================================================
 ``config()``       the existing collection/shard's vector config, or ``None`` when absent
-``create(...)``    create it (Dot, size, HNSW, int8 quantization, backend extras)
+``create(dim, build)``  create it (Dot, size, HNSW, int8 quantization, backend extras)
 ``upsert``         write points ``(uuid, vector, payload)``
 ``query``          top-k per query vector with search params
 ``delete``         remove points by uuid
@@ -99,30 +99,27 @@ class ClientAPI:
             "shards": (info.config.params.shard_number, info.config.params.replication_factor),
         }
 
-    def create(
-        self,
-        dimension: int,
-        hnsw_m: int | None,
-        ef_construction: int | None,
-        quantization: str | None,
-        *,
-        shard_number: int | None = None,
-        replication_factor: int | None = None,
-        on_disk: bool | None = None,
-    ) -> dict[str, Any]:
+    def create(self, dimension: int, build: Mapping[str, Any]) -> dict[str, Any]:
+        """``build``: ``hnsw_m``, ``ef_construction``, ``quantization`` and the server's
+        ``shard_number``, ``replication_factor``, ``on_disk`` (None or absent: its default)."""
         models = self.models
+        hnsw_m, ef_construction = build.get("hnsw_m"), build.get("ef_construction")
+        shard_number, replication_factor = (
+            build.get("shard_number"),
+            build.get("replication_factor"),
+        )
         hnsw = None
         if hnsw_m is not None or ef_construction is not None:
             hnsw = models.HnswConfigDiff(m=hnsw_m, ef_construct=ef_construction)
         quant = None
-        if quantization == "int8":
+        if build.get("quantization") == "int8":
             quant = models.ScalarQuantization(
                 scalar=models.ScalarQuantizationConfig(type=models.ScalarType.INT8, always_ram=True)
             )
         self.client.create_collection(
             self.collection,
             vectors_config=models.VectorParams(
-                size=int(dimension), distance=models.Distance.DOT, on_disk=on_disk
+                size=int(dimension), distance=models.Distance.DOT, on_disk=build.get("on_disk")
             ),
             hnsw_config=hnsw,
             quantization_config=quant,
@@ -284,27 +281,22 @@ class EdgeAPI:
                 f"{self.shard_path}: cannot open the Qdrant Edge shard ({type(exc).__name__}: {exc})"
             ) from None
 
-    def create(
-        self,
-        dimension: int,
-        hnsw_m: int | None,
-        ef_construction: int | None,
-        quantization: str | None,
-        *,
-        full_scan_threshold: int | None = None,
-        indexing_threshold: int | None = None,
-    ) -> dict[str, Any]:
+    def create(self, dimension: int, build: Mapping[str, Any]) -> dict[str, Any]:
+        """``build``: ``hnsw_m``, ``ef_construction``, ``quantization`` and the shard's
+        ``full_scan_threshold``, ``indexing_threshold`` (None or absent: Edge's default)."""
         qe = self.models
+        full_scan_threshold = build.get("full_scan_threshold")
+        indexing_threshold = build.get("indexing_threshold")
         hnsw = {
-            "m": int(hnsw_m or 16),
-            "ef_construct": int(ef_construction or 100),
+            "m": int(build.get("hnsw_m") or 16),
+            "ef_construct": int(build.get("ef_construction") or 100),
             "full_scan_threshold": int(
                 1000 if full_scan_threshold is None else full_scan_threshold
             ),
         }
         quant = (
             qe.ScalarQuantizationConfig(type=qe.ScalarType.Int8, always_ram=True)
-            if quantization == "int8"
+            if build.get("quantization") == "int8"
             else None
         )
         config = qe.EdgeConfig(

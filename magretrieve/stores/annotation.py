@@ -41,7 +41,8 @@ import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.core.redact import redact_value
-from magretrieve.stores.base import StoreHit, StoreRecord, VectorStore
+from magretrieve.stores.base import CollectionStore, StoreHit, StoreRecord, VectorStore
+from magretrieve.stores.options import IndexOptions
 
 #: Payload field (Qdrant) or column (pgvector) holding m(d) unless the annotation names another.
 DEFAULT_FIELD = "magretrieve_m"
@@ -140,18 +141,55 @@ class _Directions:
         return [StoreRecord(r.id, unit(r.vector), r.payload) for r in self._store._fetch(ids)]
 
 
-class AnnotatableStore(VectorStore):
+class AnnotatableStore(CollectionStore):
     """An existing store ranked by cosine, searched by ``cos·m(d)`` once annotated (see module doc).
 
     ``field`` names where m(d) lives, ``prefetch`` how many cosine candidates a search
     re-ranks. A point's vector, seen through the store protocol, is ``m(d)·d̂``; a point
-    without m counts as ``m = 1``.
+    without m counts as ``m = 1``. It is opened as any collection store (its opener found it
+    ranked by cosine; nothing is created): its ``_open_existing`` checks the layout, then
+    the annotation recorded in its metadata sets ``field`` and ``prefetch``.
     """
 
     field: str = DEFAULT_FIELD
     prefetch: int = DEFAULT_PREFETCH
     #: True while searches rank by plain cosine because the store is marked incomplete.
     _fallback: bool = False
+
+    def __init__(
+        self, *args: Any, prefetch: int | None = None, annotating: bool = False, **kwargs: Any
+    ) -> None:
+        """Over ``client`` and ``collection`` (see :class:`CollectionStore`), which takes
+        ``ef_search``; ``prefetch`` (default: the annotation's) and ``annotating`` (opened by
+        ``magretrieve annotate``: a store not annotated yet is not refused)."""
+        self._prefetch_asked = prefetch
+        self._annotating = annotating
+        super().__init__(*args, **kwargs)
+
+    def _index_keywords(self) -> tuple[str, ...]:
+        return ("ef_search",)
+
+    def _configure(self, opts: IndexOptions) -> dict[str, Any]:
+        self.ef_search = opts.hnsw.ef_search
+        return {}
+
+    def _exists(self) -> bool:
+        """Its opener found it (an annotation never creates a store)."""
+        return True
+
+    def _opened(self, opts: IndexOptions) -> None:
+        ann = annotation_of(self.read_metadata())
+        if ann is None and not self._annotating:
+            raise self._refusal()
+        ann = ann or {}
+        self.field = str(ann.get("field", self.field))
+        self.prefetch = int(self._prefetch_asked or ann.get("prefetch") or DEFAULT_PREFETCH)
+        if self.prefetch < 1:
+            raise StoreError(f"{self.location}: prefetch must be positive, got {self.prefetch}")
+
+    @abstractmethod
+    def _refusal(self) -> StoreError:
+        """The refusal of a store not annotated yet (its cosine erases the magnitude)."""
 
     # ------------------------------------------------------------------ annotation primitives
 

@@ -31,6 +31,7 @@ from magretrieve.core.errors import StoreError
 from magretrieve.core.files import is_plain_file_name
 from magretrieve.core.redact import redact_value
 from magretrieve.core.text import lone_surrogate
+from magretrieve.stores.options import IndexOptions
 
 #: The only metric a magretrieve store uses.
 METRIC = "inner_product"
@@ -374,7 +375,7 @@ class VectorStore(ABC):
         from magretrieve.stores import _ann_recall, registry
 
         if target_recall is not None:
-            target_recall = registry.OPTIONS["target_recall"].check(target_recall, self.location)
+            target_recall = registry.check_option("target_recall", target_recall, self.location)
         with self._recall_lock():
             knob = self._recall_knob()
             if knob is None:
@@ -416,6 +417,18 @@ class VectorStore(ABC):
             raise StoreError(
                 f"{self.location}: {what} failed ({type(exc).__name__}: {one_line(exc)})"
             ) from None
+
+    def _recorded_object(self, raw: Any, what: str) -> dict[str, Any] | None:
+        """A JSON object the store recorded as text in its database's metadata (``what``
+        names that field in the error): None when empty or not an object; text that is not
+        JSON is refused in one line."""
+        if not raw:
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            raise StoreError(f"{self.location}: {what} is not JSON") from None
+        return value if isinstance(value, dict) and value else None
 
     def _run(self, what: str, fn: Any) -> Any:
         """``fn()`` with the library's errors turned into one StoreError line."""
@@ -695,6 +708,81 @@ class VectorStore(ABC):
         return f"<{type(self).__name__} {self.location} dim={self.dimension}>"
 
 
+class CollectionStore(VectorStore):
+    """A store over one named collection (or table) of a database client: the constructor of
+    the database backends (Chroma, LanceDB, Milvus, pgvector and the cosine plug-in stores),
+    written once.
+
+    It keeps the ``client``, the ``collection`` name and whether this object owns the client
+    (and closes it), checks the index options given (an
+    :class:`~magretrieve.stores.options.IndexOptions`, or its keywords, limited to
+    :meth:`_index_keywords`), and opens or creates the collection through the lifecycle hooks
+    (:meth:`~VectorStore._open_or_create`). A backend adds its own keywords by taking them in
+    an ``__init__(self, *args, mine=..., **kwargs)`` that passes the rest on, and fills in
+
+    ======================  ==============================================================
+    ``_configure(opts)``    its own checks of the name and options; returns the build
+                            options asked for (compared with the recorded ones on reopen)
+    ``_opening()``          a context around the open (a transaction, the driver's errors)
+    ``_opened(opts)``       what it reads once the collection is open
+    ======================  ==============================================================
+    """
+
+    #: What the default location calls what it opens (``milvus collection 'c'``).
+    noun = "collection"
+    #: How a missing one is named (``no Milvus collection 'c' here``).
+    label = "collection"
+
+    def __init__(
+        self,
+        client: Any,
+        collection: Any,
+        dimension: int | None = None,
+        *,
+        options: IndexOptions | None = None,
+        location: str | None = None,
+        owns_client: bool = False,
+        **knobs: Any,
+    ) -> None:
+        self.client = client
+        self.collection = collection
+        #: Whether :meth:`close` closes the client (it was opened for this store).
+        self._owns = owns_client
+        self._location = location or f"{self.noun} {self._name_shown()!r}"
+        opts = IndexOptions.of(options, knobs, self._location, self._index_keywords())
+        self.target_recall: float | None = opts.target_recall
+        asked = self._configure(opts)
+        with self._opening():
+            self._open_or_create(dimension, f"{self.label} {self._name_shown()!r}", asked)
+        self._opened(opts)
+
+    def _index_keywords(self) -> tuple[str, ...] | None:
+        """The index keywords the backend takes (None: every ``IndexOptions`` keyword)."""
+        return None
+
+    def _name_shown(self) -> str:
+        """The collection's name as messages show it."""
+        return str(self.collection)
+
+    def _configure(self, opts: IndexOptions) -> dict[str, Any]:
+        """Check the name and the options before anything is opened; return the build
+        options asked for. The default asks for every build option given."""
+        return opts.build()
+
+    def _opening(self) -> Any:
+        """Held while the collection is opened or created (default: nothing)."""
+        return nullcontext()
+
+    def _opened(self, opts: IndexOptions) -> None:
+        """Called once the collection is open (read what the build recorded, load it)."""
+
+    def close(self) -> None:
+        """Close the client when this store opened it (``owns_client``), once."""
+        if self._owns:
+            self.client.close()
+            self._owns = False
+
+
 class IdMapMixin:
     """Id-map primitives for stores that keep ids and metadata in process.
 
@@ -899,7 +987,7 @@ def check_reopen(where: str, recorded: Mapping[str, Any], asked: Mapping[str, An
         if value is None or old is None or _same(old, value):
             continue
         option = registry.OPTIONS.get(key)
-        label = (option.cli if option is not None else None) or key
+        label = option.label if option is not None else key
         raise StoreError(
             f"{where}: {label} {value} differs from the {old} the store was built with; it "
             "cannot change on reopen. Leave it out to use the store as built, or index into a "

@@ -44,9 +44,9 @@ from magretrieve.stores import _ann_recall, _generation, registry
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
+    CollectionStore,
     StoreHit,
     StoreRecord,
-    VectorStore,
     missing_store,
 )
 from magretrieve.stores.options import HnswOptions, IndexOptions, RecallOptions
@@ -82,57 +82,60 @@ def _space(collection: Any) -> str:
     return str(meta.get("hnsw:space", "l2")).lower()  # Chroma's default space is l2
 
 
-class ChromaStore(_generation.MarkerGeneration, VectorStore):
-    """A Chroma collection in space ``ip``; scores are inner products (``1 − distance``)."""
+class ChromaStore(_generation.MarkerGeneration, CollectionStore):
+    """A Chroma collection in space ``ip``; scores are inner products (``1 − distance``).
+
+    ``options`` (or its keywords ``hnsw_m``, ``ef_construction``, ``ef_search``,
+    ``target_recall``): the HNSW graph Chroma builds, and how it is searched and tuned.
+    """
 
     kind = "chroma"
+    noun = "chroma collection"
+    label = "Chroma collection"
     thread_safe_search = True
     persists_beside_search = True  # each write commits: persist is a no-op
 
     def __init__(
         self,
-        client: Any,
-        collection: str,
-        dimension: int | None = None,
-        *,
-        options: IndexOptions | None = None,
-        location: str | None = None,
+        *args: Any,
         reopen: Any = None,
         writer: WriterLock | None = None,
         generation: int | None = None,
-        **knobs: Any,
+        **kwargs: Any,
     ) -> None:
-        """``options`` (or its keywords ``hnsw_m``, ``ef_construction``, ``ef_search``,
-        ``target_recall``): the HNSW graph Chroma builds, and how it is searched and tuned."""
-        self.client = client
-        #: The embedded folder's writer lock (None for a server, which serializes writes).
+        """Over ``client`` and ``collection`` (see :class:`CollectionStore`); ``reopen`` makes
+        a fresh embedded client, ``writer`` is the embedded folder's writer lock, and
+        ``generation`` its marker as read before the client loaded it (all None for a server,
+        which serializes writes and applies a new ef_search itself)."""
         self._writer = writer
-        #: The folder's generation marker as read before the client loaded it (embedded only).
         self._generation = generation
-        #: Makes a fresh embedded client (None for a server), so a new ef_search takes effect.
         self._reopen = reopen
-        self.name = collection
-        self._location = location or f"chroma collection {collection!r}"
-        opts = IndexOptions.of(options, knobs, self._location, CHROMA_OPTIONS)
-        self.target_recall = opts.target_recall
-        if opts.target_recall is not None and reopen is None:
+        super().__init__(*args, **kwargs)
+
+    def _index_keywords(self) -> tuple[str, ...]:
+        return CHROMA_OPTIONS
+
+    def _configure(self, opts: IndexOptions) -> dict[str, Any]:
+        if opts.target_recall is not None and self._reopen is None:
             raise StoreError(
                 f"{self._location}: --target-recall needs the embedded Chroma (a server applies a "
                 "new ef_search only when it reloads the collection); give --ef-search instead"
             )
-        if not COLLECTION_NAME.fullmatch(collection):
+        if not COLLECTION_NAME.fullmatch(self.collection):
             raise StoreError(
                 f"{self._location}: Chroma collection names are 3-512 characters of "
                 "letters, digits, '.', '_' and '-', starting and ending with a letter or digit"
             )
         self._asked = {"hnsw_m": opts.hnsw.m, "ef_construction": opts.hnsw.ef_construction}
         self._new_ef = opts.hnsw.ef_search
-        self._open_or_create(dimension, f"Chroma collection {collection!r}", self._asked)
+        return self._asked
+
+    def _opened(self, opts: IndexOptions) -> None:
         if self._new_ef is not None and not self.created_here:
             self._set_ef(self._new_ef)
 
     def _exists(self) -> bool:
-        return self.name in self._run("list collections", lambda: self._names())
+        return self.collection in self._run("list collections", lambda: self._names())
 
     def _create(self, dimension: int) -> None:
         hnsw: dict[str, Any] = {"space": "ip"}
@@ -146,7 +149,7 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
         self.col = self._run(
             "create",
             lambda: self.client.create_collection(
-                self.name,
+                self.collection,
                 configuration={"hnsw": hnsw},
                 metadata={"magretrieve.dimension": dimension},
                 embedding_function=None,
@@ -165,7 +168,7 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
         return {c if isinstance(c, str) else c.name for c in cols}
 
     def _open_existing(self, dimension: int | None) -> int:
-        self.col = self._run("open", lambda: self.client.get_collection(self.name))
+        self.col = self._run("open", lambda: self.client.get_collection(self.collection))
         space = _space(self.col)
         if space != "ip":
             raise StoreError(
@@ -206,7 +209,7 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
             self.client.close()
             self.client = self._reopen()
             if hasattr(self, "col"):
-                self.col = self._run("open", lambda: self.client.get_collection(self.name))
+                self.col = self._run("open", lambda: self.client.get_collection(self.collection))
 
     @property
     def reloads_in_place(self) -> bool:  # type: ignore[override]
@@ -219,7 +222,7 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
         gen = self.disk_generation()
         self.client.close()
         self.client = self._reopen()
-        self.col = self._run("open", lambda: self.client.get_collection(self.name))
+        self.col = self._run("open", lambda: self.client.get_collection(self.collection))
         self._generation = gen
 
     def _set_ef(self, value: int) -> None:
@@ -234,7 +237,7 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
         if self._reopen is not None:  # the loaded index keeps its ef until it is loaded again
             self.client.close()
             self.client = self._reopen()
-            self.col = self._run("open", lambda: self.client.get_collection(self.name))
+            self.col = self._run("open", lambda: self.client.get_collection(self.collection))
 
     # ------------------------------------------------------------------ primitives
 
@@ -380,15 +383,9 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
         return ids, arr
 
     def _meta_value(self, key: str) -> dict[str, Any] | None:
-        self.col = self._run("read", lambda: self.client.get_collection(self.name))
+        self.col = self._run("read", lambda: self.client.get_collection(self.collection))
         raw = (self.col.metadata or {}).get(key)
-        if not raw:
-            return None
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            raise StoreError(f"{self._location}: collection metadata {key} is not JSON") from None
-        return value if isinstance(value, dict) and value else None
+        return self._recorded_object(raw, f"collection metadata {key}")
 
     def _write_meta_value(self, key: str, value: Mapping[str, Any] | None) -> None:
         """Set one key of the collection's metadata, keeping the others (Chroma's ``modify``
@@ -399,7 +396,8 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
         current = {
             k: v
             for k, v in (
-                self._run("read", lambda: self.client.get_collection(self.name)).metadata or {}
+                self._run("read", lambda: self.client.get_collection(self.collection)).metadata
+                or {}
             ).items()
             if not k.startswith("hnsw:")
         }
@@ -467,8 +465,7 @@ class ChromaStore(_generation.MarkerGeneration, VectorStore):
         if self.client is not None:
             self.client.close()
             self.client = None
-        if self._writer is not None:
-            self._writer.release()
+        super().close()
 
 
 # ----------------------------------------------------------------------------- registry entry
@@ -541,7 +538,8 @@ def open_chroma(
         raise
 
 
-#: The index options a Chroma collection takes: its HNSW graph and a recall target.
+#: The index option classes a Chroma collection takes: its HNSW graph and a recall target.
+CHROMA_INDEX = (HnswOptions, RecallOptions)
 CHROMA_OPTIONS = (*HnswOptions.keywords(), *RecallOptions.keywords())
 
 
@@ -555,7 +553,7 @@ registry.register(
         form=FORM,
         parse=parse_chroma,
         open=_open,
-        options=CHROMA_OPTIONS,
+        options=CHROMA_INDEX,
         extra="chroma",
     )
 )

@@ -25,12 +25,14 @@ import io
 import logging
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.options import option
 from magretrieve.core.topk import top_k
 from magretrieve.stores import _ann_recall, _faiss_files, registry
 from magretrieve.stores import _faiss_index as fx
@@ -47,7 +49,7 @@ from magretrieve.stores.base import (
     missing_store,
     reading_store,
 )
-from magretrieve.stores.options import IndexOptions
+from magretrieve.stores.options import IndexOptions, StoreOptions
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +63,6 @@ BUILD_OPTIONS = ("hnsw_m", "ef_construction", "nlist")
 FACTORY_OPTIONS = ("hnsw_m", "nlist")
 #: Options a reopen may change (search-time knobs).
 SEARCH_OPTIONS = ("ef_search", "nprobe")
-
-
-def _check(name: str, value: Any, where: str) -> Any:
-    return registry.OPTIONS[name].check(value, where) if value is not None else None
 
 
 class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
@@ -154,7 +152,7 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
             for key in ("hnsw_m", "nlist"):
                 if given[key] is not None:
                     raise StoreError(
-                        f"{where}: {registry.OPTIONS[key].cli} applies to the hnsw/ivf aliases; "
+                        f"{where}: {registry.OPTIONS[key].label} applies to the hnsw/ivf aliases; "
                         f"the factory string {factory!r} sets it itself"
                     )
             kind = None
@@ -180,7 +178,7 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
         ok = allowed.get(kind or "", set())
         bad = [k for k, v in given.items() if v is not None and k not in ok]
         if bad:
-            flags = ", ".join(registry.OPTIONS[k].cli or k for k in bad)
+            flags = ", ".join(registry.OPTIONS[k].label for k in bad)
             raise StoreError(
                 f"{self.location}: {flags} do(es) not apply to a FAISS {kind or 'index'} index "
                 f"({self.params.get('factory') or self.index_type})"
@@ -597,8 +595,8 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
         """Change the search-time knobs of an open store (validated; kept by the next save)."""
         where = self.location
         new = {
-            "ef_search": _check("ef_search", ef_search, where),
-            "nprobe": _check("nprobe", nprobe, where),
+            "ef_search": registry.check_option("ef_search", ef_search, where),
+            "nprobe": registry.check_option("nprobe", nprobe, where),
         }
         self._ready_for_search()
         if self._handle is not None:
@@ -694,6 +692,13 @@ def _check_consistent(store: FaissStore, index_file: Path, records_file: Path) -
 FAISS_OPTIONS = IndexOptions.keywords()
 
 
+@dataclass(frozen=True)
+class AdoptedFaissOptions(StoreOptions):
+    """What only an adopted FAISS index takes: where it is saved."""
+
+    path: str | None = option("An adopted FAISS index: the folder it saves to.")
+
+
 def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> FaissStore:
     return FaissStore.open(loc["path"], dimension, **options)
 
@@ -727,9 +732,7 @@ registry.register(
         adopts=_adopts,
         adopt=_adopt_object,
         adopted="a FAISS index with the inner-product metric",
-        adopt_options=(
-            registry.StoreOption("path", str, "An adopted FAISS index: the folder it saves to."),
-        ),
+        adopt_options=(AdoptedFaissOptions,),
         extra="faiss",
     )
 )

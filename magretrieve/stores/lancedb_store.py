@@ -32,6 +32,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +40,17 @@ import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.core.extras import require
+from magretrieve.core.options import option
 from magretrieve.stores import _ann_recall, _generation, registry
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
+    CollectionStore,
     StoreHit,
     StoreRecord,
-    VectorStore,
     missing_store,
 )
-from magretrieve.stores.options import IndexOptions
+from magretrieve.stores.options import IndexOptions, StoreOptions
 
 FORM = "lancedb:PATH/TABLE"
 #: Keys of the ``vector`` field's metadata.
@@ -104,39 +106,35 @@ def _in_list(ids: Sequence[str]) -> str:
     return f"doc_id IN ({', '.join(sql_string(i) for i in ids)})"
 
 
-class LanceDBStore(_generation.MarkerGeneration, VectorStore):
-    """A LanceDB table searched by dot product (exact scan unless an index was asked for)."""
+class LanceDBStore(_generation.MarkerGeneration, CollectionStore):
+    """A LanceDB table searched by dot product (exact scan unless an index was asked for).
+
+    ``LanceDBStore(db, table, dimension, options=…)``: ``options`` (or its keywords
+    ``index_type``, ``hnsw_m``, ``ef_construction``, ``ef_search``, ``nlist``, ``nprobe``,
+    ``target_recall``) is the vector index ``optimize()`` builds, and how it is searched and
+    tuned. A table holds no handle (every write is a version): closing releases the folder's
+    writer lock.
+    """
 
     kind = "lancedb"
+    noun = "lancedb table"
+    label = "LanceDB table"
     thread_safe_search = True
     persists_beside_search = True  # each write commits: persist is a no-op
 
     def __init__(
-        self,
-        db: Any,
-        table: str,
-        dimension: int | None = None,
-        *,
-        options: IndexOptions | None = None,
-        force: bool = False,
-        location: str | None = None,
-        writer: WriterLock | None = None,
-        **knobs: Any,
+        self, *args: Any, force: bool = False, writer: WriterLock | None = None, **kwargs: Any
     ) -> None:
-        """``options`` (or its keywords ``index_type``, ``hnsw_m``, ``ef_construction``,
-        ``ef_search``, ``nlist``, ``nprobe``, ``target_recall``): the vector index
-        ``optimize()`` builds, and how it is searched and tuned."""
-        self.db = db
-        #: The folder's writer lock (None: the caller serializes writes).
+        """``force`` keeps an index below the recall bar; ``writer`` is the folder's writer
+        lock (None: the caller serializes writes)."""
+        self.force = force
         self._writer = writer
         #: The folder's generation marker as read before the table was opened (a table
         #: object keeps reading the version it opened; a newer marker means reopen).
         self._generation = _generation.read(writer.folder) if writer is not None else None
-        self.name = table
-        self._location = location or f"lancedb table {table!r}"
-        opts = IndexOptions.of(options, knobs, self._location)
-        self.target_recall = opts.target_recall
-        self.force = force
+        super().__init__(*args, **kwargs)
+
+    def _configure(self, opts: IndexOptions) -> dict[str, Any]:
         self.ef_search, self.nprobe = opts.hnsw.ef_search, opts.ivf.nprobe
         self._build: dict[str, Any] = {}
         asked = opts.build()
@@ -148,7 +146,9 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
                     f"{', '.join(t.lower() if t == 'FLAT' else t for t in INDEX_TYPES)}"
                 )
             self._build = dict(asked)
-        self._open_or_create(dimension, f"LanceDB table {table!r}", asked)
+        return asked
+
+    def _opened(self, opts: IndexOptions) -> None:
         recorded = self._field_meta(INDEX_KEY) or {}
         if recorded:
             self._build = recorded  # reopened: the index the table was built with
@@ -156,7 +156,7 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
             self.ef_search, self.nprobe = recorded.get("ef_search"), recorded.get("nprobe")
 
     def _exists(self) -> bool:
-        return self.name in self._run("list tables", self._table_names)
+        return self.collection in self._run("list tables", self._table_names)
 
     def _create(self, dimension: int) -> None:
         pa = require("pyarrow")
@@ -168,7 +168,9 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
                 pa.field("doc_norm", pa.float32()),
             ]
         )
-        self.tbl = self._run("create", lambda: self.db.create_table(self.name, schema=schema))
+        self.tbl = self._run(
+            "create", lambda: self.client.create_table(self.collection, schema=schema)
+        )
 
     def _recorded_build(self) -> dict[str, Any]:
         recorded = self._field_meta(INDEX_KEY) or {}
@@ -187,17 +189,17 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
         self._writer.acquire()
         self._generation = _generation.read(self._writer.folder)
         if hasattr(self, "tbl"):
-            self.tbl = self._run("open", lambda: self.db.open_table(self.name))
+            self.tbl = self._run("open", lambda: self.client.open_table(self.collection))
 
     def _table_names(self) -> list[str]:
-        listed = self.db.list_tables() if hasattr(self.db, "list_tables") else None
+        listed = self.client.list_tables() if hasattr(self.client, "list_tables") else None
         names = getattr(listed, "tables", listed)
         if names is None:
-            names = self.db.table_names()
+            names = self.client.table_names()
         return list(names)
 
     def _open_existing(self, dimension: int | None) -> int:
-        self.tbl = self._run("open", lambda: self.db.open_table(self.name))
+        self.tbl = self._run("open", lambda: self.client.open_table(self.collection))
         schema = self.tbl.schema
         missing = [f for f in FIELDS if f not in schema.names]
         if missing:
@@ -229,13 +231,7 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
     def _field_meta(self, key: str) -> dict[str, Any] | None:
         meta = self.tbl.schema.field("vector").metadata or {}
         raw = meta.get(key.encode())
-        if not raw:
-            return None
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            raise StoreError(f"{self._location}: vector field metadata {key} is not JSON") from None
-        return value if isinstance(value, dict) and value else None
+        return self._recorded_object(raw, f"vector field metadata {key}")
 
     def _write_field_meta(self, key: str, value: Mapping[str, Any] | None) -> None:
         self._begin_write()
@@ -482,11 +478,6 @@ class LanceDBStore(_generation.MarkerGeneration, VectorStore):
                 out["recall"] = recall
         return out
 
-    def close(self) -> None:
-        """Release the writer lock (LanceDB tables hold no handle: every write is a version)."""
-        if self._writer is not None:
-            self._writer.release()
-
 
 # ----------------------------------------------------------------------------- registry entry
 
@@ -518,14 +509,15 @@ def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -
     return open_lancedb(loc, dimension, **options)
 
 
-#: Whether to keep an index below the recall bar: the backend's own option, set by
-#: ``Retriever.load(force=True)`` (``magretrieve index --force``).
-FORCE_OPTION = registry.StoreOption(
-    "force",
-    bool,
-    "LanceDB: keep a vector index whose measured recall is below the bar (IVF_PQ on "
-    "magnitude-keeping vectors); set by --force of magretrieve index.",
-)
+@dataclass(frozen=True)
+class LanceDBOptions(StoreOptions):
+    """Whether to keep an index below the recall bar: the backend's own option, set by
+    ``Retriever.load(force=True)`` (``magretrieve index --force``)."""
+
+    force: bool | None = option(
+        "LanceDB: keep a vector index whose measured recall is below the bar (IVF_PQ on "
+        "magnitude-keeping vectors); set by --force of magretrieve index.",
+    )
 
 
 registry.register(
@@ -534,7 +526,7 @@ registry.register(
         form=FORM,
         parse=registry.parse_path_collection,
         open=_open,
-        options=(IndexOptions, FORCE_OPTION),
+        options=(IndexOptions, LanceDBOptions),
         index_types="IVF_HNSW_SQ, IVF_PQ, ... (built after indexing, recall measured; exact "
         "scan when absent)",
         extra="lancedb",

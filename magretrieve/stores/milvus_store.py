@@ -21,6 +21,8 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +30,26 @@ import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.core.extras import require
+from magretrieve.core.options import option
 from magretrieve.core.redact import redact
 from magretrieve.stores import registry
 from magretrieve.stores._writer_lock import engine_busy, holder_of
 from magretrieve.stores.base import (
     Batch,
+    CollectionStore,
     StoreHit,
     StoreRecord,
-    VectorStore,
     metric_refusal,
     missing_store,
     one_line,
 )
-from magretrieve.stores.options import HnswOptions, IndexOptions, IvfOptions
+from magretrieve.stores.options import (
+    HnswOptions,
+    IndexOptions,
+    IndexTypeOptions,
+    IvfOptions,
+    StoreOptions,
+)
 
 #: Collection property under which the building model is recorded (a JSON string).
 META_KEY = "magretrieve.metadata"
@@ -108,36 +117,30 @@ def check_collection_name(name: str, where: str) -> str:
     return name
 
 
-class MilvusStore(VectorStore):
-    """A Milvus collection searched by inner product (metric ``IP``)."""
+class MilvusStore(CollectionStore):
+    """A Milvus collection searched by inner product (metric ``IP``).
+
+    ``MilvusStore(client, collection, dimension, options=…)``: ``options`` (or its keywords
+    ``index_type``, ``hnsw_m``, ``ef_construction``, ``ef_search``, ``nlist``, ``nprobe``) is
+    the index built and how it is searched.
+    """
 
     kind = "milvus"
+    noun = "milvus collection"
+    label = "Milvus collection"
     thread_safe_search = False
     persists_beside_search = False  # flush shares the client searches use: keep them apart
     max_id_bytes = MAX_ID_LENGTH
     max_k = MAX_K
     #: The vector index as Milvus describes it, with the recorded build parameters.
     _index: dict[str, Any]
+    _lite_path: str | None = None  # set by open_milvus for a Milvus Lite file
 
-    def __init__(
-        self,
-        client: Any,
-        collection: str,
-        dimension: int | None = None,
-        *,
-        options: IndexOptions | None = None,
-        owns_client: bool = False,
-        location: str | None = None,
-        **knobs: Any,
-    ) -> None:
-        """``options`` (or its keywords ``index_type``, ``hnsw_m``, ``ef_construction``,
-        ``ef_search``, ``nlist``, ``nprobe``): the index built and how it is searched."""
-        self._location = location or f"milvus collection {collection!r}"
-        opts = IndexOptions.of(options, knobs, self._location, MILVUS_OPTIONS)
-        self.client = client
-        self.collection = check_collection_name(collection, self._location)
-        self._owns = owns_client
-        self._lite_path: str | None = None  # set by open_milvus for a Milvus Lite file
+    def _index_keywords(self) -> tuple[str, ...]:
+        return MILVUS_OPTIONS
+
+    def _configure(self, opts: IndexOptions) -> dict[str, Any]:
+        check_collection_name(self.collection, self._location)
         self.ef_search, self.nprobe = opts.hnsw.ef_search, opts.ivf.nprobe
         index = (opts.index_type or "FLAT").upper()
         if index not in INDEX_TYPES:
@@ -147,9 +150,13 @@ class MilvusStore(VectorStore):
             )
         self._asked = opts.build()
         self._new_index = index
+        return self._asked
+
+    @contextmanager
+    def _opening(self) -> Iterator[None]:
         try:
-            self._open_or_create(dimension, f"Milvus collection {collection!r}", self._asked)
-            client.load_collection(collection)
+            yield
+            self.client.load_collection(self.collection)
         except pymilvus().MilvusException as exc:
             raise StoreError(f"{self._location}: Milvus request failed ({one_line(exc)})") from None
 
@@ -330,13 +337,7 @@ class MilvusStore(VectorStore):
     def _read_meta(self) -> dict[str, Any] | None:
         props = self.client.describe_collection(self.collection)
         raw = (props.get("properties") or {}).get(META_KEY)
-        if not raw:
-            return None
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            raise StoreError(f"{self._location}: property {META_KEY} is not JSON") from None
-        return value if isinstance(value, dict) and value else None
+        return self._recorded_object(raw, f"property {META_KEY}")
 
     def _write_meta(self, meta: dict[str, Any]) -> None:
         text = json.dumps(meta, sort_keys=True)
@@ -357,11 +358,11 @@ class MilvusStore(VectorStore):
         return out
 
     def close(self) -> None:
-        if self._owns:
-            self.client.close()
-            self._owns = False
-            if self._lite_path is not None:
-                release_lite(self._lite_path)
+        """Close an owned client, then let a Milvus Lite file's embedded server stop."""
+        owned = self._owns
+        super().close()
+        if owned and self._lite_path is not None:
+            release_lite(self._lite_path)
 
 
 def hit_id(hit: Mapping[str, Any]) -> str:
@@ -404,7 +405,7 @@ def open_milvus(
         uri = str(path)
     lite = None if "url" in location else os.path.abspath(uri)
     try:
-        token = token if token is not None else os.environ.get("MILVUS_TOKEN", "")
+        token = MilvusOptions.named("token").from_env(token)
         # a token authenticates against a server; Milvus Lite has no users
         client = mv.MilvusClient(uri, token=token) if token and not lite else mv.MilvusClient(uri)
     except Exception as exc:  # connection refused, lite folder locked by another process
@@ -472,8 +473,19 @@ def parse_milvus(rest: str, spec: str = "") -> dict[str, str]:
     )
 
 
-#: The index options a Milvus collection takes.
-MILVUS_OPTIONS = ("index_type", *HnswOptions.keywords(), *IvfOptions.keywords())
+@dataclass(frozen=True)
+class MilvusOptions(StoreOptions):
+    """How the client authenticates against a Milvus server."""
+
+    token: str | None = option(
+        "Milvus server token, 'user:password' or an API key (default $MILVUS_TOKEN).",
+        env="MILVUS_TOKEN",
+    )
+
+
+#: The index option classes a Milvus collection takes.
+MILVUS_INDEX = (IndexTypeOptions, HnswOptions, IvfOptions)
+MILVUS_OPTIONS = tuple(k for group in MILVUS_INDEX for k in group.keywords())
 
 
 def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> MilvusStore:
@@ -502,14 +514,7 @@ registry.register(
         form=FORM,
         parse=parse_milvus,
         open=_open,
-        options=(
-            *MILVUS_OPTIONS,
-            registry.StoreOption(
-                "token",
-                str,
-                "Milvus server token, 'user:password' or an API key (default $MILVUS_TOKEN).",
-            ),
-        ),
+        options=(*MILVUS_INDEX, MilvusOptions),
         index_types="FLAT (default), HNSW, IVF_FLAT",
         adopts=_adopts,
         adopt=_adopt,

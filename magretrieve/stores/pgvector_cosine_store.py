@@ -30,7 +30,6 @@ The SQL helpers it shares with :mod:`~magretrieve.stores.pgvector_store` live in
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,22 +43,20 @@ from magretrieve.stores._pgvector_sql import (
     _sql,
     as_array,
     column_dimension,
-    psycopg,
     read_comment,
-    register_vector,
     table_ref,
     vector_indexes,
 )
 from magretrieve.stores.annotation import (
     ANNOTATION_KEY,
     DEFAULT_FIELD,
-    DEFAULT_PREFETCH,
     INCOMPLETE_KEY,
     AnnotatableStore,
     StoredPoint,
     unit,
 )
-from magretrieve.stores.base import Batch, StoreHit, StoreRecord, one_line
+from magretrieve.stores.base import Batch, StoreHit, StoreRecord
+from magretrieve.stores.options import IndexOptions
 
 #: The column annotate adds.
 DEFAULT_COLUMN = DEFAULT_FIELD
@@ -138,74 +135,43 @@ def built_by_magretrieve(conn: Any, table: tuple[str, ...], cols: Sequence[str])
 
 
 class PgCosineStore(PgConnection, AnnotatableStore):
-    """An annotated pgvector table searched by ``cos·m(d)`` over a cosine prefetch."""
+    """An annotated pgvector table searched by ``cos·m(d)`` over a cosine prefetch.
+
+    ``PgCosineStore(conn, table_parts, dimension, prefetch=…, ef_search=…, annotating=…)``.
+    """
 
     kind = "pgvector-cosine"
     thread_safe_search = False  # one connection: the Retriever serializes searches
     persists_beside_search = True  # each write commits: persist is a no-op
 
-    def __init__(
-        self,
-        conn: Any,
-        table: tuple[str, ...],
-        dimension: int | None = None,
-        *,
-        prefetch: int | None = None,
-        ef_search: int | None = None,
-        owns_connection: bool = False,
-        location: str | None = None,
-        annotating: bool = False,
-    ) -> None:
-        _sql()  # psycopg installed, or one line saying which extra
-        self.conn = conn
-        self._lock = threading.RLock()
-        self._owns = owns_connection
-        self._name = table
-        self._ref = table_ref(table)
-        self._location = location or f"pgvector table {'.'.join(table)!r}"
-        self.ef_search = ef_search
-        self._fallback = False  # searching by plain cosine while marked incomplete
-        try:
-            with conn.transaction():
-                register_vector(conn)
-                self._pk, self._vec, cols = table_layout(conn, self._ref)
-                self._cols_now = list(cols)
-                self._dim = int(column_dimension(conn, table, self._vec) or 0)
-                owned = annotated_column(conn, table)
-                self.field = owned or DEFAULT_COLUMN
-                meta = self._read_meta() if owned else None
-                own_table = annotating and built_by_magretrieve(conn, table, cols)
-        except psycopg().Error as exc:
-            raise StoreError(f"{self._location}: {type(exc).__name__}: {one_line(exc)}") from None
-        if own_table:
+    def _name_shown(self) -> str:
+        return ".".join(self.collection)
+
+    def _configure(self, opts: IndexOptions) -> dict[str, Any]:
+        self._name = self.collection
+        self._ref = table_ref(self._name)
+        return super()._configure(opts)
+
+    def _open_existing(self, dimension: int | None) -> int:
+        self._pk, self._vec, cols = table_layout(self.conn, self._ref)
+        self._cols_now = list(cols)
+        self.field = annotated_column(self.conn, self._name) or DEFAULT_COLUMN
+        if self._annotating and built_by_magretrieve(self.conn, self._name, cols):
             raise StoreError(
                 f"{self._location}: built by magretrieve for inner-product search (its vectors "
                 "keep the magnitude already); annotate is for an existing table ranked by "
                 "cosine. Nothing was changed"
             )
-        if dimension is not None and self._dim != int(dimension):
-            raise StoreError(
-                f"{self._location} has vector size {self._dim}, but the model produces "
-                f"dimension {dimension}"
-            )
-        ann = (meta or {}).get(ANNOTATION_KEY)
-        if not ann and not annotating:
-            raise StoreError(
-                f"{self._location} is ranked by cosine (vector_cosine_ops), which erases document "
-                "magnitude; create a new table, or keep this one and rank by cos·m(d) after "
-                "`magretrieve annotate --store SPEC ...` writes m(d) into a column"
-            )
-        self.prefetch = int(prefetch or (ann or {}).get("prefetch") or DEFAULT_PREFETCH)
+        return int(column_dimension(self.conn, self._name, self._vec) or 0)
+
+    def _refusal(self) -> StoreError:
+        return StoreError(
+            f"{self._location} is ranked by cosine (vector_cosine_ops), which erases document "
+            "magnitude; create a new table, or keep this one and rank by cos·m(d) after "
+            "`magretrieve annotate --store SPEC ...` writes m(d) into a column"
+        )
 
     # ------------------------------------------------------------------ helpers
-
-    @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
-    def location(self) -> str:
-        return self._location
 
     def _cols(self) -> dict[str, Any]:
         sql = _sql()
@@ -282,17 +248,10 @@ class PgCosineStore(PgConnection, AnnotatableStore):
 
     def _delete(self, ids: list[str]) -> int:
         stmt = _sql().SQL("DELETE FROM {t} WHERE {pk}::text = ANY(%s)").format(**self._cols())
-
-        def run() -> int:
-            with self.conn.cursor() as cur:
-                cur.execute(stmt, (ids,))
-                return int(cur.rowcount)
-
-        return self._tx(run)
+        return self._changed_rows(stmt, (ids,))
 
     def _count(self) -> int:
-        stmt = _sql().SQL("SELECT count(*) FROM {t}").format(**self._cols())
-        return int(self._tx(lambda: self.conn.execute(stmt).fetchone())[0])
+        return int(self._first_value(_sql().SQL("SELECT count(*) FROM {t}").format(**self._cols())))
 
     def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
         stmt = (
@@ -414,8 +373,4 @@ class PgCosineStore(PgConnection, AnnotatableStore):
         if self.field not in self._cols_now:
             return self._count()
         stmt = _sql().SQL("SELECT count(*) FROM {t} WHERE {m} IS NULL").format(**self._cols())
-        return int(self._tx(lambda: self.conn.execute(stmt).fetchone())[0])
-
-    def close(self) -> None:
-        if self._owns:
-            self.conn.close()
+        return int(self._first_value(stmt))

@@ -25,7 +25,6 @@ and written in one transaction, so a failed batch leaves the table as it was.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -38,6 +37,7 @@ from magretrieve.core.text import lone_surrogate
 from magretrieve.stores import _ann_recall, registry
 from magretrieve.stores._pgvector_sql import (
     META_KEY,
+    PgConnection,
     _quote,
     _sql,
     as_array,
@@ -55,7 +55,7 @@ from magretrieve.stores.base import (
     metric_refusal,
     one_line,
 )
-from magretrieve.stores.options import IndexOptions
+from magretrieve.stores.options import AnnotatedOptions, IndexOptions
 
 #: COMMENT key of the last recall measurement (with the ef_search it tuned to).
 RECALL_KEY = "magretrieve.recall"
@@ -152,8 +152,13 @@ def table_exists(conn: Any, table: tuple[str, ...]) -> bool:
     return bool(row[0])
 
 
-class PgVectorStore(VectorStore):
-    """A pgvector table searched by inner product (``<#>``), one row per document."""
+class PgVectorStore(PgConnection):
+    """A pgvector table searched by inner product (``<#>``), one row per document.
+
+    ``PgVectorStore(conn, table, dimension, options=…)``: ``options`` (or its keywords
+    ``index_type``, ``hnsw_m``, ``ef_construction``, ``ef_search``, ``nlist``, ``nprobe``,
+    ``target_recall``) is the index built and how it is searched and tuned.
+    """
 
     kind = "pgvector"
     #: The primary key's btree holds at most ~2.7 kB per entry; a longer id fails mid-batch
@@ -162,30 +167,10 @@ class PgVectorStore(VectorStore):
     thread_safe_search = False  # one connection: the Retriever serializes searches
     persists_beside_search = True  # each write commits: persist is a no-op
 
-    def __init__(
-        self,
-        conn: Any,
-        table: str,
-        dimension: int | None = None,
-        *,
-        options: IndexOptions | None = None,
-        owns_connection: bool = False,
-        location: str | None = None,
-        **knobs: Any,
-    ) -> None:
-        """``options`` (or its keywords ``index_type``, ``hnsw_m``, ``ef_construction``,
-        ``ef_search``, ``nlist``, ``nprobe``, ``target_recall``): the index built and how it
-        is searched and tuned."""
-        sql = _sql()
-        opts = IndexOptions.of(options, knobs, location or f"pgvector table {table!r}")
-        self.target_recall = opts.target_recall
+    def _configure(self, opts: IndexOptions) -> dict[str, Any]:
         self.recall: dict[str, Any] | None = None
-        self.conn = conn
-        self._lock = threading.RLock()
-        self._owns = owns_connection
-        self._name = split_table(table, location or "pgvector")
-        self._location = location or f"pgvector table {table!r}"
-        self._table = sql.Identifier(*self._name)
+        self._name = split_table(self.collection, self._location)
+        self._table = _sql().Identifier(*self._name)
         self.ef_search, self.nprobe = opts.hnsw.ef_search, opts.ivf.nprobe
         if opts.index_type is not None and opts.index_type not in INDEX_TYPES:
             raise StoreError(
@@ -193,12 +178,9 @@ class PgVectorStore(VectorStore):
                 f"{', '.join(INDEX_TYPES)}"
             )
         self._asked = opts.build()
-        try:
-            with conn.transaction():
-                register_vector(conn)
-                self._open_or_create(dimension, f"table {'.'.join(self._name)!r}", self._asked)
-        except psycopg().Error as exc:
-            raise StoreError(f"{self._location}: {type(exc).__name__}: {one_line(exc)}") from None
+        return self._asked
+
+    def _opened(self, opts: IndexOptions) -> None:
         recall = self._tx(lambda: read_comment(self.conn, self._name)).get(RECALL_KEY)
         if isinstance(recall, dict):
             self.recall = recall
@@ -312,19 +294,6 @@ class PgVectorStore(VectorStore):
 
     # ------------------------------------------------------------------ properties
 
-    def _driver_errors(self) -> tuple[type[BaseException], ...]:
-        return (psycopg().Error,)
-
-    def _tx(self, fn: Any) -> Any:
-        """Run ``fn()`` in one transaction, holding the connection's lock.
-
-        One connection serves every thread of this store (indexing reads ``existing`` in a
-        reader thread while the writer adds): psycopg transactions on a shared connection
-        must not interleave.
-        """
-        with self._lock, self.conn.transaction():
-            return fn()
-
     def _run(self, what: str, fn: Any) -> Any:
         with self._driver(what):
             return self._tx(fn)
@@ -385,17 +354,10 @@ class PgVectorStore(VectorStore):
 
     def _delete(self, ids: list[str]) -> int:
         stmt = _sql().SQL("DELETE FROM {} WHERE doc_id = ANY(%s)").format(self._table)
-
-        def run() -> int:
-            with self.conn.cursor() as cur:
-                cur.execute(stmt, (ids,))
-                return int(cur.rowcount)
-
-        return self._tx(run)
+        return self._changed_rows(stmt, (ids,))
 
     def _count(self) -> int:
-        stmt = _sql().SQL("SELECT count(*) FROM {}").format(self._table)
-        return int(self._tx(lambda: self.conn.execute(stmt).fetchone())[0])
+        return int(self._first_value(_sql().SQL("SELECT count(*) FROM {}").format(self._table)))
 
     def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
         stmt = _sql().SQL("SELECT doc_id, embedding, payload FROM {} WHERE doc_id = ANY(%s)")
@@ -501,10 +463,6 @@ class PgVectorStore(VectorStore):
             out["nprobe"] = self.nprobe or 1
         return out
 
-    def close(self) -> None:
-        if self._owns:
-            self.conn.close()
-
 
 def open_pgvector(
     uri: str, table: str, dimension: int | None = None, annotating: bool = False, **options: Any
@@ -606,7 +564,7 @@ registry.register(
         form=FORM,
         parse=parse_pgvector,
         open=_open,
-        options=(IndexOptions, "prefetch"),
+        options=(IndexOptions, AnnotatedOptions),
         index_types="hnsw (default), ivfflat (built by optimize), flat",
         adopts=_adopts,
         adopt=_adopt,

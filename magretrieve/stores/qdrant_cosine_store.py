@@ -64,6 +64,7 @@ from magretrieve.stores.base import (
     check_payload_keys,
     point_uuid,
 )
+from magretrieve.stores.options import IndexOptions
 
 # The annotation names below live in magretrieve.stores.annotation and stay importable here.
 __all__ = [
@@ -111,32 +112,22 @@ def _point_id(doc_id: str) -> int | str | None:
 
 
 class QdrantCosineStore(AnnotatableStore):
-    """An annotated Cosine collection searched by ``cos·m(d)`` (prefetch + formula)."""
+    """An annotated Cosine collection searched by ``cos·m(d)`` (prefetch + formula).
+
+    ``QdrantCosineStore(client, collection, dimension, prefetch=…, ef_search=…, …)``.
+    """
 
     kind = "qdrant-cosine"
+    noun = "qdrant collection"
     persists_beside_search = True  # each write commits: persist is a no-op
 
-    def __init__(
-        self,
-        client: Any,
-        collection: str,
-        dimension: int | None = None,
-        *,
-        prefetch: int | None = None,
-        ef_search: int | None = None,
-        owns_client: bool = False,
-        location: str | None = None,
-        annotating: bool = False,
-    ) -> None:
-        self.client = client
-        self.collection = collection
-        self._owns = owns_client
-        self._location = location or f"qdrant collection {collection!r}"
-        self.ef_search = ef_search
-        self.embedded = type(getattr(client, "_client", None)).__name__ == "QdrantLocal"
+    def _configure(self, opts: IndexOptions) -> dict[str, Any]:
+        self.embedded = type(getattr(self.client, "_client", None)).__name__ == "QdrantLocal"
         self.thread_safe_search = not self.embedded
-        info = client.get_collection(collection)
-        params = info.config.params.vectors
+        return super()._configure(opts)
+
+    def _open_existing(self, dimension: int | None) -> int:
+        params = self.client.get_collection(self.collection).config.params.vectors
         if isinstance(params, Mapping):
             raise StoreError(
                 f"{self._location} has named vectors {sorted(params)}; magretrieve uses one "
@@ -145,29 +136,10 @@ class QdrantCosineStore(AnnotatableStore):
         distance = getattr(params.distance, "value", str(params.distance))
         if distance != "Cosine":
             raise StoreError(f"{self._location} uses distance {distance}, not Cosine")
-        if dimension is not None and int(params.size) != int(dimension):
-            raise StoreError(
-                f"{self._location} has vector size {params.size}, but the model produces "
-                f"dimension {dimension}"
-            )
-        self._dim = int(params.size)
-        ann = annotation_of(self.read_metadata())
-        if ann is None and not annotating:
-            raise refusal(self._location, collection)
-        ann = ann or {}
-        self.field = str(ann.get("field", DEFAULT_FIELD))
-        self._fallback = False  # searching by plain cosine while marked incomplete
-        self.prefetch = int(prefetch or ann.get("prefetch") or DEFAULT_PREFETCH)
-        if self.prefetch < 1:
-            raise StoreError(f"{self._location}: prefetch must be positive, got {self.prefetch}")
+        return int(params.size)
 
-    @property
-    def dimension(self) -> int:
-        return self._dim
-
-    @property
-    def location(self) -> str:
-        return self._location
+    def _refusal(self) -> StoreError:
+        return refusal(self._location, self.collection)
 
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
         exceptions = require("qdrant_client.http.exceptions")
@@ -430,7 +402,3 @@ class QdrantCosineStore(AnnotatableStore):
                 exact=True,
             ).count
         )
-
-    def close(self) -> None:
-        if self._owns:
-            self.client.close()

@@ -14,13 +14,15 @@ write-ahead log, so every ``add`` that returned survives a crash.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from magretrieve.core.options import option
 from magretrieve.stores import registry
 from magretrieve.stores._qdrant_clients import META_FILE, SHARD_DIR, EdgeAPI
-from magretrieve.stores.options import HnswOptions, RecallOptions
-from magretrieve.stores.qdrant_store import QUANTIZATION_OPTIONS, QdrantStore
+from magretrieve.stores.options import HnswOptions, RecallOptions, StoreOptions
+from magretrieve.stores.qdrant_store import QdrantQuantizationOptions, QdrantStore
 
 __all__ = ["META_FILE", "SHARD_DIR", "QdrantEdgeStore"]
 
@@ -42,17 +44,18 @@ class QdrantEdgeStore(QdrantStore):
 
 # ----------------------------------------------------------------------------- registry entry
 
-EDGE_OPTIONS = (
-    HnswOptions,
-    *QUANTIZATION_OPTIONS,
-    registry.StoreOption(
-        "full_scan_threshold", int, "Qdrant Edge: exact below this size (KB).", minimum=0
-    ),
-    registry.StoreOption(
-        "indexing_threshold", int, "Qdrant Edge: index segments above this size.", minimum=0
-    ),
-    RecallOptions,
-)
+
+@dataclass(frozen=True)
+class EdgeOptions(StoreOptions):
+    """When an Edge shard searches exactly and when it indexes a segment."""
+
+    full_scan_threshold: int | None = option("Qdrant Edge: exact below this size (KB).", minimum=0)
+    indexing_threshold: int | None = option(
+        "Qdrant Edge: index segments above this size.", minimum=0
+    )
+
+
+EDGE_OPTIONS = (HnswOptions, QdrantQuantizationOptions, EdgeOptions, RecallOptions)
 
 registry.register(
     registry.Backend(

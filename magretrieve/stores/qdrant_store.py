@@ -23,8 +23,8 @@ Embedded qdrant-client searches exactly (brute force) and ignores HNSW/quantizat
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ import numpy as np
 
 from magretrieve.core.errors import StoreError
 from magretrieve.core.extras import require
+from magretrieve.core.options import option
 from magretrieve.core.redact import redact
 from magretrieve.stores import _ann_recall, registry
 from magretrieve.stores._qdrant_clients import META_KEY, ClientAPI
@@ -59,7 +60,13 @@ from magretrieve.stores.base import (
     one_line,
     point_uuid,
 )
-from magretrieve.stores.options import HnswOptions, IndexOptions, RecallOptions
+from magretrieve.stores.options import (
+    AnnotatedOptions,
+    HnswOptions,
+    IndexOptions,
+    RecallOptions,
+    StoreOptions,
+)
 
 # RESERVED, make_payload, split_payload and quantized_query_factors live in _qdrant_common
 # and stay importable from here.
@@ -129,16 +136,14 @@ class QdrantStore(VectorStore):
         if quantization not in (None, "int8"):
             raise StoreError(f"unknown Qdrant quantization {quantization!r}; use 'int8' or none")
         self.quantization = quantization
-        self._create_options = create_options
-        self._asked_hnsw = (opts.hnsw.m, opts.hnsw.ef_construction)
-        asked = {
+        self._asked = {
             "hnsw_m": opts.hnsw.m,
             "ef_construction": opts.hnsw.ef_construction,
             "quantization": quantization,
             **create_options,
         }
         what = "Qdrant Edge store" if hasattr(api, "shard_path") else api.label
-        self._open_or_create(dimension, what, asked)
+        self._open_or_create(dimension, what, self._asked)
         if not self.created_here:
             api.open()  # after every check: an Edge shard is held from here on
         if self.ef_search is None:
@@ -197,13 +202,7 @@ class QdrantStore(VectorStore):
         return recorded
 
     def _create(self, dimension: int) -> None:
-        made = self.api.create(
-            dimension,
-            self._asked_hnsw[0],
-            self._asked_hnsw[1],
-            self.quantization,
-            **self._create_options,
-        )
+        made = self.api.create(dimension, self._asked)
         self._hnsw, self._shards = made["hnsw"], made["shards"]
 
     @property
@@ -359,43 +358,51 @@ class QdrantStore(VectorStore):
 
 # ----------------------------------------------------------------------------- registry entries
 
-#: Quantized search options, shared with Qdrant Edge.
-QUANTIZATION_OPTIONS = (
-    registry.StoreOption(
-        "quantization",
-        str,
+
+@dataclass(frozen=True)
+class QdrantQuantizationOptions(StoreOptions):
+    """Quantized search, shared with Qdrant Edge: int8 vectors, searched with rescoring."""
+
+    quantization: str | None = option(
         "Qdrant / Edge scalar quantization (searched with rescoring).",
-        cli="--quantization",
+        flag="--quantization",
         choices=("int8",),
-    ),
-    registry.StoreOption(
-        "oversampling", float, "Qdrant quantized search oversampling.", minimum=1.0
-    ),
-    registry.StoreOption("rescore", bool, "Qdrant quantized search rescoring with full vectors."),
-    registry.StoreOption(
-        "query_scaling", bool, "Scale int8-quantized queries to the stored norms."
-    ),
-)
+    )
+    oversampling: float | None = option("Qdrant quantized search oversampling.", minimum=1.0)
+    rescore: bool | None = option("Qdrant quantized search rescoring with full vectors.")
+    query_scaling: bool | None = option("Scale int8-quantized queries to the stored norms.")
+
+
+@dataclass(frozen=True)
+class QdrantServerOptions(StoreOptions):
+    """How a Qdrant server lays a new collection out."""
+
+    shard_number: int | None = option("Qdrant server: shards.", flag="--shard-number", minimum=1)
+    replication_factor: int | None = option(
+        "Qdrant server: replicas.", flag="--replication-factor", minimum=1
+    )
+    on_disk: bool | None = option("Qdrant server: keep vectors on disk.")
+
+
+@dataclass(frozen=True)
+class QdrantClientOptions(StoreOptions):
+    """How the client reaches a Qdrant server (not options of the collection)."""
+
+    api_key: str | None = option(
+        "Qdrant server API key (default $QDRANT_API_KEY).", env="QDRANT_API_KEY"
+    )
+    timeout: int | None = option("Qdrant server request timeout in seconds.", minimum=1)
+
+
 QDRANT_OPTIONS = (
     RecallOptions,
     HnswOptions,
-    *QUANTIZATION_OPTIONS,
-    registry.StoreOption(
-        "shard_number", int, "Qdrant server: shards.", cli="--shard-number", minimum=1
-    ),
-    registry.StoreOption(
-        "replication_factor",
-        int,
-        "Qdrant server: replicas.",
-        cli="--replication-factor",
-        minimum=1,
-    ),
-    registry.StoreOption("on_disk", bool, "Qdrant server: keep vectors on disk."),
-    registry.StoreOption("api_key", str, "Qdrant server API key (default $QDRANT_API_KEY)."),
-    registry.StoreOption("timeout", int, "Qdrant server request timeout in seconds.", minimum=1),
-    "prefetch",
+    QdrantQuantizationOptions,
+    QdrantServerOptions,
+    QdrantClientOptions,
+    AnnotatedOptions,
 )
-_CLIENT_OPTIONS = ("api_key", "timeout")
+_CLIENT_OPTIONS = QdrantClientOptions.keywords()
 
 
 def _store_for(
@@ -475,7 +482,9 @@ def _open_server(
     loc: dict[str, str], dimension: int | None, opts: dict[str, Any], annotating: bool = False
 ) -> VectorStore:
     def make(client_cls: Any, client_opts: dict[str, Any]) -> Any:
-        client_opts.setdefault("api_key", os.environ.get("QDRANT_API_KEY"))
+        client_opts["api_key"] = QdrantClientOptions.named("api_key").from_env(
+            client_opts.get("api_key")
+        )
         return client_cls(url=loc["url"], **client_opts)
 
     where = f"qdrant:{redact(loc['url'])}/{loc['collection']}"

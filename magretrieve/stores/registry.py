@@ -21,7 +21,9 @@ How to add a backend (say ``redis:URL/INDEX``)
      return the dimension), ``_create`` and ``_recorded_build``; the constructor calls
      ``self._open_or_create(dimension, what, options.build())``, which opens or creates,
      checks the dimension and the build options on reopen, and creates nothing on a
-     read-only open (no dimension);
+     read-only open (no dimension). A store over one collection of a database client
+     subclasses :class:`~magretrieve.stores.base.CollectionStore` instead, whose
+     constructor does all of that (the backend adds its checks in ``_configure``);
    - for an ANN index, ``_recall_knob`` (the search knob ``measure_recall`` tunes to
      ``target_recall``) and ``_keep_recall`` (where the measurement is kept).
 
@@ -39,12 +41,15 @@ How to add a backend (say ``redis:URL/INDEX``)
            form="redis:URL/INDEX",
            parse=parse_url_collection,  # rest-of-spec -> location dict (or your own)
            open=_open,                  # (location, dimension, options) -> VectorStore
-           options=(
-               HnswOptions,             # an option class: all its keywords and flags
-               StoreOption("password", str, "Redis password."),  # the backend's own
-           ),
+           options=(HnswOptions, RedisOptions),  # option classes: their keywords and flags
            extra="redis",               # pip install 'magretrieve[redis]'
        ))
+
+   where ``RedisOptions`` is the backend's own option class, declared beside the entry::
+
+       @dataclass(frozen=True)
+       class RedisOptions(StoreOptions):
+           password: str | None = option("Redis password.", env="REDIS_PASSWORD")
 
 3. Add the module name to :data:`BACKEND_MODULES` below (the one registry line), the client
    library to an extra in ``pyproject.toml``, and a row to ``docs/stores.md``.
@@ -55,17 +60,17 @@ entry. The shared store tests (``tests/stores/test_stores.py`` and the
 injection and secrets suites) run every registered backend; they fail until
 ``tests/support/store_examples.py`` names an example spec for the new prefix.
 
-Options are declared once, in the option classes of :mod:`magretrieve.stores.options` (or
-as a backend's own :class:`StoreOption`), with their type, bounds and CLI flag, and checked
-here before any backend (or native library) sees them, for specs and adopted objects alike:
-``--hnsw-m 0`` is a one-line error, not a SIGABRT inside FAISS.
+Options are declared once, in option classes (those of :mod:`magretrieve.stores.options`
+shared by several backends, and a backend's own beside its entry), with their type, bounds
+and CLI flag, and checked here before any backend (or native library) sees them, for specs
+and adopted objects alike: ``--hnsw-m 0`` is a one-line error, not a SIGABRT inside FAISS.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,12 +79,22 @@ from magretrieve.core.errors import StoreError
 from magretrieve.core.redact import remember_secrets
 from magretrieve.stores.options import (
     INDEX_TYPE_HELP,
+    AnnotatedOptions,
     IndexOptions,
-    OptionClass,
     StoreOption,
+    StoreOptions,
 )
 
-__all__ = ["OPTIONS", "Backend", "StoreOption", "backends", "open_spec", "register"]
+__all__ = [
+    "OPTIONS",
+    "Backend",
+    "StoreOption",
+    "StoreOptions",
+    "backends",
+    "check_option",
+    "open_spec",
+    "register",
+]
 
 #: Modules that register the built-in backends (imported on first use of the registry).
 #: Adding a backend = adding its module here.
@@ -99,34 +114,23 @@ BACKEND_MODULES: tuple[str, ...] = (
 # ----------------------------------------------------------------------------- options
 
 
-#: Every option any registered backend accepts: those of the option classes of
-#: :mod:`magretrieve.stores.options`, the annotated cosine stores' ``prefetch``, and what a
-#: backend declares as :class:`StoreOption` objects in its entry (``register`` adds them; the
-#: CLI flags are derived from this table).
+#: Every option any registered backend accepts, by keyword: those of the option classes the
+#: entries list (``register`` adds them; the CLI flags are derived from this table).
 OPTIONS: dict[str, StoreOption] = {
-    o.name: o
-    for o in (
-        *IndexOptions.declared(),
-        StoreOption(
-            "prefetch",
-            int,
-            "Annotated Cosine collection/table (magretrieve annotate): cosine candidates "
-            "re-ranked by cos·m(d) (default 100, or the value recorded by annotate).",
-            cli="--prefetch",
-            minimum=1,
-            maximum=100_000,
-            search=True,
-        ),
-    )
+    o.name: o for o in (*IndexOptions.declared(), *AnnotatedOptions.declared())
 }
 
 
 def add_option(option: StoreOption) -> None:
-    """Declare an option (``register`` does it for the options a backend entry declares)."""
-    known = OPTIONS.get(option.name)
-    if known is not None and known != option:
+    """Declare an option (``register`` does it for the option classes an entry lists)."""
+    known = OPTIONS.setdefault(option.name, option)
+    if known != option:
         raise ValueError(f"store option {option.name!r} is already declared differently")
-    OPTIONS[option.name] = option
+
+
+def check_option(name: str, value: Any, where: str = "") -> Any:
+    """``value`` checked against the declared option ``name`` (None passes: not given)."""
+    return OPTIONS[name].check(value, where, StoreError) if value is not None else None
 
 
 # ----------------------------------------------------------------------------- backends
@@ -141,9 +145,8 @@ class Backend:
     - ``parse(rest, spec)``: the part after ``prefix:`` -> location dict (``{"path": ...}``);
       raise StoreError for a malformed spec (the message should show ``form``).
     - ``open(location, dimension, options)``: the store (options already validated).
-    - ``options``: what the backend accepts: option classes of :mod:`.options` (all their
-      keywords), names of shared options (:data:`OPTIONS`) and the backend's own
-      :class:`StoreOption` declarations; other options are an error.
+    - ``options``: the option classes the backend accepts (all their keywords): shared ones of
+      :mod:`.options` and its own; other options are an error.
     - ``index_types``: the index kinds its ``index_type`` takes, for the ``--faiss-index`` help.
     - ``folder``: the location's ``path`` is a directory the store owns (a regular file there
       is refused before anything is encoded).
@@ -151,7 +154,7 @@ class Backend:
     - ``adopts(obj)`` / ``adopt(obj, dimension, collection, options)``: accept a live client
       or index object in ``open_store`` instead of a spec; ``adopted`` names that object for
       the error listing what ``open_store`` takes (``"a QdrantClient (collection=...)"``);
-      ``adopt_options`` are options only an adopted object takes. ``adopt`` receives the
+      ``adopt_options`` are option classes only an adopted object takes. ``adopt`` receives the
       options checked (:func:`open_object`).
     - ``extra``: the pip extra that installs the backend's library.
     """
@@ -160,28 +163,30 @@ class Backend:
     form: str
     parse: Callable[[str, str], dict[str, str]]
     open: Callable[[dict[str, str], int | None, dict[str, Any]], Any]
-    options: tuple[str | StoreOption | type[OptionClass], ...] = ()
+    options: tuple[type[StoreOptions], ...] = ()
     index_types: str | None = None
     folder: bool = False
     persists: Callable[[dict[str, str]], bool] = lambda loc: True
     adopts: Callable[[Any], bool] | None = None
     adopt: Callable[[Any, int | None, str | None, dict[str, Any]], Any] | None = None
     adopted: str | None = None
-    adopt_options: tuple[StoreOption, ...] = ()
+    adopt_options: tuple[type[StoreOptions], ...] = ()
     extra: str | None = None
 
     @property
-    def declared(self) -> tuple[str | StoreOption, ...]:
-        """The options as names and declarations (option classes expanded)."""
-        out: list[str | StoreOption] = []
-        for o in self.options:
-            out.extend(o.declared() if isinstance(o, type) else (o,))
-        return tuple(out)
+    def declared(self) -> tuple[StoreOption, ...]:
+        """The options the backend accepts (its option classes expanded)."""
+        return tuple(o for group in self.options for o in group.declared())
+
+    @property
+    def adopt_declared(self) -> tuple[StoreOption, ...]:
+        """The options only an adopted object takes."""
+        return tuple(o for group in self.adopt_options for o in group.declared())
 
     @property
     def option_names(self) -> tuple[str, ...]:
         """Names of the options the backend accepts."""
-        return tuple(o.name if isinstance(o, StoreOption) else o for o in self.declared)
+        return tuple(o.name for o in self.declared)
 
 
 _BACKENDS: dict[str, Backend] = {}
@@ -198,14 +203,7 @@ def register(backend: Backend) -> Backend:
     ):
         raise ValueError(f"{prefix}: adopts, adopt and adopted are given together or not at all")
     for option in backend.declared:
-        if isinstance(option, StoreOption):
-            add_option(option)
-    unknown = sorted(set(backend.option_names) - set(OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"{prefix}: undeclared store option(s) {unknown}; declare them as StoreOption "
-            "objects in the entry"
-        )
+        add_option(option)
     _BACKENDS[prefix] = backend
     return backend
 
@@ -255,16 +253,13 @@ def check_options(
     (``adopting``: an adopted object's, which may take the entry's ``adopt_options`` too)."""
     given = {k: v for k, v in options.items() if v is not None}
     remember_secrets(options=given)
-    declared = dict(OPTIONS)
+    declared = {o.name: o for o in backend.declared}
     if adopting:
-        declared.update({o.name: o for o in backend.adopt_options})
-    allowed = set(backend.option_names) | (
-        {o.name for o in backend.adopt_options} if adopting else set()
-    )
-    unknown = sorted(set(given) - allowed)
+        declared.update({o.name: o for o in backend.adopt_declared})
+    unknown = sorted(set(given) - set(declared))
     if unknown:
         raise StoreError(f"option(s) {unknown} do not apply to {backend.prefix} stores")
-    return {k: declared[k].check(v, where) for k, v in given.items()}
+    return {k: declared[k].check(v, where, StoreError) for k, v in given.items()}
 
 
 def check_folder(path: str | Path, spec: str) -> None:
@@ -328,7 +323,7 @@ def cli_options(search_only: bool = False) -> list[StoreOption]:
     return [
         index_type if o.name == "index_type" else o
         for o in OPTIONS.values()
-        if o.cli is not None and o.name in used and (o.search or not search_only)
+        if o.flag is not None and o.name in used and (o.search or not search_only)
     ]
 
 
@@ -379,11 +374,3 @@ def _missing_collection(spec: str) -> StoreError:
         f"store spec {spec!r}: missing collection name (expected {form}, e.g. "
         f"{form.replace('COLLECTION', 'scifact')}); use one of: {', '.join(spec_forms())}"
     )
-
-
-def option_names(*groups: Sequence[str]) -> tuple[str, ...]:
-    """Concatenate option-name groups without duplicates (keeps order)."""
-    out: list[str] = []
-    for g in groups:
-        out.extend(n for n in g if n not in out)
-    return tuple(out)

@@ -57,6 +57,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,7 @@ import numpy as np
 from magretrieve.core.errors import StoreError
 from magretrieve.core.extras import require
 from magretrieve.core.files import sha256_file
+from magretrieve.core.options import option
 from magretrieve.core.topk import exact_search
 from magretrieve.stores import _ann_recall, registry
 from magretrieve.stores._generation import GenerationFiles, SavedGenerations
@@ -82,7 +84,7 @@ from magretrieve.stores.base import (
     reading_store,
     state_metadata,
 )
-from magretrieve.stores.options import RecallOptions
+from magretrieve.stores.options import RecallOptions, StoreOptions
 
 logger = logging.getLogger(__name__)
 
@@ -145,10 +147,6 @@ def _native_quiet() -> Iterator[None]:
                 sys.stderr.write("".join(kept))
 
 
-def _check(name: str, value: Any, where: str) -> Any:
-    return registry.OPTIONS[name].check(value, where) if value is not None else None
-
-
 def default_leaves(n: int) -> int:
     """Leaves of the k-means tree for ``n`` vectors: about √n."""
     return max(1, round(math.sqrt(n)))
@@ -197,10 +195,10 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
         where = self.location
         dim = check_dimension(dimension, where)
         given = {
-            "num_leaves": _check("num_leaves", num_leaves, where),
-            "leaves_to_search": _check("leaves_to_search", leaves_to_search, where),
-            "reorder": _check("reorder", reorder, where),
-            "exact_below": _check("exact_below", exact_below, where),
+            "num_leaves": registry.check_option("num_leaves", num_leaves, where),
+            "leaves_to_search": registry.check_option("leaves_to_search", leaves_to_search, where),
+            "reorder": registry.check_option("reorder", reorder, where),
+            "exact_below": registry.check_option("exact_below", exact_below, where),
         }
         if state is None:
             params = {**given, "reorder": given["reorder"] or REORDER}
@@ -216,7 +214,7 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
     def _init_common(
         self, dim: int, path: Path, params: dict[str, Any], target_recall: float | None
     ) -> None:
-        self.target_recall = _check("target_recall", target_recall, self.location)
+        self.target_recall = registry.check_option("target_recall", target_recall, self.location)
         self._dim = dim
         self._path = path
         self.params = params
@@ -255,7 +253,9 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
         unknown = sorted(set(options) - set(OPTION_NAMES))
         if unknown:
             raise StoreError(f"{where}: option(s) {unknown} do not apply to scann stores")
-        checked = {k: _check(k, v, where) for k, v in options.items() if v is not None}
+        checked = {
+            k: registry.check_option(k, v, where) for k, v in options.items() if v is not None
+        }
         scann_ops()  # a missing extra is refused before anything is created
         if not FILES.has_state(path):
             FILES.check_no_orphans(path)
@@ -551,8 +551,10 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
     ) -> None:
         """Change the search-time knobs of an open store (validated; kept by the next save)."""
         new = {
-            "leaves_to_search": _check("leaves_to_search", leaves_to_search, self.location),
-            "reorder": _check("reorder", reorder, self.location),
+            "leaves_to_search": registry.check_option(
+                "leaves_to_search", leaves_to_search, self.location
+            ),
+            "reorder": registry.check_option("reorder", reorder, self.location),
         }
         with self._lock:
             self.params.update({k: v for k, v in new.items() if v is not None})
@@ -797,48 +799,43 @@ def _load_searcher(path: Path, state: dict[str, Any]) -> Any:
 
 # ----------------------------------------------------------------------------- registry entry
 
-SCANN_OPTIONS = (
-    registry.StoreOption(
-        "num_leaves",
-        int,
+
+@dataclass(frozen=True)
+class ScannOptions(StoreOptions):
+    """A ScaNN searcher: its k-means tree, how much of it a query visits, exact re-scoring."""
+
+    num_leaves: int | None = option(
         "ScaNN: leaves of the k-means tree, used by the next build (default about √n).",
-        cli="--scann-leaves",
+        flag="--scann-leaves",
         minimum=1,
         maximum=1 << 20,
-    ),
-    registry.StoreOption(
-        "leaves_to_search",
-        int,
+    )
+    leaves_to_search: int | None = option(
         "ScaNN: leaves each query visits (default a tenth; --target-recall tunes it).",
-        cli="--scann-leaves-to-search",
+        flag="--scann-leaves-to-search",
         minimum=1,
         maximum=1 << 20,
         search=True,
-    ),
-    registry.StoreOption(
-        "reorder",
-        int,
+    )
+    reorder: int | None = option(
         f"ScaNN: candidates re-scored exactly before answering (default {REORDER}; "
         "--target-recall doubles it when every leaf is not enough).",
-        cli="--scann-reorder",
+        flag="--scann-reorder",
         minimum=1,
         maximum=100_000,
         search=True,
-    ),
-    registry.StoreOption(
-        "exact_below",
-        int,
+    )
+    exact_below: int | None = option(
         f"ScaNN: stores smaller than this are searched exactly, no searcher built "
         f"(default {EXACT_BELOW:,}).",
-        cli="--scann-exact-below",
+        flag="--scann-exact-below",
         minimum=100,
         maximum=1 << 40,
-    ),
-    RecallOptions,
-)
+    )
 
 
-OPTION_NAMES = ("num_leaves", "leaves_to_search", "reorder", "exact_below", "target_recall")
+SCANN_OPTIONS = (ScannOptions, RecallOptions)
+OPTION_NAMES = (*ScannOptions.keywords(), *RecallOptions.keywords())
 
 
 def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> ScannStore:

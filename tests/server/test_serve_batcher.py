@@ -239,7 +239,7 @@ def test_a_lone_request_does_not_wait_for_max_wait() -> None:
 def test_fill_floor_is_validated() -> None:
     from magretrieve.core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="min_batch_fill must be within 0..1, got 1.5"):
+    with pytest.raises(ConfigError, match="min_batch_fill must be <= 1, got 1.5"):
         EngineSettings(min_batch_fill=1.5)
 
 
@@ -272,7 +272,7 @@ def test_graph_workers_run_batches_at_once_and_drain() -> None:
 def test_graph_workers_is_validated() -> None:
     from magretrieve.core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="graph_workers must be at least 1, got 0"):
+    with pytest.raises(ConfigError, match="--graph-workers must be >= 1, got 0"):
         EngineSettings(graph_workers=0)
 
 

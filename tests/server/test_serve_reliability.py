@@ -174,10 +174,10 @@ def test_documents_errors_name_the_document(tmp_path, export_dir, store_template
     [
         (["--threads", "0"], "--threads 0: must be at least 1"),
         (["--threads", "-2"], "--threads -2: must be at least 1"),
-        (["--limit-concurrency", "0"], "limit_concurrency must be at least 1"),
-        (["--timeout-keep-alive", "0"], "timeout_keep_alive must be above 0"),
-        (["--timeout-keep-alive", "nan"], "timeout_keep_alive must be above 0"),
-        (["--graph-workers", "0"], "graph_workers must be at least 1"),
+        (["--limit-concurrency", "0"], "--limit-concurrency must be >= 1"),
+        (["--timeout-keep-alive", "0"], "--timeout-keep-alive must be > 0"),
+        (["--timeout-keep-alive", "nan"], "--timeout-keep-alive must be a finite number"),
+        (["--graph-workers", "0"], "--graph-workers must be >= 1"),
     ],
 )
 def test_serve_refuses_impossible_numbers_in_one_line(export_dir, args, says):

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from magretrieve.cli import cmd_serve, main
-from magretrieve.serving.settings import FLAG, HELP, EngineSettings, ServerSettings
+from magretrieve.core.errors import ConfigError
+from magretrieve.serving.settings import EngineSettings, ServerSettings
 
 #: Every flag of the serve command, as the users' scripts spell them.
 SETTING_FLAGS = {
@@ -38,18 +39,20 @@ def serve_params() -> dict[str, click.Parameter]:
 
 
 def test_every_setting_is_a_flag_or_declared_python_only() -> None:
-    declared = {f.name: f for f in fields(ServerSettings)}
+    declared = {o.name: o for o in ServerSettings.declared()}
+    assert set(declared) == {f.name for f in fields(ServerSettings)}
     assert set(declared) == set(SETTING_FLAGS) | PYTHON_ONLY
     params = serve_params()
     for name, flag in SETTING_FLAGS.items():
-        f = declared[name]
-        assert FLAG in f.metadata and f.metadata[HELP]
+        o = declared[name]
+        assert o.flag is not None and o.help
         option = params[name]
         assert flag in option.opts
-        assert option.default == f.default, name  # the default written once
+        assert option.default == o.default == getattr(ServerSettings(), name), name  # once
+        assert option.help == o.help
     assert "--no-onnx-spinning" in params["onnx_spinning"].secondary_opts
     for name in PYTHON_ONLY:
-        assert FLAG not in declared[name].metadata and name not in params
+        assert declared[name].flag is None and name not in params
     # the engine's settings are the server's first fields, with the same defaults
     assert [f.name for f in fields(EngineSettings)] == [f.name for f in fields(ServerSettings)][
         : len(fields(EngineSettings))
@@ -109,10 +112,45 @@ def test_the_flags_reach_the_settings(started, tmp_path, monkeypatch) -> None:
     ]
 
 
-def test_a_bad_value_is_one_line(started, tmp_path) -> None:
-    result = CliRunner().invoke(main, ["serve", str(tmp_path), "--recall-sample", "1.5"])
-    assert result.exit_code == 2 and "1.5 is not in the range 0.0<=x<=1.0" in result.output
-    result = CliRunner().invoke(main, ["serve", str(tmp_path), "--max-queue", "0"])
+@pytest.mark.parametrize(
+    "args,python,says",
+    [
+        (
+            ["--recall-sample", "1.5"],
+            {"recall_sample": 1.5},
+            "--recall-sample must be <= 1, got 1.5",
+        ),
+        (["--max-queue", "0"], {"max_queue": 0}, "--max-queue must be >= 1, got 0"),
+        (["--max-wait-ms", "-1"], {"max_wait_ms": -1}, "--max-wait-ms must be >= 0, got -1.0"),
+        (
+            ["--timeout-keep-alive", "0"],
+            {"timeout_keep_alive": 0},
+            "--timeout-keep-alive must be > 0, got 0.0",
+        ),
+        (
+            ["--timeout-keep-alive", "nan"],
+            {"timeout_keep_alive": float("nan")},
+            "--timeout-keep-alive must be a finite number, got nan",
+        ),
+    ],
+)
+def test_a_bad_value_is_the_same_line_from_python_and_the_flag(
+    started, tmp_path, args, python, says
+) -> None:
+    result = CliRunner().invoke(main, ["serve", str(tmp_path), *args])
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert result.exit_code == 1 and lines == ["Error: setting max_queue must be at least 1, got 0"]
+    assert result.exit_code == 1 and lines == [f"Error: {says}"]
     assert started == []
+    with pytest.raises(ConfigError) as bad:
+        ServerSettings(**python)
+    assert str(bad.value) == says
+
+
+def test_python_only_settings_are_checked_by_their_declaration() -> None:
+    with pytest.raises(ConfigError, match=r"^max_k must be >= 1, got 0$"):
+        ServerSettings(max_k=0)
+    with pytest.raises(ConfigError, match=r"^min_batch_fill must be <= 1, got 1.5$"):
+        EngineSettings(min_batch_fill=1.5)
+    with pytest.raises(ConfigError, match=r"^--graph-workers must be an integer, got True$"):
+        EngineSettings(graph_workers=True)
+    assert ServerSettings(max_wait_ms=3).max_wait_ms == 3.0  # converted to the declared type

@@ -12,7 +12,7 @@ import pytest
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import _ann_recall, open_store, registry
 from magretrieve.stores._generation import GenerationFiles
-from magretrieve.stores.base import Batch, StoreHit, StoreRecord, VectorStore
+from magretrieve.stores.base import Batch, CollectionStore, StoreHit, StoreRecord, VectorStore
 from magretrieve.stores.options import HnswOptions, IndexOptions, IvfOptions, RecallOptions
 
 # ----------------------------------------------------------------------------- a fake database
@@ -124,6 +124,73 @@ def test_a_table_another_process_created_meanwhile_is_opened_not_created_again()
     assert not store.created_here and store.count() == 1
 
 
+# ----------------------------------------------------------------------------- the collection constructor
+
+
+class FakeClient(dict[str, Any]):
+    """A database client: tables by name, and whether it was closed."""
+
+    closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class ClientTable(CollectionStore):
+    """A store over one table of a client, written as the collection template asks: no
+    constructor, only its hooks (the I/O is left out: these tests only open and close)."""
+
+    kind = "table"
+    noun, label = "fake table", "table"
+
+    def _index_keywords(self) -> tuple[str, ...]:
+        return HnswOptions.keywords()
+
+    def _configure(self, opts: IndexOptions) -> dict[str, Any]:
+        if not self.collection.isidentifier():
+            raise StoreError(f"{self.location}: not a table name")
+        self.steps = [f"configure m={opts.hnsw.m}"]
+        self.build = opts.build()
+        return self.build
+
+    def _opened(self, opts: IndexOptions) -> None:
+        self.steps.append(f"opened created={self.created_here} ef={opts.hnsw.ef_search}")
+
+    def _exists(self) -> bool:
+        return self.collection in self.client
+
+    def _open_existing(self, dimension: int | None) -> int:
+        return int(self.client[self.collection]["dim"])
+
+    def _create(self, dimension: int) -> None:
+        self.client[self.collection] = {"dim": dimension, "build": self.build}
+
+    def _recorded_build(self) -> dict[str, Any]:
+        return dict(self.client[self.collection]["build"])
+
+
+def test_the_collection_template_owns_the_constructor():
+    client = FakeClient()
+    store = ClientTable(client, "t", 4, hnsw_m=8, ef_search=20, owns_client=True)
+    assert (store.client, store.collection, store.dimension) == (client, "t", 4)
+    assert store.location == "fake table 't'" and store.created_here
+    assert store.steps == ["configure m=8", "opened created=True ef=20"]
+    again = ClientTable(client, "t", location="db/t")  # read-only open: its own dimension
+    assert again.location == "db/t" and again.dimension == 4 and not again.created_here
+    with pytest.raises(StoreError, match=r"^fake table 'u': no table 'u' here; "):
+        ClientTable(client, "u")
+    with pytest.raises(StoreError, match=r"^fake table 'a-b': not a table name$"):
+        ClientTable(client, "a-b", 4)
+    with pytest.raises(StoreError, match=r"\['nlist'\] do not apply to this store"):
+        ClientTable(client, "t", 4, nlist=8)
+    with pytest.raises(StoreError, match=r"--hnsw-m 16 differs from the 8 the store was built"):
+        ClientTable(client, "t", 4, options=IndexOptions(hnsw=HnswOptions(m=16)))
+    store.close()
+    store.close()
+    again.close()  # a client it did not open stays open
+    assert client.closed == 1
+
+
 # ----------------------------------------------------------------------------- recall, once
 
 
@@ -222,9 +289,9 @@ def test_a_constructor_takes_the_options_object_or_its_keywords():
 def test_the_registry_derives_its_table_and_flags_from_the_option_classes():
     for option in IndexOptions.declared():
         assert registry.OPTIONS[option.name] is option
-    flags = {o.cli: o for o in registry.cli_options()}
+    flags = {o.flag: o for o in registry.cli_options()}
     assert {"--hnsw-m", "--ef-construction", "--ef-search", "--nlist", "--nprobe"} <= set(flags)
-    assert {o.cli for o in registry.cli_options(search_only=True)} >= {"--ef-search", "--nprobe"}
+    assert {o.flag for o in registry.cli_options(search_only=True)} >= {"--ef-search", "--nprobe"}
     help_ = flags["--faiss-index"].help
     takes_index_type = [b.prefix for b in registry.backends() if "index_type" in b.option_names]
     assert sorted(takes_index_type) == ["faiss", "lancedb", "milvus", "pgvector"]

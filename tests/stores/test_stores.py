@@ -13,14 +13,17 @@ import json
 import subprocess
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.options import option
 from magretrieve.stores import VectorStore, open_store, parse_spec, registry
 from magretrieve.stores.faiss_store import FaissStore
+from magretrieve.stores.options import HnswOptions, StoreOptions
 from tests.support import store_examples
 from tests.support.ann_data import ann_data as _ann_data
 
@@ -654,7 +657,7 @@ def test_a_new_backend_is_one_registry_entry(tmp_path, monkeypatch):
         form="toy:NAME",
         parse=registry.parse_collection,
         open=_open,
-        options=("ef_search",),
+        options=(HnswOptions,),
     )
     monkeypatch.setitem(registry._BACKENDS, "toy", toy)
     assert parse_spec("toy:abc") == ("toy", {"collection": "abc"})
@@ -676,7 +679,7 @@ def test_cli_store_options_come_from_the_registry():
 
     from magretrieve.cli import main
 
-    flags = {o.cli for o in registry.cli_options()}
+    flags = {o.flag for o in registry.cli_options()}
     assert {"--faiss-index", "--hnsw-m", "--ef-search", "--nlist", "--nprobe"} <= flags
     assert {"--shard-number", "--replication-factor", "--quantization"} <= flags
     index_help = CliRunner().invoke(main, ["index", "--help"]).output
@@ -684,7 +687,7 @@ def test_cli_store_options_come_from_the_registry():
     for flag in flags:
         assert flag in index_help
     for opt in registry.cli_options(search_only=True):
-        assert opt.cli in search_help
+        assert opt.flag in search_help
     assert "--hnsw-m" not in search_help  # a build-time knob is not offered at search time
 
 
@@ -1107,16 +1110,21 @@ class _DictStore(VectorStore):
         self.meta = meta
 
 
+@dataclass(frozen=True)
+class _ToyOptions(StoreOptions):
+    secret_knob: str | None = option("A toy option of its own.")
+
+
 def test_a_store_of_primitives_gets_every_check_from_the_base(monkeypatch):
     toy = registry.Backend(
         prefix="dict",
         form="dict:NAME",
         parse=registry.parse_collection,
         open=lambda loc, dimension, options: _DictStore(dimension, f"dict:{loc['collection']}"),
-        options=(registry.StoreOption("secret_knob", str, "A toy option of its own."),),
+        options=(_ToyOptions,),
     )
     monkeypatch.setitem(registry._BACKENDS, "dict", toy)
-    monkeypatch.setitem(registry.OPTIONS, "secret_knob", toy.options[0])
+    monkeypatch.setitem(registry.OPTIONS, "secret_knob", _ToyOptions.named("secret_knob"))
     store = open_store("dict:x", dimension=3, secret_knob="v")
     v = np.array([[1.0, 0, 0], [0, 2.0, 0]], dtype=np.float32)
     assert store.add(["a", "b"], v, [{"t": 1}, None]) == 2
