@@ -16,7 +16,12 @@ from magretrieve.stores import _record_table
         {"records": [], "tombstones": []},
         {"records": [None]},
         {
-            "records": [["a", {"x": "é\\u2028"}, 1.5], None, ["b", {}, 2.0], ["c", {"n": [1]}, 0.1]],
+            "records": [
+                ["a", {"x": "é\\u2028"}, 1.5],
+                None,
+                ["b", {}, 2.0],
+                ["c", {"n": [1]}, 0.1],
+            ],
             "tombstones": [1],
             "built": 2,
         },
