@@ -27,7 +27,7 @@ import pytest
 from click.testing import CliRunner
 
 from magretrieve.server.auth import needs_key
-from tests.server.test_serve import KEY, start_server
+from tests.support.server import KEY, start_server
 
 SCREENSHOTS_ENV = "MAGRETRIEVE_SCREENSHOTS"
 
