@@ -10,7 +10,7 @@ import csv
 import json
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -256,6 +256,34 @@ def is_empty(doc: Document) -> bool:
     return blank(doc.text) and blank(doc.title)
 
 
+def _duplicate_id(path: Path, lineno: int, doc_id: str, first: int) -> DataError:
+    return DataError(f"{path}:{lineno}: duplicate document id {doc_id!r} (first on line {first})")
+
+
+def iter_documents_to_index(
+    path: str | Path, *, skip_empty: bool = False, on_empty: Callable[[str], Any] | None = None
+) -> Iterator[tuple[int, Document]]:
+    """The documents of a corpus file to index, with their lines, checked as indexing needs:
+    a duplicate id is refused (naming both lines), and so is a document with empty title and
+    text unless ``skip_empty``, which leaves it out and hands its id to ``on_empty``."""
+    path = Path(path)
+    first: dict[str, int] = {}
+    for lineno, doc in iter_corpus(path, skip_empty=True):
+        if is_empty(doc):
+            if not skip_empty:
+                raise DataError(
+                    f"{path}:{lineno}: document {doc.id!r} has empty title and text "
+                    "(`magretrieve index --skip-empty` skips and counts such documents)"
+                )
+            if on_empty is not None:
+                on_empty(doc.id)
+            continue
+        if doc.id in first:
+            raise _duplicate_id(path, lineno, doc.id, first[doc.id])
+        first[doc.id] = lineno
+        yield lineno, doc
+
+
 def load_corpus(path: str | Path, *, allow_empty: bool = False) -> dict[str, Document]:
     """Read a whole corpus, refusing duplicate ids and an empty file."""
     path = Path(path)
@@ -263,9 +291,7 @@ def load_corpus(path: str | Path, *, allow_empty: bool = False) -> dict[str, Doc
     first_line: dict[str, int] = {}
     for lineno, doc in iter_corpus(path, allow_empty=allow_empty):
         if doc.id in corpus:
-            raise DataError(
-                f"{path}:{lineno}: duplicate document id {doc.id!r} (first on line {first_line[doc.id]})"
-            )
+            raise _duplicate_id(path, lineno, doc.id, first_line[doc.id])
         corpus[doc.id] = doc
         first_line[doc.id] = lineno
     if not corpus:
