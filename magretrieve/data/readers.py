@@ -13,10 +13,12 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from magretrieve.core.errors import DataError
 from magretrieve.core.text import blank, lone_surrogate
+
+R = TypeVar("R")
 
 logger = logging.getLogger(__name__)
 
@@ -420,20 +422,30 @@ def load_beir(spec: str | Path, default_split: str = "test") -> RetrievalDataset
     return RetrievalDataset(folder.name, split, corpus, queries, qrels, source=str(qrels_path))
 
 
+def _load_records(
+    path: str | Path, parse: Callable[[dict[str, Any], Path, int], R], none: str
+) -> list[R]:
+    """One record per JSONL line, made by ``parse(obj, path, lineno)`` (its errors name the
+    line); a file without any is refused as ``{path}: {none}``."""
+    path = Path(path)
+    records = [parse(obj, path, lineno) for lineno, obj in read_jsonl(path)]
+    if not records:
+        raise DataError(f"{path}: {none}")
+    return records
+
+
+def _training_pair(obj: dict[str, Any], path: Path, lineno: int) -> TrainingPair:
+    query = _required_str(obj, "query", path, lineno)
+    positive = _required_str(obj, "positive", path, lineno)
+    negatives = obj.get("negatives", []) or []
+    if not isinstance(negatives, list) or not all(isinstance(n, str) for n in negatives):
+        raise DataError(f"{path}:{lineno}: field 'negatives' must be a list of strings")
+    return TrainingPair(query, positive, list(negatives))
+
+
 def load_pairs(path: str | Path) -> list[TrainingPair]:
     """Read a training JSONL of ``{"query", "positive", "negatives"?}`` objects."""
-    path = Path(path)
-    pairs: list[TrainingPair] = []
-    for lineno, obj in read_jsonl(path):
-        query = _required_str(obj, "query", path, lineno)
-        positive = _required_str(obj, "positive", path, lineno)
-        negatives = obj.get("negatives", []) or []
-        if not isinstance(negatives, list) or not all(isinstance(n, str) for n in negatives):
-            raise DataError(f"{path}:{lineno}: field 'negatives' must be a list of strings")
-        pairs.append(TrainingPair(query, positive, list(negatives)))
-    if not pairs:
-        raise DataError(f"{path}: no training pairs (no positives)")
-    return pairs
+    return _load_records(path, _training_pair, "no training pairs (no positives)")
 
 
 #: Gold score from which a sentence pair of an STS file counts as a positive for training.
@@ -482,26 +494,22 @@ def load_training_data(spec: str | Path) -> list[TrainingPair]:
     return read_training_data(spec).pairs
 
 
+def _sentence_pair(obj: dict[str, Any], path: Path, lineno: int) -> SentencePair:
+    a = _required_str(obj, "sentence1", path, lineno)
+    b = _required_str(obj, "sentence2", path, lineno)
+    score = obj.get("score")
+    try:
+        value = float(score) if isinstance(score, (int, float)) else math.nan
+    except OverflowError:  # an integer too large for a float
+        value = math.nan
+    if isinstance(score, bool) or not math.isfinite(value):
+        raise DataError(f"{path}:{lineno}: field 'score' must be a finite number, got {score!r}")
+    return SentencePair(a, b, value)
+
+
 def load_sentence_pairs(path: str | Path) -> list[SentencePair]:
     """Read an STS-style JSONL (``sentence1``, ``sentence2``, ``score``)."""
-    path = Path(path)
-    pairs: list[SentencePair] = []
-    for lineno, obj in read_jsonl(path):
-        a = _required_str(obj, "sentence1", path, lineno)
-        b = _required_str(obj, "sentence2", path, lineno)
-        score = obj.get("score")
-        try:
-            value = float(score) if isinstance(score, (int, float)) else math.nan
-        except OverflowError:  # an integer too large for a float
-            value = math.nan
-        if isinstance(score, bool) or not math.isfinite(value):
-            raise DataError(
-                f"{path}:{lineno}: field 'score' must be a finite number, got {score!r}"
-            )
-        pairs.append(SentencePair(a, b, value))
-    if not pairs:
-        raise DataError(f"{path}: no sentence pairs")
-    return pairs
+    return _load_records(path, _sentence_pair, "no sentence pairs")
 
 
 def is_sentence_pair_file(spec: str | Path) -> bool:
