@@ -5,6 +5,7 @@ Commands import shared code from here (or the library), never from each other.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -63,7 +64,26 @@ def device_option(help_text: str):  # type: ignore[no-untyped-def]
 
 def magnitude_options(func: Any) -> Any:
     """``--head`` / ``--corpus-prior`` / ``--prior-file`` / ``--k``: where a document's magnitude
-    m(d) comes from, for the commands that apply one to stored vectors (rescale, annotate)."""
+    m(d) comes from, for the commands that apply one to stored vectors (rescale, annotate).
+
+    The command receives them as one ``magnitude`` argument: the ``head=`` and ``prior=``
+    keywords of ``rescale_store`` and ``annotate_store``.
+    """
+
+    @functools.wraps(func)
+    def command(
+        *args: Any,
+        head_dir: str | None,
+        beta: float | None,
+        prior_file: str | None,
+        k: int,
+        **kwargs: Any,
+    ) -> Any:
+        from magretrieve.priors import prior_option
+
+        magnitude = {"head": head_dir, "prior": prior_option(beta, prior_file, k)}
+        return func(*args, magnitude=magnitude, **kwargs)
+
     options = [
         click.option(
             "--head",
@@ -92,8 +112,32 @@ def magnitude_options(func: Any) -> Any:
         ),
     ]
     for option in reversed(options):
-        func = option(func)
-    return func
+        command = option(command)
+    return command
+
+
+def print_magnitude_report(
+    report: Any, as_json: bool, headline: str, extra: dict[str, Any] | None = None
+) -> None:
+    """A rescale's or an annotation's report: JSON, or ``headline`` and a table of the
+    magnitude's kind and range (plus the ``extra`` columns)."""
+    if as_json:
+        print_json(report.to_dict())
+        return
+    click.echo(headline)
+    extra = extra or {}
+    print_table(
+        ["magnitude", "min", "mean", "max", *extra],
+        [
+            (
+                report.kind,
+                report.magnitude_min,
+                report.magnitude_mean,
+                report.magnitude_max,
+                *extra.values(),
+            )
+        ],
+    )
 
 
 def store_options(fn):  # type: ignore[no-untyped-def]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from magretrieve.cli._common import magnitude_options
@@ -41,11 +43,8 @@ from magretrieve.cli._group import main
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def annotate_cmd(
     store_spec: str,
-    head_dir: str | None,
-    beta: float | None,
-    prior_file: str | None,
+    magnitude: dict[str, Any],
     norms_from: str | None,
-    k: int,
     field: str | None,
     prefetch: int | None,
     as_json: bool,
@@ -59,26 +58,15 @@ def annotate_cmd(
     `fit-prior` (--prior-file). While it runs the store is marked incomplete (searches rank by
     plain cosine); if it is interrupted, run the same command again.
     """
-    from magretrieve.cli._common import print_json, print_table
-    from magretrieve.priors import prior_option
+    from magretrieve.cli._common import print_magnitude_report
     from magretrieve.priors.annotate import annotate_store
 
     report = annotate_store(
-        store_spec,
-        head=head_dir,
-        prior=prior_option(beta, prior_file, k),
-        norms_from=norms_from,
-        field=field,
-        prefetch=prefetch,
+        store_spec, **magnitude, norms_from=norms_from, field=field, prefetch=prefetch
     )
-    if as_json:
-        print_json(report.to_dict())
-        return
-    click.echo(
+    print_magnitude_report(
+        report,
+        as_json,
         f"annotated {report.count} points of {report.store}: payload field {report.field!r}, "
-        f"prefetch {report.prefetch}"
-    )
-    print_table(
-        ["magnitude", "min", "mean", "max"],
-        [(report.kind, report.magnitude_min, report.magnitude_mean, report.magnitude_max)],
+        f"prefetch {report.prefetch}",
     )

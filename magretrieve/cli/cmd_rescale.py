@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from magretrieve.cli._common import collect_store_options, magnitude_options, store_options
@@ -28,10 +30,7 @@ from magretrieve.cli._group import main
 def rescale_cmd(
     source: str,
     target: str,
-    head_dir: str | None,
-    beta: float | None,
-    prior_file: str | None,
-    k: int,
+    magnitude: dict[str, Any],
     check_sample: int,
     skip_encoder_check: bool,
     force: bool,
@@ -45,33 +44,21 @@ def rescale_cmd(
     as before: scores become m(d)·cos(q, d) + b(d); a prior with an offset b(d) stores one extra
     coordinate, which the Retriever handles.
     """
-    from magretrieve.cli._common import print_json, print_table
-    from magretrieve.priors import prior_option
+    from magretrieve.cli._common import print_magnitude_report
     from magretrieve.priors.rescale import rescale_store
 
     report = rescale_store(
         source,
         target,
-        head=head_dir,
-        prior=prior_option(beta, prior_file, k),
+        **magnitude,
         encoder_check_sample=check_sample,
         skip_encoder_check=skip_encoder_check,
         force=force,
         **collect_store_options(**store_kw),
     )
-    if as_json:
-        print_json(report.to_dict())
-        return
-    click.echo(f"rescaled {report.count} documents: {report.source} -> {report.target}")
-    print_table(
-        ["magnitude", "min", "mean", "max", "encoder check"],
-        [
-            (
-                report.kind,
-                report.magnitude_min,
-                report.magnitude_mean,
-                report.magnitude_max,
-                report.encoder_check,
-            )
-        ],
+    print_magnitude_report(
+        report,
+        as_json,
+        f"rescaled {report.count} documents: {report.source} -> {report.target}",
+        {"encoder check": report.encoder_check},
     )

@@ -13,12 +13,13 @@ import copy
 import json
 import logging
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from magretrieve.core import similarity
 from magretrieve.core.errors import ConfigError
+from magretrieve.core.field_view import FieldView
 from magretrieve.core.norm_head import FROZEN_KEY, NormHeadSpec
 
 logger = logging.getLogger(__name__)
@@ -83,29 +84,9 @@ class EncoderConfig:
 
     # The head's fields under their on-disk (and ``Encoder.load``/CLI option) names.
 
-    @property
-    def norm_head(self) -> str:
-        return self.head.kind
-
-    @norm_head.setter
-    def norm_head(self, kind: str) -> None:
-        self.head = replace(self.head, kind=kind)
-
-    @property
-    def norm_head_hidden(self) -> int:
-        return self.head.hidden
-
-    @norm_head_hidden.setter
-    def norm_head_hidden(self, hidden: int) -> None:
-        self.head = replace(self.head, hidden=hidden)
-
-    @property
-    def norm_head_bound(self) -> float:
-        return self.head.bound
-
-    @norm_head_bound.setter
-    def norm_head_bound(self, bound: float) -> None:
-        self.head = replace(self.head, bound=bound)
+    norm_head = FieldView[str]("head", "kind", writable=True)
+    norm_head_hidden = FieldView[int]("head", "hidden", writable=True)
+    norm_head_bound = FieldView[float]("head", "bound", writable=True)
 
     def validate(self) -> None:
         sim = similarity.resolve(

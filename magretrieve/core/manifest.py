@@ -27,6 +27,7 @@ from typing import Any
 from magretrieve.core import similarity
 from magretrieve.core.config import SIDES, EncoderConfig
 from magretrieve.core.errors import ConfigError, ManifestError
+from magretrieve.core.field_view import FieldView
 from magretrieve.core.files import is_plain_file_name, sha256_file, sha256_hex
 
 MANIFEST_NAME = "magretrieve.json"
@@ -195,45 +196,16 @@ class Manifest:
 
     # ------------------------------------------------------------------ views
 
-    @property
-    def mode(self) -> str:
-        return self.encoder.mode
-
-    @property
-    def gamma_q(self) -> float:
-        return self.encoder.gamma_q
-
-    @property
-    def gamma_d(self) -> float:
-        return self.encoder.gamma_d
-
-    @property
-    def pooling(self) -> str:
-        return self.encoder.pooling
-
-    @property
-    def max_query_length(self) -> int:
-        return self.encoder.max_query_length
-
-    @property
-    def max_document_length(self) -> int:
-        return self.encoder.max_document_length
-
-    @property
-    def query_prefix(self) -> str:
-        return self.encoder.query_prefix
-
-    @property
-    def document_prefix(self) -> str:
-        return self.encoder.document_prefix
-
-    @property
-    def norm_scale(self) -> float:
-        return self.encoder.norm_scale
-
-    @property
-    def base_model(self) -> str:
-        return self.encoder.base_model
+    mode = FieldView[str]("encoder")
+    gamma_q = FieldView[float]("encoder")
+    gamma_d = FieldView[float]("encoder")
+    pooling = FieldView[str]("encoder")
+    max_query_length = FieldView[int]("encoder")
+    max_document_length = FieldView[int]("encoder")
+    query_prefix = FieldView[str]("encoder")
+    document_prefix = FieldView[str]("encoder")
+    norm_scale = FieldView[float]("encoder")
+    base_model = FieldView[str]("encoder")
 
     @property
     def similarity(self) -> similarity.Similarity:

@@ -10,13 +10,15 @@ import csv
 import json
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from magretrieve.core.errors import DataError
 from magretrieve.core.text import blank, lone_surrogate
+
+R = TypeVar("R")
 
 logger = logging.getLogger(__name__)
 
@@ -256,6 +258,34 @@ def is_empty(doc: Document) -> bool:
     return blank(doc.text) and blank(doc.title)
 
 
+def _duplicate_id(path: Path, lineno: int, doc_id: str, first: int) -> DataError:
+    return DataError(f"{path}:{lineno}: duplicate document id {doc_id!r} (first on line {first})")
+
+
+def iter_documents_to_index(
+    path: str | Path, *, skip_empty: bool = False, on_empty: Callable[[str], Any] | None = None
+) -> Iterator[tuple[int, Document]]:
+    """The documents of a corpus file to index, with their lines, checked as indexing needs:
+    a duplicate id is refused (naming both lines), and so is a document with empty title and
+    text unless ``skip_empty``, which leaves it out and hands its id to ``on_empty``."""
+    path = Path(path)
+    first: dict[str, int] = {}
+    for lineno, doc in iter_corpus(path, skip_empty=True):
+        if is_empty(doc):
+            if not skip_empty:
+                raise DataError(
+                    f"{path}:{lineno}: document {doc.id!r} has empty title and text "
+                    "(`magretrieve index --skip-empty` skips and counts such documents)"
+                )
+            if on_empty is not None:
+                on_empty(doc.id)
+            continue
+        if doc.id in first:
+            raise _duplicate_id(path, lineno, doc.id, first[doc.id])
+        first[doc.id] = lineno
+        yield lineno, doc
+
+
 def load_corpus(path: str | Path, *, allow_empty: bool = False) -> dict[str, Document]:
     """Read a whole corpus, refusing duplicate ids and an empty file."""
     path = Path(path)
@@ -263,9 +293,7 @@ def load_corpus(path: str | Path, *, allow_empty: bool = False) -> dict[str, Doc
     first_line: dict[str, int] = {}
     for lineno, doc in iter_corpus(path, allow_empty=allow_empty):
         if doc.id in corpus:
-            raise DataError(
-                f"{path}:{lineno}: duplicate document id {doc.id!r} (first on line {first_line[doc.id]})"
-            )
+            raise _duplicate_id(path, lineno, doc.id, first_line[doc.id])
         corpus[doc.id] = doc
         first_line[doc.id] = lineno
     if not corpus:
@@ -394,20 +422,30 @@ def load_beir(spec: str | Path, default_split: str = "test") -> RetrievalDataset
     return RetrievalDataset(folder.name, split, corpus, queries, qrels, source=str(qrels_path))
 
 
+def _load_records(
+    path: str | Path, parse: Callable[[dict[str, Any], Path, int], R], none: str
+) -> list[R]:
+    """One record per JSONL line, made by ``parse(obj, path, lineno)`` (its errors name the
+    line); a file without any is refused as ``{path}: {none}``."""
+    path = Path(path)
+    records = [parse(obj, path, lineno) for lineno, obj in read_jsonl(path)]
+    if not records:
+        raise DataError(f"{path}: {none}")
+    return records
+
+
+def _training_pair(obj: dict[str, Any], path: Path, lineno: int) -> TrainingPair:
+    query = _required_str(obj, "query", path, lineno)
+    positive = _required_str(obj, "positive", path, lineno)
+    negatives = obj.get("negatives", []) or []
+    if not isinstance(negatives, list) or not all(isinstance(n, str) for n in negatives):
+        raise DataError(f"{path}:{lineno}: field 'negatives' must be a list of strings")
+    return TrainingPair(query, positive, list(negatives))
+
+
 def load_pairs(path: str | Path) -> list[TrainingPair]:
     """Read a training JSONL of ``{"query", "positive", "negatives"?}`` objects."""
-    path = Path(path)
-    pairs: list[TrainingPair] = []
-    for lineno, obj in read_jsonl(path):
-        query = _required_str(obj, "query", path, lineno)
-        positive = _required_str(obj, "positive", path, lineno)
-        negatives = obj.get("negatives", []) or []
-        if not isinstance(negatives, list) or not all(isinstance(n, str) for n in negatives):
-            raise DataError(f"{path}:{lineno}: field 'negatives' must be a list of strings")
-        pairs.append(TrainingPair(query, positive, list(negatives)))
-    if not pairs:
-        raise DataError(f"{path}: no training pairs (no positives)")
-    return pairs
+    return _load_records(path, _training_pair, "no training pairs (no positives)")
 
 
 #: Gold score from which a sentence pair of an STS file counts as a positive for training.
@@ -456,26 +494,22 @@ def load_training_data(spec: str | Path) -> list[TrainingPair]:
     return read_training_data(spec).pairs
 
 
+def _sentence_pair(obj: dict[str, Any], path: Path, lineno: int) -> SentencePair:
+    a = _required_str(obj, "sentence1", path, lineno)
+    b = _required_str(obj, "sentence2", path, lineno)
+    score = obj.get("score")
+    try:
+        value = float(score) if isinstance(score, (int, float)) else math.nan
+    except OverflowError:  # an integer too large for a float
+        value = math.nan
+    if isinstance(score, bool) or not math.isfinite(value):
+        raise DataError(f"{path}:{lineno}: field 'score' must be a finite number, got {score!r}")
+    return SentencePair(a, b, value)
+
+
 def load_sentence_pairs(path: str | Path) -> list[SentencePair]:
     """Read an STS-style JSONL (``sentence1``, ``sentence2``, ``score``)."""
-    path = Path(path)
-    pairs: list[SentencePair] = []
-    for lineno, obj in read_jsonl(path):
-        a = _required_str(obj, "sentence1", path, lineno)
-        b = _required_str(obj, "sentence2", path, lineno)
-        score = obj.get("score")
-        try:
-            value = float(score) if isinstance(score, (int, float)) else math.nan
-        except OverflowError:  # an integer too large for a float
-            value = math.nan
-        if isinstance(score, bool) or not math.isfinite(value):
-            raise DataError(
-                f"{path}:{lineno}: field 'score' must be a finite number, got {score!r}"
-            )
-        pairs.append(SentencePair(a, b, value))
-    if not pairs:
-        raise DataError(f"{path}: no sentence pairs")
-    return pairs
+    return _load_records(path, _sentence_pair, "no sentence pairs")
 
 
 def is_sentence_pair_file(spec: str | Path) -> bool:

@@ -3,7 +3,7 @@
 Layout of a run (``magretrieve index EXPORT CORPUS --store SPEC --engine ray``):
 
 1. **Check, on the driver** (no Ray yet): every line is parsed as the local engine parses it
-   (:func:`magretrieve.data.readers.iter_corpus`) and duplicate ids are refused naming their lines, so
+   (:func:`magretrieve.data.readers.iter_documents_to_index`) and duplicate ids are refused naming their lines, so
    bad input fails before anything is encoded or stored. The ids the store already holds are
    looked up (``store.existing``): a re-run skips them, exactly like the local engine.
 2. **Encode, on the cluster**: Ray Data reads the JSONL in byte ranges cut at ``\\n`` and splits
@@ -36,7 +36,13 @@ import numpy as np
 
 from magretrieve.core.errors import ConfigError, DataError, StoreError
 from magretrieve.core.extras import require
-from magretrieve.data.readers import Document, corpus_document, is_empty, iter_corpus
+from magretrieve.data.readers import (
+    Document,
+    corpus_document,
+    is_empty,
+    iter_corpus,
+    iter_documents_to_index,
+)
 from magretrieve.engines import RayOptions
 from magretrieve.serving.indexing import IndexReport
 from magretrieve.stores.base import check_finite
@@ -116,33 +122,21 @@ def check_corpus(
     retriever: Retriever, path: Path, skip_empty: bool
 ) -> tuple[int, set[str], list[str]]:
     """Validate every line, refuse duplicates; return (documents, ids stored, empty ids)."""
-    seen: dict[str, int] = {}
+    documents = 0
     stored: set[str] = set()
     empty: list[str] = []
     pending: list[str] = []
-    for line, doc in iter_corpus(path, skip_empty=True):
-        if is_empty(doc):
-            if not skip_empty:
-                raise DataError(
-                    f"{path}:{line}: document {doc.id!r} has empty title and text "
-                    "(`magretrieve index --skip-empty` skips and counts such documents)"
-                )
-            empty.append(doc.id)
-            continue
-        if doc.id in seen:
-            raise DataError(
-                f"{path}:{line}: duplicate document id {doc.id!r} (first on line {seen[doc.id]})"
-            )
-        seen[doc.id] = line
+    for _, doc in iter_documents_to_index(path, skip_empty=skip_empty, on_empty=empty.append):
+        documents += 1
         pending.append(doc.id)
         if len(pending) >= EXISTING_CHUNK:
             stored |= retriever.store.existing(pending)
             pending.clear()
     if pending:
         stored |= retriever.store.existing(pending)
-    if not seen:
+    if not documents:
         raise DataError(f"{path}: no document to index")
-    return len(seen), stored, empty
+    return documents, stored, empty
 
 
 def line_ranges(path: Path, chunk: int) -> list[tuple[int, int]]:
@@ -272,7 +266,6 @@ def index_corpus_ray(
             retriever.persist()  # keep what was written even when the run stops on an error
             if started:
                 ray.shutdown()
-    from magretrieve.data.readers import iter_corpus
     from magretrieve.serving.indexing import use_pseudo_queries
     from magretrieve.serving.tuning_queries import PseudoQuerySampler
 

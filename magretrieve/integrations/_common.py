@@ -1,4 +1,5 @@
-"""What both framework retrievers share: checking the wrapped retriever, hit -> text + metadata."""
+"""What the framework retrievers share: checking the wrapped retriever and its options, the
+search with its filter, hit -> text + metadata."""
 
 from __future__ import annotations
 
@@ -66,3 +67,12 @@ def search_kwargs(where: dict[str, Any] | None) -> dict[str, Any]:
     """The ``where`` keyword of a search, only when a filter is set (a retriever-like object
     that takes no filter still works without one)."""
     return {"where": where} if where else {}
+
+
+def search_hits(
+    retriever: Any, query: str, k: int, where: Any, default: dict[str, Any] | None
+) -> list[Any]:
+    """The top-``k`` hits of ``query``, filtered by ``where`` (checked) when given, else by the
+    framework object's ``default`` filter (None: no filter)."""
+    wanted = default if where is None else check_where_option(where)
+    return list(retriever.search(query, k=k, **search_kwargs(wanted)))

@@ -38,7 +38,7 @@ import copy
 import logging
 import threading
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from magretrieve.core.extras import require
 
@@ -50,13 +50,7 @@ from haystack.utils import Secret, deserialize_secrets_inplace  # noqa: E402
 from magretrieve.core.env import API_KEY_ENV  # noqa: E402
 from magretrieve.core.errors import ConfigError  # noqa: E402
 from magretrieve.core.redact import MASK, is_secret_name, redact, redact_value  # noqa: E402
-from magretrieve.integrations._common import (  # noqa: E402
-    check_top_k,
-    check_where_option,
-    hit_metadata,
-    hit_text,
-    search_kwargs,
-)
+from magretrieve.integrations import _common as common  # noqa: E402
 from magretrieve.integrations._encoder import (  # noqa: E402
     DEFAULT_TIMEOUT,
     LazyEncoder,
@@ -87,8 +81,13 @@ def _check_secret(value: Any, name: str) -> Secret:
     return value
 
 
+_E = TypeVar("_E", bound="_Embedder")
+
+
 class _Embedder:
     """What both embedders share: the source (export or server), its key, to_dict fields."""
+
+    _side: str  # the graph the embedder runs: "query" or "document"
 
     def _init_source(
         self,
@@ -113,6 +112,17 @@ class _Embedder:
             timeout=self.timeout,
         )
 
+    def warm_up(self) -> None:
+        """Open the export's graph of this embedder's side, or read the server's ``/info`` (a
+        Pipeline calls this before running)."""
+        self._encoder.warm_up(self._side)
+
+    @classmethod
+    def from_dict(cls: type[_E], data: dict[str, Any]) -> _E:
+        data = copy.deepcopy(data)
+        deserialize_secrets_inplace(data.get("init_parameters", {}), keys=["api_key"])
+        return default_from_dict(cls, data)
+
     def _source_dict(self) -> dict[str, Any]:
         return {
             "export_dir": self.export_dir,
@@ -133,6 +143,8 @@ class MagRetrieveTextEmbedder(_Embedder):
     ``export_dir`` in this process or by the server at ``url``.
     """
 
+    _side = "query"
+
     def __init__(
         self,
         export_dir: str | None = None,
@@ -144,19 +156,8 @@ class MagRetrieveTextEmbedder(_Embedder):
     ) -> None:
         self._init_source(export_dir, threads, runtime, url, api_key, timeout)
 
-    def warm_up(self) -> None:
-        """Open the export's query graph, or read the server's ``/info`` (a Pipeline calls
-        this before running)."""
-        self._encoder.warm_up("query")
-
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(self, **self._source_dict())
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> MagRetrieveTextEmbedder:
-        data = copy.deepcopy(data)
-        deserialize_secrets_inplace(data.get("init_parameters", {}), keys=["api_key"])
-        return default_from_dict(cls, data)
 
     @component.output_types(embedding=list[float])
     def run(self, text: str) -> dict[str, Any]:
@@ -182,6 +183,8 @@ class MagRetrieveDocumentEmbedder(_Embedder):
     may share a graph run) or per request (remote; the server's ``max_inputs`` caps it).
     """
 
+    _side = "document"
+
     def __init__(
         self,
         export_dir: str | None = None,
@@ -195,23 +198,12 @@ class MagRetrieveDocumentEmbedder(_Embedder):
     ) -> None:
         self._init_source(export_dir, threads, runtime, url, api_key, timeout)
         self.title_field = title_field
-        self.batch_size = check_top_k(batch_size, "batch_size")
-
-    def warm_up(self) -> None:
-        """Open the export's document graph, or read the server's ``/info`` (a Pipeline calls
-        this before running)."""
-        self._encoder.warm_up("document")
+        self.batch_size = common.check_top_k(batch_size, "batch_size")
 
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(
             self, title_field=self.title_field, batch_size=self.batch_size, **self._source_dict()
         )
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> MagRetrieveDocumentEmbedder:
-        data = copy.deepcopy(data)
-        deserialize_secrets_inplace(data.get("init_parameters", {}), keys=["api_key"])
-        return default_from_dict(cls, data)
 
     def _text(self, doc: Document, position: int) -> str:
         if not isinstance(doc, Document):
@@ -340,8 +332,8 @@ class MagRetrieveRetriever:
     ) -> None:
         self.export_dir = _check_export_dir(export_dir)
         self.store = _check_store(store)
-        self.top_k = check_top_k(top_k, "top_k")
-        self.where = check_where_option(where)
+        self.top_k = common.check_top_k(top_k, "top_k")
+        self.where = common.check_where_option(where)
         self.threads = check_threads(threads)
         self.runtime = runtime
         self.store_options = _check_store_options(store_options)
@@ -421,11 +413,15 @@ class MagRetrieveRetriever:
         (default: the component's own ``where``)."""
         if not isinstance(query, str):
             raise ConfigError(f"query must be a string, got {type(query).__name__}")
-        k = self.top_k if top_k is None else check_top_k(top_k, "top_k")
-        wanted = self.where if where is None else check_where_option(where)
-        hits = self._open().search(query, k=k, **search_kwargs(wanted))
+        k = self.top_k if top_k is None else common.check_top_k(top_k, "top_k")
+        hits = common.search_hits(self._open(), query, k, where, default=self.where)
         docs = [
-            Document(id=h.id, content=hit_text(h), meta=hit_metadata(h), score=float(h.score))
+            Document(
+                id=h.id,
+                content=common.hit_text(h),
+                meta=common.hit_metadata(h),
+                score=float(h.score),
+            )
             for h in hits
         ]
         return {"documents": docs}

@@ -43,38 +43,27 @@ from langchain_core.documents import Document  # noqa: E402
 from langchain_core.embeddings import Embeddings  # noqa: E402
 from langchain_core.retrievers import BaseRetriever  # noqa: E402
 from langchain_core.utils import secret_from_env  # noqa: E402
-from pydantic import (  # noqa: E402
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    SecretStr,
-    field_validator,
-    model_validator,
-)
+from pydantic import ConfigDict, Field, SecretStr  # noqa: E402
 
 from magretrieve.core.errors import ConfigError  # noqa: E402
-from magretrieve.integrations._common import (  # noqa: E402
-    check_retriever,
-    check_top_k,
-    check_where_option,
-    hit_metadata,
-    hit_text,
-    search_kwargs,
-)
-from magretrieve.integrations._encoder import (  # noqa: E402
-    DEFAULT_TIMEOUT,
-    LazyEncoder,
-    check_source,
-    check_threads,
-    check_timeout,
-)
+from magretrieve.integrations import _common as common  # noqa: E402
+from magretrieve.integrations._pydantic import CheckedFields, EncoderSource  # noqa: E402
 from magretrieve.integrations.vector_stores import check_vector_store  # noqa: E402
 
 __all__ = ["MagRetrieveEmbeddings", "MagRetrieveRetriever"]
 
 
-class MagRetrieveEmbeddings(BaseModel, Embeddings):
+def _one_text(text: Any) -> str:
+    if not isinstance(text, str):
+        raise ConfigError(f"embed_query takes one string, got {type(text).__name__}")
+    return text
+
+
+def _check_batch_size(value: Any) -> int | None:
+    return None if value is None else common.check_top_k(value, "batch_size")
+
+
+class MagRetrieveEmbeddings(EncoderSource, Embeddings):
     """LangChain ``Embeddings``: ``embed_query`` by the query graph, ``embed_documents`` by the
     document graph (each document's magnitude kept), from an export folder or a server.
 
@@ -85,80 +74,27 @@ class MagRetrieveEmbeddings(BaseModel, Embeddings):
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+    _field_checks = {**EncoderSource._field_checks, "batch_size": _check_batch_size}
 
-    export_dir: str | None = None
-    """An export folder (``magretrieve export``): vectors computed in this process."""
-    url: str | None = None
-    """A ``magretrieve serve`` base URL: vectors computed by the server."""
     api_key: SecretStr | None = Field(default_factory=secret_from_env(API_KEY_ENV, default=None))
     """The server's key (remote mode); default ``$MAGRETRIEVE_API_KEY``."""
     batch_size: int | None = None
-    threads: int | None = None
-    runtime: str | None = None
-    timeout: float = DEFAULT_TIMEOUT
-    """Seconds per request (remote mode)."""
-
-    _encoder: LazyEncoder = PrivateAttr()
-
-    @field_validator("batch_size", mode="before")
-    @classmethod
-    def _check_batch_size(cls, value: Any) -> Any:
-        return None if value is None else check_top_k(value, "batch_size")
-
-    @field_validator("threads", mode="before")
-    @classmethod
-    def _check_threads(cls, value: Any) -> Any:
-        return check_threads(value)
-
-    @field_validator("timeout", mode="before")
-    @classmethod
-    def _check_timeout(cls, value: Any) -> Any:
-        return check_timeout(value)
-
-    @model_validator(mode="after")
-    def _check_source(self) -> MagRetrieveEmbeddings:
-        self.export_dir, self.url = check_source(self.export_dir, self.url)
-        return self
-
-    def model_post_init(self, context: Any, /) -> None:
-        super().model_post_init(context)
-        key = self.api_key
-        self._encoder = LazyEncoder(
-            self.export_dir,
-            self.url,
-            api_key=(lambda: key.get_secret_value()) if key is not None else None,
-            threads=self.threads,
-            runtime=self.runtime,
-            timeout=self.timeout,
-        )
-
-    def _embed(self, texts: list[str], side: str) -> list[list[float]]:
-        vectors = self._encoder.encode(texts, side, batch_size=self.batch_size)
-        return [[float(x) for x in v] for v in vectors]
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         """Document vectors ``d / ‖d‖^γd`` (the document graph): what an index should keep."""
-        return self._embed(texts, "document")
+        return self._embed(texts, "document", self.batch_size)
 
     def embed_query(self, text: str) -> list[float]:
         """The query vector ``q / ‖q‖^γq`` (the query graph)."""
-        if not isinstance(text, str):
-            raise ConfigError(f"embed_query takes one string, got {type(text).__name__}")
-        return self._embed([text], "query")[0]
-
-    async def _aembed(self, texts: list[str], side: str) -> list[list[float]]:
-        vectors = await self._encoder.aencode(texts, side, batch_size=self.batch_size)
-        return [[float(x) for x in v] for v in vectors]
+        return self._embed([_one_text(text)], "query")[0]
 
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
         """:meth:`embed_documents` for asyncio: concurrent calls share the engine's batches."""
-        return await self._aembed(texts, "document")
+        return await self._aembed(texts, "document", self.batch_size)
 
     async def aembed_query(self, text: str) -> list[float]:
         """:meth:`embed_query` for asyncio: concurrent calls share the engine's batches."""
-        if not isinstance(text, str):
-            raise ConfigError(f"embed_query takes one string, got {type(text).__name__}")
-        return (await self._aembed([text], "query"))[0]
+        return (await self._aembed([_one_text(text)], "query"))[0]
 
     def check_store(self, store: Any) -> str:
         """How ``store`` (a LangChain vector store) ranks: ``"inner_product"``, ``"cosine"``,
@@ -167,10 +103,15 @@ class MagRetrieveEmbeddings(BaseModel, Embeddings):
         return check_vector_store(store)
 
 
-class MagRetrieveRetriever(BaseRetriever):
+class MagRetrieveRetriever(CheckedFields, BaseRetriever):
     """``BaseRetriever`` over a magretrieve ``Retriever``: top-``k`` by inner product."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
+    _field_checks = {
+        "retriever": common.check_retriever,
+        "k": lambda value: common.check_top_k(value, "k"),
+        "where": common.check_where_option,
+    }
 
     retriever: Any
     """A :class:`magretrieve.serving.retriever.Retriever` (export + store)."""
@@ -180,27 +121,14 @@ class MagRetrieveRetriever(BaseRetriever):
     """Payload filter ``{field: value}`` (the server's ``/search`` filter): only documents whose
     payload holds every field with an equal value; ``invoke(query, where=...)`` per call."""
 
-    @field_validator("retriever")
-    @classmethod
-    def _check_retriever(cls, value: Any) -> Any:
-        return check_retriever(value)
-
-    @field_validator("k", mode="before")
-    @classmethod
-    def _check_k(cls, value: Any) -> int:
-        return check_top_k(value, "k")
-
-    @field_validator("where", mode="before")
-    @classmethod
-    def _check_where(cls, value: Any) -> dict[str, Any] | None:
-        return check_where_option(value)
-
     def _to_documents(self, hits: list[Any]) -> list[Document]:
-        return [Document(page_content=hit_text(h), metadata=hit_metadata(h), id=h.id) for h in hits]
+        return [
+            Document(page_content=common.hit_text(h), metadata=common.hit_metadata(h), id=h.id)
+            for h in hits
+        ]
 
     def _search(self, query: str, where: Any) -> list[Any]:
-        wanted = self.where if where is None else check_where_option(where)
-        return list(self.retriever.search(query, k=self.k, **search_kwargs(wanted)))
+        return common.search_hits(self.retriever, query, self.k, where, default=self.where)
 
     def _get_relevant_documents(
         self,

@@ -29,10 +29,8 @@ Needs ``pip install 'magretrieve[llama-index]'``.
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
-from magretrieve.core.env import API_KEY_ENV
 from magretrieve.core.extras import require
 
 require("llama_index.core")
@@ -40,35 +38,16 @@ require("llama_index.core")
 from llama_index.core.base.embeddings.base import BaseEmbedding  # noqa: E402
 from llama_index.core.retrievers import BaseRetriever  # noqa: E402
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode  # noqa: E402
-from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator  # noqa: E402
+from pydantic import Field  # noqa: E402
 
-from magretrieve.integrations._common import (  # noqa: E402
-    SCORE_KEYS,
-    check_retriever,
-    check_top_k,
-    check_where_option,
-    hit_metadata,
-    hit_text,
-    search_kwargs,
-)
-from magretrieve.integrations._encoder import (  # noqa: E402
-    DEFAULT_TIMEOUT,
-    LazyEncoder,
-    check_source,
-    check_threads,
-    check_timeout,
-)
+from magretrieve.integrations import _common as common  # noqa: E402
+from magretrieve.integrations._pydantic import EncoderSource  # noqa: E402
 from magretrieve.integrations.vector_stores import check_vector_store  # noqa: E402
 
 __all__ = ["MagRetrieveEmbedding", "MagRetrieveRetriever"]
 
 
-def _key_from_env() -> SecretStr | None:
-    value = os.environ.get(API_KEY_ENV)
-    return SecretStr(value) if value else None
-
-
-class MagRetrieveEmbedding(BaseEmbedding):
+class MagRetrieveEmbedding(EncoderSource, BaseEmbedding):
     """LlamaIndex ``BaseEmbedding``: query embeddings by the query graph, text (node)
     embeddings by the document graph (each document's magnitude kept), from an export folder
     or a server.
@@ -81,60 +60,13 @@ class MagRetrieveEmbedding(BaseEmbedding):
     """
 
     model_name: str = Field(default="magretrieve", description="A label; the export decides.")
-    export_dir: str | None = Field(default=None, description="An export folder (in-process).")
-    url: str | None = Field(default=None, description="A magretrieve serve base URL (remote).")
-    api_key: SecretStr | None = Field(
-        default_factory=_key_from_env,
-        exclude=True,
-        description="The server's key; default $MAGRETRIEVE_API_KEY.",
-    )
-    threads: int | None = Field(default=None, description="onnxruntime threads (in-process).")
-    runtime: str | None = Field(default=None, description="The graphs' runtime (in-process).")
-    timeout: float = Field(default=DEFAULT_TIMEOUT, description="Seconds per request (remote).")
-
-    _encoder: LazyEncoder = PrivateAttr()
-
-    @field_validator("threads", mode="before")
-    @classmethod
-    def _check_threads(cls, value: Any) -> Any:
-        return check_threads(value)
-
-    @field_validator("timeout", mode="before")
-    @classmethod
-    def _check_timeout(cls, value: Any) -> Any:
-        return check_timeout(value)
-
-    @model_validator(mode="after")
-    def _check_source(self) -> MagRetrieveEmbedding:
-        self.export_dir, self.url = check_source(self.export_dir, self.url)
-        return self
-
-    def model_post_init(self, context: Any, /) -> None:
-        super().model_post_init(context)
-        key = self.api_key
-        self._encoder = LazyEncoder(
-            self.export_dir,
-            self.url,
-            api_key=(lambda: key.get_secret_value()) if key is not None else None,
-            threads=self.threads,
-            runtime=self.runtime,
-            timeout=self.timeout,
-        )
 
     @classmethod
     def class_name(cls) -> str:
         return "MagRetrieveEmbedding"
 
-    def _embed(self, texts: list[str], side: str) -> list[list[float]]:
-        vectors = self._encoder.encode(texts, side)
-        return [[float(x) for x in v] for v in vectors]
-
     def _get_query_embedding(self, query: str) -> list[float]:
         return self._embed([query], "query")[0]
-
-    async def _aembed(self, texts: list[str], side: str) -> list[list[float]]:
-        vectors = await self._encoder.aencode(texts, side)
-        return [[float(x) for x in v] for v in vectors]
 
     async def _aget_query_embedding(self, query: str) -> list[float]:
         return (await self._aembed([query], "query"))[0]
@@ -158,7 +90,7 @@ class MagRetrieveEmbedding(BaseEmbedding):
         return check_vector_store(store)
 
 
-_HIDDEN = [*SCORE_KEYS, "payload"]
+_HIDDEN = [*common.SCORE_KEYS, "payload"]
 
 
 class MagRetrieveRetriever(BaseRetriever):
@@ -172,23 +104,21 @@ class MagRetrieveRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> None:
         """``where``: a payload filter ``{field: value}`` (the server's ``/search`` filter)."""
-        self.retriever = check_retriever(retriever)
-        self.similarity_top_k = check_top_k(similarity_top_k, "similarity_top_k")
-        self.where = check_where_option(where)
+        self.retriever = common.check_retriever(retriever)
+        self.similarity_top_k = common.check_top_k(similarity_top_k, "similarity_top_k")
+        self.where = common.check_where_option(where)
         super().__init__(**kwargs)
 
     def _search(self, query: str) -> list[Any]:
-        return list(
-            self.retriever.search(query, k=self.similarity_top_k, **search_kwargs(self.where))
-        )
+        return common.search_hits(self.retriever, query, self.similarity_top_k, None, self.where)
 
     def _to_nodes(self, hits: list[Any]) -> list[NodeWithScore]:
         out = []
         for h in hits:
             node = TextNode(
                 id_=h.id,
-                text=hit_text(h),
-                metadata=hit_metadata(h),
+                text=common.hit_text(h),
+                metadata=common.hit_metadata(h),
                 excluded_llm_metadata_keys=list(_HIDDEN),
                 excluded_embed_metadata_keys=list(_HIDDEN),
             )

@@ -39,7 +39,12 @@ from magretrieve.core.errors import ConfigError, StoreError
 from magretrieve.priors import DocumentPrior, prior_from_dict
 from magretrieve.priors.base import unit
 from magretrieve.priors.rescale import META_KEY as MAGNITUDE_KEY
-from magretrieve.priors.rescale import head_recipe, incomplete_marker, magnitudes_for
+from magretrieve.priors.rescale import (
+    MagnitudeReport,
+    head_recipe,
+    incomplete_marker,
+    magnitudes_for,
+)
 from magretrieve.stores.annotation import (
     ANNOTATION_KEY,
     DEFAULT_FIELD,
@@ -60,20 +65,12 @@ NOT_ANNOTATABLE = (
 
 
 @dataclass
-class AnnotateReport:
+class AnnotateReport(MagnitudeReport):
     """What an annotation did."""
 
     store: str
-    kind: str
-    count: int
     field: str
     prefetch: int
-    magnitude_min: float
-    magnitude_mean: float
-    magnitude_max: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 def open_for_annotation(spec: str) -> AnnotatableStore:
@@ -295,14 +292,10 @@ def annotate_store(
         bar.close()
         target.write_metadata(new_meta)  # last: the marker goes, the new m are served
         return AnnotateReport(
+            **MagnitudeReport.measured(recipe, mags),
             store=where,
-            kind=str(recipe.get("method") or recipe["kind"]),
-            count=len(ids),
             field=chosen_field,
             prefetch=chosen,
-            magnitude_min=float(mags.min()),
-            magnitude_mean=float(mags.mean()),
-            magnitude_max=float(mags.max()),
         )
     finally:
         if isinstance(store, str):

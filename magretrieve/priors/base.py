@@ -228,6 +228,20 @@ class DocumentPrior:
         return {"kind": KIND, "method": self.method, **self.params()}
 
 
+class QueryBankPrior(DocumentPrior):
+    """A prior that carries a bank of training queries: ``queries``, an (n, dim) float32
+    matrix (None until fitted), which must match the store's dimension."""
+
+    queries: np.ndarray | None = None
+
+    def check_dimension(self, dimension: int, source: str) -> None:
+        if self.queries is not None and self.queries.shape[1] != int(dimension):
+            raise ConfigError(
+                f"{source}: prior key 'queries' holds vectors of dimension "
+                f"{self.queries.shape[1]}, the store {dimension} (fitted with another model?)"
+            )
+
+
 def compact(prior_dict: Mapping[str, Any]) -> dict[str, Any]:
     """A prior's JSON without its bulky state (query bank, mean vector), for printing."""
     out: dict[str, Any] = {}

@@ -19,6 +19,7 @@ from magretrieve.priors.base import (
     DocumentPrior,
     Neighbours,
     PriorTerms,
+    QueryBankPrior,
     as_int,
     decode_matrix,
     encode_matrix,
@@ -30,7 +31,7 @@ from magretrieve.priors.base import (
 BANKS = ("queries", "corpus")
 
 
-class CslsPrior(DocumentPrior):
+class CslsPrior(QueryBankPrior):
     method = "csls"
     has_offset = True
 
@@ -77,13 +78,6 @@ class CslsPrior(DocumentPrior):
         if k < 1:
             raise ConfigError(f"{source}: prior key 'k' must be at least 1, got {k}")
         return cls(require(data, "alpha", float, source), k, bank, queries)
-
-    def check_dimension(self, dimension: int, source: str) -> None:
-        if self.queries is not None and self.queries.shape[1] != int(dimension):
-            raise ConfigError(
-                f"{source}: prior key 'queries' holds vectors of dimension "
-                f"{self.queries.shape[1]}, the store {dimension} (fitted with another model?)"
-            )
 
     def _neighbour_mean(self, units: np.ndarray) -> np.ndarray:
         if self.bank == "corpus":  # the hub score: one corpus-kNN code path for both priors

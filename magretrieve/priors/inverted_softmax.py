@@ -25,6 +25,7 @@ from magretrieve.priors.base import (
     DocumentPrior,
     Neighbours,
     PriorTerms,
+    QueryBankPrior,
     decode_matrix,
     encode_matrix,
     log_mean_exp,
@@ -32,7 +33,7 @@ from magretrieve.priors.base import (
 )
 
 
-class InvertedSoftmaxPrior(DocumentPrior):
+class InvertedSoftmaxPrior(QueryBankPrior):
     method = "inverted-softmax"
     has_offset = True
     uses_query_bank = True
@@ -66,13 +67,6 @@ class InvertedSoftmaxPrior(DocumentPrior):
         return cls(
             beta, require(data, "alpha", float, source), decode_matrix(data["queries"], source)
         )
-
-    def check_dimension(self, dimension: int, source: str) -> None:
-        if self.queries is not None and self.queries.shape[1] != int(dimension):
-            raise ConfigError(
-                f"{source}: prior key 'queries' holds vectors of dimension "
-                f"{self.queries.shape[1]}, the store {dimension} (fitted with another model?)"
-            )
 
     def offsets(self, units: np.ndarray) -> np.ndarray:
         if self.queries is None:

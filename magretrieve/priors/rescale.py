@@ -60,20 +60,38 @@ READ_BATCH = 8192
 
 
 @dataclass
-class RescaleReport:
+class MagnitudeReport:
+    """What writing documents' magnitudes did (a rescale or an annotation): the magnitude's
+    kind (its method), how many documents got one, and the range of m(d)."""
+
+    kind: str
+    count: int
+    magnitude_min: float
+    magnitude_mean: float
+    magnitude_max: float
+
+    @staticmethod
+    def measured(recipe: Mapping[str, Any], mags: np.ndarray) -> dict[str, Any]:
+        """The report's fields for the magnitudes ``mags`` written by ``recipe``."""
+        return {
+            "kind": str(recipe.get("method") or recipe["kind"]),
+            "count": len(mags),
+            "magnitude_min": float(mags.min()),
+            "magnitude_mean": float(mags.mean()),
+            "magnitude_max": float(mags.max()),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RescaleReport(MagnitudeReport):
     """What a rescale did."""
 
     source: str
     target: str
-    kind: str
-    count: int
-    magnitude_min: float
-    magnitude_max: float
-    magnitude_mean: float
     encoder_check: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 # ----------------------------------------------------------------------------- recipes
@@ -468,12 +486,8 @@ def rescale_store(
         if isinstance(target, str):
             dst.close()
     return RescaleReport(
+        **MagnitudeReport.measured(recipe, mags),
         source=where,
         target=target_location,
-        kind=str(recipe.get("method") or recipe["kind"]),
-        count=len(ids),
-        magnitude_min=float(mags.min()),
-        magnitude_max=float(mags.max()),
-        magnitude_mean=float(mags.mean()),
         encoder_check=check,
     )

@@ -94,9 +94,7 @@ def served_ndcg_at_10(
 ) -> float:
     """NDCG@10 of :func:`served_scores`, ranked a block of queries at a time (same result,
     without the queries × documents matrix)."""
-    prior.fit_corpus(docs)
-    stored = stored_vectors(prior.terms(docs), prior.has_offset)
-    qv = query_vectors(queries, prior.has_offset)
+    qv, stored = _served_vectors(prior, queries, docs)
     run: dict[str, dict[str, float]] = {}
     for start in range(0, len(qids), QUERY_BLOCK):
         rows = slice(start, start + QUERY_BLOCK)
@@ -104,11 +102,20 @@ def served_ndcg_at_10(
     return _ndcg_of_run(run, qids, qrels)
 
 
-def served_scores(prior: DocumentPrior, queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
-    """Scores as an inner-product index serves them after ``prior`` (corpus stats on ``docs``)."""
+def _served_vectors(
+    prior: DocumentPrior, queries: np.ndarray, docs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(query vectors, stored vectors) as an inner-product index holds them after ``prior``
+    (its corpus statistics fitted on ``docs``)."""
     prior.fit_corpus(docs)
     stored = stored_vectors(prior.terms(docs), prior.has_offset)
-    return query_vectors(queries, prior.has_offset) @ stored.T
+    return query_vectors(queries, prior.has_offset), stored
+
+
+def served_scores(prior: DocumentPrior, queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """Scores as an inner-product index serves them after ``prior`` (corpus stats on ``docs``)."""
+    qv, stored = _served_vectors(prior, queries, docs)
+    return qv @ stored.T
 
 
 def training_score(

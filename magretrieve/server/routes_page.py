@@ -53,7 +53,10 @@ def asset(name: str) -> bytes:
 
 
 def _html(name: str, csp: str, **fields: str) -> Response:
+    """A page with its ``{{field}}`` marks filled: ``{{head}}``, the start every page shares
+    (``static/head.html``: doctype, meta tags, icon), and the page's own ``fields``."""
     text = asset(name).decode()
+    fields = {"head": asset("head.html").decode().rstrip("\n"), **fields}
     for key, value in fields.items():
         text = text.replace("{{" + key + "}}", value)
     headers = {**SECURITY_HEADERS, "Content-Security-Policy": csp}

@@ -291,45 +291,45 @@ class EmbeddingEngine:
         vectors = self.batcher.submit_wait(side, encodings)
         return self._done(vectors, encodings, cut, side)
 
-    def _step(self, batch_size: int | None) -> int:
+    def _calls(self, texts: Sequence[str], batch_size: int | None) -> list[list[str]]:
+        """``texts`` cut into calls of ``batch_size`` texts at most (by default, and at most,
+        ``max_inputs``); a lone string is refused."""
+        if isinstance(texts, str):
+            raise InvalidInput("pass a list of texts, not a single string")
         if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
             raise InvalidInput(f"batch_size must be at least 1, got {batch_size!r}")
-        return min(batch_size or self.settings.max_inputs, self.settings.max_inputs)
+        step = min(batch_size or self.settings.max_inputs, self.settings.max_inputs)
+        texts = list(texts)
+        return [texts[i : i + step] for i in range(0, len(texts), step)]
+
+    def _stacked(self, parts: Sequence[np.ndarray]) -> np.ndarray:
+        if not parts:
+            return np.zeros((0, int(self.manifest.dimension)), dtype=np.float32)
+        return np.concatenate(parts).astype(np.float32, copy=False)
 
     def encode(self, texts: Sequence[str], side: str, batch_size: int | None = None) -> np.ndarray:
         """float32 (n, dim) vectors of any number of texts of any length, each cut at the side's
         max length: the encoder protocol's path, without the per-request limits a server puts
         on its clients. The texts go to the batcher in calls of ``batch_size`` (at most, and by
         default, ``max_inputs``); concurrent calls may share a graph run."""
-        if isinstance(texts, str):
-            raise InvalidInput("pass a list of texts, not a single string")
-        texts = list(texts)
-        step = self._step(batch_size)
-        if not texts:
-            return np.zeros((0, int(self.manifest.dimension)), dtype=np.float32)
-        parts = [
-            self.embed_sync(texts[i : i + step], side, what=f"{side} texts", limits=False).vectors
-            for i in range(0, len(texts), step)
-        ]
-        return np.concatenate(parts).astype(np.float32, copy=False)
+        return self._stacked(
+            [
+                self.embed_sync(call, side, what=f"{side} texts", limits=False).vectors
+                for call in self._calls(texts, batch_size)
+            ]
+        )
 
     async def aencode(
         self, texts: Sequence[str], side: str, batch_size: int | None = None
     ) -> np.ndarray:
         """:meth:`encode` for asyncio code: awaits the batches instead of blocking a thread."""
-        if isinstance(texts, str):
-            raise InvalidInput("pass a list of texts, not a single string")
-        texts = list(texts)
-        step = self._step(batch_size)
-        if not texts:
-            return np.zeros((0, int(self.manifest.dimension)), dtype=np.float32)
         parts = await asyncio.gather(
             *(
-                self.embed(texts[i : i + step], side, what=f"{side} texts", limits=False)
-                for i in range(0, len(texts), step)
+                self.embed(call, side, what=f"{side} texts", limits=False)
+                for call in self._calls(texts, batch_size)
             )
         )
-        return np.concatenate([p.vectors for p in parts]).astype(np.float32, copy=False)
+        return self._stacked([p.vectors for p in parts])
 
     def encode_queries(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
         """Query vectors ``q / ‖q‖^γq`` (see :meth:`encode`)."""

@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from magretrieve.core.errors import ConfigError, DataError
-from magretrieve.data.readers import Document, is_empty, iter_corpus, read_error
+from magretrieve.data.readers import (
+    Document,
+    is_empty,
+    iter_corpus,
+    iter_documents_to_index,
+    read_error,
+)
 from magretrieve.serving.tuning_queries import PseudoQuerySampler, pseudo_queries
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,26 +79,11 @@ def check_corpus_file(path: str | Path, *, skip_empty: bool = False) -> int:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    first: dict[str, int] = {}
-    documents = 0
-    for line, doc in iter_corpus(path, skip_empty=True):
-        if is_empty(doc):
-            if not skip_empty:
-                raise DataError(
-                    f"{path}:{line}: document {doc.id!r} has empty title and text "
-                    "(`magretrieve index --skip-empty` skips and counts such documents)"
-                )
-            continue
-        if doc.id in first:
-            raise DataError(
-                f"{path}:{line}: duplicate document id {doc.id!r} (first on line {first[doc.id]})"
-            )
-        first[doc.id] = line
-        documents += 1
+    documents = sum(1 for _ in iter_documents_to_index(path, skip_empty=skip_empty))
     if not documents:
         raise DataError(
             f"{path}: no document to index"
-            + (" (every document is empty)" if first or _count_lines(path) else " (empty file)")
+            + (" (every document is empty)" if _count_lines(path) else " (empty file)")
             + "; no store was created or changed"
         )
     return documents

@@ -17,60 +17,11 @@ from magretrieve.core.manifest import (
     seal,
     sha256_file,
 )
-from tests.support.manifests import set_manifest_field
-
-FILES = {"query.onnx": b"query graph bytes", "document.onnx": b"doc graph", "tokenizer.json": b"{}"}
-
-
-def _graph(file: str, gamma: float, contract: str) -> dict:
-    return {
-        "file": file,
-        "inputs": ["input_ids", "attention_mask"],
-        "output": "sentence_embedding",
-        "gamma": gamma,
-        "contract": contract,
-        "head": None,
-    }
-
-
-def _write(folder: Path, sealed: bool = True, **overrides) -> dict:
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, data in FILES.items():
-        (folder / name).write_bytes(data)
-    hashes = {name: hashlib.sha256(data).hexdigest() for name, data in FILES.items()}
-    from magretrieve.core.config import EncoderConfig
-
-    encoder = EncoderConfig(
-        mode="qnorm", gamma_q=1.0, gamma_d=0.0, max_query_length=64, query_prefix="query: "
-    ).to_dict()
-    data = {
-        "format": "magretrieve-export",
-        "format_version": 2,
-        "encoder": encoder,
-        "dimension": 384,
-        "index_metric": "inner_product",
-        "graphs": {
-            "query": _graph("query.onnx", 1.0, "unit_norm"),
-            "document": _graph("document.onnx", 0.0, "magnitude_keeping"),
-        },
-        "tokenizer": "tokenizer.json",
-        "model_fingerprint": hashes["document.onnx"],
-        "quantization": None,
-        "files": hashes,
-        "exporter": {"name": "torch.onnx (dynamo)", "opset": 18},
-        "versions": {},
-        "parity": {"max_abs_diff": 1e-7, "max_rel_norm_err": 1e-8},
-    }
-    for key, value in overrides.items():
-        set_manifest_field(data, key, value)
-    if sealed:
-        seal(data)  # model_fingerprint and manifest_sha256, as Manifest.save writes them
-    (folder / MANIFEST_NAME).write_text(json.dumps(data))
-    return data
+from tests.support.manifests import FILES, manifest_graph, write_manifest_folder
 
 
 def test_valid_manifest_loads_with_contract_attributes(tmp_path: Path) -> None:
-    _write(tmp_path)
+    write_manifest_folder(tmp_path)
     m = Manifest.load(tmp_path)
     assert (m.mode, m.gamma_q, m.gamma_d) == ("qnorm", 1.0, 0.0)
     assert m.query_contract == "unit_norm" and m.document_contract == "magnitude_keeping"
@@ -84,21 +35,21 @@ def test_valid_manifest_loads_with_contract_attributes(tmp_path: Path) -> None:
 
 
 def test_to_dict_round_trips(tmp_path: Path) -> None:
-    _write(tmp_path)
+    write_manifest_folder(tmp_path)
     m = Manifest.load(tmp_path)
     again = Manifest.from_dict(json.loads(json.dumps(m.to_dict())))
     assert again.to_dict() == m.to_dict()
 
 
 def test_learnable_gammas_set_contracts(tmp_path: Path) -> None:
-    _write(
+    write_manifest_folder(
         tmp_path,
         mode="learnable",
         gamma_q=0.3,
         gamma_d=0.8,
         graphs={
-            "query": _graph("query.onnx", 0.3, "magnitude_keeping"),
-            "document": _graph("document.onnx", 0.8, "magnitude_keeping"),
+            "query": manifest_graph("query.onnx", 0.3, "magnitude_keeping"),
+            "document": manifest_graph("document.onnx", 0.8, "magnitude_keeping"),
         },
     )
     sim = Manifest.load(tmp_path).similarity
@@ -117,8 +68,8 @@ def test_learnable_gammas_set_contracts(tmp_path: Path) -> None:
         (
             {
                 "graphs": {
-                    "query": _graph("query.onnx", 1.0, "unit_norm"),
-                    "document": _graph("document.onnx", 0.0, "unit_norm"),
+                    "query": manifest_graph("query.onnx", 1.0, "unit_norm"),
+                    "document": manifest_graph("document.onnx", 0.0, "unit_norm"),
                 }
             },
             "graphs.document.contract='unit_norm'",
@@ -130,14 +81,14 @@ def test_learnable_gammas_set_contracts(tmp_path: Path) -> None:
     ],
 )
 def test_invalid_manifest_refused(tmp_path: Path, overrides: dict, message: str) -> None:
-    _write(tmp_path, **overrides)
+    write_manifest_folder(tmp_path, **overrides)
     with pytest.raises(ManifestError, match="magretrieve.json") as info:
         Manifest.load(tmp_path)
     assert message in str(info.value)
 
 
 def test_missing_field_named(tmp_path: Path) -> None:
-    data = _write(tmp_path)
+    data = write_manifest_folder(tmp_path)
     del data["dimension"]
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(seal(data)))
     with pytest.raises(ManifestError, match="missing field 'dimension'"):
@@ -145,7 +96,7 @@ def test_missing_field_named(tmp_path: Path) -> None:
 
 
 def test_tampered_file_refused_naming_it(tmp_path: Path) -> None:
-    _write(tmp_path)
+    write_manifest_folder(tmp_path)
     (tmp_path / "document.onnx").write_bytes(b"doc graph!")
     with pytest.raises(ManifestError, match=r"document\.onnx: sha256 does not match"):
         Manifest.load(tmp_path)
@@ -154,14 +105,14 @@ def test_tampered_file_refused_naming_it(tmp_path: Path) -> None:
 
 
 def test_missing_file_refused(tmp_path: Path) -> None:
-    _write(tmp_path)
+    write_manifest_folder(tmp_path)
     (tmp_path / "tokenizer.json").unlink()
     with pytest.raises(ManifestError, match=r"tokenizer\.json: listed in .* but missing"):
         Manifest.load(tmp_path)
 
 
 def test_graph_without_hash_refused(tmp_path: Path) -> None:
-    data = _write(tmp_path)
+    data = write_manifest_folder(tmp_path)
     del data["files"]["query.onnx"]
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(seal(data)))
     with pytest.raises(ManifestError, match="no sha256 recorded for query.onnx"):
@@ -188,7 +139,7 @@ def test_hash_helpers(tmp_path: Path) -> None:
 
 
 def test_a_hand_edited_field_is_refused_by_the_checksum(tmp_path: Path) -> None:
-    data = _write(tmp_path)
+    data = write_manifest_folder(tmp_path)
     data["dimension"] = 16  # edited, manifest_sha256 left as it was
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
     with pytest.raises(ManifestError, match="does not match its manifest_sha256"):
@@ -196,13 +147,13 @@ def test_a_hand_edited_field_is_refused_by_the_checksum(tmp_path: Path) -> None:
 
 
 def test_a_manifest_without_checksum_is_refused(tmp_path: Path) -> None:
-    _write(tmp_path, sealed=False)
+    write_manifest_folder(tmp_path, sealed=False)
     with pytest.raises(ManifestError, match="no manifest_sha256"):
         Manifest.load(tmp_path)
 
 
 def test_fingerprint_must_match_content(tmp_path: Path) -> None:
-    data = _write(tmp_path)
+    data = write_manifest_folder(tmp_path)
     data["model_fingerprint"] = "0" * 64
     from magretrieve.core.manifest import CHECKSUM_KEY, content_checksum
 
@@ -227,7 +178,7 @@ def test_fingerprint_must_match_content(tmp_path: Path) -> None:
     ],
 )
 def test_fingerprint_covers_everything_that_changes_a_vector(path, value, changes) -> None:
-    data = _write(Path(__import__("tempfile").mkdtemp()))
+    data = write_manifest_folder(Path(__import__("tempfile").mkdtemp()))
     before = model_fingerprint(data)
     node = data
     for key in path[:-1]:
@@ -238,17 +189,19 @@ def test_fingerprint_covers_everything_that_changes_a_vector(path, value, change
 
 def test_runtimes_field_and_its_legacy_default(tmp_path: Path) -> None:
     """Which runtimes run an export: as written, or (older manifests) by quantization."""
-    _write(tmp_path / "fp32")
+    write_manifest_folder(tmp_path / "fp32")
     assert Manifest.load(tmp_path / "fp32").runtimes is None  # any runtime that reads ONNX
-    _write(tmp_path / "legacy-int8", quantization="int8")  # written before the field existed
+    write_manifest_folder(
+        tmp_path / "legacy-int8", quantization="int8"
+    )  # written before the field existed
     assert Manifest.load(tmp_path / "legacy-int8").runtimes == ["onnxruntime"]
-    _write(tmp_path / "static", quantization="int8-static", runtimes=["openvino"])
+    write_manifest_folder(tmp_path / "static", quantization="int8-static", runtimes=["openvino"])
     manifest = Manifest.load(tmp_path / "static")
     assert manifest.runtimes == ["openvino"]
     assert manifest.to_dict()["runtimes"] == ["openvino"]
     assert "runtimes" not in Manifest.load(tmp_path / "fp32").to_dict()
     # how an export may run is not what its vectors are: the fingerprint ignores it
-    data = _write(tmp_path / "x")
+    data = write_manifest_folder(tmp_path / "x")
     before = model_fingerprint(data)
     data["runtimes"] = ["openvino"]
     assert model_fingerprint(data) == before
@@ -280,7 +233,7 @@ def test_a_manifest_written_before_the_typed_config_loads_and_saves_byte_identic
 
 
 def test_the_encoder_settings_have_one_owner(tmp_path: Path) -> None:
-    _write(tmp_path)
+    write_manifest_folder(tmp_path)
     m = Manifest.load(tmp_path)
     assert m.encoder_config() is m.encoder
     with pytest.raises(AttributeError):

@@ -311,9 +311,9 @@ VALUES = JSON_VALUES | st.just(_DELETE) | st.sampled_from(["../x", "/etc/hostnam
 
 
 def _manifest_folder(folder: Path) -> dict:
-    from tests.core.test_manifest import _write
+    from tests.support.manifests import write_manifest_folder
 
-    return _write(folder)
+    return write_manifest_folder(folder)
 
 
 MANIFEST_PATHS = st.sampled_from(

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from magretrieve.serving.remote import RemoteEncoder, RemoteEncoderError
-from tests.server.test_serve import KEY, SERVE, free_port, start_server
+from tests.support.server import KEY, SERVE, free_port, start_server
 
 pytestmark = pytest.mark.integration
 

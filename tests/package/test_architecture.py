@@ -5,7 +5,8 @@
   inside a function body, and only those the doc lists);
 * CLI commands import no other command, and ``magretrieve index`` names no engine;
 * no two modules of ``stores/`` import each other, directly or around a circle (lazy
-  imports inside a function count too: what they share goes into a small module of its own).
+  imports inside a function count too: what they share goes into a small module of its own);
+* no test module imports another test module: what tests share lives in ``tests/support/``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "magretrieve"
 DOC = ROOT / "docs" / "architecture.md"
+TESTS = ROOT / "tests"
 TORCH_LAYERS = ("train", "export", "diagnose")
 TORCH_MODULES = ("torch", "transformers", "sentence_transformers")
 
@@ -274,3 +276,50 @@ def test_index_command_names_no_engine() -> None:
 def test_the_import_reader_itself(source: str, expected: list) -> None:
     """The checks above are only as good as this reader: nested and relative imports count."""
     assert read_imports(source, "magretrieve.stores", "probe.py") == expected
+
+
+def imported_test_names(source: str, package: str, filename: str) -> list[tuple[str, int]]:
+    """(name, line) of what a module of the ``tests`` package ``package`` imports from ``tests``
+    outside ``tests.support`` (``from M import x`` reads as ``M.x``; relative made absolute)."""
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(ast.parse(source, filename=filename)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = from_module(node, package)
+            names = [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found.extend(
+            (name, node.lineno)
+            for name in names
+            if name.startswith("tests.") and not name.startswith("tests.support.")
+        )
+    return found
+
+
+def test_no_test_module_imports_another() -> None:
+    bad = []
+    for path in sorted(TESTS.rglob("*.py")):
+        package = ".".join(path.relative_to(ROOT).parts[:-1])
+        bad += [
+            f"{path.relative_to(ROOT)}:{line}: {name}"
+            for name, line in imported_test_names(path.read_text(), package, str(path))
+        ]
+    assert not bad, "what tests share belongs in tests/support/:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("from tests.support.server import KEY\n", []),
+        ("from tests.support import server\n", []),
+        ("import pytest\nfrom magretrieve.core import errors\n", []),
+        ("from tests.server.test_serve import KEY\n", [("tests.server.test_serve.KEY", 1)]),
+        ("def f():\n    from .test_serve import KEY\n", [("tests.server.test_serve.KEY", 2)]),
+        ("import tests.core.test_manifest\n", [("tests.core.test_manifest", 1)]),
+        ("from tests import conftest\n", [("tests.conftest", 1)]),
+    ],
+)
+def test_the_test_import_reader_itself(source: str, expected: list) -> None:
+    assert imported_test_names(source, "tests.server", "probe.py") == expected

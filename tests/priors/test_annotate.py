@@ -140,6 +140,12 @@ def test_cli_annotate_and_its_errors(tmp_path):
     assert '"count": 50' in out.output and '"prefetch": 40' in out.output
     with open_store(spec) as store:
         assert store.prefetch == 40
+    out = runner.invoke(main, ["annotate", "--store", spec, "--corpus-prior", "0.5"])  # again
+    assert out.exit_code == 0, out.output
+    lines = out.output.split("\n")
+    at = next(n for n, line in enumerate(lines) if "annotated 50 points of " in line)
+    assert lines[at].endswith("payload field 'magretrieve_m', prefetch 100")
+    assert lines[at + 1].split() == ["magnitude", "min", "mean", "max"]
     # a Dot collection written by magretrieve: nothing to annotate
     dot = f"qdrant-local:{tmp_path / 'dot'}/ours"
     open_store(dot, dimension=DIM).close()

@@ -269,6 +269,10 @@ def test_cli_rescale_and_one_line_errors(
     )
     assert res.exit_code == 0, res.output
     assert "hub" in res.output
+    assert f"rescaled {len(DOCS)} documents" in res.output
+    lines = res.output.split("\n")
+    header = lines[next(n for n, line in enumerate(lines) if "rescaled " in line) + 1]
+    assert header.split() == ["magnitude", "min", "mean", "max", "encoder", "check"]
     res = runner.invoke(
         main,
         [

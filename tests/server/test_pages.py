@@ -27,7 +27,7 @@ import pytest
 from click.testing import CliRunner
 
 from magretrieve.server.auth import needs_key
-from tests.server.test_serve import KEY, start_server
+from tests.support.server import KEY, start_server
 
 SCREENSHOTS_ENV = "MAGRETRIEVE_SCREENSHOTS"
 
@@ -107,6 +107,9 @@ def test_page_and_assets_open_without_the_key_while_the_api_needs_it(client) -> 
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert 'data-key-required="true"' in page.text
+    # the shared head (static/head.html) is filled in: a whole page, no mark left
+    assert page.text.startswith('<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">')
+    assert "{{" not in page.text and "<title>magretrieve search</title>" in page.text
     csp = page.headers["content-security-policy"]
     for directive in ("default-src 'self'", "script-src 'self'", "connect-src 'self'"):
         assert directive in csp
@@ -138,6 +141,7 @@ def test_docs_references_only_this_origin_and_each_answers(export_dir) -> None:
     with TestClient(create_app(export_dir)) as c:
         docs = c.get("/docs")
         assert docs.status_code == 200
+        assert docs.text.startswith("<!doctype html>") and "{{" not in docs.text
         refs = page_refs(docs.text)
         assert "static/swagger/swagger-ui-bundle.js" in refs and "static/docs.js" in refs
         assert not re.search(r"https?://", docs.text), "no absolute URL in /docs"

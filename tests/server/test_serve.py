@@ -15,117 +15,31 @@ import json
 import os
 import re
 import shlex
-import shutil
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-KEY = "test-key-7f3a"
-#: Runs the CLI with torch and transformers blocked, so the server proves itself torch-free.
-SERVE = (
-    "import sys\n"
-    "for name in ('torch', 'transformers'): sys.modules[name] = None\n"
-    "from magretrieve.cli import main\n"
-    "sys.exit(main())\n"
+from tests.support.server import (
+    KEY,
+    LONG,
+    SERVE,
+    TEXTS,
+    Server,
+    assert_clean_error,
+    free_port,
+    start_server,
+    store_copy,
 )
-TEXTS = [
-    "statin mortality heart risk",
-    "a",
-    "wing flow and boundary layer pressure at high speed",
-    "ÜNÏCÖDÉ vitamin dose",
-]
-LONG = "the effect of statins on heart risk in patients " * 40  # > 128 tokens
 
-
-# ----------------------------------------------------------------------------- a real server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen
-    url: str
-    port: int
-    key: str | None
-    log: Path
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
-
-    def post(self, path: str, body: object) -> httpx.Response:
-        return httpx.post(self.url + path, json=body, headers=self.headers, timeout=60)
-
-    def stop(self, timeout: float = 60) -> int:
-        """SIGTERM to the server's process group; its exit code."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        return self.proc.returncode
-
-    def stderr(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
-def start_server(export: Path, *args: str, key: str | None, log_dir: Path) -> Server:
-    """``magretrieve serve EXPORT ARGS`` on a free port, returned once ``/ready`` answers 200."""
-    port = free_port()
-    env = dict(os.environ)
-    env.pop("MAGRETRIEVE_API_KEY", None)
-    if key is not None:
-        env["MAGRETRIEVE_API_KEY"] = key
-    env["MAGRETRIEVE_ONNX_THREADS"] = "1"
-    log = log_dir / f"server-{port}.log"
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", SERVE, "serve", str(export), "--port", str(port), *args],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            start_new_session=True,
-        )
-    server = Server(proc, f"http://127.0.0.1:{port}", port, key, log)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited {proc.returncode}: {server.stderr()[-3000:]}")
-        try:
-            if httpx.get(server.url + "/ready", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    server.stop()
-    raise AssertionError(f"server not ready in 120 s: {server.stderr()[-3000:]}")
-
-
-@pytest.fixture(scope="module")
-def export_dir(tmp_path_factory, tiny_model_dir) -> Path:
-    from magretrieve.export import export_model
-
-    out = tmp_path_factory.mktemp("serve") / "export"
-    export_model(tiny_model_dir, out, mode="qnorm", exporter="torchscript", overwrite=True)
-    return out
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +51,6 @@ def store_template(tmp_path_factory, export_dir, tiny_beir_dir) -> Path:
     with Retriever.load(export_dir, store=f"faiss:{folder}") as r:
         index_corpus(r, tiny_beir_dir / "corpus.jsonl", progress=False)
     return folder
-
-
-def store_copy(template: Path, tmp: Path, name: str) -> Path:
-    dest = tmp / name
-    shutil.copytree(template, dest)
-    return dest
 
 
 @pytest.fixture(scope="module")
@@ -178,19 +86,6 @@ def openai_client(server: Server):
     from openai import OpenAI
 
     return OpenAI(base_url=server.url + "/v1", api_key=server.key, max_retries=0)
-
-
-def assert_clean_error(resp: httpx.Response, status: int, *needles: str) -> str:
-    """A JSON error of ``status`` whose message holds ``needles``, with no traceback or path."""
-    assert resp.status_code == status, resp.text
-    assert resp.headers["content-type"].startswith("application/json")
-    body = resp.json()
-    message = body["error"]["message"]
-    assert body["error"]["code"] == status
-    for needle in needles:
-        assert needle in message, message
-    assert "Traceback" not in resp.text and "/tmp" not in resp.text and ".py" not in resp.text
-    return message
 
 
 # ----------------------------------------------------------------------------- embeddings

@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.server.test_serve import KEY, TEXTS, export_dir, start_server  # noqa: F401 - a fixture
+from tests.support.server import KEY, TEXTS, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ MANY = [f"{TEXTS[i % len(TEXTS)]} {i}" for i in range(1100)]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, export_dir):  # noqa: F811
+def server(tmp_path_factory, export_dir):
     srv = start_server(export_dir, key=KEY, log_dir=tmp_path_factory.mktemp("serve-clients"))
     yield srv
     assert srv.stop() == 0, srv.stderr()[-3000:]
@@ -39,7 +39,7 @@ def server(tmp_path_factory, export_dir):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def ref(export_dir):  # noqa: F811
+def ref(export_dir):
     """Reference vectors: (texts, side) -> OnnxEncoder's vectors."""
     from magretrieve.serving.onnx_encoder import OnnxEncoder
 

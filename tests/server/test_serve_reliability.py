@@ -32,7 +32,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.test_serve import (
+from tests.support.exports import tiny_export_dir
+from tests.support.server import (
     KEY,
     SERVE,
     assert_clean_error,
@@ -40,7 +41,6 @@ from tests.server.test_serve import (
     start_server,
     store_copy,
 )
-from tests.support.exports import tiny_export_dir
 
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 

@@ -18,13 +18,13 @@ import sys
 import numpy as np
 import pytest
 
-from tests.server.test_serve import KEY, LONG, TEXTS, assert_clean_error, export_dir  # noqa: F401 - a fixture
+from tests.support.server import KEY, LONG, TEXTS, assert_clean_error
 
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
-def client(export_dir):  # noqa: F811 - the fixture imported above
+def client(export_dir):
     from fastapi.testclient import TestClient
 
     from magretrieve.server import create_app
@@ -34,7 +34,7 @@ def client(export_dir):  # noqa: F811 - the fixture imported above
 
 
 @pytest.fixture(scope="module")
-def named_client(export_dir):  # noqa: F811
+def named_client(export_dir):
     """A server started with a model id of its own (``--model-id``)."""
     from fastapi.testclient import TestClient
 
@@ -47,7 +47,7 @@ def named_client(export_dir):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def encoder(export_dir):  # noqa: F811
+def encoder(export_dir):
     from magretrieve.serving.onnx_encoder import OnnxEncoder
 
     return OnnxEncoder.load(export_dir, threads=1)
@@ -85,7 +85,7 @@ def assert_side(resp, expected, side: str) -> None:
 # ----------------------------------------------------------------------------- model ids
 
 
-def test_models_lists_one_id_per_side_named_after_the_export_folder(client, export_dir) -> None:  # noqa: F811
+def test_models_lists_one_id_per_side_named_after_the_export_folder(client, export_dir) -> None:
     resp = client.get("/v1/models")
     assert resp.status_code == 200
     body = resp.json()
@@ -130,7 +130,7 @@ def test_a_model_id_that_cannot_be_served_is_refused(bad) -> None:
         ServerSettings(model_id=bad)
 
 
-def test_a_bad_model_id_flag_is_one_line(export_dir) -> None:  # noqa: F811
+def test_a_bad_model_id_flag_is_one_line(export_dir) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "magretrieve", "serve", str(export_dir), "--model-id", "m:query"],
         capture_output=True,
@@ -142,7 +142,7 @@ def test_a_bad_model_id_flag_is_one_line(export_dir) -> None:  # noqa: F811
     assert len(lines) == 1 and "must not end in :query or :document" in lines[0], proc.stderr
 
 
-def test_the_model_id_names_the_side(client, expected, export_dir) -> None:  # noqa: F811
+def test_the_model_id_names_the_side(client, expected, export_dir) -> None:
     name = export_dir.name
     for side in ("query", "document"):
         resp = client.post("/v1/embeddings", json={"model": f"{name}:{side}", "input": TEXTS})
@@ -159,7 +159,7 @@ def test_the_model_id_names_the_side(client, expected, export_dir) -> None:  # n
     assert plain.json()["model"] == f"{name}:query"
 
 
-def test_no_side_or_two_sides_is_a_422(client, export_dir) -> None:  # noqa: F811
+def test_no_side_or_two_sides_is_a_422(client, export_dir) -> None:
     name = export_dir.name
     for body in ({"input": "x"}, {"input": "x", "model": name}):
         message = assert_clean_error(
@@ -175,7 +175,7 @@ def test_no_side_or_two_sides_is_a_422(client, export_dir) -> None:  # noqa: F81
     )
 
 
-def test_an_unknown_model_is_a_404_as_openai_answers(client, export_dir) -> None:  # noqa: F811
+def test_an_unknown_model_is_a_404_as_openai_answers(client, export_dir) -> None:
     name = export_dir.name
     for model in ("text-embedding-3-small", f"{name}:passage", f"{name}-query", "magretrieve"):
         assert_clean_error(
@@ -208,7 +208,7 @@ def test_an_unknown_model_is_a_404_as_openai_answers(client, export_dir) -> None
         "/document/embeddings",
     ],
 )
-def test_openai_routes_per_side(client, expected, export_dir, path) -> None:  # noqa: F811
+def test_openai_routes_per_side(client, expected, export_dir, path) -> None:
     side = path.split("/")[1]
     other = "document" if side == "query" else "query"
     for fmt in ("float", "base64"):
@@ -299,7 +299,7 @@ def test_cohere_v1_without_embedding_types_answers_a_list_of_vectors(client, exp
     assert_side(v2, expected, "document")
 
 
-def test_cohere_truncate_and_the_model_side(client, encoder, export_dir) -> None:  # noqa: F811
+def test_cohere_truncate_and_the_model_side(client, encoder, export_dir) -> None:
     texts = ["short", LONG]
     for truncate in (None, "END"):  # END is Cohere's default: cut at the side's max length
         body = {"texts": texts, "input_type": "search_document"}

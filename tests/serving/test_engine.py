@@ -169,6 +169,13 @@ def test_limits_and_sides_refuse_with_typed_errors() -> None:
         assert enc.runs[-3:] == [("document", 1)] * 3
         with pytest.raises(InvalidInput, match="batch_size must be at least 1, got 0"):
             engine.encode_documents(["a"], batch_size=0)
+        # no text: an empty (0, dim) matrix and no graph run, in both forms; a lone string refused
+        runs = len(enc.runs)
+        assert engine.encode([], "query").shape == (0, DIM)
+        assert asyncio.run(engine.aencode([], "document")).shape == (0, DIM)
+        assert len(enc.runs) == runs
+        with pytest.raises(InvalidInput, match="pass a list of texts, not a single string"):
+            engine.encode("abc", "query")
     with pytest.raises(Draining):  # closed: no new calls
         engine.embed_sync(["a"], "query")
 

@@ -25,8 +25,8 @@ import httpx
 import pytest
 
 from magretrieve.stores import open_store
-from tests.server.test_serve import KEY, start_server
 from tests.support.exports import tiny_export_dir
+from tests.support.server import KEY, start_server
 
 pytestmark = pytest.mark.integration
 
