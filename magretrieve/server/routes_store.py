@@ -4,7 +4,10 @@ Search answers what ``magretrieve search --json`` prints. Writes need the API ke
 without one has them off), are validated and encoded whole before anything is written, and
 go to the store in one call under the Retriever's write lock (so no search sees half a
 request) and the store's own folder writer lock; the store is persisted before the answer,
-so an acknowledged write survives a restart.
+so an acknowledged write survives a restart. Searches wait only while a request's batch is
+applied, not while the store is saved, and concurrent writes share saves
+(:meth:`~magretrieve.serving.retriever.Retriever.persist`): the requests that arrive while a
+save runs are answered after the one save that follows it.
 """
 
 from __future__ import annotations
@@ -117,7 +120,7 @@ async def upsert(body: DocumentsRequest, request: Request) -> Response:
 def _write(holder: StoreHolder, docs: list[Document], vectors: np.ndarray) -> None:
     with holder.use() as retriever:  # the store is not closed before the persist is done
         retriever.write_batch(docs, vectors)
-        retriever.persist()
+        retriever.persist()  # returns after a save that began once this batch was applied
 
 
 def _delete(holder: StoreHolder, ids: list[str]) -> int:

@@ -7,8 +7,9 @@ threads (onnxruntime sessions may be run from several threads). Given ``encode_a
 graph run on every thread), a batch that would run alone (no other batch running, nothing else
 queued) runs there instead, and no other batch starts until it ends: a lone client gets every
 core, a busy replica N batches side by side. A worker takes
-the oldest waiting request and merges the requests of the same side queued behind it (looking
-past ones that do not fit) while the merged batch stays within the padded-token budget
+the oldest waiting request (but after a document batch, waiting queries go before older
+documents, so a search waits for at most one document batch while documents are indexed) and
+merges the requests of the same side queued behind it (looking past ones that do not fit) while the merged batch stays within the padded-token budget
 (rows × longest, the rule of :func:`magretrieve.core.batching.token_budget_batches`), the row
 cap, and the fill floor ``min_batch_fill``: the batch's real tokens over its padded tokens.
 A batch pays for its longest text in every row, so merging a 60-token query with 10-token ones
@@ -159,6 +160,7 @@ class DynamicBatcher:
         #: Batches in the graphs now, and whether one of them runs alone on every thread.
         self._running = 0
         self._alone_running = False
+        self._last_side = ""  # the side of the batch taken last (queries jump documents once)
         self._cond = threading.Condition()
         self._closing = False
         self._threads: list[threading.Thread] = []
@@ -239,7 +241,7 @@ class DynamicBatcher:
                 if self._closing and not self._waiting:
                     return None
                 self._cond.wait()
-            side = min((q[0].enqueued, name) for name, q in self._queues.items() if q)[1]
+            side = self._next_side()
             queue = self._queues[side]
             jobs = [queue.popleft()]
             self._waiting -= 1
@@ -262,6 +264,18 @@ class DynamicBatcher:
             if self.observer is not None:
                 self.observer.on_queue_depth(self._waiting)
         return jobs, alone
+
+    def _next_side(self) -> str:
+        """The side of the next batch: the oldest request's, except that queries waiting
+        behind documents go first after a document batch. A query (latency-bound, one short
+        text) then waits for at most one document batch, and documents for at most one query
+        batch, so neither starves. Called with the lock held."""
+        waiting = [name for name, q in self._queues.items() if q]
+        side = min((self._queues[name][0].enqueued, name) for name in waiting)[1]
+        if side == "document" and "query" in waiting and self._last_side != "query":
+            side = "query"
+        self._last_side = side
+        return side
 
     def _finished(self, alone: bool) -> None:
         with self._cond:

@@ -13,9 +13,14 @@ offset is non-zero only in a store given a document prior with an additive term
 with ``[q ; 1]``; the multiplier is ``doc_norm``.
 
 Thread safety: ``search``/``search_batch`` may be called from many threads. Writes
-(``add_documents``, ``delete``) take an exclusive lock, so adding while searching is safe
-through one Retriever (searches wait while a batch is written); stores whose search is not
-thread-safe (embedded qdrant-client) are searched one call at a time.
+(``add_documents``, ``delete``) change the store's memory under an exclusive lock, so adding
+while searching is safe through one Retriever (searches wait while a batch is applied, never
+while it is saved); stores whose search is not thread-safe (embedded qdrant-client) are
+searched one call at a time. Writers take turns on a mutex of their own, which
+:meth:`Retriever.persist` also holds, so a save sees no half-applied batch; a store whose save
+changes nothing searches read (``persists_beside_search``) is saved while searches go on, any
+other under the exclusive lock. Concurrent ``persist`` calls share saves (group commit, see
+:meth:`Retriever.persist`).
 """
 
 from __future__ import annotations
@@ -340,8 +345,17 @@ class Retriever:
         self._force = force
         #: Searched with ``[q ; 1]``: the store holds a prior's offset coordinate.
         self.offset = offset_coordinate(store.read_metadata())
-        self._lock = RWLock()
+        self._lock = RWLock()  # searches share it; applying a write to memory takes it alone
         self._serial = threading.Lock()  # for stores whose search is not thread-safe
+        self._writing = threading.Lock()  # writers take turns; a persist holds it too
+        self._commit = threading.Condition()  # guards the counters of the group commit below
+        self._changes = 0  # writes applied through this Retriever
+        self._saved = 0  # of them, how many a finished persist began after
+        self._saving = False  # a persist runs
+        self._entered = 0  # writers that asked for a turn ...
+        self._left = 0  # ... and of them, those whose turn is over
+        #: Saves run by :meth:`persist` (group commit: fewer than the writes they made durable).
+        self.persists = 0
         warm = getattr(encoder, "session", None)
         if callable(warm):
             warm("query")  # create the query session before threads race to do it
@@ -509,7 +523,7 @@ class Retriever:
                 payload["title"] = d.title
                 payload["text"] = d.text
             payloads.append(payload)
-        with self._lock.write():
+        with self._changing():
             self._record_model()
             return self.store.add(ids, vectors, payloads)
 
@@ -522,12 +536,68 @@ class Retriever:
                 return set(self.store.existing(list(ids)))
 
     def delete(self, ids: Sequence[str]) -> int:
-        with self._lock.write():
+        with self._changing():
             return self.store.delete(list(ids))
 
+    @contextmanager
+    def _changing(self) -> Iterator[None]:
+        """One writer's turn: apply a change to the store while searches wait (short)."""
+        with self._commit:
+            self._entered += 1
+        try:
+            with self._writing, self._lock.write():
+                try:
+                    yield
+                finally:  # counted even when it failed half-way: the store may be changed
+                    with self._commit:
+                        self._changes += 1
+        finally:
+            with self._commit:
+                self._left += 1
+                self._commit.notify_all()
+
     def persist(self) -> None:
-        with self._lock.write():
-            self.store.persist()
+        """Make every write made through this Retriever before the call durable (and any
+        unsaved write made on the store directly).
+
+        Group commit: a call returns once a save that *began after* its writes were applied
+        has finished. Calls that arrive while a save runs wait for it, then one of them saves
+        for all (after letting the writers already waiting for their turn apply their
+        batches), so eight concurrent writers cost about two saves, not eight. The save holds
+        the writers' mutex, not the search lock, when the store declares
+        ``persists_beside_search``; otherwise searches wait for it too. When the save fails
+        it raises in the call that ran it; each caller it would have covered then saves
+        itself (and gets that error, if it repeats).
+        """
+        with self._commit:
+            want = self._changes
+            ours = want > self._saved  # writes of this Retriever wait for a save
+            waited_for = self._entered  # writers already waiting: let them apply first
+            while True:
+                if ours and self._saved >= want:
+                    return  # a save that began after our writes covered them
+                if self._saving or (ours and self._left < waited_for):
+                    self._commit.wait()
+                    continue
+                self._saving = True
+                break
+        covered = None
+        try:
+            with self._writing:
+                began = self._changes  # no write runs now: the save holds them all
+                if self.store.persists_beside_search:
+                    self.store.persist()
+                else:
+                    with self._lock.write():
+                        self.store.persist()
+                covered = began
+        finally:
+            with self._commit:
+                self._saving = False
+                if covered is not None:
+                    self._saved = max(self._saved, covered)
+                    self.persists += 1
+                self._commit.notify_all()
 
     # ------------------------------------------------------------------ searching
 

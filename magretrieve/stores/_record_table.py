@@ -13,12 +13,28 @@ stores the id-map primitives read from it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from magretrieve.stores.base import IdMapMixin
+
+#: Records encoded per ``json.dumps`` call by :func:`json_bytes`.
+JSON_SLICE = 20_000
+
+
+def json_bytes(doc: Mapping[str, Any], key: str = "records") -> bytes:
+    """``json.dumps(doc).encode()`` for a document whose ``key`` holds a long list, encoded
+    :data:`JSON_SLICE` items at a time. One ``json.dumps`` holds the GIL until it is done (about a
+    second for a million records), so a save that runs beside searches would stall them;
+    between slices other threads run."""
+    items = doc[key]
+    parts = [json.dumps(items[i : i + JSON_SLICE])[1:-1] for i in range(0, len(items), JSON_SLICE)]
+    rest = json.dumps({k: v for k, v in doc.items() if k != key})[1:-1]
+    text = f'{{"{key}": [' + ", ".join(parts) + "]" + (f", {rest}" if rest else "") + "}"
+    return text.encode()
 
 
 class RecordTable:

@@ -132,6 +132,11 @@ class VectorStore(ABC):
     kind: str = "store"
     #: Whether ``search`` may run from several threads at once.
     thread_safe_search: bool = False
+    #: Whether :meth:`persist` may run while searches do: it changes nothing a search reads
+    #: and takes no lock a search waits on. The Retriever then saves outside its search lock
+    #: (writes still wait for the save); a store that does not say so is saved with searches
+    #: held off.
+    persists_beside_search: bool = False
     #: Longest document id in UTF-8 bytes (None: no limit of the backend's own).
     max_id_bytes: int | None = None
     #: Largest ``k`` the backend answers (None: no limit).

@@ -93,6 +93,7 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
     noun = "chroma collection"
     label = "Chroma collection"
     thread_safe_search = True
+    persists_beside_search = True  # each write commits: persist is a no-op
 
     def __init__(
         self,

@@ -22,7 +22,6 @@ benchmarks/results/stores.md).
 from __future__ import annotations
 
 import io
-import json
 import logging
 import threading
 from collections.abc import Iterable
@@ -38,7 +37,7 @@ from magretrieve.core.topk import top_k
 from magretrieve.stores import _ann_recall, _faiss_files, registry
 from magretrieve.stores import _faiss_index as fx
 from magretrieve.stores._generation import SavedGenerations
-from magretrieve.stores._record_table import RecordTable, RecordTableMixin
+from magretrieve.stores._record_table import RecordTable, RecordTableMixin, json_bytes
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
@@ -76,6 +75,8 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
 
     kind = "faiss"
     thread_safe_search = True  # FAISS const search is thread-safe; knobs change only by tuning
+    #: the save trains (ivf alias) under the store lock, then serializes without it
+    persists_beside_search = True
     _files = _faiss_files.FILES
     _kept_on_catch_up = ("_writer", "single_query_threads", "target_recall")
 
@@ -355,7 +356,7 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
         """
         if self._path is None:
             return
-        with self._lock:
+        with self._lock:  # searches wait while an untrained index is saved (a small store)
             if not self._dirty and _faiss_files.has_state(self._path):
                 return
             self._begin_write()
@@ -365,17 +366,28 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
                 _faiss_files.FILES.begin(self._path, self._state({}))
                 self._dirty = False
                 return
-            records = self._table.to_json()
-            blobs = {"index": fx.serialize(self._handle), "records": b""}
+            handle, records, gen = self._handle, self._table.to_json(), self._generation + 1
+            pending: dict[str, bytes] = {}
             if self._pending:
-                pending = np.concatenate([v for _, v in self._pending])
+                vecs = np.concatenate([v for _, v in self._pending])
                 records["pending"] = np.concatenate([f for f, _ in self._pending]).tolist()
                 buf = io.BytesIO()
-                np.save(buf, np.ascontiguousarray(pending, dtype=np.float32))
-                blobs["pending"] = buf.getvalue()
-            blobs["records"] = json.dumps(records).encode()
-            _faiss_files.FILES.commit(self._path, self._generation + 1, blobs, self._state)
-            self._generation += 1
+                np.save(buf, np.ascontiguousarray(vecs, dtype=np.float32))
+                pending["pending"] = buf.getvalue()
+                # a search may train the index on its buffer: save this small store locked
+                self._save(handle, records, pending, gen)
+                return
+        # Serialized and written without the lock, so searches go on: FAISS searches only
+        # read a trained index, and writers wait (the Retriever saves between their turns).
+        self._save(handle, records, pending, gen)
+
+    def _save(
+        self, handle: fx.IndexHandle, records: dict[str, Any], pending: dict[str, bytes], gen: int
+    ) -> None:
+        blobs = {"index": fx.serialize(handle), "records": json_bytes(records), **pending}
+        _faiss_files.FILES.commit(self._path, gen, blobs, self._state)  # type: ignore[arg-type]
+        with self._lock:
+            self._generation = gen
             self._dirty = False
 
     # ------------------------------------------------------------------ training

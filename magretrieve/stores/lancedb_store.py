@@ -120,6 +120,7 @@ class LanceDBStore(_generation.MarkerGeneration, CollectionStore):
     noun = "lancedb table"
     label = "LanceDB table"
     thread_safe_search = True
+    persists_beside_search = True  # each write commits: persist is a no-op
 
     def __init__(
         self, *args: Any, force: bool = False, writer: WriterLock | None = None, **kwargs: Any

@@ -43,6 +43,7 @@ class MemoryStore(SavedGenerations, IdMapMixin, VectorStore):
 
     kind = "memory"
     thread_safe_search = True
+    persists_beside_search = True  # the save only reads the arrays; searches take no lock
     _files = GenerationFiles(STATE_FILE, "magretrieve-memory-store", "memory", {})
 
     def __init__(self, dimension: int, path: str | Path | None = None) -> None:

@@ -129,6 +129,7 @@ class MilvusStore(CollectionStore):
     noun = "milvus collection"
     label = "Milvus collection"
     thread_safe_search = False
+    persists_beside_search = False  # flush shares the client searches use: keep them apart
     max_id_bytes = MAX_ID_LENGTH
     max_k = MAX_K
     #: The vector index as Milvus describes it, with the recorded build parameters.

@@ -165,6 +165,7 @@ class PgVectorStore(PgConnection):
     #: (ProgramLimitExceeded) or only when it does not compress, so it is refused up front.
     max_id_bytes = 2048
     thread_safe_search = False  # one connection: the Retriever serializes searches
+    persists_beside_search = True  # each write commits: persist is a no-op
 
     def _configure(self, opts: IndexOptions) -> dict[str, Any]:
         self.recall: dict[str, Any] | None = None

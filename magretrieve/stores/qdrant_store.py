@@ -95,6 +95,8 @@ class QdrantStore(VectorStore):
     """
 
     kind = "qdrant"
+    #: persist is Edge's shard flush under its write lock (searches do not take it) or a no-op
+    persists_beside_search = True
 
     def __init__(
         self,

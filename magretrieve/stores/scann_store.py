@@ -70,7 +70,7 @@ from magretrieve.core.options import option
 from magretrieve.core.topk import exact_search
 from magretrieve.stores import _ann_recall, registry
 from magretrieve.stores._generation import GenerationFiles, SavedGenerations
-from magretrieve.stores._record_table import RecordTable, RecordTableMixin
+from magretrieve.stores._record_table import RecordTable, RecordTableMixin, json_bytes
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
@@ -171,6 +171,8 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
 
     kind = "scann"
     thread_safe_search = False  # optimize() swaps the searcher; the Retriever serializes
+    #: the save compacts under the store lock, then writes without it
+    persists_beside_search = True
     _files = FILES
     _kept_on_catch_up = ("_writer", "target_recall")
     _path: Path
@@ -349,7 +351,7 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
         last one. The vectors file gets the rows the searcher's dataset does not hold. Nothing
         changed: nothing written.
         """
-        with self._lock:
+        with self._lock:  # what searches read changes here (compaction) and at the end only
             if not self._dirty and (self._path / STATE_FILE).is_file():
                 return
             self._begin_write()
@@ -358,34 +360,40 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
             self._compact_pending()
             m = len(self._table.records)
             records = {**self._table.to_json(), "built": self._built}
-            saved: dict[str, Any] = {}
-            if self._searcher is not None and self._scann_files is None:
-                self._scann_files = self._save_searcher(f"scann-{gen}")
-            if self._searcher is not None and self._scann_files is not None:
-                saved["scann_dir"] = self._scann_files["dir"]
-                saved["scann_sha256"] = self._scann_files["sha256"]
-            saved["vectors_from"] = self._vectors_from_saved()
-            buf = io.BytesIO()
-            np.save(buf, self._vecs[saved["vectors_from"] : m])
-            blobs = {"records": json.dumps(records).encode(), "vectors": buf.getvalue()}
-            FILES.commit(path, gen, blobs, self._state, saved)
+            vecs, searcher, scann_files = self._vecs, self._searcher, self._scann_files
+        # Serialized and written without the lock, so searches go on: nothing here changes
+        # what they read, and writers wait (the Retriever saves between writers' turns).
+        if searcher is not None and scann_files is None:
+            scann_files = self._save_searcher(f"scann-{gen}", searcher)
+        saved: dict[str, Any] = {}
+        if searcher is not None and scann_files is not None:
+            saved["scann_dir"] = scann_files["dir"]
+            saved["scann_sha256"] = scann_files["sha256"]
+        saved["vectors_from"] = self._vectors_from_saved(searcher, scann_files)
+        buf = io.BytesIO()
+        np.save(buf, vecs[saved["vectors_from"] : m])
+        blobs = {"records": json_bytes(records), "vectors": buf.getvalue()}
+        FILES.commit(path, gen, blobs, self._state, saved)
+        with self._lock:
+            if self._searcher is searcher:
+                self._scann_files = scann_files
             self._generation = gen
             self._dirty = False
 
-    def _vectors_from_saved(self) -> int:
+    def _vectors_from_saved(self, searcher: Any, scann_files: dict[str, Any] | None) -> int:
         """First row the vectors file must hold: ``built`` when the saved searcher keeps its
         dataset (rows 0..built-1, never changed until the next build), else 0."""
-        if self._searcher is None or self._scann_files is None:
+        if searcher is None or scann_files is None:
             return 0
-        return self._built if DATASET_FILE in self._scann_files["sha256"] else 0
+        return self._built if DATASET_FILE in scann_files["sha256"] else 0
 
-    def _save_searcher(self, name: str) -> dict[str, Any]:
-        """Serialize the searcher into ``DIR/name`` (a temp folder renamed when complete)."""
+    def _save_searcher(self, name: str, searcher: Any) -> dict[str, Any]:
+        """Serialize ``searcher`` into ``DIR/name`` (a temp folder renamed when complete)."""
         final = self._path / name
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=self._path))
         try:
             with _native_quiet():
-                self._searcher.serialize(str(tmp), relative_path=True)
+                searcher.serialize(str(tmp), relative_path=True)
             (tmp / PICKLE_FILE).unlink(missing_ok=True)
             sums = {}
             for f in sorted(tmp.iterdir()):

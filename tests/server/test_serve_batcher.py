@@ -347,3 +347,42 @@ def test_one_worker_never_uses_encode_all_threads() -> None:
     finally:
         b.close()
     assert used == ["narrow"]
+
+
+def test_queries_waiting_behind_documents_go_first_once_per_document_batch() -> None:
+    """Documents queued before queries: after each document batch the waiting queries run, so
+    a search waits for one document batch, not for every one queued before it."""
+    order: list[tuple[str, float]] = []
+    gate = threading.Event()
+
+    def encode(encodings, side):
+        gate.wait(5)
+        order.append((side, encodings[0].ids[0]))
+        return np.zeros((len(encodings), 2), dtype=np.float32)
+
+    b = DynamicBatcher(encode, EngineSettings(graph_workers=1, max_wait_ms=0, max_batch_rows=1))
+    b.start()
+
+    async def go():
+        first = asyncio.ensure_future(b.submit("document", [enc(3, 0)]))
+        await asyncio.sleep(0)  # queued ...
+        while b.depth:  # ... and taken by the worker, which holds it at the gate
+            await asyncio.sleep(0.01)
+        rest = [asyncio.ensure_future(b.submit("document", [enc(3, v)])) for v in (1, 2, 3)]
+        rest += [asyncio.ensure_future(b.submit("query", [enc(3, v)])) for v in (10, 11)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await asyncio.gather(first, *rest)
+
+    try:
+        run(go())
+    finally:
+        b.close()
+    assert order == [
+        ("document", 0),
+        ("query", 10),
+        ("document", 1),
+        ("query", 11),
+        ("document", 2),
+        ("document", 3),
+    ]
