@@ -151,11 +151,17 @@ class Backend:
     - ``folder``: the location's ``path`` is a directory the store owns (a regular file there
       is refused before anything is encoded).
     - ``persists(location)``: whether what is added outlives the process (``memory:`` does not).
-    - ``adopts(obj)`` / ``adopt(obj, dimension, collection, options)``: accept a live client
-      or index object in ``open_store`` instead of a spec; ``adopted`` names that object for
-      the error listing what ``open_store`` takes (``"a QdrantClient (collection=...)"``);
-      ``adopt_options`` are option classes only an adopted object takes. ``adopt`` receives the
-      options checked (:func:`open_object`).
+    - ``client_options``: option classes that configure the connection a spec opens (a token,
+      a timeout); accepted for adopted clients too, which are connected already, so they are
+      dropped before ``adopt``.
+    - ``adopts`` / ``adopt(obj, collection, dimension, **options)``: accept a live client or
+      index object in ``open_store`` instead of a spec. ``adopts`` recognises it by its class:
+      ``(module prefix, class name or "" for any, *attributes it must have)``, e.g.
+      ``("pymilvus", "MilvusClient")``; ``adopt`` is usually the store's constructor.
+      ``adopted`` names that object for the error listing what ``open_store`` takes; written
+      ``"WHAT (collection=WORD)"`` it also makes a missing ``collection=`` an error
+      (:func:`open_object` refuses it, one message for every backend). ``adopt_options`` are
+      option classes only an adopted object takes. ``adopt`` receives the options checked.
     - ``extra``: the pip extra that installs the backend's library.
     """
 
@@ -164,11 +170,12 @@ class Backend:
     parse: Callable[[str, str], dict[str, str]]
     open: Callable[[dict[str, str], int | None, dict[str, Any]], Any]
     options: tuple[type[StoreOptions], ...] = ()
+    client_options: tuple[type[StoreOptions], ...] = ()
     index_types: str | None = None
     folder: bool = False
     persists: Callable[[dict[str, str]], bool] = lambda loc: True
-    adopts: Callable[[Any], bool] | None = None
-    adopt: Callable[[Any, int | None, str | None, dict[str, Any]], Any] | None = None
+    adopts: tuple[str, ...] | None = None
+    adopt: Callable[..., Any] | None = None
     adopted: str | None = None
     adopt_options: tuple[type[StoreOptions], ...] = ()
     extra: str | None = None
@@ -176,12 +183,31 @@ class Backend:
     @property
     def declared(self) -> tuple[StoreOption, ...]:
         """The options the backend accepts (its option classes expanded)."""
-        return tuple(o for group in self.options for o in group.declared())
+        groups = (*self.options, *self.client_options)
+        return tuple(o for group in groups for o in group.declared())
 
     @property
     def adopt_declared(self) -> tuple[StoreOption, ...]:
         """The options only an adopted object takes."""
         return tuple(o for group in self.adopt_options for o in group.declared())
+
+    def adopts_object(self, obj: Any) -> bool:
+        """Whether ``obj`` is what the backend adopts (its class's module, name, attributes)."""
+        if self.adopts is None:
+            return False
+        module, name, *attributes = self.adopts
+        cls = type(obj)
+        return (
+            (cls.__module__ or "").startswith(module)
+            and (not name or cls.__name__ == name)
+            and all(hasattr(obj, a) for a in attributes)
+        )
+
+    def check_collection(self, collection: str | None) -> None:
+        """Refuse a missing ``collection=`` for an object adopted as ``WHAT (collection=WORD)``."""
+        what, given, word = (self.adopted or "").partition(" (collection=")
+        if given and not collection:
+            raise StoreError(f"{what} needs collection={word.rstrip(')').lower()!r}")
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -283,10 +309,13 @@ def open_object(
     """The store over a live client or index object a backend adopts, its options checked
     first (one line naming the option at fault, before the object is touched)."""
     for backend in backends():
-        if backend.adopts is not None and backend.adopt is not None and backend.adopts(obj):
+        if backend.adopt is not None and backend.adopts_object(obj):
             where = type(obj).__name__ + (f" collection {collection!r}" if collection else "")
             opts = check_options(backend, options, where, adopting=True)
-            return backend.adopt(obj, dimension, collection, opts)
+            backend.check_collection(collection)
+            for option in (o for group in backend.client_options for o in group.declared()):
+                opts.pop(option.name, None)  # the adopted client is connected already
+            return backend.adopt(obj, collection, dimension, **opts)
     *others, last = ["a VectorStore", *adopted_objects()]
     either = f"{', '.join(others)} or {last}" if others else last
     raise StoreError(

@@ -5,7 +5,9 @@ is built from the registered backends, so a new backend shows up in it without a
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from typing import Any
 
 import pytest
 
@@ -55,8 +57,8 @@ def test_unusable_object_error_follows_a_newly_registered_backend(
         form="redis:URL/INDEX",
         parse=registry.parse_url_collection,
         open=lambda loc, dim, opts: None,
-        adopts=lambda obj: False,
-        adopt=lambda obj, dim, collection, opts: None,
+        adopts=("redis", "Redis"),
+        adopt=lambda obj, collection, dim, **opts: None,
         adopted="a redis.Redis client (collection=INDEX)",
     )
     monkeypatch.setitem(registry._BACKENDS, "redis", backend)
@@ -74,9 +76,61 @@ def test_an_adopting_backend_must_name_what_it_adopts() -> None:
         form="half-declared:DIR",
         parse=registry.parse_dir,
         open=lambda loc, dim, opts: None,
-        adopts=lambda obj: False,
-        adopt=lambda obj, dim, collection, opts: None,
+        adopts=("redis", "Redis"),
+        adopt=lambda obj, collection, dim, **opts: None,
     )
     with pytest.raises(ValueError, match="adopts, adopt and adopted"):
         registry.register(half)
     assert "half-declared" not in registry._BACKENDS
+
+
+class MilvusClient:  # the class name pymilvus uses, declared in another module
+    pass
+
+
+def test_an_adopted_object_is_recognised_by_its_module_and_class_name() -> None:
+    milvus = next(b for b in registry.backends() if b.prefix == "milvus")
+    assert milvus.adopts == ("pymilvus", "MilvusClient")
+    assert not milvus.adopts_object(MilvusClient())  # right name, wrong module
+    fake = type("MilvusClient", (), {"__module__": "pymilvus.milvus_client"})()
+    assert milvus.adopts_object(fake)
+    other = type("Collection", (), {"__module__": "pymilvus.orm"})()
+    assert not milvus.adopts_object(other)  # right module, wrong class
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "message"),
+    [
+        (
+            "pymilvus.milvus_client",
+            "MilvusClient",
+            "a pymilvus MilvusClient needs collection='name'",
+        ),
+        ("qdrant_client.qdrant_client", "QdrantClient", "a QdrantClient needs collection='name'"),
+        ("psycopg", "Connection", "a psycopg connection needs collection='table'"),
+    ],
+)
+def test_open_object_refuses_a_missing_collection_for_every_backend(
+    module: str, name: str, message: str
+) -> None:
+    client = type(name, (), {"__module__": module})()
+    with pytest.raises(StoreError) as info:
+        registry.open_object(client, 4, None, {})
+    assert str(info.value) == message
+
+
+def test_client_options_are_checked_then_dropped_for_an_adopted_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    milvus = next(b for b in registry.backends() if b.prefix == "milvus")
+    seen: list[tuple[Any, ...]] = []
+
+    def adopt(obj: Any, collection: str, dim: int, **opts: Any) -> None:
+        seen.append((collection, dim, opts))
+
+    monkeypatch.setitem(registry._BACKENDS, "milvus", dataclasses.replace(milvus, adopt=adopt))
+    client = type("MilvusClient", (), {"__module__": "pymilvus"})()
+    registry.open_object(client, 8, "docs", {"token": "user:pw", "hnsw_m": 16})
+    assert seen == [("docs", 8, {"hnsw_m": 16})]
+    with pytest.raises(StoreError, match=r"--hnsw-m must be >= 2, got 1"):
+        registry.open_object(client, 8, "docs", {"hnsw_m": 1})
