@@ -703,9 +703,7 @@ def _adopt_object(
 
 registry.register(
     registry.Backend(
-        prefix="faiss",
         form="faiss:DIR",
-        parse=registry.parse_dir,
         open=_open,
         options=(IndexOptions,),
         index_types="flat (exact, default), hnsw, ivf, or any faiss.index_factory string, e.g. "

@@ -493,7 +493,6 @@ def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -
 
 registry.register(
     registry.Backend(
-        prefix="milvus",
         form=FORM,
         parse=parse_milvus,
         open=_open,

@@ -551,7 +551,6 @@ FORM = "pgvector:POSTGRES_URI#TABLE"
 
 registry.register(
     registry.Backend(
-        prefix="pgvector",
         form=FORM,
         parse=parse_pgvector,
         open=_open,

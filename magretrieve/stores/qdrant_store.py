@@ -598,7 +598,6 @@ _entry = partial(
 )
 registry.register(
     _entry(
-        prefix="qdrant",
         form="qdrant:URL/COLLECTION",
         parse=parse_server,
         open=_open_server,
@@ -607,15 +606,12 @@ registry.register(
         adopted="a QdrantClient (collection=NAME)",
     )
 )
-registry.register(
-    _entry("qdrant-local", "qdrant-local:DIR/COLLECTION", parse_local, _open_local, folder=True)
-)
+registry.register(_entry("qdrant-local:DIR/COLLECTION", _open_local, parse_local, folder=True))
 registry.register(
     _entry(
-        "qdrant-memory",
         "qdrant-memory:COLLECTION",
-        parse_memory,
         _open_memory,
+        parse_memory,
         persists=lambda loc: False,
     )
 )

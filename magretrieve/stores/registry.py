@@ -37,10 +37,8 @@ How to add a backend (say ``redis:URL/INDEX``)
 2. At the bottom of that file, register it::
 
        register(Backend(
-           prefix="redis",
-           form="redis:URL/INDEX",
-           parse=parse_url_collection,  # rest-of-spec -> location dict (or your own)
-           open=_open,                  # (location, dimension, options) -> VectorStore
+           form="redis:URL/COLLECTION",  # its shape picks the parser (or give parse=)
+           open=_open,                   # (location, dimension, options) -> VectorStore
            options=(HnswOptions, RedisOptions),  # option classes: their keywords and flags
            extra="redis",               # pip install 'magretrieve[redis]'
        ))
@@ -140,11 +138,13 @@ def check_option(name: str, value: Any, where: str = "") -> Any:
 class Backend:
     """One store backend: how its specs look, what it accepts, how it opens.
 
-    - ``prefix``: the spec prefix before ``:`` (``faiss``).
-    - ``form``: the spec form shown in errors and docs (``faiss:DIR``).
-    - ``parse(rest, spec)``: the part after ``prefix:`` -> location dict (``{"path": ...}``);
-      raise StoreError for a malformed spec (the message should show ``form``).
+    - ``form``: the spec form shown in errors and docs (``faiss:DIR``); ``prefix`` is its part
+      before ``:``.
     - ``open(location, dimension, options)``: the store (options already validated).
+    - ``parse(rest, spec)``: the part after ``prefix:`` -> location dict (``{"path": ...}``);
+      raise StoreError for a malformed spec (the message should show ``form``). By default
+      the form's shape picks it (:func:`parse_by_form`: ``DIR``, ``[DIR]``, ``COLLECTION``,
+      ``DIR/COLLECTION``, ``URL/COLLECTION``).
     - ``options``: the option classes the backend accepts (all their keywords): shared ones of
       :mod:`.options` and its own; other options are an error.
     - ``index_types``: the index kinds its ``index_type`` takes, for the ``--faiss-index`` help.
@@ -165,10 +165,9 @@ class Backend:
     - ``extra``: the pip extra that installs the backend's library.
     """
 
-    prefix: str
     form: str
-    parse: Callable[[str, str], dict[str, str]]
     open: Callable[[dict[str, str], int | None, dict[str, Any]], Any]
+    parse: Callable[[str, str], dict[str, str]] = lambda rest, spec: parse_by_form(rest, spec)
     options: tuple[type[StoreOptions], ...] = ()
     client_options: tuple[type[StoreOptions], ...] = ()
     index_types: str | None = None
@@ -179,6 +178,11 @@ class Backend:
     adopted: str | None = None
     adopt_options: tuple[type[StoreOptions], ...] = ()
     extra: str | None = None
+
+    @property
+    def prefix(self) -> str:
+        """The spec prefix before ``:`` (``faiss``)."""
+        return self.form.split(":", 1)[0].lower()
 
     @property
     def declared(self) -> tuple[StoreOption, ...]:
@@ -228,6 +232,8 @@ def register(backend: Backend) -> Backend:
         backend.adopts is not None and not backend.adopted
     ):
         raise ValueError(f"{prefix}: adopts, adopt and adopted are given together or not at all")
+    if backend.parse is Backend.parse and backend.form.split(":", 1)[-1] not in _PARSERS:
+        raise ValueError(f"{prefix}: no parser for the form {backend.form!r}; give parse=")
     for option in backend.declared:
         add_option(option)
     _BACKENDS[prefix] = backend
@@ -393,6 +399,22 @@ def parse_url_collection(rest: str, spec: str) -> dict[str, str]:
     if host and collection and (sep or ":" in host):
         return {"url": f"{scheme}{sep}{host}", "collection": collection}
     raise _missing_collection(spec)
+
+
+#: The parsers :func:`parse_by_form` picks, by the shape of the form after ``prefix:``.
+_PARSERS: dict[str, Callable[[str, str], dict[str, str]]] = {
+    "DIR": parse_dir,
+    "[DIR]": parse_optional_dir,
+    "COLLECTION": parse_collection,
+    "DIR/COLLECTION": parse_path_collection,
+    "URL/COLLECTION": parse_url_collection,
+}
+
+
+def parse_by_form(rest: str, spec: str) -> dict[str, str]:
+    """The location of a spec, parsed as the shape of its backend's form says."""
+    backend = _BACKENDS[spec.split(":", 1)[0].lower()]
+    return _PARSERS[backend.form.split(":", 1)[1]](rest, spec)
 
 
 def _missing_collection(spec: str) -> StoreError:

@@ -53,7 +53,6 @@ def test_unusable_object_error_follows_a_newly_registered_backend(
 ) -> None:
     registry.backends()  # load the built-in entries before adding one
     backend = registry.Backend(
-        prefix="redis",
         form="redis:URL/INDEX",
         parse=registry.parse_url_collection,
         open=lambda loc, dim, opts: None,
@@ -72,7 +71,6 @@ def test_unusable_object_error_follows_a_newly_registered_backend(
 def test_an_adopting_backend_must_name_what_it_adopts() -> None:
     registry.backends()
     half = registry.Backend(
-        prefix="half-declared",
         form="half-declared:DIR",
         parse=registry.parse_dir,
         open=lambda loc, dim, opts: None,
@@ -134,3 +132,22 @@ def test_client_options_are_checked_then_dropped_for_an_adopted_client(
     assert seen == [("docs", 8, {"hnsw_m": 16})]
     with pytest.raises(StoreError, match=r"--hnsw-m must be >= 2, got 1"):
         registry.open_object(client, 8, "docs", {"hnsw_m": 1})
+
+
+def test_the_shape_of_a_form_picks_the_parser_when_none_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    registry.backends()
+    redis = registry.Backend(form="redis:URL/COLLECTION", open=lambda loc, dim, opts: None)
+    assert redis.prefix == "redis"
+    monkeypatch.setitem(registry._BACKENDS, "redis", redis)
+    assert registry.backend_for("redis:http://h:6379/docs")[1] == {
+        "url": "http://h:6379",
+        "collection": "docs",
+    }
+    with pytest.raises(StoreError, match="missing collection name"):
+        registry.backend_for("redis:http://h:6379")
+    odd = registry.Backend(form="odd:URI#TABLE", open=lambda loc, dim, opts: None)
+    with pytest.raises(ValueError, match="no parser for the form 'odd:URI#TABLE'; give parse="):
+        registry.register(odd)
+    assert "odd" not in registry._BACKENDS
