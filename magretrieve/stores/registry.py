@@ -40,8 +40,13 @@ How to add a backend (say ``redis:URL/INDEX``)
            form="redis:URL/COLLECTION",  # its shape picks the parser (or give parse=)
            open=_open,                   # (location, dimension, options) -> VectorStore
            options=(HnswOptions, RedisOptions),  # option classes: their keywords and flags
-           extra="redis",               # pip install 'magretrieve[redis]'
+           extra="redis",                # pip install 'magretrieve[redis]'
        ))
+
+   To take a live client in ``open_store`` too, add ``adopts=("redis", "Redis")`` (its
+   module and class), ``adopt=RedisStore`` and ``adopted="a redis.Redis client
+   (collection=NAME)"``; options that only configure a spec's connection go in
+   ``client_options``.
 
    where ``RedisOptions`` is the backend's own option class, declared beside the entry::
 
