@@ -549,7 +549,6 @@ def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -
 
 registry.register(
     registry.Backend(
-        prefix="chroma",
         form=FORM,
         parse=parse_chroma,
         open=_open,

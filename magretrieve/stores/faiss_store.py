@@ -703,15 +703,9 @@ def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -
     return FaissStore.open(loc["path"], dimension, **options)
 
 
-def _adopts(obj: Any) -> bool:
-    return (type(obj).__module__ or "").startswith("faiss") and hasattr(obj, "metric_type")
-
-
 def _adopt_object(
-    obj: Any, dimension: int | None, collection: str | None, options: dict[str, Any]
+    obj: Any, collection: str | None, dimension: int | None, path: str | None = None, **opts: Any
 ) -> FaissStore:
-    opts = dict(options)
-    path = opts.pop("path", None)
     if dimension is not None and int(obj.d) != int(dimension):
         raise StoreError(
             f"FAISS index has dimension {obj.d}, but the model produces dimension {dimension}"
@@ -721,15 +715,13 @@ def _adopt_object(
 
 registry.register(
     registry.Backend(
-        prefix="faiss",
         form="faiss:DIR",
-        parse=registry.parse_dir,
         open=_open,
         options=(IndexOptions,),
         index_types="flat (exact, default), hnsw, ivf, or any faiss.index_factory string, e.g. "
         "'IVF1024,PQ32' (untrained indexes are trained on the first vectors added)",
         folder=True,
-        adopts=_adopts,
+        adopts=("faiss", "", "metric_type"),
         adopt=_adopt_object,
         adopted="a FAISS index with the inner-product metric",
         adopt_options=(AdoptedFaissOptions,),

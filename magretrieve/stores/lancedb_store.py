@@ -522,7 +522,6 @@ class LanceDBOptions(StoreOptions):
 
 registry.register(
     registry.Backend(
-        prefix="lancedb",
         form=FORM,
         parse=registry.parse_path_collection,
         open=_open,

@@ -240,9 +240,7 @@ def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -
 
 registry.register(
     registry.Backend(
-        prefix="memory",
         form="memory:[DIR]",
-        parse=registry.parse_optional_dir,
         open=_open,
         folder=True,
         persists=lambda loc: bool(loc["path"]),

@@ -492,32 +492,16 @@ def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -
     return open_milvus(loc, dimension, **options)
 
 
-def _adopts(obj: Any) -> bool:
-    return type(obj).__name__ == "MilvusClient" and (type(obj).__module__ or "").startswith(
-        "pymilvus"
-    )
-
-
-def _adopt(
-    client: Any, dimension: int | None, collection: str | None, options: dict[str, Any]
-) -> MilvusStore:
-    if not collection:
-        raise StoreError("a MilvusClient needs collection='name'")
-    opts = dict(options)
-    opts.pop("token", None)  # the client is already authenticated
-    return MilvusStore(client, collection, dimension, **opts)
-
-
 registry.register(
     registry.Backend(
-        prefix="milvus",
         form=FORM,
         parse=parse_milvus,
         open=_open,
-        options=(*MILVUS_INDEX, MilvusOptions),
+        options=MILVUS_INDEX,
+        client_options=(MilvusOptions,),
         index_types="FLAT (default), HNSW, IVF_FLAT",
-        adopts=_adopts,
-        adopt=_adopt,
+        adopts=("pymilvus", "MilvusClient"),
+        adopt=MilvusStore,
         adopted="a pymilvus MilvusClient (collection=NAME)",
         extra="milvus",
     )

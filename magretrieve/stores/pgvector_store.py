@@ -543,15 +543,7 @@ def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -
     return open_pgvector(loc["uri"], loc["table"], dimension, **options)
 
 
-def _adopts(obj: Any) -> bool:
-    return (type(obj).__module__ or "").startswith("psycopg")
-
-
-def _adopt(
-    conn: Any, dimension: int | None, table: str | None, options: dict[str, Any]
-) -> VectorStore:
-    if not table:
-        raise StoreError("a psycopg connection needs collection='table'")
+def _adopt(conn: Any, table: str, dimension: int | None, **options: Any) -> VectorStore:
     register_vector(conn)
     return store_for(conn, table, dimension, options, owns=False, where=None)
 
@@ -560,13 +552,12 @@ FORM = "pgvector:POSTGRES_URI#TABLE"
 
 registry.register(
     registry.Backend(
-        prefix="pgvector",
         form=FORM,
         parse=parse_pgvector,
         open=_open,
         options=(IndexOptions, AnnotatedOptions),
         index_types="hnsw (default), ivfflat (built by optimize), flat",
-        adopts=_adopts,
+        adopts=("psycopg", ""),
         adopt=_adopt,
         adopted="a psycopg connection (collection=TABLE)",
         extra="pgvector",

@@ -59,9 +59,7 @@ EDGE_OPTIONS = (HnswOptions, QdrantQuantizationOptions, EdgeOptions, RecallOptio
 
 registry.register(
     registry.Backend(
-        prefix="qdrant-edge",
         form="qdrant-edge:DIR",
-        parse=registry.parse_dir,
         open=lambda loc, dimension, options: QdrantEdgeStore(loc["path"], dimension, **options),
         options=EDGE_OPTIONS,
         folder=True,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -394,14 +395,15 @@ class QdrantClientOptions(StoreOptions):
     timeout: int | None = option("Qdrant server request timeout in seconds.", minimum=1)
 
 
-QDRANT_OPTIONS = (
+#: The option classes of a Qdrant collection (the client's are QdrantClientOptions).
+_COLLECTION_OPTIONS = (
     RecallOptions,
     HnswOptions,
     QdrantQuantizationOptions,
     QdrantServerOptions,
-    QdrantClientOptions,
     AnnotatedOptions,
 )
+QDRANT_OPTIONS = (*_COLLECTION_OPTIONS, QdrantClientOptions)
 _CLIENT_OPTIONS = QdrantClientOptions.keywords()
 
 
@@ -581,57 +583,37 @@ def parse_memory(rest: str, spec: str) -> dict[str, str]:
     return loc
 
 
-def _adopts(obj: Any) -> bool:
-    return (type(obj).__module__ or "").startswith("qdrant_client")
-
-
-def _adopt_client(
-    client: Any, dimension: int | None, collection: str | None, options: dict[str, Any]
-) -> QdrantStore:
-    if not collection:
-        raise StoreError("a QdrantClient needs collection='name'")
-    opts = dict(options)
-    for key in _CLIENT_OPTIONS:
-        opts.pop(key, None)
-    return _store_for(client, collection, dimension, opts, owns=False, where=None)
+def _adopt_client(client: Any, collection: str, dimension: int | None, **options: Any) -> Any:
+    return _store_for(client, collection, dimension, options, owns=False, where=None)
 
 
 #: The openers by spec prefix (``magretrieve annotate`` opens Cosine collections through them).
 OPENERS = {"qdrant": _open_server, "qdrant-local": _open_local, "qdrant-memory": _open_memory}
 
 
+#: What the three Qdrant entries share: the collection's options, the client's, the extra.
+_entry = partial(
+    registry.Backend,
+    options=_COLLECTION_OPTIONS,
+    client_options=(QdrantClientOptions,),
+    extra="qdrant",
+)
 registry.register(
-    registry.Backend(
-        prefix="qdrant",
+    _entry(
         form="qdrant:URL/COLLECTION",
         parse=parse_server,
         open=_open_server,
-        options=QDRANT_OPTIONS,
-        adopts=_adopts,
+        adopts=("qdrant_client", ""),
         adopt=_adopt_client,
         adopted="a QdrantClient (collection=NAME)",
-        extra="qdrant",
     )
 )
+registry.register(_entry("qdrant-local:DIR/COLLECTION", _open_local, parse_local, folder=True))
 registry.register(
-    registry.Backend(
-        prefix="qdrant-local",
-        form="qdrant-local:DIR/COLLECTION",
-        parse=parse_local,
-        open=_open_local,
-        options=QDRANT_OPTIONS,
-        folder=True,
-        extra="qdrant",
-    )
-)
-registry.register(
-    registry.Backend(
-        prefix="qdrant-memory",
-        form="qdrant-memory:COLLECTION",
-        parse=parse_memory,
-        open=_open_memory,
-        options=QDRANT_OPTIONS,
+    _entry(
+        "qdrant-memory:COLLECTION",
+        _open_memory,
+        parse_memory,
         persists=lambda loc: False,
-        extra="qdrant",
     )
 )

@@ -37,13 +37,16 @@ How to add a backend (say ``redis:URL/INDEX``)
 2. At the bottom of that file, register it::
 
        register(Backend(
-           prefix="redis",
-           form="redis:URL/INDEX",
-           parse=parse_url_collection,  # rest-of-spec -> location dict (or your own)
-           open=_open,                  # (location, dimension, options) -> VectorStore
+           form="redis:URL/COLLECTION",  # its shape picks the parser (or give parse=)
+           open=_open,                   # (location, dimension, options) -> VectorStore
            options=(HnswOptions, RedisOptions),  # option classes: their keywords and flags
-           extra="redis",               # pip install 'magretrieve[redis]'
+           extra="redis",                # pip install 'magretrieve[redis]'
        ))
+
+   To take a live client in ``open_store`` too, add ``adopts=("redis", "Redis")`` (its
+   module and class), ``adopt=RedisStore`` and ``adopted="a redis.Redis client
+   (collection=NAME)"``; options that only configure a spec's connection go in
+   ``client_options``.
 
    where ``RedisOptions`` is the backend's own option class, declared beside the entry::
 
@@ -140,48 +143,80 @@ def check_option(name: str, value: Any, where: str = "") -> Any:
 class Backend:
     """One store backend: how its specs look, what it accepts, how it opens.
 
-    - ``prefix``: the spec prefix before ``:`` (``faiss``).
-    - ``form``: the spec form shown in errors and docs (``faiss:DIR``).
-    - ``parse(rest, spec)``: the part after ``prefix:`` -> location dict (``{"path": ...}``);
-      raise StoreError for a malformed spec (the message should show ``form``).
+    - ``form``: the spec form shown in errors and docs (``faiss:DIR``); ``prefix`` is its part
+      before ``:``.
     - ``open(location, dimension, options)``: the store (options already validated).
+    - ``parse(rest, spec)``: the part after ``prefix:`` -> location dict (``{"path": ...}``);
+      raise StoreError for a malformed spec (the message should show ``form``). By default
+      the form's shape picks it (:func:`parse_by_form`: ``DIR``, ``[DIR]``, ``COLLECTION``,
+      ``DIR/COLLECTION``, ``URL/COLLECTION``).
     - ``options``: the option classes the backend accepts (all their keywords): shared ones of
       :mod:`.options` and its own; other options are an error.
     - ``index_types``: the index kinds its ``index_type`` takes, for the ``--faiss-index`` help.
     - ``folder``: the location's ``path`` is a directory the store owns (a regular file there
       is refused before anything is encoded).
     - ``persists(location)``: whether what is added outlives the process (``memory:`` does not).
-    - ``adopts(obj)`` / ``adopt(obj, dimension, collection, options)``: accept a live client
-      or index object in ``open_store`` instead of a spec; ``adopted`` names that object for
-      the error listing what ``open_store`` takes (``"a QdrantClient (collection=...)"``);
-      ``adopt_options`` are option classes only an adopted object takes. ``adopt`` receives the
-      options checked (:func:`open_object`).
+    - ``client_options``: option classes that configure the connection a spec opens (a token,
+      a timeout); accepted for adopted clients too, which are connected already, so they are
+      dropped before ``adopt``.
+    - ``adopts`` / ``adopt(obj, collection, dimension, **options)``: accept a live client or
+      index object in ``open_store`` instead of a spec. ``adopts`` recognises it by its class:
+      ``(module prefix, class name or "" for any, *attributes it must have)``, e.g.
+      ``("pymilvus", "MilvusClient")``; ``adopt`` is usually the store's constructor.
+      ``adopted`` names that object for the error listing what ``open_store`` takes; written
+      ``"WHAT (collection=WORD)"`` it also makes a missing ``collection=`` an error
+      (:func:`open_object` refuses it, one message for every backend). ``adopt_options`` are
+      option classes only an adopted object takes. ``adopt`` receives the options checked.
     - ``extra``: the pip extra that installs the backend's library.
     """
 
-    prefix: str
     form: str
-    parse: Callable[[str, str], dict[str, str]]
     open: Callable[[dict[str, str], int | None, dict[str, Any]], Any]
+    parse: Callable[[str, str], dict[str, str]] = lambda rest, spec: parse_by_form(rest, spec)
     options: tuple[type[StoreOptions], ...] = ()
+    client_options: tuple[type[StoreOptions], ...] = ()
     index_types: str | None = None
     folder: bool = False
     persists: Callable[[dict[str, str]], bool] = lambda loc: True
-    adopts: Callable[[Any], bool] | None = None
-    adopt: Callable[[Any, int | None, str | None, dict[str, Any]], Any] | None = None
+    adopts: tuple[str, ...] | None = None
+    adopt: Callable[..., Any] | None = None
     adopted: str | None = None
     adopt_options: tuple[type[StoreOptions], ...] = ()
     extra: str | None = None
 
     @property
+    def prefix(self) -> str:
+        """The spec prefix before ``:`` (``faiss``)."""
+        return self.form.split(":", 1)[0].lower()
+
+    @property
     def declared(self) -> tuple[StoreOption, ...]:
         """The options the backend accepts (its option classes expanded)."""
-        return tuple(o for group in self.options for o in group.declared())
+        groups = (*self.options, *self.client_options)
+        return tuple(o for group in groups for o in group.declared())
 
     @property
     def adopt_declared(self) -> tuple[StoreOption, ...]:
         """The options only an adopted object takes."""
         return tuple(o for group in self.adopt_options for o in group.declared())
+
+    def adopts_object(self, obj: Any) -> bool:
+        """Whether ``obj`` is what the backend adopts (its class's module, name, attributes)."""
+        if self.adopts is None:
+            return False
+        module, name, *attributes = self.adopts
+        cls = type(obj)
+        return (
+            (cls.__module__ or "").startswith(module)
+            and (not name or cls.__name__ == name)
+            and all(hasattr(obj, a) for a in attributes)
+        )
+
+    def check_collection(self, collection: str | None) -> None:
+        """Refuse a missing ``collection=`` for an object adopted as ``WHAT (collection=WORD)``."""
+        what, given, word = (self.adopted or "").partition(" (collection=")
+        if given and not collection:
+            raise StoreError(f"{what} needs collection={word.rstrip(')').lower()!r}")
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -202,6 +237,8 @@ def register(backend: Backend) -> Backend:
         backend.adopts is not None and not backend.adopted
     ):
         raise ValueError(f"{prefix}: adopts, adopt and adopted are given together or not at all")
+    if backend.parse is Backend.parse and backend.form.split(":", 1)[-1] not in _PARSERS:
+        raise ValueError(f"{prefix}: no parser for the form {backend.form!r}; give parse=")
     for option in backend.declared:
         add_option(option)
     _BACKENDS[prefix] = backend
@@ -283,10 +320,13 @@ def open_object(
     """The store over a live client or index object a backend adopts, its options checked
     first (one line naming the option at fault, before the object is touched)."""
     for backend in backends():
-        if backend.adopts is not None and backend.adopt is not None and backend.adopts(obj):
+        if backend.adopt is not None and backend.adopts_object(obj):
             where = type(obj).__name__ + (f" collection {collection!r}" if collection else "")
             opts = check_options(backend, options, where, adopting=True)
-            return backend.adopt(obj, dimension, collection, opts)
+            backend.check_collection(collection)
+            for option in (o for group in backend.client_options for o in group.declared()):
+                opts.pop(option.name, None)  # the adopted client is connected already
+            return backend.adopt(obj, collection, dimension, **opts)
     *others, last = ["a VectorStore", *adopted_objects()]
     either = f"{', '.join(others)} or {last}" if others else last
     raise StoreError(
@@ -364,6 +404,22 @@ def parse_url_collection(rest: str, spec: str) -> dict[str, str]:
     if host and collection and (sep or ":" in host):
         return {"url": f"{scheme}{sep}{host}", "collection": collection}
     raise _missing_collection(spec)
+
+
+#: The parsers :func:`parse_by_form` picks, by the shape of the form after ``prefix:``.
+_PARSERS: dict[str, Callable[[str, str], dict[str, str]]] = {
+    "DIR": parse_dir,
+    "[DIR]": parse_optional_dir,
+    "COLLECTION": parse_collection,
+    "DIR/COLLECTION": parse_path_collection,
+    "URL/COLLECTION": parse_url_collection,
+}
+
+
+def parse_by_form(rest: str, spec: str) -> dict[str, str]:
+    """The location of a spec, parsed as the shape of its backend's form says."""
+    backend = _BACKENDS[spec.split(":", 1)[0].lower()]
+    return _PARSERS[backend.form.split(":", 1)[1]](rest, spec)
 
 
 def _missing_collection(spec: str) -> StoreError:

@@ -844,9 +844,7 @@ def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -
 
 registry.register(
     registry.Backend(
-        prefix="scann",
         form="scann:DIR",
-        parse=registry.parse_dir,
         open=_open,
         options=SCANN_OPTIONS,
         folder=True,

@@ -5,7 +5,9 @@ is built from the registered backends, so a new backend shows up in it without a
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from typing import Any
 
 import pytest
 
@@ -51,12 +53,11 @@ def test_unusable_object_error_follows_a_newly_registered_backend(
 ) -> None:
     registry.backends()  # load the built-in entries before adding one
     backend = registry.Backend(
-        prefix="redis",
         form="redis:URL/INDEX",
         parse=registry.parse_url_collection,
         open=lambda loc, dim, opts: None,
-        adopts=lambda obj: False,
-        adopt=lambda obj, dim, collection, opts: None,
+        adopts=("redis", "Redis"),
+        adopt=lambda obj, collection, dim, **opts: None,
         adopted="a redis.Redis client (collection=INDEX)",
     )
     monkeypatch.setitem(registry._BACKENDS, "redis", backend)
@@ -70,13 +71,83 @@ def test_unusable_object_error_follows_a_newly_registered_backend(
 def test_an_adopting_backend_must_name_what_it_adopts() -> None:
     registry.backends()
     half = registry.Backend(
-        prefix="half-declared",
         form="half-declared:DIR",
         parse=registry.parse_dir,
         open=lambda loc, dim, opts: None,
-        adopts=lambda obj: False,
-        adopt=lambda obj, dim, collection, opts: None,
+        adopts=("redis", "Redis"),
+        adopt=lambda obj, collection, dim, **opts: None,
     )
     with pytest.raises(ValueError, match="adopts, adopt and adopted"):
         registry.register(half)
     assert "half-declared" not in registry._BACKENDS
+
+
+class MilvusClient:  # the class name pymilvus uses, declared in another module
+    pass
+
+
+def test_an_adopted_object_is_recognised_by_its_module_and_class_name() -> None:
+    milvus = next(b for b in registry.backends() if b.prefix == "milvus")
+    assert milvus.adopts == ("pymilvus", "MilvusClient")
+    assert not milvus.adopts_object(MilvusClient())  # right name, wrong module
+    fake = type("MilvusClient", (), {"__module__": "pymilvus.milvus_client"})()
+    assert milvus.adopts_object(fake)
+    other = type("Collection", (), {"__module__": "pymilvus.orm"})()
+    assert not milvus.adopts_object(other)  # right module, wrong class
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "message"),
+    [
+        (
+            "pymilvus.milvus_client",
+            "MilvusClient",
+            "a pymilvus MilvusClient needs collection='name'",
+        ),
+        ("qdrant_client.qdrant_client", "QdrantClient", "a QdrantClient needs collection='name'"),
+        ("psycopg", "Connection", "a psycopg connection needs collection='table'"),
+    ],
+)
+def test_open_object_refuses_a_missing_collection_for_every_backend(
+    module: str, name: str, message: str
+) -> None:
+    client = type(name, (), {"__module__": module})()
+    with pytest.raises(StoreError) as info:
+        registry.open_object(client, 4, None, {})
+    assert str(info.value) == message
+
+
+def test_client_options_are_checked_then_dropped_for_an_adopted_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    milvus = next(b for b in registry.backends() if b.prefix == "milvus")
+    seen: list[tuple[Any, ...]] = []
+
+    def adopt(obj: Any, collection: str, dim: int, **opts: Any) -> None:
+        seen.append((collection, dim, opts))
+
+    monkeypatch.setitem(registry._BACKENDS, "milvus", dataclasses.replace(milvus, adopt=adopt))
+    client = type("MilvusClient", (), {"__module__": "pymilvus"})()
+    registry.open_object(client, 8, "docs", {"token": "user:pw", "hnsw_m": 16})
+    assert seen == [("docs", 8, {"hnsw_m": 16})]
+    with pytest.raises(StoreError, match=r"--hnsw-m must be >= 2, got 1"):
+        registry.open_object(client, 8, "docs", {"hnsw_m": 1})
+
+
+def test_the_shape_of_a_form_picks_the_parser_when_none_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    registry.backends()
+    redis = registry.Backend(form="redis:URL/COLLECTION", open=lambda loc, dim, opts: None)
+    assert redis.prefix == "redis"
+    monkeypatch.setitem(registry._BACKENDS, "redis", redis)
+    assert registry.backend_for("redis:http://h:6379/docs")[1] == {
+        "url": "http://h:6379",
+        "collection": "docs",
+    }
+    with pytest.raises(StoreError, match="missing collection name"):
+        registry.backend_for("redis:http://h:6379")
+    odd = registry.Backend(form="odd:URI#TABLE", open=lambda loc, dim, opts: None)
+    with pytest.raises(ValueError, match="no parser for the form 'odd:URI#TABLE'; give parse="):
+        registry.register(odd)
+    assert "odd" not in registry._BACKENDS

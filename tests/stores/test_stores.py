@@ -653,7 +653,6 @@ def test_a_new_backend_is_one_registry_entry(tmp_path, monkeypatch):
         return MemoryStore(dimension)
 
     toy = registry.Backend(
-        prefix="toy",
         form="toy:NAME",
         parse=registry.parse_collection,
         open=_open,
@@ -671,7 +670,7 @@ def test_a_new_backend_is_one_registry_entry(tmp_path, monkeypatch):
     with pytest.raises(StoreError, match="toy:NAME"):
         parse_spec("nope:x")
     with pytest.raises(ValueError, match="already registered"):
-        registry.register(registry.Backend("toy", "toy:X", registry.parse_dir, _open))
+        registry.register(registry.Backend("toy:X", _open, registry.parse_dir))
 
 
 def test_cli_store_options_come_from_the_registry():
@@ -1117,7 +1116,6 @@ class _ToyOptions(StoreOptions):
 
 def test_a_store_of_primitives_gets_every_check_from_the_base(monkeypatch):
     toy = registry.Backend(
-        prefix="dict",
         form="dict:NAME",
         parse=registry.parse_collection,
         open=lambda loc, dimension, options: _DictStore(dimension, f"dict:{loc['collection']}"),
