@@ -62,6 +62,20 @@ def device_option(help_text: str):  # type: ignore[no-untyped-def]
     )
 
 
+#: ``--k``: neighbours of the hub score (fit-prior, and the hub prior of rescale/annotate).
+hub_k_option = click.option(
+    "--k", "k", type=int, default=10, show_default=True, help="Neighbours of the hub score."
+)
+
+#: ``--store SPEC`` (required): the store a command reads or writes.
+store_spec_option = click.option(
+    "--store", "store_spec", required=True, help="Store spec, e.g. faiss:indexes/scifact."
+)
+
+#: ``--seed`` (default 42): the random seed of a command that trains (train, diagnose's probes).
+seed_option = click.option("--seed", type=int, default=42, show_default=True)
+
+
 def magnitude_options(func: Any) -> Any:
     """``--head`` / ``--corpus-prior`` / ``--prior-file`` / ``--k``: where a document's magnitude
     m(d) comes from, for the commands that apply one to stored vectors (rescale, annotate).
@@ -107,9 +121,7 @@ def magnitude_options(func: Any) -> Any:
             help="JSON written by `magretrieve fit-prior` instead of --corpus-prior (rescale: "
             "any document prior; annotate: a multiplier-only one such as hub).",
         ),
-        click.option(
-            "--k", "k", type=int, default=10, show_default=True, help="Neighbours of the hub score."
-        ),
+        hub_k_option,
     ]
     for option in reversed(options):
         command = option(command)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from magretrieve.cli._common import seed_option
 from magretrieve.cli._group import main
 
 
@@ -45,7 +46,7 @@ from magretrieve.cli._group import main
     default=None,
     help="Folder of measured qnorm-s*.json/dnorm-s*.json runs to check the predictors against.",
 )
-@click.option("--seed", type=int, default=42, show_default=True)
+@seed_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 def diagnose_command(
     model,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from magretrieve.cli._common import hub_k_option
 from magretrieve.cli._group import main
 
 
@@ -41,9 +42,7 @@ from magretrieve.cli._group import main
     default=None,
     help="Comma-separated β candidates of the hub prior (default: 0.01 to 0.3).",
 )
-@click.option(
-    "--k", "k", type=int, default=10, show_default=True, help="Neighbours of the hub score."
-)
+@hub_k_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def fit_prior_command(model, train_spec, out, method, eval_specs, betas, k, as_json):
     """Choose a document prior and its parameters by NDCG@10 of TRAINING queries; write it to OUT.

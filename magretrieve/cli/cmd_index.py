@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import click
 
-from magretrieve.cli._common import collect_store_options, device_option, store_options
+from magretrieve.cli._common import (
+    collect_store_options,
+    device_option,
+    store_options,
+    store_spec_option,
+)
 from magretrieve.cli._group import main
 from magretrieve.cli._options import click_options
 from magretrieve.engines import ENGINES, engine_options, option_specs
@@ -27,9 +32,7 @@ def engine_flags(fn):  # type: ignore[no-untyped-def]
 @main.command("index")
 @click.argument("export_dir", type=click.Path(file_okay=False))
 @click.argument("corpus", type=click.Path(dir_okay=False))
-@click.option(
-    "--store", "store_spec", required=True, help="Store spec, e.g. faiss:indexes/scifact."
-)
+@store_spec_option
 @click.option(
     "--batch-size",
     type=int,

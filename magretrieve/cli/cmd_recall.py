@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from magretrieve.cli._common import collect_store_options, search_store_options
+from magretrieve.cli._common import collect_store_options, search_store_options, store_spec_option
 from magretrieve.cli._group import main
 
 K = 10
@@ -64,9 +64,7 @@ def knob_for(store: Any, spec: str) -> tuple[str, list[int], int] | None:
 
 @main.command("recall")
 @click.argument("export_dir", type=click.Path(file_okay=False))
-@click.option(
-    "--store", "store_spec", required=True, help="Store spec, e.g. faiss:indexes/scifact."
-)
+@store_spec_option
 @click.option(
     "--queries",
     "queries_file",

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from magretrieve.cli._common import collect_store_options, search_store_options
+from magretrieve.cli._common import collect_store_options, search_store_options, store_spec_option
 from magretrieve.cli._group import main
 from magretrieve.core.errors import ConfigError
 from magretrieve.serving.retriever import DEFAULT_K
@@ -38,9 +38,7 @@ def _snippet(hit: object, width: int = 60) -> str:
 @main.command("search")
 @click.argument("export_dir", type=click.Path(file_okay=False))
 @click.argument("query", nargs=-1, required=True)
-@click.option(
-    "--store", "store_spec", required=True, help="Store spec, e.g. faiss:indexes/scifact."
-)
+@store_spec_option
 @click.option("-k", "k", type=int, default=DEFAULT_K, show_default=True, help="Hits per query.")
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
 @click.option(

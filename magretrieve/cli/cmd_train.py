@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from magretrieve.cli._common import device_option
+from magretrieve.cli._common import device_option, seed_option
 from magretrieve.cli._group import main
 from magretrieve.core.similarity import MODES
 
@@ -40,7 +40,7 @@ from magretrieve.core.similarity import MODES
     help="Initial γ (both sides) for --mode learnable (paper: 0.5).",
 )
 @click.option("--scale", type=float, default=20.0, show_default=True, help="Logit scale 1/τ.")
-@click.option("--seed", type=int, default=42, show_default=True)
+@seed_option
 @click.option(
     "--task", type=click.Choice(["retrieval", "symmetric"]), default="retrieval", show_default=True
 )

@@ -9,7 +9,7 @@ itself. The chosen prior then carries the bank of all training queries.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +70,22 @@ def _ndcg_of_run(
     return metrics.retrieval_metrics({q: dict(qrels[q]) for q in qids}, dict(run))["ndcg@10"]
 
 
+def _blockwise_ndcg(
+    block_scores: Callable[[slice], np.ndarray],
+    qids: Sequence[str],
+    doc_ids: Sequence[str],
+    qrels: Mapping[str, Mapping[str, int]],
+) -> float:
+    """NDCG@10 of the queries ranked ``QUERY_BLOCK`` at a time: ``block_scores(rows)`` is the
+    (block × documents) score matrix of the queries in ``rows``, so the whole queries ×
+    documents matrix never has to exist at once."""
+    run: dict[str, dict[str, float]] = {}
+    for start in range(0, len(qids), QUERY_BLOCK):
+        rows = slice(start, start + QUERY_BLOCK)
+        run.update(_top10_run(block_scores(rows), qids[rows], doc_ids))
+    return _ndcg_of_run(run, qids, qrels)
+
+
 def ndcg_at_10(
     scores: np.ndarray,
     qids: Sequence[str],
@@ -77,11 +93,7 @@ def ndcg_at_10(
     qrels: Mapping[str, Mapping[str, int]],
 ) -> float:
     """NDCG@10 (trec_eval) of a score matrix (queries × documents)."""
-    run: dict[str, dict[str, float]] = {}
-    for start in range(0, len(qids), QUERY_BLOCK):
-        rows = slice(start, start + QUERY_BLOCK)
-        run.update(_top10_run(scores[rows], qids[rows], doc_ids))
-    return _ndcg_of_run(run, qids, qrels)
+    return _blockwise_ndcg(lambda rows: scores[rows], qids, doc_ids, qrels)
 
 
 def served_ndcg_at_10(
@@ -95,11 +107,7 @@ def served_ndcg_at_10(
     """NDCG@10 of :func:`served_scores`, ranked a block of queries at a time (same result,
     without the queries × documents matrix)."""
     qv, stored = _served_vectors(prior, queries, docs)
-    run: dict[str, dict[str, float]] = {}
-    for start in range(0, len(qids), QUERY_BLOCK):
-        rows = slice(start, start + QUERY_BLOCK)
-        run.update(_top10_run(qv[rows] @ stored.T, qids[rows], doc_ids))
-    return _ndcg_of_run(run, qids, qrels)
+    return _blockwise_ndcg(lambda rows: qv[rows] @ stored.T, qids, doc_ids, qrels)
 
 
 def _served_vectors(
