@@ -109,7 +109,7 @@ class _Shape:
         return self.rows >= s.max_batch_rows or self.rows * self.longest >= s.max_batch_tokens
 
 
-def _resolve(future: asyncio.Future[np.ndarray], value: Any, error: BaseException | None) -> None:
+def _resolve(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
     if future.done():  # the client went away and its handler was cancelled
         return
     if error is not None:
@@ -118,24 +118,26 @@ def _resolve(future: asyncio.Future[np.ndarray], value: Any, error: BaseExceptio
         future.set_result(value)
 
 
-def _loop_delivery(future: asyncio.Future[np.ndarray]) -> Deliver:
+def loop_delivery(future: asyncio.Future[Any]) -> Callable[[Any, BaseException | None], None]:
     """Hands the result to ``future`` on its own event loop (the worker is another thread)."""
     loop = future.get_loop()
 
-    def deliver(value: np.ndarray | None, error: BaseException | None) -> None:
+    def deliver(value: Any, error: BaseException | None) -> None:
         loop.call_soon_threadsafe(_resolve, future, value, error)
 
     return deliver
 
 
-def _thread_delivery(future: concurrent.futures.Future[np.ndarray]) -> Deliver:
+def thread_delivery(
+    future: concurrent.futures.Future[Any],
+) -> Callable[[Any, BaseException | None], None]:
     """Hands the result to a thread waiting on ``future``."""
 
-    def deliver(value: np.ndarray | None, error: BaseException | None) -> None:
+    def deliver(value: Any, error: BaseException | None) -> None:
         if error is not None:
             future.set_exception(error)
         else:
-            future.set_result(value)  # type: ignore[arg-type]
+            future.set_result(value)
 
     return deliver
 
@@ -197,13 +199,13 @@ class DynamicBatcher:
     async def submit(self, side: str, encodings: Sequence[Any]) -> np.ndarray:
         """The vectors of ``encodings`` (one request's texts, in order) once their batch ran."""
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self._enqueue(side, encodings, _loop_delivery(future))
+        self._enqueue(side, encodings, loop_delivery(future))
         return await future
 
     def submit_wait(self, side: str, encodings: Sequence[Any]) -> np.ndarray:
         """:meth:`submit` for a thread that is not an event loop: blocks until the batch ran."""
         future: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
-        self._enqueue(side, encodings, _thread_delivery(future))
+        self._enqueue(side, encodings, thread_delivery(future))
         return future.result()
 
     def _enqueue(self, side: str, encodings: Sequence[Any], deliver: Deliver) -> None:

@@ -457,7 +457,7 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
                 block = [f for f in fids[start : start + size].tolist() if recs[f] is not None]
                 if not block:
                     continue
-                ids = [recs[f][0] for f in block]  # type: ignore[index]
+                ids = [recs[f][0] for f in block]
                 vectors = self._handle.index.reconstruct_batch(np.asarray(block, dtype=np.int64))  # type: ignore[union-attr]
             yield ids, vectors
 

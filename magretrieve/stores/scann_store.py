@@ -661,7 +661,7 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
                 rows = pending[np.searchsorted(pending, after) :][:size]
                 if not len(rows):
                     return
-                ids = [table.records[r][0] for r in rows.tolist()]  # type: ignore[index]
+                ids = [table.records[r][0] for r in rows.tolist()]
                 block = self._vecs[rows]
             after = int(rows[-1]) + 1
             yield ids, block
