@@ -323,12 +323,13 @@ class VectorStore(ABC):
     def _vector_blocks(self, size: int) -> Iterator[tuple[list[str], np.ndarray]]:
         """Every live (id, vector) as blocks of at most ``size``: (ids, float32 ``(n, dim)``).
 
-        Paged through the primitives (``_scan_ids`` + ``_fetch``); a store that holds its
-        vectors in memory overrides it with views of its own arrays (no copy), a database
-        store with its own pages. See :meth:`iter_vectors`.
+        Paged through the primitives (``_scan_ids`` + ``_fetch``, at most
+        :data:`EXACT_SCAN_CHUNK` ids a fetch, what every database takes in one query); a store
+        that holds its vectors in memory overrides it with views of its own arrays (no copy).
+        See :meth:`iter_vectors`.
         """
         scan = iter(self._scan_ids())
-        while chunk := list(itertools.islice(scan, size)):
+        while chunk := list(itertools.islice(scan, min(size, EXACT_SCAN_CHUNK))):
             records = list(self._fetch(chunk))
             if records:
                 yield (

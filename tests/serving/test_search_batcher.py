@@ -51,8 +51,10 @@ class Recorder:
 
 def _submit(batcher: SearchBatcher, results: dict, name: str, vectors, k, where=None) -> None:
     """Queue one search from a thread of its own (its place in the queue is fixed before
-    the next one is queued)."""
+    the next one is queued: it is waiting, running, or answered)."""
     before = batcher.depth
+    calls = batcher._search.calls if isinstance(batcher._search, Recorder) else []
+    started = len(calls)
 
     def run() -> None:
         try:
@@ -62,8 +64,11 @@ def _submit(batcher: SearchBatcher, results: dict, name: str, vectors, k, where=
 
     threading.Thread(target=run, daemon=True).start()
     deadline = time.monotonic() + 5
-    while batcher.depth == before and name not in results and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        if batcher.depth > before or name in results or len(calls) > started:
+            return
         time.sleep(0.002)
+    raise AssertionError(f"{name} was never queued")
 
 
 @pytest.mark.parametrize("spec", ["memory:", "faiss:{tmp}/f", "scann:{tmp}/s"])
