@@ -92,6 +92,7 @@ class RecallWatch:
         self._warned = False
         self.checked = 0
         self.dropped = 0
+        self.skipped = 0  # queries whose pass failed (the first failure is logged as a warning)
         #: Wall seconds of the last pass (sleeps included) and the vectors it scanned.
         self.last_pass: dict[str, float | int] | None = None
         self._cores = blas_cores()
@@ -134,6 +135,7 @@ class RecallWatch:
             "queries": len(self._window),
             "checked": self.checked,
             "dropped": self.dropped,
+            "skipped": self.skipped,
             "sample": self.sample,
             "target": self.target,
             "cpu_share": self.cpu_share,
@@ -160,7 +162,13 @@ class RecallWatch:
             try:
                 self._check(batch)
             except Exception as exc:  # a store closing under us, a write racing: skip, go on
-                logger.debug("recall check skipped: %s", exc)
+                self.skipped += len(batch)
+                logger.log(
+                    logging.DEBUG if self.skipped > len(batch) else logging.WARNING,
+                    "recall check of %d live queries skipped: %s",
+                    len(batch),
+                    exc,
+                )
 
     def _check(self, batch: list[tuple[np.ndarray, list[str], int]]) -> None:
         """One pass over the stored vectors answers every query of ``batch`` exactly."""

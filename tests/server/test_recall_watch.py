@@ -159,6 +159,32 @@ def test_every_waiting_query_is_answered_in_one_pass():
     assert watch.last_pass["vectors"] == 30 and watch.recall == 1.0
 
 
+def test_a_failed_pass_is_counted_warned_once_and_the_next_one_runs(caplog):
+    store = open_store("memory:", dimension=2)
+    store.add([f"d{i}" for i in range(1, 31)], [[float(i), 0.0] for i in range(1, 31)])
+    failures = [RuntimeError("store closed"), RuntimeError("store closed")]
+
+    def flaky_iter_vectors(block):
+        if failures:
+            raise failures.pop()
+        return store.iter_vectors(block)
+
+    flaky = SimpleNamespace(iter_vectors=flaky_iter_vectors)
+    watch = RecallWatch(SimpleNamespace(store=flaky, offset=False), Metrics(), 1.0, target=0.5)
+    top = _hits([f"d{i}" for i in range(30, 20, -1)])
+    with caplog.at_level(logging.DEBUG, logger="magretrieve.server.recall_watch"):
+        for n in range(1, 4):
+            watch.offer(np.array([[1.0, 0.0]], dtype=np.float32), [top])
+            deadline = time.monotonic() + 10
+            while watch.skipped + watch.checked < n and time.monotonic() < deadline:
+                time.sleep(0.01)
+    watch.close()
+    assert watch.skipped == 2 and watch.checked == 1 and watch.recall == 1.0
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "skipped: store closed" in warned[0].getMessage()
+    assert watch.info()["skipped"] == 2
+
+
 def test_the_cpu_share_bounds_the_pass(monkeypatch):
     """Each block's work buys a rest of busy × (1 − share) / share before the next one: with
     60 ms of work per block and share 0.25, five blocks take at least 4 × 180 ms."""
