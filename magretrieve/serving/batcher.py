@@ -142,37 +142,24 @@ def thread_delivery(
     return deliver
 
 
-class DynamicBatcher:
-    """``settings.graph_workers`` worker threads, one queue per side; see the module docstring."""
+class WorkerThreads:
+    """Worker threads sharing one condition and one closing flag: the lifecycle of the
+    engine's :class:`DynamicBatcher` and the server's
+    :class:`~magretrieve.serving.search_batcher.SearchBatcher`. A subclass implements
+    :meth:`_run` (take work under ``_cond``, return once ``_closing`` and nothing is left)."""
 
-    def __init__(
-        self,
-        encode: EncodeFn,
-        settings: EngineSettings,
-        observer: BatchObserver | None = None,
-        encode_all_threads: EncodeFn | None = None,
-    ) -> None:
-        self._encode = encode
-        self._encode_all_threads = encode_all_threads if settings.graph_workers > 1 else None
-        self.settings = settings
-        self.observer = observer
-        self._queues: dict[str, deque[_Job]] = {side: deque() for side in SIDES}
-        self._waiting = 0
-        #: Batches in the graphs now, and whether one of them runs alone on every thread.
-        self._running = 0
-        self._alone_running = False
+    #: Thread names are ``{thread_name}-{i}``.
+    thread_name = "magretrieve-worker"
+
+    def __init__(self, workers: int) -> None:
+        self._workers = int(workers)
         self._cond = threading.Condition()
         self._closing = False
         self._threads: list[threading.Thread] = []
 
     @property
-    def depth(self) -> int:
-        """Requests waiting for the encoder (not counting the batch running now)."""
-        return self._waiting
-
-    @property
     def closing(self) -> bool:
-        """:meth:`close` was called: new requests are refused."""
+        """:meth:`close` was called: new work is refused."""
         return self._closing
 
     @property
@@ -182,19 +169,51 @@ class DynamicBatcher:
     def start(self) -> None:
         if not self._threads:
             self._threads = [
-                threading.Thread(target=self._run, name=f"magretrieve-batcher-{i}", daemon=True)
-                for i in range(self.settings.graph_workers)
+                threading.Thread(target=self._run, name=f"{self.thread_name}-{i}", daemon=True)
+                for i in range(self._workers)
             ]
             for thread in self._threads:
                 thread.start()
 
     def close(self, timeout: float | None = 60.0) -> None:
-        """Refuse new requests, finish the queued ones, stop the threads."""
+        """Refuse new work, finish the queued work, stop the threads."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         for thread in self._threads:
             thread.join(timeout)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class DynamicBatcher(WorkerThreads):
+    """``settings.graph_workers`` worker threads, one queue per side; see the module docstring."""
+
+    thread_name = "magretrieve-batcher"
+
+    def __init__(
+        self,
+        encode: EncodeFn,
+        settings: EngineSettings,
+        observer: BatchObserver | None = None,
+        encode_all_threads: EncodeFn | None = None,
+    ) -> None:
+        super().__init__(settings.graph_workers)
+        self._encode = encode
+        self._encode_all_threads = encode_all_threads if settings.graph_workers > 1 else None
+        self.settings = settings
+        self.observer = observer
+        self._queues: dict[str, deque[_Job]] = {side: deque() for side in SIDES}
+        self._waiting = 0
+        #: Batches in the graphs now, and whether one of them runs alone on every thread.
+        self._running = 0
+        self._alone_running = False
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting for the encoder (not counting the batch running now)."""
+        return self._waiting
 
     async def submit(self, side: str, encodings: Sequence[Any]) -> np.ndarray:
         """The vectors of ``encodings`` (one request's texts, in order) once their batch ran."""

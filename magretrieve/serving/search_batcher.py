@@ -27,7 +27,6 @@ import concurrent.futures
 import json
 import logging
 import os
-import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.serving.batcher import loop_delivery, thread_delivery
+from magretrieve.serving.batcher import WorkerThreads, loop_delivery, thread_delivery
 from magretrieve.serving.errors import Draining
 
 logger = logging.getLogger(__name__)
@@ -60,12 +59,14 @@ def _key(k: int, where: Mapping[str, Any] | None) -> tuple[int, str]:
     return int(k), json.dumps(where or None, sort_keys=True, default=repr)
 
 
-class SearchBatcher:
+class SearchBatcher(WorkerThreads):
     """Worker threads that merge queued searches into store calls; see the module docstring.
 
     ``workers`` threads run batches side by side (1 for a store that serializes searches
     anyway); ``observer(queries, requests)`` is told the size of every store call made.
     """
+
+    thread_name = "magretrieve-search"
 
     def __init__(
         self,
@@ -77,36 +78,16 @@ class SearchBatcher:
     ) -> None:
         if workers < 1 or max_rows < 1:
             raise ValueError(f"workers and max_rows must be positive, got {workers}, {max_rows}")
+        super().__init__(workers)
         self._search = search
-        self.workers = int(workers)
         self.max_rows = int(max_rows)
         self.observer = observer
         self._queue: deque[_Search] = deque()
-        self._cond = threading.Condition()
-        self._closing = False
-        self._threads: list[threading.Thread] = []
 
     @property
     def depth(self) -> int:
         """Searches waiting for a worker."""
         return len(self._queue)
-
-    def start(self) -> None:
-        if not self._threads:
-            self._threads = [
-                threading.Thread(target=self._run, name=f"magretrieve-search-{i}", daemon=True)
-                for i in range(self.workers)
-            ]
-            for thread in self._threads:
-                thread.start()
-
-    def close(self, timeout: float | None = 60.0) -> None:
-        """Refuse new searches, finish the queued ones, stop the threads."""
-        with self._cond:
-            self._closing = True
-            self._cond.notify_all()
-        for thread in self._threads:
-            thread.join(timeout)
 
     async def search(
         self, vectors: np.ndarray, k: int, where: Mapping[str, Any] | None = None
