@@ -8,8 +8,9 @@ query waiting in one pass over the stored vectors: the store hands them over in 
 (:meth:`~magretrieve.stores.base.VectorStore.iter_vectors`: views of its own arrays in the
 memory, FAISS and ScaNN stores, never a list of every id nor a second copy of the store),
 each block is scored for the whole batch in one matrix product, and the thread sleeps after
-each block so that it uses at most :data:`CPU_SHARE` of one core. The product may run on
-every BLAS thread, so a block's wall time is charged once per such thread. recall@10 =
+each block so that it uses at most :data:`CPU_SHARE` of one core: a block costs the CPU
+time the thread got (on a busy machine, waiting for a core costs nothing), charged once per
+BLAS thread, as the product may run on each of them. recall@10 =
 |served top-10 ∩ exact top-10| / 10, averaged over the last :data:`WINDOW` checked queries,
 is exported as the ``magretrieve_recall_at_10`` gauge and in ``GET /info``; below the store's
 target (its ``target_recall``, else the target it was tuned to) a warning is logged.
@@ -197,14 +198,16 @@ class RecallWatch:
         while True:
             if self._stop.wait(max(0.0, self._resume_at - time.monotonic())):
                 return None
-            t0 = time.monotonic()
+            c0 = time.thread_time()
             try:
                 ids, vectors = next(iterator)
             except StopIteration:
                 return scanned
             best.add(ids, vectors)
             scanned += len(ids)
-            busy = (time.monotonic() - t0) * self._cores  # the product ran on every thread
+            # CPU this thread got (not wall time: waiting for a busy core is no use of one),
+            # once per BLAS thread, as the product ran on each of them
+            busy = (time.thread_time() - c0) * self._cores
             self._resume_at = time.monotonic() + busy * (1.0 - self.cpu_share) / self.cpu_share
 
     def _record(self, value: float) -> None:
