@@ -1,8 +1,8 @@
 """Prometheus metrics of one server, in a registry of its own (several apps per process in tests).
 
 Requests and their latency per route template (never the raw URL, whose cardinality a client
-controls), the batches the dynamic batcher runs (texts and requests per batch), the queue
-depth, and tokens and truncations per side.
+controls), the batches the dynamic batcher runs (texts and requests per batch), the searches
+merged into one store call, the queue depth, and tokens and truncations per side.
 """
 
 from __future__ import annotations
@@ -68,6 +68,12 @@ class Metrics:
         self.rejected = Counter(
             "magretrieve_rejected", "Requests refused because the queue was full", registry=r
         )
+        self.search_requests = Histogram(
+            "magretrieve_search_batch_requests",
+            "/search requests merged into one store call",
+            buckets=_SIZE_BUCKETS,
+            registry=r,
+        )
         # see magretrieve.server.recall_watch
         self.recall_at_10 = Gauge(
             "magretrieve_recall_at_10",
@@ -97,6 +103,10 @@ class Metrics:
         self.tokens.labels(side).inc(tokens)
         if truncated:
             self.truncated.labels(side).inc(truncated)
+
+    def on_search_batch(self, queries: int, requests: int) -> None:
+        """A store call answered ``requests`` searches (``queries`` query rows) at once."""
+        self.search_requests.observe(requests)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,30 +3,37 @@
 A store tuned to ``--target-recall`` promises recall@10 on queries like the ones it tuned on;
 live traffic may differ. So the server keeps checking: a share (``recall_sample``) of the
 unfiltered ``/search`` queries is queued (the request path only copies a vector and the hit
-ids, and drops the sample when the queue is full), and one background thread answers them
-exactly, streaming the stored vectors in chunks (memory stays at one chunk, never a second copy
-of the store) and sleeping between chunks so that it uses at most :data:`CPU_SHARE` of one
-core. recall@10 = |served top-10 ∩ exact top-10| / 10, averaged over the last :data:`WINDOW`
-checked queries, is exported as the ``magretrieve_recall_at_10`` gauge and in ``GET /info``;
-below the store's target (its ``target_recall``, else the target it was tuned to) a warning
-is logged. Documents written between the search and its check can move the exact answer, so
-under heavy writes the figure is a little pessimistic.
+ids, and drops the sample when the queue is full), and one background thread answers every
+query waiting in one pass over the stored vectors: the store hands them over in large blocks
+(:meth:`~magretrieve.stores.base.VectorStore.iter_vectors`: views of its own arrays in the
+memory, FAISS and ScaNN stores, never a list of every id nor a second copy of the store),
+each block is scored for the whole batch in one matrix product, and the thread sleeps after
+each block so that it uses at most :data:`CPU_SHARE` of one core: a block costs the CPU
+time the thread got (on a busy machine, waiting for a core costs nothing), charged once per
+BLAS thread, as the product may run on each of them. recall@10 =
+|served top-10 ∩ exact top-10| / 10, averaged over the last :data:`WINDOW` checked queries,
+is exported as the ``magretrieve_recall_at_10`` gauge and in ``GET /info``; below the store's
+target (its ``target_recall``, else the target it was tuned to) a warning is logged.
+Documents written between the search and its check can move the exact answer, so under
+heavy writes the figure is a little pessimistic.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
-from magretrieve.core.topk import exact_search
+from magretrieve.core.topk import top_k
+from magretrieve.stores.base import VECTOR_BLOCK
 
 logger = logging.getLogger(__name__)
 
@@ -34,11 +41,10 @@ K = 10
 #: Checked queries the reported recall averages over.
 WINDOW = 200
 #: Sampled queries waiting for their exact answer; more are dropped (never block a request).
-QUEUE = 64
-#: Queries answered together in one pass over the stored vectors.
-BATCH = 16
-#: Stored vectors scored per step (the memory the check needs).
-CHUNK = 8192
+#: Every query waiting when a pass starts is answered by that pass.
+QUEUE = 128
+#: Stored vectors scored per step (the memory the check needs beyond the store's own).
+CHUNK = VECTOR_BLOCK
 #: Share of one core the background check may use.
 CPU_SHARE = 0.1
 #: Checked queries before a warning may be logged (a few queries are noise).
@@ -80,12 +86,18 @@ class RecallWatch:
         self.gauge = metrics.recall_at_10
         self.counter = metrics.recall_checked
         self._rng = random.Random(seed)
-        self._queue: queue.Queue[tuple[np.ndarray, list[str], int] | None] = queue.Queue(QUEUE)
+        self._queue: queue.Queue[tuple[np.ndarray, list[str], int]] = queue.Queue(QUEUE)
         self._window: deque[float] = deque(maxlen=WINDOW)
         self._lock = threading.Lock()
+        self._stop = threading.Event()
         self._warned = False
         self.checked = 0
         self.dropped = 0
+        self.skipped = 0  # queries whose pass failed (the first failure is logged as a warning)
+        #: Wall seconds of the last pass (sleeps included) and the vectors it scanned.
+        self.last_pass: dict[str, float | int] | None = None
+        self._cores = blas_cores()
+        self._resume_at = 0.0  # monotonic time before which the thread rests (CPU share)
         self._thread = threading.Thread(
             target=self._run, name="magretrieve-recall-watch", daemon=True
         )
@@ -124,58 +136,79 @@ class RecallWatch:
             "queries": len(self._window),
             "checked": self.checked,
             "dropped": self.dropped,
+            "skipped": self.skipped,
             "sample": self.sample,
             "target": self.target,
+            "cpu_share": self.cpu_share,
+            "last_pass": self.last_pass,
             "ground_truth": "exact inner product over the stored vectors",
         }
 
     def close(self) -> None:
-        self._queue.put(None)
+        """Stop the thread (a pass under way ends at its next block)."""
+        self._stop.set()
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            batch = [item]
-            while len(batch) < BATCH:
+        while not self._stop.is_set():
+            try:
+                batch = [self._queue.get(timeout=0.5)]
+            except queue.Empty:
+                continue
+            while True:  # every query waiting now goes into this pass
                 try:
-                    nxt = self._queue.get_nowait()
+                    batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-                if nxt is None:
-                    self._queue.put(None)
-                    break
-                batch.append(nxt)
             try:
                 self._check(batch)
             except Exception as exc:  # a store closing under us, a write racing: skip, go on
-                logger.debug("recall check skipped: %s", exc)
+                self.skipped += len(batch)
+                logger.log(
+                    logging.DEBUG if self.skipped > len(batch) else logging.WARNING,
+                    "recall check of %d live queries skipped: %s",
+                    len(batch),
+                    exc,
+                )
 
     def _check(self, batch: list[tuple[np.ndarray, list[str], int]]) -> None:
-        q = np.stack([b[0] for b in batch])
-        k = max(b[2] for b in batch)
-        best_scores = np.full((len(q), 0), -np.inf, dtype=np.float32)
-        best_ids = np.empty((len(q), 0), dtype=object)
-        store = self.retriever.store
-        ids = list(store.iter_ids())
-        for start in range(0, len(ids), self.chunk):
-            t0 = time.perf_counter()
-            part = ids[start : start + self.chunk]
-            vecs = store.get_vectors(part)
-            rows, scores = exact_search(q, vecs, k)
-            best_scores = np.concatenate([best_scores, scores], axis=1)
-            best_ids = np.concatenate([best_ids, np.asarray(part, dtype=object)[rows]], axis=1)
-            keep = np.argsort(-best_scores, axis=1, kind="stable")[:, :k]
-            best_scores = np.take_along_axis(best_scores, keep, axis=1)
-            best_ids = np.take_along_axis(best_ids, keep, axis=1)
-            busy = time.perf_counter() - t0
-            time.sleep(busy * (1.0 - self.cpu_share) / self.cpu_share)  # bounded CPU share
-        for (_, served, want), truth in zip(batch, best_ids, strict=True):
+        """One pass over the stored vectors answers every query of ``batch`` exactly."""
+        started = time.monotonic()
+        best = BlockTopK(np.stack([b[0] for b in batch]), max(b[2] for b in batch))
+        scanned = self._scan(best, self.retriever.store.iter_vectors(self.chunk))
+        if scanned is None:
+            return  # closing
+        self.last_pass = {
+            "queries": len(batch),
+            "vectors": scanned,
+            "seconds": round(time.monotonic() - started, 3),
+        }
+        for (_, served, want), truth in zip(batch, best.ids, strict=True):
             exact = list(truth[:want])
             if exact:  # an empty store has nothing to miss
                 self._record(len(set(served) & set(exact)) / len(exact))
+
+    def _scan(self, best: BlockTopK, blocks: Iterable[tuple[list[str], np.ndarray]]) -> int | None:
+        """Feed every block to ``best``; the vectors scanned (None: stopped). Each block's
+        work buys a rest of ``busy × (1 − share) / share`` before the next block (of this
+        pass or the next one; time spent waiting for queries counts as rest), so a pass
+        reports as soon as its last block is scored."""
+        scanned = 0
+        iterator = iter(blocks)
+        while True:
+            if self._stop.wait(max(0.0, self._resume_at - time.monotonic())):
+                return None
+            c0 = time.thread_time()
+            try:
+                ids, vectors = next(iterator)
+            except StopIteration:
+                return scanned
+            best.add(ids, vectors)
+            scanned += len(ids)
+            # CPU this thread got (not wall time: waiting for a busy core is no use of one),
+            # once per BLAS thread, as the product ran on each of them
+            busy = (time.thread_time() - c0) * self._cores
+            self._resume_at = time.monotonic() + busy * (1.0 - self.cpu_share) / self.cpu_share
 
     def _record(self, value: float) -> None:
         with self._lock:
@@ -212,3 +245,49 @@ def store_target(store: Any) -> float | None:
     recall = store.describe().get("parameters", {}).get("recall") or {}
     value = recall.get("target")
     return float(value) if value is not None else None
+
+
+class BlockTopK:
+    """The exact top ``k`` by inner product of each query, fed the stored vectors block by
+    block: one matrix product per block for every query, a linear-time selection of the
+    block's ``k`` best, then a merge with the best so far. ``ids`` holds the winners' ids,
+    best first (ties at equal score go to the earlier block)."""
+
+    def __init__(self, queries: np.ndarray, k: int) -> None:
+        self.queries = np.ascontiguousarray(queries, dtype=np.float32)
+        self.k = int(k)
+        m = len(self.queries)
+        self.scores = np.zeros((m, 0), dtype=np.float32)
+        self.ids = np.empty((m, 0), dtype=object)
+
+    def add(self, ids: list[str], vectors: np.ndarray) -> None:
+        if not len(ids):
+            return
+        scores = self.queries @ vectors.T
+        n = scores.shape[1]
+        if n > self.k:
+            cols = np.argpartition(scores, n - self.k, axis=1)[:, n - self.k :]
+            scores = np.take_along_axis(scores, cols, axis=1)
+        else:
+            cols = np.broadcast_to(np.arange(n), scores.shape)
+        names = np.asarray(ids, dtype=object)[cols]
+        scores = np.concatenate([self.scores, scores], axis=1)
+        names = np.concatenate([self.ids, names], axis=1)
+        keep, self.scores = top_k(scores, self.k)
+        self.ids = np.take_along_axis(names, keep, axis=1)
+
+
+def blas_cores() -> int:
+    """Cores one matrix product may run on: the BLAS thread pool (threadpoolctl, when
+    installed), at most the CPUs this process may use."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS / Windows
+        cpus = os.cpu_count() or 1
+    try:
+        from threadpoolctl import threadpool_info
+
+        pools = [int(i["num_threads"]) for i in threadpool_info() if i.get("user_api") == "blas"]
+    except Exception:  # not installed, or a library it cannot read: assume every CPU
+        pools = []
+    return max(1, min(max(pools, default=cpus), cpus))

@@ -1,6 +1,7 @@
 """``POST /search``, ``POST /documents`` (upsert) and ``DELETE /documents`` over the server's store.
 
-Search answers what ``magretrieve search --json`` prints. Writes need the API key (a server
+Search answers what ``magretrieve search --json`` prints; concurrent searches share one store
+call (:mod:`magretrieve.serving.search_batcher`). Writes need the API key (a server
 without one has them off), are validated and encoded whole before anything is written, and
 go to the store in one call under the Retriever's write lock (so no search sees half a
 request) and the store's own folder writer lock; the store is persisted before the answer,
@@ -13,7 +14,6 @@ save runs are answered after the one save that follows it.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -34,7 +34,6 @@ from magretrieve.server.models import (
 from magretrieve.server.responses import STORE, json_response
 from magretrieve.server.state import ServerState
 from magretrieve.server.store_holder import StoreHolder
-from magretrieve.serving.retriever import Hit
 from magretrieve.stores.base import check_finite
 
 router = APIRouter()
@@ -59,13 +58,6 @@ def _writable(request: Request) -> tuple[ServerState, StoreHolder]:
     return state, holder
 
 
-def _search(
-    holder: StoreHolder, vectors: np.ndarray, k: int, where: dict[str, Any] | None
-) -> list[list[Hit]]:
-    with holder.use() as retriever:
-        return retriever.search_vectors(vectors, k=k, where=where)
-
-
 @router.post(
     "/search",
     response_model=SearchResult | list[SearchResult],
@@ -73,7 +65,7 @@ def _search(
     summary="Top-k documents per query with each score split into norms and cosine",
 )
 async def search(body: SearchRequest, request: Request) -> Response:
-    state, holder = _retriever(request)
+    state, _ = _retriever(request)
     if (body.query is None) == (body.queries is None):
         raise InvalidRequest("send exactly one of query (one text) or queries (a list of texts)")
     if body.k > state.settings.max_k:
@@ -81,7 +73,8 @@ async def search(body: SearchRequest, request: Request) -> Response:
     texts = [body.query] if body.query is not None else list(body.queries or [])
     what = "query" if body.query is not None else "queries"
     out = await state.engine.embed(texts, "query", what=what)
-    hits = await run_in_threadpool(_search, holder, out.vectors, body.k, body.filter)
+    assert state.searcher is not None  # a state with a store has one
+    hits = await state.searcher.search(out.vectors, body.k, body.filter)  # merged with others
     if state.recall_watch is not None and not body.filter:
         state.recall_watch.offer(
             out.vectors, hits, body.k

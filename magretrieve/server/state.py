@@ -8,8 +8,10 @@ tokenizing, truncation per item, the dynamic batcher), so ``/v1/embeddings``, ``
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import numpy as np
 
 from magretrieve.server.errors import scrub
 from magretrieve.server.metrics import Metrics
@@ -17,7 +19,8 @@ from magretrieve.server.recall_watch import RecallWatch
 from magretrieve.server.settings import ServerSettings
 from magretrieve.server.store_holder import StoreHolder
 from magretrieve.serving.engine import EmbeddingEngine
-from magretrieve.serving.retriever import Retriever
+from magretrieve.serving.retriever import Hit, Retriever
+from magretrieve.serving.search_batcher import SearchBatcher, search_workers
 
 
 class ServerState:
@@ -41,6 +44,14 @@ class ServerState:
         self.metrics = engine.observer if isinstance(engine.observer, Metrics) else Metrics()
         engine.set_observer(self.metrics)
         self.ready = False
+        #: Concurrent /search requests merged into one store call (None: no store).
+        self.searcher: SearchBatcher | None = None
+        if self.holder is not None:
+            self.searcher = SearchBatcher(
+                self._search,
+                workers=search_workers(retriever.store),  # type: ignore[union-attr]
+                observer=self.metrics.on_search_batch,
+            )
         self.recall_watch: RecallWatch | None = None
         if retriever is not None and settings.recall_sample > 0:
             self.recall_watch = RecallWatch(
@@ -56,6 +67,14 @@ class ServerState:
         if store_spec:
             known.insert(0, (store_spec, "the store"))
         self._known_paths = known
+
+    def _search(
+        self, vectors: np.ndarray, k: int, where: Mapping[str, Any] | None
+    ) -> list[list[Hit]]:
+        """One store call of the search batcher, through the holder (reload, shutdown)."""
+        assert self.holder is not None
+        with self.holder.use() as retriever:
+            return retriever.search_vectors(vectors, k=k, where=where)
 
     @property
     def retriever(self) -> Any | None:
@@ -124,12 +143,16 @@ class ServerState:
         for side in ("query", "document"):  # open and probe both graphs before answering
             self.engine.session(side)
         self.engine.start()
+        if self.searcher is not None:
+            self.searcher.start()
         self.ready = True
 
     def stop(self) -> None:
         """Finish queued encodes, then write and close the store."""
         self.ready = False
         self.engine.close()
+        if self.searcher is not None:
+            self.searcher.close()
         if self.recall_watch is not None:
             self.recall_watch.close()
         if self.holder is not None:  # waits for store calls still running on worker threads

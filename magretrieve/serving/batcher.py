@@ -110,7 +110,7 @@ class _Shape:
         return self.rows >= s.max_batch_rows or self.rows * self.longest >= s.max_batch_tokens
 
 
-def _resolve(future: asyncio.Future[np.ndarray], value: Any, error: BaseException | None) -> None:
+def _resolve(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
     if future.done():  # the client went away and its handler was cancelled
         return
     if error is not None:
@@ -119,30 +119,79 @@ def _resolve(future: asyncio.Future[np.ndarray], value: Any, error: BaseExceptio
         future.set_result(value)
 
 
-def _loop_delivery(future: asyncio.Future[np.ndarray]) -> Deliver:
+def loop_delivery(future: asyncio.Future[Any]) -> Callable[[Any, BaseException | None], None]:
     """Hands the result to ``future`` on its own event loop (the worker is another thread)."""
     loop = future.get_loop()
 
-    def deliver(value: np.ndarray | None, error: BaseException | None) -> None:
+    def deliver(value: Any, error: BaseException | None) -> None:
         loop.call_soon_threadsafe(_resolve, future, value, error)
 
     return deliver
 
 
-def _thread_delivery(future: concurrent.futures.Future[np.ndarray]) -> Deliver:
+def thread_delivery(
+    future: concurrent.futures.Future[Any],
+) -> Callable[[Any, BaseException | None], None]:
     """Hands the result to a thread waiting on ``future``."""
 
-    def deliver(value: np.ndarray | None, error: BaseException | None) -> None:
+    def deliver(value: Any, error: BaseException | None) -> None:
         if error is not None:
             future.set_exception(error)
         else:
-            future.set_result(value)  # type: ignore[arg-type]
+            future.set_result(value)
 
     return deliver
 
 
-class DynamicBatcher:
+class WorkerThreads:
+    """Worker threads sharing one condition and one closing flag: the lifecycle of the
+    engine's :class:`DynamicBatcher` and the server's
+    :class:`~magretrieve.serving.search_batcher.SearchBatcher`. A subclass implements
+    :meth:`_run` (take work under ``_cond``, return once ``_closing`` and nothing is left)."""
+
+    #: Thread names are ``{thread_name}-{i}``.
+    thread_name = "magretrieve-worker"
+
+    def __init__(self, workers: int) -> None:
+        self._workers = int(workers)
+        self._cond = threading.Condition()
+        self._closing = False
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def closing(self) -> bool:
+        """:meth:`close` was called: new work is refused."""
+        return self._closing
+
+    @property
+    def running(self) -> bool:
+        return any(t.is_alive() for t in self._threads) and not self._closing
+
+    def start(self) -> None:
+        if not self._threads:
+            self._threads = [
+                threading.Thread(target=self._run, name=f"{self.thread_name}-{i}", daemon=True)
+                for i in range(self._workers)
+            ]
+            for thread in self._threads:
+                thread.start()
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Refuse new work, finish the queued work, stop the threads."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class DynamicBatcher(WorkerThreads):
     """``settings.graph_workers`` worker threads, one queue per side; see the module docstring."""
+
+    thread_name = "magretrieve-batcher"
 
     def __init__(
         self,
@@ -151,6 +200,7 @@ class DynamicBatcher:
         observer: BatchObserver | None = None,
         encode_all_threads: EncodeFn | None = None,
     ) -> None:
+        super().__init__(settings.graph_workers)
         self._encode = encode
         self._encode_all_threads = encode_all_threads if settings.graph_workers > 1 else None
         self.settings = settings
@@ -161,51 +211,22 @@ class DynamicBatcher:
         self._running = 0
         self._alone_running = False
         self._last_side = ""  # the side of the batch taken last (queries jump documents once)
-        self._cond = threading.Condition()
-        self._closing = False
-        self._threads: list[threading.Thread] = []
 
     @property
     def depth(self) -> int:
         """Requests waiting for the encoder (not counting the batch running now)."""
         return self._waiting
 
-    @property
-    def closing(self) -> bool:
-        """:meth:`close` was called: new requests are refused."""
-        return self._closing
-
-    @property
-    def running(self) -> bool:
-        return any(t.is_alive() for t in self._threads) and not self._closing
-
-    def start(self) -> None:
-        if not self._threads:
-            self._threads = [
-                threading.Thread(target=self._run, name=f"magretrieve-batcher-{i}", daemon=True)
-                for i in range(self.settings.graph_workers)
-            ]
-            for thread in self._threads:
-                thread.start()
-
-    def close(self, timeout: float | None = 60.0) -> None:
-        """Refuse new requests, finish the queued ones, stop the threads."""
-        with self._cond:
-            self._closing = True
-            self._cond.notify_all()
-        for thread in self._threads:
-            thread.join(timeout)
-
     async def submit(self, side: str, encodings: Sequence[Any]) -> np.ndarray:
         """The vectors of ``encodings`` (one request's texts, in order) once their batch ran."""
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self._enqueue(side, encodings, _loop_delivery(future))
+        self._enqueue(side, encodings, loop_delivery(future))
         return await future
 
     def submit_wait(self, side: str, encodings: Sequence[Any]) -> np.ndarray:
         """:meth:`submit` for a thread that is not an event loop: blocks until the batch ran."""
         future: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
-        self._enqueue(side, encodings, _thread_delivery(future))
+        self._enqueue(side, encodings, thread_delivery(future))
         return future.result()
 
     def _enqueue(self, side: str, encodings: Sequence[Any], deliver: Deliver) -> None:

@@ -91,10 +91,11 @@ class Batch:
 RESERVED_PAYLOAD_KEYS = ("doc_id", "doc_norm")
 #: Largest magnitude of a payload integer: Qdrant and Milvus keep JSON integers as int64.
 INT64_RANGE = (-(2**63), 2**63 - 1)
-#: What reading a store file with the right checksum but the wrong content raises.
 #: Points read back per step of the exact scan that answers rows an index answered short.
 EXACT_SCAN_CHUNK = 4096
-
+#: Stored vectors per block of :meth:`VectorStore.iter_vectors` (100 MB of float32 at 384).
+VECTOR_BLOCK = 65536
+#: What reading a store file with the right checksum but the wrong content raises.
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)
 
 
@@ -114,6 +115,7 @@ class VectorStore(ABC):
     ``_existing(ids)``          the stored subset of ``ids``
     ``_count()``                number of live points
     ``_scan_ids()``             every stored id
+    ``_vector_blocks(size)``    every (ids, vectors) in blocks (optional: paged by default)
     ``_read_meta()`` / ``_write_meta(meta)``  the model metadata (None for a fresh store)
     ``_describe()``             index parameters worth reporting
     ==========================  ==========================================================
@@ -324,19 +326,34 @@ class VectorStore(ABC):
         (no ANN index, an empty store): then :meth:`measure_recall` measures nothing."""
         return None
 
-    def _stored_vectors(self) -> tuple[list[str], np.ndarray]:
-        """Every live (id, vector), the truth recall is measured against. Read through the
-        primitives in chunks; a backend with a faster scan overrides it."""
-        ids: list[str] = []
-        vectors: list[np.ndarray] = []
+    def _vector_blocks(self, size: int) -> Iterator[tuple[list[str], np.ndarray]]:
+        """Every live (id, vector) as blocks of at most ``size``: (ids, float32 ``(n, dim)``).
+
+        Paged through the primitives (``_scan_ids`` + ``_fetch``, at most
+        :data:`EXACT_SCAN_CHUNK` ids a fetch, what every database takes in one query); a store
+        that holds its vectors in memory overrides it with views of its own arrays (no copy).
+        See :meth:`iter_vectors`.
+        """
         scan = iter(self._scan_ids())
-        while chunk := list(itertools.islice(scan, EXACT_SCAN_CHUNK)):
-            for record in self._fetch(chunk):
-                ids.append(record.id)
-                vectors.append(np.asarray(record.vector, dtype=np.float32))
-        if not vectors:
+        while chunk := list(itertools.islice(scan, min(size, EXACT_SCAN_CHUNK))):
+            records = list(self._fetch(chunk))
+            if records:
+                yield (
+                    [r.id for r in records],
+                    np.stack([np.asarray(r.vector, dtype=np.float32) for r in records]),
+                )
+
+    def _stored_vectors(self) -> tuple[list[str], np.ndarray]:
+        """Every live (id, vector) in one array, the truth recall is measured against (the
+        blocks of :meth:`_vector_blocks`, joined)."""
+        ids: list[str] = []
+        blocks: list[np.ndarray] = []
+        for block_ids, vectors in self._vector_blocks(VECTOR_BLOCK):
+            ids.extend(block_ids)
+            blocks.append(vectors)
+        if not blocks:
             return [], np.zeros((0, self.dimension), dtype=np.float32)
-        return ids, np.stack(vectors)
+        return ids, np.concatenate(blocks)
 
     def _ground_truth(self) -> str:
         """What exact search runs over when recall is measured."""
@@ -602,6 +619,28 @@ class VectorStore(ABC):
                 except StopIteration:
                     return
             yield doc_id
+
+    def iter_vectors(self, block: int = VECTOR_BLOCK) -> Iterator[tuple[list[str], np.ndarray]]:
+        """Every stored (id, vector), ``block`` at a time: (ids, float32 ``(n, dim)`` array).
+
+        What an exact scan over the whole store reads (the server's live recall check): no
+        list of every id is built, and the in-memory stores (memory, FAISS, ScaNN) answer
+        with read-only views of or batch copies from their own arrays, so a block costs one
+        C-level read, not a Python object per vector. Do not keep a block past the next one
+        if memory matters; never write into it. A write racing the scan may or may not be
+        seen.
+        """
+        if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
+            raise StoreError(f"{self.location}: block must be a positive integer, got {block!r}")
+        with self._driver("read"):
+            blocks = iter(self._vector_blocks(int(block)))
+        while True:
+            with self._driver("read"):
+                try:
+                    ids, vectors = next(blocks)
+                except StopIteration:
+                    return
+            yield ids, vectors
 
     def read_metadata(self) -> dict[str, Any] | None:
         """The metadata recorded by :meth:`write_metadata`, or ``None`` for a fresh store."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import io
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -448,15 +448,28 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
 
         return _ann_recall.Knob(name, values, set_knob, int(self.params[name]))
 
-    def _stored_vectors(self) -> tuple[list[str], np.ndarray]:
-        """The vectors as the index holds them (decoded codes of a lossy index)."""
-        fids = np.fromiter(self._table.row.values(), dtype=np.int64)
-        ids = [self._table.records[f][0] for f in fids]
-        chunks = [
-            self._handle.index.reconstruct_batch(fids[i : i + 65536])  # type: ignore[union-attr]
-            for i in range(0, len(fids), 65536)
-        ]
-        return ids, np.concatenate(chunks) if chunks else np.zeros((0, self._dim), np.float32)
+    def _vector_blocks(self, size: int) -> Iterator[tuple[list[str], np.ndarray]]:
+        """The vectors as the index holds them (decoded codes of a lossy index), rebuilt by
+        FAISS a block at a time under the lock (rows deleted meanwhile are left out); an
+        untrained buffer is read through the records."""
+        self._ready_for_search()
+        with self._lock:
+            if self._pending or self._handle is None:
+                fids = None
+            else:
+                fids = np.fromiter(self._table.row.values(), dtype=np.int64)
+        if fids is None:
+            yield from super()._vector_blocks(size)
+            return
+        for start in range(0, len(fids), size):
+            with self._lock:
+                recs = self._table.records
+                block = [f for f in fids[start : start + size].tolist() if recs[f] is not None]
+                if not block:
+                    continue
+                ids = [recs[f][0] for f in block]
+                vectors = self._handle.index.reconstruct_batch(np.asarray(block, dtype=np.int64))  # type: ignore[union-attr]
+            yield ids, vectors
 
     def _ground_truth(self) -> str:
         if self._handle is not None and self._handle.lossy:

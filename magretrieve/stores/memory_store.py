@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +176,17 @@ class MemoryStore(SavedGenerations, IdMapMixin, VectorStore):
             row = self._row.get(doc_id)
             if row is not None:
                 yield StoreRecord(doc_id, self._vectors[row].copy(), dict(self._payloads[row]))
+
+    def _vector_blocks(self, size: int) -> Iterator[tuple[list[str], np.ndarray]]:
+        """Read-only views of the matrix. A write replaces ``_vectors`` and ``_ids`` (or
+        appends past the rows taken here, or overwrites a row in place), so the pair taken
+        under the lock stays consistent for the whole scan."""
+        with self._lock:
+            vectors, ids, n = self._vectors, self._ids, len(self._ids)
+        for start in range(0, n, size):
+            view = vectors[start : start + size]
+            view.flags.writeable = False
+            yield ids[start : start + size], view
 
     def _describe(self) -> dict[str, Any]:
         return {"index": "exact (numpy)"}

@@ -646,10 +646,35 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
             "leaves_to_search", values, set_leaves, self.effective_leaves_to_search()
         )
 
-    def _stored_vectors(self) -> tuple[list[str], np.ndarray]:
-        recs = self._table.records
-        live = np.asarray([r for r, rec in enumerate(recs) if rec is not None], dtype=np.int64)
-        return [recs[r][0] for r in live], self._vecs[live]
+    def _vector_blocks(self, size: int) -> Iterator[tuple[list[str], np.ndarray]]:
+        """The searcher's rows as read-only views (they never move: a build makes new arrays,
+        a write appends or marks a row dead), then the pending rows copied under the lock,
+        block by block. Dead rows are left out; a compaction or build during the scan ends
+        it early (its rows were renumbered)."""
+        with self._lock:
+            table, vecs, built = self._table, self._vecs, self._built
+        for start in range(0, built, size):
+            part = table.records[start : min(start + size, built)]
+            ids = [rec[0] for rec in part if rec is not None]
+            view = vecs[start : start + len(part)]
+            if len(ids) < len(part):
+                view = view[[n for n, rec in enumerate(part) if rec is not None]]
+            view.flags.writeable = False
+            if ids:
+                yield ids, view
+        after = built
+        while True:
+            with self._lock:
+                if self._table is not table:
+                    return
+                pending = self._pending()
+                rows = pending[np.searchsorted(pending, after) :][:size]
+                if not len(rows):
+                    return
+                ids = [table.records[r][0] for r in rows.tolist()]
+                block = self._vecs[rows]
+            after = int(rows[-1]) + 1
+            yield ids, block
 
     def _recall_search(self, qs: np.ndarray, k: int) -> list[list[str]]:
         recs = self._table.records

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from types import SimpleNamespace
 
@@ -106,3 +107,135 @@ def test_sampling_share_and_store_target(tmp_path):
     )
     assert store_target(hnsw) == 0.97
     hnsw.close()
+
+
+def _hits(ids: list[str]) -> list[SimpleNamespace]:
+    return [SimpleNamespace(id=i) for i in ids]
+
+
+def test_the_figure_is_the_hand_computed_recall_across_blocks():
+    """Docs d1..d30 on a line: the exact top-10 of (1, 0) is d30..d21, of (-1, 0) d1..d10.
+    Served lists with 7 and 5 of them, and a k=5 search with 4 of d30..d26, read
+    (0.7 + 0.5 + 0.8) / 3; blocks of 7 make the answer cross every block boundary."""
+    store = open_store("memory:", dimension=2)
+    store.add([f"d{i}" for i in range(1, 31)], [[float(i), 0.0] for i in range(1, 31)])
+    metrics = Metrics()
+    watch = RecallWatch(
+        SimpleNamespace(store=store, offset=False), metrics, 1.0, target=None, chunk=7
+    )
+    right = _hits([f"d{i}" for i in range(30, 23, -1)] + ["d1", "d2", "d3"])
+    left = _hits([f"d{i}" for i in range(1, 6)] + [f"d{i}" for i in range(26, 31)])
+    top5 = _hits(["d30", "d29", "d27", "d26", "d5"])
+    watch.offer(np.array([[1.0, 0.0], [-1.0, 0.0]], dtype=np.float32), [right, left], k=10)
+    watch.offer(np.array([[2.0, 0.0]], dtype=np.float32), [top5], k=5)
+    _wait(watch, 3)
+    watch.close()
+    assert watch.recall == pytest.approx((0.7 + 0.5 + 0.8) / 3)
+    assert metrics.registry.get_sample_value("magretrieve_recall_at_10") == pytest.approx(2 / 3)
+
+
+def test_every_waiting_query_is_answered_in_one_pass():
+    """While a pass runs, 40 queries queue up; the next pass answers all of them."""
+    store = open_store("memory:", dimension=2)
+    store.add([f"d{i}" for i in range(1, 31)], [[float(i), 1.0] for i in range(1, 31)])
+    release = threading.Event()
+
+    def held_iter_vectors(block):
+        release.wait(10)
+        return store.iter_vectors(block)
+
+    held = SimpleNamespace(iter_vectors=held_iter_vectors)
+    watch = RecallWatch(
+        SimpleNamespace(store=held, offset=False), Metrics(), 1.0, target=0.9, chunk=7
+    )
+    top = _hits([f"d{i}" for i in range(30, 20, -1)])
+    watch.offer(np.ones((1, 2), dtype=np.float32), [top])
+    time.sleep(0.3)  # the first pass waits inside the store
+    watch.offer(np.ones((40, 2), dtype=np.float32), [top] * 40)
+    release.set()
+    _wait(watch, 41)
+    watch.close()
+    assert watch.last_pass is not None and watch.last_pass["queries"] == 40
+    assert watch.last_pass["vectors"] == 30 and watch.recall == 1.0
+
+
+def test_a_failed_pass_is_counted_warned_once_and_the_next_one_runs(caplog):
+    store = open_store("memory:", dimension=2)
+    store.add([f"d{i}" for i in range(1, 31)], [[float(i), 0.0] for i in range(1, 31)])
+    failures = [RuntimeError("store closed"), RuntimeError("store closed")]
+
+    def flaky_iter_vectors(block):
+        if failures:
+            raise failures.pop()
+        return store.iter_vectors(block)
+
+    flaky = SimpleNamespace(iter_vectors=flaky_iter_vectors)
+    watch = RecallWatch(SimpleNamespace(store=flaky, offset=False), Metrics(), 1.0, target=0.5)
+    top = _hits([f"d{i}" for i in range(30, 20, -1)])
+    with caplog.at_level(logging.DEBUG, logger="magretrieve.server.recall_watch"):
+        for n in range(1, 4):
+            watch.offer(np.array([[1.0, 0.0]], dtype=np.float32), [top])
+            deadline = time.monotonic() + 10
+            while watch.skipped + watch.checked < n and time.monotonic() < deadline:
+                time.sleep(0.01)
+    watch.close()
+    assert watch.skipped == 2 and watch.checked == 1 and watch.recall == 1.0
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "skipped: store closed" in warned[0].getMessage()
+    assert watch.info()["skipped"] == 2
+
+
+def test_the_cpu_share_bounds_the_pass(monkeypatch):
+    """Each block's work buys a rest of busy × (1 − share) / share before the next one: with
+    60 ms of work per block and share 0.25, five blocks take at least 4 × 180 ms."""
+    from magretrieve.server import recall_watch
+
+    real_add = recall_watch.BlockTopK.add
+
+    def slow_add(self, ids, vectors):
+        end = time.monotonic() + 0.06
+        while time.monotonic() < end:
+            pass
+        real_add(self, ids, vectors)
+
+    monkeypatch.setattr(recall_watch.BlockTopK, "add", slow_add)
+    store = open_store("memory:", dimension=2)
+    store.add([f"d{i}" for i in range(50)], [[float(i), 0.0] for i in range(50)])
+    watch = RecallWatch(
+        SimpleNamespace(store=store, offset=False), Metrics(), 1.0, cpu_share=0.25, chunk=10
+    )
+    watch._cores = 1
+    watch.offer(np.array([[1.0, 0.0]], dtype=np.float32), [_hits(["d49"])], k=1)
+    _wait(watch, 1)
+    watch.close()
+    assert watch.last_pass["vectors"] == 50
+    assert watch.last_pass["seconds"] >= 4 * 0.18 + 5 * 0.06 - 0.01
+
+
+@pytest.mark.slow
+def test_a_pass_over_a_few_hundred_thousand_vectors_reports_within_seconds():
+    """300,000 stored vectors of dimension 384 at the default CPU share: 48 sampled queries
+    are checked within 30 s, and the figure is the one numpy computes over the whole matrix
+    (served lists with 0 to 3 of their top-10 replaced)."""
+    rng = np.random.default_rng(7)
+    n, d = 300_000, 384
+    docs = rng.standard_normal((n, d), dtype=np.float32)
+    ids = [f"d{i}" for i in range(n)]
+    store = open_store("memory:", dimension=d)
+    store.add(ids, docs)
+    queries = rng.standard_normal((48, d), dtype=np.float32)
+    exact = np.argsort(-(queries @ docs.T), axis=1)[:, :10]
+    served = []
+    for row, top in enumerate(exact):
+        wrong = row % 4  # the last `wrong` hits replaced by documents outside the top-10
+        served.append(_hits([ids[j] for j in top[: 10 - wrong]] + ["d-x"] * wrong))
+    expected = float(np.mean([1 - (row % 4) / 10 for row in range(48)]))
+    watch = RecallWatch(SimpleNamespace(store=store, offset=False), Metrics(), 1.0)
+    started = time.monotonic()
+    watch.offer(queries, served)
+    _wait(watch, 48, timeout=30)
+    took = time.monotonic() - started
+    watch.close()
+    assert watch.recall == pytest.approx(expected)
+    assert watch.last_pass["vectors"] == n
+    print(f"48 queries over {n} vectors checked in {took:.1f} s: {watch.last_pass}")

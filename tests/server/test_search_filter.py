@@ -146,3 +146,21 @@ def test_the_framework_retrievers_filter_the_same_way(indexed) -> None:
         assert [n.node.id_ for n in llama.retrieve(QUERY)] == expected
         with pytest.raises(InvalidInput, match="holds a dict"):
             LlamaRetriever(retriever, where={"x": {"y": 1}})
+
+
+def test_concurrent_searches_with_other_filters_keep_their_own_hits(indexed, client) -> None:
+    """Searches arriving together share store calls only with the same k and filter: each
+    concurrent request still gets the hits of its own filter, in the Python order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    export, spec = indexed
+    wanted = {json.dumps(w): python_ids(export, spec, w) for w, _ in EXPECTED}
+    asked = [w for w, _ in EXPECTED] * 4
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda w: (json.dumps(w), http_ids(client, w)), asked))
+    for key, ids in got:
+        assert ids == wanted[key], key
+    text = client.get("/metrics").text
+    calls = float(text.split("magretrieve_search_batch_requests_count ")[1].split()[0])
+    merged = float(text.split("magretrieve_search_batch_requests_sum ")[1].split()[0])
+    assert 1 <= calls <= merged and merged >= len(asked)  # every request answered
