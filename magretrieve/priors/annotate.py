@@ -88,7 +88,7 @@ def open_for_annotation(spec: str) -> AnnotatableStore:
         raise StoreError(f"{spec}: no embedded Qdrant data in {loc['path']} to annotate")
     if opener is None:
         raise StoreError(f"{spec}: {NOT_ANNOTATABLE}")
-    return annotatable(opener(loc, None, {}, annotating=True))
+    return annotatable(opener(loc, None, annotating=True))
 
 
 def annotatable(store: Any, *, opened_here: bool = True) -> AnnotatableStore:

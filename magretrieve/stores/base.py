@@ -771,6 +771,9 @@ class CollectionStore(VectorStore):
     noun = "collection"
     #: How a missing one is named (``no Milvus collection 'c' here``).
     label = "collection"
+    #: Each write commits in the database, so persisting is a no-op searches need not wait for
+    #: (a backend whose flush shares the searches' client says otherwise).
+    persists_beside_search = True
 
     def __init__(
         self,

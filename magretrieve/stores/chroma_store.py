@@ -93,7 +93,6 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
     noun = "chroma collection"
     label = "Chroma collection"
     thread_safe_search = True
-    persists_beside_search = True  # each write commits: persist is a no-op
 
     def __init__(
         self,
@@ -543,15 +542,11 @@ CHROMA_INDEX = (HnswOptions, RecallOptions)
 CHROMA_OPTIONS = (*HnswOptions.keywords(), *RecallOptions.keywords())
 
 
-def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> ChromaStore:
-    return open_chroma(loc, dimension, **options)
-
-
 registry.register(
     registry.Backend(
         form=FORM,
         parse=parse_chroma,
-        open=_open,
+        open=open_chroma,
         options=CHROMA_INDEX,
         extra="chroma",
     )

@@ -712,7 +712,7 @@ class AdoptedFaissOptions(StoreOptions):
     path: str | None = option("An adopted FAISS index: the folder it saves to.")
 
 
-def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> FaissStore:
+def _open(loc: dict[str, str], dimension: int | None, **options: Any) -> FaissStore:
     return FaissStore.open(loc["path"], dimension, **options)
 
 

@@ -120,7 +120,6 @@ class LanceDBStore(_generation.MarkerGeneration, CollectionStore):
     noun = "lancedb table"
     label = "LanceDB table"
     thread_safe_search = True
-    persists_beside_search = True  # each write commits: persist is a no-op
 
     def __init__(
         self, *args: Any, force: bool = False, writer: WriterLock | None = None, **kwargs: Any
@@ -505,10 +504,6 @@ def open_lancedb(
     )
 
 
-def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> LanceDBStore:
-    return open_lancedb(loc, dimension, **options)
-
-
 @dataclass(frozen=True)
 class LanceDBOptions(StoreOptions):
     """Whether to keep an index below the recall bar: the backend's own option, set by
@@ -524,7 +519,7 @@ registry.register(
     registry.Backend(
         form=FORM,
         parse=registry.parse_path_collection,
-        open=_open,
+        open=open_lancedb,
         options=(IndexOptions, LanceDBOptions),
         index_types="IVF_HNSW_SQ, IVF_PQ, ... (built after indexing, recall measured; exact "
         "scan when absent)",

@@ -241,7 +241,7 @@ class MemoryStore(SavedGenerations, IdMapMixin, VectorStore):
 # ----------------------------------------------------------------------------- registry entry
 
 
-def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> MemoryStore:
+def _open(loc: dict[str, str], dimension: int | None, **options: Any) -> MemoryStore:
     if loc["path"]:
         return MemoryStore.open(loc["path"], dimension)
     if dimension is None:

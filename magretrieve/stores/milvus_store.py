@@ -488,15 +488,11 @@ MILVUS_INDEX = (IndexTypeOptions, HnswOptions, IvfOptions)
 MILVUS_OPTIONS = tuple(k for group in MILVUS_INDEX for k in group.keywords())
 
 
-def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> MilvusStore:
-    return open_milvus(loc, dimension, **options)
-
-
 registry.register(
     registry.Backend(
         form=FORM,
         parse=parse_milvus,
-        open=_open,
+        open=open_milvus,
         options=MILVUS_INDEX,
         client_options=(MilvusOptions,),
         index_types="FLAT (default), HNSW, IVF_FLAT",

@@ -142,7 +142,6 @@ class PgCosineStore(PgConnection, AnnotatableStore):
 
     kind = "pgvector-cosine"
     thread_safe_search = False  # one connection: the Retriever serializes searches
-    persists_beside_search = True  # each write commits: persist is a no-op
 
     def _name_shown(self) -> str:
         return ".".join(self.collection)

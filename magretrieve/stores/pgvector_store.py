@@ -165,7 +165,6 @@ class PgVectorStore(PgConnection):
     #: (ProgramLimitExceeded) or only when it does not compress, so it is refused up front.
     max_id_bytes = 2048
     thread_safe_search = False  # one connection: the Retriever serializes searches
-    persists_beside_search = True  # each write commits: persist is a no-op
 
     def _configure(self, opts: IndexOptions) -> dict[str, Any]:
         self.recall: dict[str, Any] | None = None
@@ -539,7 +538,7 @@ def parse_pgvector(rest: str, spec: str) -> dict[str, str]:
     return {"uri": uri, "table": name}
 
 
-def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> VectorStore:
+def _open(loc: dict[str, str], dimension: int | None, **options: Any) -> VectorStore:
     return open_pgvector(loc["uri"], loc["table"], dimension, **options)
 
 

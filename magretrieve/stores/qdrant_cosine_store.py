@@ -119,7 +119,6 @@ class QdrantCosineStore(AnnotatableStore):
 
     kind = "qdrant-cosine"
     noun = "qdrant collection"
-    persists_beside_search = True  # each write commits: persist is a no-op
 
     def _configure(self, opts: IndexOptions) -> dict[str, Any]:
         self.embedded = type(getattr(self.client, "_client", None)).__name__ == "QdrantLocal"

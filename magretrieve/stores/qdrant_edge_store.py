@@ -60,7 +60,7 @@ EDGE_OPTIONS = (HnswOptions, QdrantQuantizationOptions, EdgeOptions, RecallOptio
 registry.register(
     registry.Backend(
         form="qdrant-edge:DIR",
-        open=lambda loc, dimension, options: QdrantEdgeStore(loc["path"], dimension, **options),
+        open=lambda loc, dimension, **options: QdrantEdgeStore(loc["path"], dimension, **options),
         options=EDGE_OPTIONS,
         folder=True,
         extra="qdrant-edge",

@@ -481,7 +481,7 @@ def _open_with_client(
 
 
 def _open_server(
-    loc: dict[str, str], dimension: int | None, opts: dict[str, Any], annotating: bool = False
+    loc: dict[str, str], dimension: int | None, annotating: bool = False, **opts: Any
 ) -> VectorStore:
     def make(client_cls: Any, client_opts: dict[str, Any]) -> Any:
         client_opts["api_key"] = QdrantClientOptions.named("api_key").from_env(
@@ -494,7 +494,7 @@ def _open_server(
 
 
 def _open_local(
-    loc: dict[str, str], dimension: int | None, opts: dict[str, Any], annotating: bool = False
+    loc: dict[str, str], dimension: int | None, annotating: bool = False, **opts: Any
 ) -> VectorStore:
     def make(client_cls: Any, client_opts: dict[str, Any]) -> Any:
         if (
@@ -516,7 +516,7 @@ def _open_local(
 
 
 def _open_memory(
-    loc: dict[str, str], dimension: int | None, opts: dict[str, Any], annotating: bool = False
+    loc: dict[str, str], dimension: int | None, annotating: bool = False, **opts: Any
 ) -> VectorStore:
     where = f"qdrant-memory:{loc['collection']}"
     return _open_with_client(

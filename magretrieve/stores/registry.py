@@ -38,7 +38,7 @@ How to add a backend (say ``redis:URL/INDEX``)
 
        register(Backend(
            form="redis:URL/COLLECTION",  # its shape picks the parser (or give parse=)
-           open=_open,                   # (location, dimension, options) -> VectorStore
+           open=_open,                   # (location, dimension, **options) -> VectorStore
            options=(HnswOptions, RedisOptions),  # option classes: their keywords and flags
            extra="redis",                # pip install 'magretrieve[redis]'
        ))
@@ -145,7 +145,7 @@ class Backend:
 
     - ``form``: the spec form shown in errors and docs (``faiss:DIR``); ``prefix`` is its part
       before ``:``.
-    - ``open(location, dimension, options)``: the store (options already validated).
+    - ``open(location, dimension, **options)``: the store (options already validated).
     - ``parse(rest, spec)``: the part after ``prefix:`` -> location dict (``{"path": ...}``);
       raise StoreError for a malformed spec (the message should show ``form``). By default
       the form's shape picks it (:func:`parse_by_form`: ``DIR``, ``[DIR]``, ``COLLECTION``,
@@ -171,7 +171,7 @@ class Backend:
     """
 
     form: str
-    open: Callable[[dict[str, str], int | None, dict[str, Any]], Any]
+    open: Callable[..., Any]
     parse: Callable[[str, str], dict[str, str]] = lambda rest, spec: parse_by_form(rest, spec)
     options: tuple[type[StoreOptions], ...] = ()
     client_options: tuple[type[StoreOptions], ...] = ()
@@ -311,7 +311,7 @@ def open_spec(spec: str, dimension: int | None, options: dict[str, Any]) -> Any:
     opts = check_options(backend, options, spec)
     if backend.folder and loc.get("path"):
         check_folder(loc["path"], spec)
-    return backend.open(loc, dimension, opts)
+    return backend.open(loc, dimension, **opts)
 
 
 def open_object(

@@ -863,7 +863,7 @@ SCANN_OPTIONS = (ScannOptions, RecallOptions)
 OPTION_NAMES = (*ScannOptions.keywords(), *RecallOptions.keywords())
 
 
-def _open(loc: dict[str, str], dimension: int | None, options: dict[str, Any]) -> ScannStore:
+def _open(loc: dict[str, str], dimension: int | None, **options: Any) -> ScannStore:
     return ScannStore.open(loc["path"], dimension, **options)
 
 

@@ -55,7 +55,7 @@ def test_unusable_object_error_follows_a_newly_registered_backend(
     backend = registry.Backend(
         form="redis:URL/INDEX",
         parse=registry.parse_url_collection,
-        open=lambda loc, dim, opts: None,
+        open=lambda loc, dim, **opts: None,
         adopts=("redis", "Redis"),
         adopt=lambda obj, collection, dim, **opts: None,
         adopted="a redis.Redis client (collection=INDEX)",
@@ -73,7 +73,7 @@ def test_an_adopting_backend_must_name_what_it_adopts() -> None:
     half = registry.Backend(
         form="half-declared:DIR",
         parse=registry.parse_dir,
-        open=lambda loc, dim, opts: None,
+        open=lambda loc, dim, **opts: None,
         adopts=("redis", "Redis"),
         adopt=lambda obj, collection, dim, **opts: None,
     )
@@ -138,7 +138,7 @@ def test_the_shape_of_a_form_picks_the_parser_when_none_is_given(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     registry.backends()
-    redis = registry.Backend(form="redis:URL/COLLECTION", open=lambda loc, dim, opts: None)
+    redis = registry.Backend(form="redis:URL/COLLECTION", open=lambda loc, dim, **opts: None)
     assert redis.prefix == "redis"
     monkeypatch.setitem(registry._BACKENDS, "redis", redis)
     assert registry.backend_for("redis:http://h:6379/docs")[1] == {
@@ -147,7 +147,7 @@ def test_the_shape_of_a_form_picks_the_parser_when_none_is_given(
     }
     with pytest.raises(StoreError, match="missing collection name"):
         registry.backend_for("redis:http://h:6379")
-    odd = registry.Backend(form="odd:URI#TABLE", open=lambda loc, dim, opts: None)
+    odd = registry.Backend(form="odd:URI#TABLE", open=lambda loc, dim, **opts: None)
     with pytest.raises(ValueError, match="no parser for the form 'odd:URI#TABLE'; give parse="):
         registry.register(odd)
     assert "odd" not in registry._BACKENDS

@@ -648,7 +648,7 @@ def test_a_new_backend_is_one_registry_entry(tmp_path, monkeypatch):
 
     opened = {}
 
-    def _open(loc, dimension, options):
+    def _open(loc, dimension, **options):
         opened.update(loc=loc, options=options)
         return MemoryStore(dimension)
 
@@ -1118,7 +1118,7 @@ def test_a_store_of_primitives_gets_every_check_from_the_base(monkeypatch):
     toy = registry.Backend(
         form="dict:NAME",
         parse=registry.parse_collection,
-        open=lambda loc, dimension, options: _DictStore(dimension, f"dict:{loc['collection']}"),
+        open=lambda loc, dimension, **options: _DictStore(dimension, f"dict:{loc['collection']}"),
         options=(_ToyOptions,),
     )
     monkeypatch.setitem(registry._BACKENDS, "dict", toy)
