@@ -11,7 +11,16 @@ import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from pydantic import (
+from magretrieve.core.extras import require
+
+require(
+    "pydantic",
+    what="the LangChain and LlamaIndex integrations",
+    extra="langchain",
+    hint="or 'magretrieve[llama-index]'",
+)
+
+from pydantic import (  # noqa: E402
     BaseModel,
     Field,
     PrivateAttr,
@@ -21,8 +30,8 @@ from pydantic import (
     model_validator,
 )
 
-from magretrieve.core.env import API_KEY_ENV
-from magretrieve.integrations._encoder import (
+from magretrieve.core.env import API_KEY_ENV  # noqa: E402
+from magretrieve.integrations._encoder import (  # noqa: E402
     DEFAULT_TIMEOUT,
     LazyEncoder,
     check_source,
