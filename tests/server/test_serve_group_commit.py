@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.server.test_serve import KEY
 from tests.support.exports import tiny_export_dir
+from tests.support.server import KEY
 
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 

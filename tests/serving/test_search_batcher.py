@@ -71,6 +71,13 @@ def _submit(batcher: SearchBatcher, results: dict, name: str, vectors, k, where=
     raise AssertionError(f"{name} was never queued")
 
 
+def _wait_for(condition, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+
+
 @pytest.mark.parametrize("spec", ["memory:", "faiss:{tmp}/f", "scann:{tmp}/s"])
 def test_searches_merge_only_with_the_same_k_and_filter(tmp_path, spec):
     retriever = _retriever(spec.format(tmp=tmp_path))
@@ -90,6 +97,8 @@ def test_searches_merge_only_with_the_same_k_and_filter(tmp_path, spec):
     }
     for name, (vectors, k, where) in asked.items():
         _submit(batcher, results, name, vectors, k, where)
+        if name == "first":  # running before the rest queue, so a later _submit cannot take
+            _wait_for(lambda: len(recorder.calls) == 1)  # its call as its own evidence
     assert batcher.depth == len(asked) - 1  # the first runs (and waits), the rest queue
     recorder.release.set()
     deadline = time.monotonic() + 10
