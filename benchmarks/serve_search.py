@@ -685,6 +685,8 @@ def write_results(result: dict[str, Any], stem: Path) -> None:
         ]
         lines += [f"- {'PASS' if ok else 'FAIL'}: {name}" for name, ok in g["met"].items()]
         lines.append("")
+    if result.get("notes"):
+        lines += ["## Notes", "", result["notes"], ""]
     if result.get("not_run"):
         lines += ["## Not run", "", result["not_run"], ""]
     stem.with_suffix(".md").write_text("\n".join(lines))
