@@ -249,9 +249,9 @@ def store_target(store: Any) -> float | None:
 
 class BlockTopK:
     """The exact top ``k`` by inner product of each query, fed the stored vectors block by
-    block: one matrix product per block for every query, a linear-time selection of the
-    block's ``k`` best, then a merge with the best so far. ``ids`` holds the winners' ids,
-    best first (ties at equal score go to the earlier block)."""
+    block: one matrix product per block for every query, the block's ``k`` best by
+    :func:`~magretrieve.core.topk.top_k`, then a merge with the best so far. ``ids`` holds the
+    winners' ids, best first (ties at equal score go to the earlier block, then row)."""
 
     def __init__(self, queries: np.ndarray, k: int) -> None:
         self.queries = np.ascontiguousarray(queries, dtype=np.float32)
@@ -263,13 +263,7 @@ class BlockTopK:
     def add(self, ids: list[str], vectors: np.ndarray) -> None:
         if not len(ids):
             return
-        scores = self.queries @ vectors.T
-        n = scores.shape[1]
-        if n > self.k:
-            cols = np.argpartition(scores, n - self.k, axis=1)[:, n - self.k :]
-            scores = np.take_along_axis(scores, cols, axis=1)
-        else:
-            cols = np.broadcast_to(np.arange(n), scores.shape)
+        cols, scores = top_k(self.queries @ vectors.T, self.k)
         names = np.asarray(ids, dtype=object)[cols]
         scores = np.concatenate([self.scores, scores], axis=1)
         names = np.concatenate([self.ids, names], axis=1)
