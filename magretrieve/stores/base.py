@@ -96,7 +96,7 @@ EXACT_SCAN_CHUNK = 4096
 #: Stored vectors per block of :meth:`VectorStore.iter_vectors` (100 MB of float32 at 384).
 VECTOR_BLOCK = 65536
 #: What reading a store file with the right checksum but the wrong content raises.
-MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)
 
 
 class VectorStore(ABC):

@@ -296,3 +296,20 @@ def test_refusals_on_the_cli_are_one_line(use_fake, tmp_path):
     res = run("index", "EXPORT", str(corpus), "--store", f"faiss:{tmp_path / 'f'}", "--no-progress")
     assert res.exit_code == 1
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("kind", ["memory", "faiss"])
+def test_a_state_file_with_an_infinite_number_is_one_store_error(tmp_path, kind):
+    """JSON lets ``Infinity`` through; ``int(inf)`` overflows. The reader names the state file
+    instead of raising OverflowError."""
+    folder = tmp_path / kind
+    store = open_store(f"{kind}:{folder}", dimension=2)
+    store.add(["a"], [[1.0, 0.0]])
+    store.persist()
+    store.close()
+    state_file = folder / f"{kind}_store.json"
+    state = json.loads(state_file.read_text())
+    state["dimension"] = float("inf")
+    state_file.write_text(json.dumps(state))  # json.dumps writes Infinity
+    with pytest.raises(StoreError, match=f"{kind}_store.json"):
+        open_store(f"{kind}:{folder}")
