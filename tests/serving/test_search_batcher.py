@@ -156,6 +156,8 @@ def test_close_finishes_the_queue_and_refuses_new_searches():
         batcher.search_wait(_queries(1, 2), 5)
     recorder.release.set()
     closer.join(10)
+    assert not closer.is_alive()
+    _wait_for(lambda: "queued" in results)  # delivered before close returned; stored after
     assert results["queued"] == retriever.search_vectors(_queries(1, 1), k=5)
 
 
