@@ -207,7 +207,7 @@ NOT_RUN = (
 )
 
 
-KNOBS = ("ef_search", "nprobe", "hnsw_ef", "leaves_to_search", "reorder")
+KNOBS = ("ef_search", "nprobe", "refine_factor", "hnsw_ef", "leaves_to_search", "reorder")
 
 
 def store_rows(
