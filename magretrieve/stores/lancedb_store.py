@@ -87,10 +87,13 @@ def lancedb() -> Any:
 #: ef_search while refine_factor and nprobe of an IVF_HNSW index are tuned (then ef_search is
 #: tuned at those).
 PROBE_EF = 256
-#: refine_factor values tried for the quantized kinds: the index's best ``k × factor``
-#: candidates are re-ranked by the full vectors (1 re-ranks only the ``k`` returned, which
-#: makes their scores exact inner products).
-REFINE = (1, 2, 4, 8, 16, 32)
+#: refine_factor values tried for the quantized kinds when tuning to a target: the index's
+#: best ``k × factor`` candidates are re-ranked by the full vectors. Untuned searches use 1
+#: (re-ranking only the ``k`` returned makes their scores exact inner products, nothing more);
+#: tuning starts at 2, because 1 can pass on the synthetic sample and still lose real queries
+#: (perturbed real passages, 100,000 vectors: factor 1 measured 0.9945 on the sample and
+#: delivered 0.981 on real scifact queries; tuned on those queries the store chose 2).
+REFINE = (2, 4, 8, 16, 32)
 #: Queries per LanceDB query (one vector search over a batch; memory is k rows per query).
 QUERIES_PER_CALL = 256
 
@@ -478,21 +481,26 @@ class LanceDBStore(_generation.MarkerGeneration, CollectionStore):
         3. the kind's own knob (``ef_search`` of the HNSW kinds, ``nprobe`` of the others),
            whose pass measures the recall that is reported.
 
+        The losses of the levers add up in the last pass, so the earlier passes aim at a
+        stricter target (half the gap left to 1.0 closed again: 0.995 for 0.99, so a bar of
+        0.9975), leaving the last lever most of the error budget.
+
         Without a target the settings given are measured as they are."""
         kind = str(self._build.get("index_type", ""))
         if target is not None:
+            strict = target + (1.0 - target) / 2
             chosen_ef = self.ef_search
             if "HNSW" in kind:
                 self.ef_search = max(int(self.ef_search or 0), PROBE_EF)
             refined = True
             if quantized(kind):
-                refined = run(self._refine_knob(), target, warn=False)[
+                refined = run(self._refine_knob(), strict, warn=False)[
                     "target_met_on_tuning_queries"
                 ]
             if "HNSW" in kind:
-                run(self._nprobe_knob(), target, warn=False)
+                run(self._nprobe_knob(), strict, warn=False)
                 if not refined:
-                    run(self._refine_knob(), target, warn=False)
+                    run(self._refine_knob(), strict, warn=False)
             self.ef_search = chosen_ef
         recall = dict(run(knob if target is not None else None, target))
         recall["index_type"] = kind

@@ -173,7 +173,8 @@ def test_quantized_index_scores_are_inner_products_and_batches_match_single_quer
 def test_tuning_raises_refine_then_nprobe_then_ef_search(tmp_path):
     """The order of the passes and the settings each runs at, on a recorded ``run``: when
     re-ranking alone cannot reach the target at the default nprobe, it is tuned again after
-    nprobe; ef_search is generous while the others are tuned, then back to the caller's."""
+    nprobe; ef_search is generous while the others are tuned, then back to the caller's; the
+    earlier passes aim at the stricter 0.995 (their losses add up in the last pass)."""
     store = open_store(
         f"lancedb:{tmp_path / 'l'}/t", dimension=DIM, index_type="IVF_HNSW_SQ", nlist=8,
         ef_search=40,
@@ -183,7 +184,7 @@ def test_tuning_raises_refine_then_nprobe_then_ef_search(tmp_path):
     chosen = {"refine_factor": [32, 4], "nprobe": [6], "ef_search": [64]}
 
     def run(knob, target, warn=True):
-        calls.append((knob.name, store.ef_search, store.refine_factor, store.nprobe, warn))
+        calls.append((knob.name, target, store.ef_search, store.refine_factor, store.nprobe, warn))
         knob.set(chosen[knob.name].pop(0))
         return {
             "k": 10,
@@ -197,10 +198,10 @@ def test_tuning_raises_refine_then_nprobe_then_ef_search(tmp_path):
     recall = store._tune(run, ef, 0.99)
     probe = lancedb_store.PROBE_EF
     assert calls == [
-        ("refine_factor", probe, None, None, False),
-        ("nprobe", probe, 32, None, False),
-        ("refine_factor", probe, 32, 6, False),
-        ("ef_search", 40, 4, 6, True),
+        ("refine_factor", 0.995, probe, None, None, False),
+        ("nprobe", 0.995, probe, 32, None, False),
+        ("refine_factor", 0.995, probe, 32, 6, False),
+        ("ef_search", 0.99, 40, 4, 6, True),
     ]
     assert (store.ef_search, store.nprobe, store.refine_factor) == (64, 6, 4)
     assert recall["refine_factor"] == 4 and recall["nprobe"] == 6
