@@ -12,6 +12,7 @@ command line without importing torch (``magretrieve train --help`` stays torch-f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from magretrieve.core.errors import ConfigError
 from magretrieve.core.options import OptionClass, option
@@ -21,8 +22,10 @@ __all__ = ["PRECISIONS", "TASKS", "TrainConfig"]
 TASKS = ("retrieval", "symmetric")
 PRECISIONS = ("fp32", "bf16")
 
-#: A learning rate or a logit scale: a positive finite number.
-_POSITIVE = {"minimum": 0.0, "exclusive_minimum": True}
+
+def _positive(help: str, default: float, flag: str | None = None) -> Any:
+    """A setting that is a positive finite number: a learning rate, the logit scale, a clip."""
+    return option(help, default=default, flag=flag, minimum=0, exclusive_minimum=True)
 
 
 @dataclass
@@ -43,16 +46,14 @@ class TrainConfig(OptionClass):
     # The settings without help text here have none on the command line either.
     epochs: int = option("", default=3, flag="--epochs", minimum=1)
     batch_size: int = option("", default=32, flag="--batch-size", minimum=2)  # in-batch negatives
-    lr: float = option("", default=2e-5, flag="--lr", **_POSITIVE)
-    gamma_lr: float = option(
-        "Learning rate of learnable γ.", default=5e-2, flag="--gamma-lr", **_POSITIVE
-    )
-    scale: float = option("Logit scale 1/τ.", default=20.0, flag="--scale", **_POSITIVE)
+    lr: float = _positive("", 2e-5, "--lr")
+    gamma_lr: float = _positive("Learning rate of learnable γ.", 5e-2, "--gamma-lr")
+    scale: float = _positive("Logit scale 1/τ.", 20.0, "--scale")
     warmup_ratio: float = option(
         "Share of the steps the learning rate warms up over, in [0, 1).", default=0.1, minimum=0
     )
     weight_decay: float = option("AdamW weight decay of the encoder.", default=0.01, minimum=0)
-    max_grad_norm: float = option("Gradient norm clip.", default=1.0, **_POSITIVE)
+    max_grad_norm: float = _positive("Gradient norm clip.", 1.0)
     seed: int = option("", default=42, flag="--seed")
     hard_negatives: int = option(
         "Hard negatives per pair (from the pair file, or mined).",
@@ -77,9 +78,7 @@ class TrainConfig(OptionClass):
     )
     #: Train only these parameters' name prefixes (e.g. a norm head); None trains everything.
     trainable: list[str] | None = None
-    head_lr: float = option(
-        "Learning rate of the norm head.", default=1e-3, flag="--head-lr", **_POSITIVE
-    )
+    head_lr: float = _positive("Learning rate of the norm head.", 1e-3, "--head-lr")
     precision: str = option(
         "Forward-pass precision. bf16 (autocast; weights and optimizer stay fp32) is about 2x "
         "faster on CPUs with AMX/avx512_bf16; fp32 is exactly reproducible.",
