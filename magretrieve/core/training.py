@@ -32,7 +32,9 @@ def _positive(help: str, default: float, flag: str | None = None) -> Any:
 class TrainConfig(OptionClass):
     """Training settings; defaults follow the paper where it states them (scale 20, AdamW, clip 1).
 
-    ``hard_negatives`` are taken from ``TrainingPair.negatives``. ``gamma_lr`` is learnable
+    ``hard_negatives`` are taken from ``TrainingPair.negatives``. ``force`` trains a one-sided
+    mode on a symmetric task anyway (``magretrieve train --force`` also lets the run overwrite
+    a non-empty ``--out``). ``gamma_lr`` is learnable
     γ's own rate: at the encoder's rate the paper's γ stayed at 0.5. ``head_lr`` is the rate of
     a document norm head (:mod:`magretrieve.train.heads`): a zero-initialized head at the
     encoder's rate barely moves. ``precision="bf16"`` runs the forward passes under autocast:
