@@ -825,6 +825,17 @@ class CollectionStore(VectorStore):
             self._owns = False
 
 
+@contextmanager
+def closed_on_failure(client: Any) -> Iterator[Any]:
+    """``client``, made by an opener for the store it builds, closed when building that store
+    fails (any error, an interrupt too), so a failed open leaves no connection behind."""
+    try:
+        yield client
+    except BaseException:
+        client.close()
+        raise
+
+
 class IdMapMixin:
     """Id-map primitives for stores that keep ids and metadata in process.
 
