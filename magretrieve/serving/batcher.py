@@ -62,11 +62,10 @@ logger = logging.getLogger(__name__)
 EncodeFn = Callable[[Sequence[Any], str], np.ndarray]
 #: Hands a request its rows of the batch's vectors, or the error the batch raised.
 Deliver = Callable[[np.ndarray | None, BaseException | None], None]
-#: A graph run's fixed cost in padded tokens, besides its ``rows × longest``. On one intra-op
-#: thread, all-MiniLM-L6-v2's query graph costs about 255 µs per padded token in batches of
-#: 8 rows or more and about 2 ms more per run: one 20-token query alone costs as much as 28
-#: tokens of a batch of eight. The merging is not sensitive to it: in a simulation of
-#: closed-loop clients sending scifact's queries, 4 to 16 gave rates within 5 % of each other.
+#: A graph run's fixed cost in padded tokens, besides its ``rows × longest``: on one intra-op
+#: thread, a run of all-MiniLM-L6-v2's query graph costs about as much as 8 more padded tokens
+#: in a batch of eight or more rows (one 20-token query alone costs as much as 28 tokens of
+#: such a batch). It decides when a request of another length is worth a run of its own.
 RUN_OVERHEAD_TOKENS = 8
 
 
