@@ -56,7 +56,6 @@ import re
 import shutil
 import sys
 import tempfile
-import threading
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -68,6 +67,7 @@ import numpy as np
 from magretrieve.core.errors import StoreError
 from magretrieve.core.extras import require
 from magretrieve.core.files import sha256_file
+from magretrieve.core.locks import RWLock
 from magretrieve.core.options import option
 from magretrieve.core.topk import exact_search
 from magretrieve.stores import _ann_recall, registry
@@ -172,10 +172,12 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
     """
 
     kind = "scann"
-    thread_safe_search = False  # optimize() swaps the searcher; the Retriever serializes
+    #: searches share the store lock; optimize() swaps the searcher holding it alone
+    thread_safe_search = True
     #: the save compacts under the store lock, then writes without it
     persists_beside_search = True
     _files = FILES
+    _lock: RWLock
     _kept_on_catch_up = ("_writer", "target_recall")
     _path: Path
 
@@ -220,7 +222,7 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
         self._dim = dim
         self._path = path
         self.params = params
-        self._lock = threading.RLock()
+        self._lock = RWLock()  # searches and scans share it; changes take it alone
         self._table = RecordTable()
         self._vecs = np.zeros((0, dim), dtype=np.float32)  # capacity >= len(table.records)
         self._meta: dict[str, Any] | None = None
@@ -471,7 +473,7 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
             self._dirty = True
 
     def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
-        with self._lock:
+        with self._lock.read():
             out = []
             for doc_id in ids:
                 row = self._table.row.get(doc_id)
@@ -482,11 +484,11 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
             return out
 
     def _scan_ids(self) -> Iterator[str]:
-        with self._lock:
+        with self._lock.read():
             return iter(list(self._table.row))
 
     def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
-        with self._lock:
+        with self._lock.read():  # ScaNN's search is const: searches run side by side
             rows = self._search_rows(q, k)
             out = []
             for found in rows:
@@ -678,7 +680,7 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
         caller asks for the next block, the pages of the previous one leave this process
         (:func:`_release_pages`), so a scan of the whole store (the server's recall watch)
         does not leave the file resident beside ScaNN's own copy of it."""
-        with self._lock:
+        with self._lock.read():
             table, vecs, built = self._table, self._vecs, self._built
         for start in range(0, built, size):
             part = table.records[start : min(start + size, built)]
@@ -693,7 +695,7 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
             _release_pages(vecs[: start + len(part)])
         after = built
         while True:
-            with self._lock:
+            with self._lock.read():
                 if self._table is not table:
                     return
                 pending = self._pending()
