@@ -109,3 +109,23 @@ class RWLock:
                     self._readers -= 1
                     if not self._readers:
                         self._cond.notify_all()
+
+
+class Counter:
+    """How many threads are inside :meth:`inside` now."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+
+    @contextmanager
+    def inside(self) -> Iterator[int]:
+        """Count the caller in for the block; yields the count with the caller."""
+        with self._lock:
+            self._inside += 1
+            now = self._inside
+        try:
+            yield now
+        finally:
+            with self._lock:
+                self._inside -= 1

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
-from magretrieve.core.locks import RWLock
+from magretrieve.core.locks import Counter, RWLock
 from magretrieve.core.options import option
 from magretrieve.core.topk import top_k
 from magretrieve.stores import _ann_recall, _faiss_files, registry
@@ -124,6 +124,7 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
         self._dim = dim
         self._path = path
         self._lock = RWLock()  # searches and scans share it; changes take it alone
+        self._searches_now = Counter()  # FAISS searches running at this moment
         self._table = RecordTable()
         self._meta: dict[str, Any] | None = None
         self._generation = 0
@@ -595,13 +596,17 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
     def raw_search(self, q: np.ndarray, kk: int) -> tuple[np.ndarray, np.ndarray]:
         """FAISS scores and int64 ids (tombstones included) with the store's thread policy."""
         faiss = fx.faiss_module()
-        # One query is latency-bound: OpenMP fan-out costs more than it saves. The OpenMP
-        # thread count is per calling thread, so concurrent searches do not disturb each other.
-        if len(q) == 1 and self.single_query_threads:
-            faiss.omp_set_num_threads(int(self.single_query_threads))
-        else:
-            faiss.omp_set_num_threads(fx.default_threads())
-        return self._handle.index.search(q, max(1, kk))  # type: ignore[union-attr]
+        with self._searches_now.inside() as running:
+            # One query is latency-bound: OpenMP fan-out costs more than it saves. A batch
+            # beside other searches gets its share of the threads: each fanned out on every
+            # core would only wait for the others at its barriers. The OpenMP thread count
+            # is per calling thread, so concurrent searches do not disturb each other.
+            if len(q) == 1 and self.single_query_threads:
+                threads = int(self.single_query_threads)
+            else:
+                threads = max(1, fx.default_threads() // running)
+            faiss.omp_set_num_threads(threads)
+            return self._handle.index.search(q, max(1, kk))  # type: ignore[union-attr]
 
     def set_search_parameters(
         self, *, ef_search: int | None = None, nprobe: int | None = None

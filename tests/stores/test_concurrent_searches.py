@@ -119,3 +119,38 @@ def test_a_write_waits_for_the_searches_inside_and_every_later_search_sees_it(
     monkeypatch.undo()
     assert store.search(queries[:1], 5)[0][0].id == "new"
     store.close()
+
+
+def test_a_faiss_batch_beside_another_search_takes_its_share_of_the_threads(tmp_path, monkeypatch):
+    faiss = pytest.importorskip("faiss")
+    from magretrieve.stores import _faiss_index
+
+    store, _, queries = _filled(tmp_path, "faiss-flat")
+    every = _faiss_index.default_threads()
+    first_in, release = threading.Event(), threading.Event()
+    asked: dict[str, int] = {}
+    real = faiss.omp_set_num_threads
+
+    def record(n: int) -> None:  # called inside the search, before FAISS runs
+        name = threading.current_thread().name
+        asked[name] = n
+        real(n)
+        if name == "first":
+            first_in.set()
+            assert release.wait(WAIT)
+
+    monkeypatch.setattr(faiss, "omp_set_num_threads", record)
+    first = threading.Thread(name="first", target=lambda: store.search(queries[:4], 5))
+    first.start()
+    assert first_in.wait(WAIT)
+    second = threading.Thread(name="second", target=lambda: store.search(queries[4:8], 5))
+    second.start()
+    second.join(WAIT)
+    release.set()
+    first.join(WAIT)
+    assert asked == {"first": every, "second": max(1, every // 2)}
+    lone = threading.Thread(name="lone", target=lambda: store.search(queries[:1], 5))
+    lone.start()
+    lone.join(WAIT)
+    assert asked["lone"] == 1  # one query: single_query_threads, beside others or not
+    store.close()
