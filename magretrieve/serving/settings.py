@@ -116,7 +116,7 @@ class ServerSettings(EngineSettings):
     :attr:`magretrieve.serving.onnx_encoder.OnnxEncoder.spinning`); None (the default) spins
     only on a server without a store: a store's searches (in this process, or a database
     beside it) need the cores the spinning threads would hold between runs, and at a
-    million vectors served q/s rose 8–14 % without spinning
+    million vectors served q/s rose 8–12 % without spinning
     (benchmarks/results/serve_search.md).
     ``model_id`` is the served model id (``GET /v1/models`` lists ``ID:query`` and
     ``ID:document``); None serves the export folder's name.
