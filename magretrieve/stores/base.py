@@ -16,11 +16,10 @@ import json
 import math
 import os
 import tempfile
-import threading
 import uuid
 from abc import ABC
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -848,7 +847,7 @@ class IdMapMixin:
 
     _row: dict[str, int]
     _meta: dict[str, Any] | None
-    _lock: threading.RLock
+    _lock: AbstractContextManager[Any]  # an RLock, or the RWLock changes take alone
     _dirty: bool
 
     def _begin_write(self) -> None:
