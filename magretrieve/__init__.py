@@ -40,7 +40,7 @@ _LAZY: dict[str, str] = {
     "Manifest": "magretrieve.core.manifest",
     # training and evaluation
     "train_model": "magretrieve.train.trainer",
-    "TrainConfig": "magretrieve.train.trainer",
+    "TrainConfig": "magretrieve.core.training",
     "evaluate_retrieval": "magretrieve.evaluation.retrieval",
     "retrieval_metrics": "magretrieve.core.metrics",
     "evaluate_sts": "magretrieve.evaluation.retrieval",

@@ -13,7 +13,8 @@ from typing import Any
 
 import click
 
-from magretrieve.cli._options import click_options
+from magretrieve.cli._options import click_option, click_options
+from magretrieve.core.training import TrainConfig
 
 
 def fmt(value: Any, digits: int = 4) -> str:
@@ -62,6 +63,11 @@ def device_option(help_text: str):  # type: ignore[no-untyped-def]
     )
 
 
+def model_option(help_text: str):  # type: ignore[no-untyped-def]
+    """``--model`` (required): the model a command loads; what it may be is the command's."""
+    return click.option("--model", required=True, help=help_text)
+
+
 #: ``--k``: neighbours of the hub score (fit-prior, and the hub prior of rescale/annotate).
 hub_k_option = click.option(
     "--k", "k", type=int, default=10, show_default=True, help="Neighbours of the hub score."
@@ -72,8 +78,9 @@ store_spec_option = click.option(
     "--store", "store_spec", required=True, help="Store spec, e.g. faiss:indexes/scifact."
 )
 
-#: ``--seed`` (default 42): the random seed of a command that trains (train, diagnose's probes).
-seed_option = click.option("--seed", type=int, default=42, show_default=True)
+#: ``--seed``: the random seed of a command that trains (train, diagnose's probe trainings),
+#: as :class:`~magretrieve.core.training.TrainConfig` declares it.
+seed_option = click_option(TrainConfig.named("seed"))
 
 
 def magnitude_options(func: Any) -> Any:

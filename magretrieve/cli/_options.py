@@ -25,11 +25,11 @@ def click_option(declared: Option) -> Callable[[F], F]:
     A ``bool`` option is a switch (``--x/--no-x``) or, with a single flag, sets the opposite
     of its default (``--no-batching``). Choices are a click choice; every other check is the
     declaration's own, run when the value reaches the library. The default is shown when
-    there is one to show.
+    there is one to show; an option declared without help text has none.
     """
     if declared.flag is None:
         raise ValueError(f"option {declared.name!r} has no command-line flag")
-    kwargs: dict[str, Any] = {"default": declared.default, "help": declared.help}
+    kwargs: dict[str, Any] = {"default": declared.default, "help": declared.help or None}
     if declared.type is bool:
         if "/" not in declared.flag:
             kwargs["flag_value"] = not declared.default

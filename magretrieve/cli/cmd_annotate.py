@@ -8,6 +8,8 @@ import click
 
 from magretrieve.cli._common import magnitude_options
 from magretrieve.cli._group import main
+from magretrieve.cli._options import click_option
+from magretrieve.stores.annotation import RECORDED_PREFETCH
 
 
 @main.command("annotate")
@@ -33,13 +35,7 @@ from magretrieve.cli._group import main
     "an earlier annotation recorded, else magretrieve_m]. A field or column holding your own "
     "data is refused.",
 )
-@click.option(
-    "--prefetch",
-    type=int,
-    default=None,
-    help="Cosine candidates re-ranked by cos·m(d) at search time, recorded as the default "
-    "(100; see docs/stores.md for recall by prefetch size).",
-)
+@click_option(RECORDED_PREFETCH)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def annotate_cmd(
     store_spec: str,

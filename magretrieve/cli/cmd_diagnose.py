@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import click
 
-from magretrieve.cli._common import seed_option
+from magretrieve.cli._common import model_option, seed_option
 from magretrieve.cli._group import main
 
 
 @main.command("diagnose")
-@click.option(
-    "--model", required=True, help="A run folder, an HF/sentence-transformers folder, or an alias."
-)
+@model_option("A run folder, an HF/sentence-transformers folder, or an alias.")
 @click.option("--data", "data_spec", required=True, help="BEIR DIR:split (default split train).")
 @click.option("--sts", "sts_file", default=None, help="An STS pair .jsonl for the symmetry check.")
 @click.option(

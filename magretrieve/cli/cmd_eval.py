@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import click
 
-from magretrieve.cli._common import device_option
+from magretrieve.cli._common import device_option, model_option
 from magretrieve.cli._group import main
 from magretrieve.core.similarity import MODES
 
 
 @main.command("eval")
-@click.option(
-    "--model",
-    required=True,
-    help="A run folder, an HF/sentence-transformers folder, or an ONNX export folder.",
-)
+@model_option("A run folder, an HF/sentence-transformers folder, or an ONNX export folder.")
 @click.option(
     "--data",
     "data_specs",

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import click
 
-from magretrieve.cli._common import hub_k_option
+from magretrieve.cli._common import hub_k_option, model_option
 from magretrieve.cli._group import main
 
 
 @main.command("fit-prior")
-@click.option(
-    "--model",
-    required=True,
-    help="The cosine model that built (or will build) the store: run folder or ONNX export.",
-)
+@model_option("The cosine model that built (or will build) the store: run folder or ONNX export.")
 @click.option(
     "--data", "train_spec", required=True, help="BEIR DIR:split with judged training queries."
 )

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import click
 
-from magretrieve.cli._common import device_option, seed_option
+from magretrieve.cli._common import device_option, model_option
 from magretrieve.cli._group import main
+from magretrieve.cli._options import click_options
 from magretrieve.core.similarity import MODES
+from magretrieve.core.training import TrainConfig
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _settings(*names: str) -> Callable[[F], F]:
+    """The options of these :class:`TrainConfig` settings, in this order (their flags,
+    defaults and help are the config's declarations)."""
+    return click_options(TrainConfig.named(name) for name in names)
 
 
 @main.command("train")
-@click.option(
-    "--model", required=True, help="Hugging Face or sentence-transformers folder (or hub name)."
-)
+@model_option("Hugging Face or sentence-transformers folder (or hub name).")
 @click.option(
     "--train",
     "train_spec",
@@ -27,35 +38,14 @@ from magretrieve.core.similarity import MODES
     multiple=True,
     help="BEIR DIR:split to evaluate after each epoch (reported, not used to pick a checkpoint).",
 )
-@click.option("--epochs", type=int, default=3, show_default=True)
-@click.option("--batch-size", type=int, default=32, show_default=True)
-@click.option("--lr", type=float, default=2e-5, show_default=True)
-@click.option(
-    "--gamma-lr", type=float, default=5e-2, show_default=True, help="Learning rate of learnable γ."
-)
+@_settings("epochs", "batch_size", "lr", "gamma_lr")
 @click.option(
     "--gamma-init",
     type=float,
     default=None,
     help="Initial γ (both sides) for --mode learnable (paper: 0.5).",
 )
-@click.option("--scale", type=float, default=20.0, show_default=True, help="Logit scale 1/τ.")
-@seed_option
-@click.option(
-    "--task", type=click.Choice(["retrieval", "symmetric"]), default="retrieval", show_default=True
-)
-@click.option(
-    "--force",
-    is_flag=True,
-    help="Train a one-sided mode on a symmetric task anyway, or overwrite --out.",
-)
-@click.option(
-    "--hard-negatives",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Hard negatives per pair (from the pair file, or mined).",
-)
+@_settings("scale", "seed", "task", "force", "hard_negatives")
 @click.option(
     "--mine-hard-negatives",
     is_flag=True,
@@ -68,7 +58,7 @@ from magretrieve.core.similarity import MODES
     show_default=True,
     help="Hold out this fraction of training queries; keep the best checkpoint by their NDCG@10.",
 )
-@click.option("--max-steps", type=int, default=None)
+@_settings("max_steps")
 @click.option("--pooling", type=click.Choice(["mean", "cls", "last"]), default=None)
 @click.option("--max-query-length", type=int, default=None)
 @click.option("--max-doc-length", type=int, default=None)
@@ -88,9 +78,7 @@ from magretrieve.core.similarity import MODES
     default=None,
     help="Bound the head's log-magnitude to ±B (B·tanh(g/B)); 0 = unbounded.",
 )
-@click.option(
-    "--head-lr", type=float, default=1e-3, show_default=True, help="Learning rate of the norm head."
-)
+@_settings("head_lr")
 @click.option(
     "--freeze-encoder",
     is_flag=True,
@@ -101,64 +89,39 @@ from magretrieve.core.similarity import MODES
     is_flag=True,
     help="Divide raw vectors by the training corpus's mean document norm (measured first).",
 )
-@click.option(
-    "--precision",
-    type=click.Choice(["fp32", "bf16"]),
-    default="fp32",
-    show_default=True,
-    help="Forward-pass precision. bf16 (autocast; weights and optimizer stay fp32) is about 2x "
-    "faster on CPUs with AMX/avx512_bf16; fp32 is exactly reproducible.",
-)
-@click.option(
-    "--mini-batch-size",
-    type=int,
-    default=None,
-    help="Cached contrastive loss (GradCache): embed each batch in mini-batches of this many "
-    "texts; same gradient, one mini-batch's activations in memory.",
-)
+@_settings("precision", "mini_batch_size")
 @device_option("Train on a CUDA GPU with torch (cuda) or on the CPU.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 def train_command(
-    model,
-    train_spec,
-    mode,
-    out,
-    eval_specs,
-    epochs,
-    batch_size,
-    lr,
-    gamma_lr,
-    gamma_init,
-    scale,
-    seed,
-    task,
-    force,
-    hard_negatives,
-    mine_hard_negatives,
-    val_fraction,
-    max_steps,
-    pooling,
-    max_query_length,
-    max_doc_length,
-    query_prefix,
-    doc_prefix,
-    norm_head,
-    norm_head_hidden,
-    norm_head_bound,
-    head_lr,
-    freeze_encoder,
-    calibrate_scale,
-    precision,
-    mini_batch_size,
-    device,
-    as_json,
-):
+    model: str,
+    train_spec: str,
+    mode: str,
+    out: str,
+    eval_specs: tuple[str, ...],
+    gamma_init: float | None,
+    mine_hard_negatives: bool,
+    val_fraction: float,
+    pooling: str | None,
+    max_query_length: int | None,
+    max_doc_length: int | None,
+    query_prefix: str | None,
+    doc_prefix: str | None,
+    norm_head: str | None,
+    norm_head_hidden: int | None,
+    norm_head_bound: float | None,
+    freeze_encoder: bool,
+    calibrate_scale: bool,
+    device: str,
+    as_json: bool,
+    **settings: Any,
+) -> None:
     """Fine-tune MODEL with InfoNCE under --mode and save it to --out.
 
     Under ``torchrun --nproc-per-node N -m magretrieve train ...`` it trains with
     DistributedDataParallel (gloo on CPU, NCCL on GPUs): each rank takes --batch-size pairs and
     the loss sees all N·batch in-batch negatives; rank 0 writes --out.
     """
+    cfg = TrainConfig(**settings)  # a bad setting is one line, before anything loads
     from dataclasses import replace
     from pathlib import Path
 
@@ -176,10 +139,10 @@ def train_command(
             "--freeze-encoder trains the head on cached vectors in one process (seconds); "
             "run it without torchrun"
         )
-    if not force:  # fail before loading anything (train() itself warns once when forced)
-        trainer.check_task(mode, task, force)
+    if not cfg.force:  # fail before loading anything (train() itself warns once when forced)
+        trainer.check_task(mode, cfg.task, cfg.force)
     out_path = Path(out)
-    if out_path.exists() and any(out_path.iterdir()) and not force:
+    if out_path.exists() and any(out_path.iterdir()) and not cfg.force:
         raise ConfigError(f"{out_path}: exists and is not empty (pass --force to overwrite)")
     training = read_training_data(train_spec)
     pairs, dataset = training.pairs, training.dataset
@@ -206,14 +169,13 @@ def train_command(
         device=device,
         **gamma,
     )
-    trainable = None
     if freeze_encoder:
         if encoder.norm_head is None and mode != "learnable":
             raise ConfigError(
                 "--freeze-encoder leaves nothing to train; add --norm-head linear|mlp "
                 "(or use --mode learnable)"
             )
-        trainable = ["norm_head", "gamma_logits"]
+        cfg = replace(cfg, trainable=["norm_head", "gamma_logits"])
         encoder.config.head = replace(encoder.config.head, frozen_encoder=True)
     if calibrate_scale:
         from magretrieve.train.calibration import calibrate
@@ -226,33 +188,17 @@ def train_command(
         c = calibrate(encoder, documents, progress=rank == 0)
         if rank == 0:
             click.echo(f"norm calibration: raw vectors divided by c = {c:.4f}")
-    pairs, validation = trainer.split_validation(pairs, dataset, val_fraction, seed)
+    pairs, validation = trainer.split_validation(pairs, dataset, val_fraction, cfg.seed)
     if mine_hard_negatives:
         if dataset is None:
             raise ConfigError("--mine-hard-negatives needs BEIR training data (DIR:split)")
-        pairs = mining.mine_hard_negatives(encoder, dataset, pairs, max(hard_negatives, 1))
-        hard_negatives = max(hard_negatives, 1)
-    cfg = trainer.TrainConfig(
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
-        gamma_lr=gamma_lr,
-        scale=scale,
-        seed=seed,
-        task=task,
-        force=force,
-        hard_negatives=hard_negatives,
-        max_steps=max_steps,
-        trainable=trainable,
-        head_lr=head_lr,
-        precision=precision,
-        mini_batch_size=mini_batch_size,
-    )
+        cfg = replace(cfg, hard_negatives=max(cfg.hard_negatives, 1))
+        pairs = mining.mine_hard_negatives(encoder, dataset, pairs, cfg.hard_negatives)
     if freeze_encoder and encoder.norm_head is not None and mode != "learnable":
         # Frozen encoder: encode every text once and train the head on the cached vectors.
-        if precision != "fp32":
+        if cfg.precision != "fp32":
             click.echo(
-                f"warning: --precision {precision} has no effect with --freeze-encoder (the head "
+                f"warning: --precision {cfg.precision} has no effect with --freeze-encoder (the head "
                 "trains on cached float32 vectors)",
                 err=True,
             )

@@ -50,6 +50,7 @@ from magretrieve.stores.annotation import (
     DEFAULT_FIELD,
     DEFAULT_PREFETCH,
     INCOMPLETE_KEY,
+    RECORDED_PREFETCH,
     AnnotatableStore,
     annotation_of,
     check_field_name,
@@ -227,8 +228,8 @@ def annotate_store(
             "give exactly one of a norm head (--head RUN), a prior (--corpus-prior β or "
             "--prior-file) or a magnitude-keeping export (--norms-from EXPORT)"
         )
-    if prefetch is not None and prefetch < 1:
-        raise ConfigError(f"--prefetch must be positive, got {prefetch}")
+    if prefetch is not None:
+        prefetch = RECORDED_PREFETCH.check(prefetch)
     if batch_size < 1:
         raise ConfigError(f"batch size must be positive, got {batch_size}")
     if prior is not None:

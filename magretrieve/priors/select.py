@@ -70,20 +70,17 @@ def _ndcg_of_run(
     return metrics.retrieval_metrics({q: dict(qrels[q]) for q in qids}, dict(run))["ndcg@10"]
 
 
-def _blockwise_ndcg(
-    block_scores: Callable[[slice], np.ndarray],
-    qids: Sequence[str],
-    doc_ids: Sequence[str],
-    qrels: Mapping[str, Mapping[str, int]],
-) -> float:
-    """NDCG@10 of the queries ranked ``QUERY_BLOCK`` at a time: ``block_scores(rows)`` is the
-    (block × documents) score matrix of the queries in ``rows``, so the whole queries ×
+def _blockwise_run(
+    block_scores: Callable[[slice], np.ndarray], qids: Sequence[str], doc_ids: Sequence[str]
+) -> dict[str, dict[str, float]]:
+    """The top-10 run of the queries ranked ``QUERY_BLOCK`` at a time: ``block_scores(rows)``
+    is the (block × documents) score matrix of the queries in ``rows``, so the whole queries ×
     documents matrix never has to exist at once."""
     run: dict[str, dict[str, float]] = {}
     for start in range(0, len(qids), QUERY_BLOCK):
         rows = slice(start, start + QUERY_BLOCK)
         run.update(_top10_run(block_scores(rows), qids[rows], doc_ids))
-    return _ndcg_of_run(run, qids, qrels)
+    return run
 
 
 def ndcg_at_10(
@@ -93,21 +90,7 @@ def ndcg_at_10(
     qrels: Mapping[str, Mapping[str, int]],
 ) -> float:
     """NDCG@10 (trec_eval) of a score matrix (queries × documents)."""
-    return _blockwise_ndcg(lambda rows: scores[rows], qids, doc_ids, qrels)
-
-
-def served_ndcg_at_10(
-    prior: DocumentPrior,
-    queries: np.ndarray,
-    docs: np.ndarray,
-    qids: Sequence[str],
-    doc_ids: Sequence[str],
-    qrels: Mapping[str, Mapping[str, int]],
-) -> float:
-    """NDCG@10 of :func:`served_scores`, ranked a block of queries at a time (same result,
-    without the queries × documents matrix)."""
-    qv, stored = _served_vectors(prior, queries, docs)
-    return _blockwise_ndcg(lambda rows: qv[rows] @ stored.T, qids, doc_ids, qrels)
+    return _ndcg_of_run(_blockwise_run(lambda rows: scores[rows], qids, doc_ids), qids, qrels)
 
 
 def _served_vectors(
@@ -135,18 +118,27 @@ def training_score(
     qrels: Mapping[str, Mapping[str, int]],
     folds: int = FOLDS,
 ) -> float:
-    """NDCG@10 of the training queries with ``prior`` (cross-fitted when it has a query bank)."""
-    if not prior.uses_query_bank:
-        return served_ndcg_at_10(prior, queries, docs, qids, doc_ids, qrels)
+    """NDCG@10 of the training queries as an inner-product index serves them after ``prior``
+    (:func:`served_scores`), cross-fitted when the prior has a query bank: each fold of the
+    queries is scored with a bank of the other folds, so no query is normalized against
+    itself. Queries are ranked a block at a time, never as a queries × documents matrix."""
+
+    def served_run(fitted: DocumentPrior, rows: np.ndarray) -> dict[str, dict[str, float]]:
+        qv, stored = _served_vectors(fitted, queries[rows], docs)
+        block_qids = [qids[i] for i in rows]
+        return _blockwise_run(lambda block: qv[block] @ stored.T, block_qids, doc_ids)
+
     n = len(queries)
+    if not prior.uses_query_bank:
+        return _ndcg_of_run(served_run(prior, np.arange(n)), qids, qrels)
     if n < 2:
         raise DataError("a query-bank prior needs at least 2 training queries to cross-fit")
     fold_of = np.random.default_rng(0).permutation(n) % min(folds, n)
-    scores = np.zeros((n, len(docs)), dtype=np.float32)
+    run: dict[str, dict[str, float]] = {}
     for f in range(min(folds, n)):
         held = fold_of == f
-        scores[held] = served_scores(prior.with_bank(queries[~held]), queries[held], docs)
-    return ndcg_at_10(scores, qids, doc_ids, qrels)
+        run.update(served_run(prior.with_bank(queries[~held]), np.flatnonzero(held)))
+    return _ndcg_of_run(run, qids, qrels)
 
 
 @dataclass

@@ -80,7 +80,7 @@ def open_state(
         settings,
         threads=threads,
         runtime=runtime,
-        spinning=settings.onnx_spinning,
+        spinning=store is None if settings.onnx_spinning is None else settings.onnx_spinning,
         observer=Metrics(),
     )
     if engine.settings is not settings:  # fewer threads than graph workers: one per thread

@@ -26,8 +26,9 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from magretrieve.core.locks import RWLock
 from magretrieve.serving.errors import Draining
-from magretrieve.serving.retriever import Retriever, RWLock
+from magretrieve.serving.retriever import Retriever
 
 logger = logging.getLogger(__name__)
 

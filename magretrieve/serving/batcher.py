@@ -9,12 +9,16 @@ queued) runs there instead, and no other batch starts until it ends: a lone clie
 core, a busy replica N batches side by side. A worker takes
 the oldest waiting request (but after a document batch, waiting queries go before older
 documents, so a search waits for at most one document batch while documents are indexed) and
-merges the requests of the same side queued behind it (looking past ones that do not fit) while the merged batch stays within the padded-token budget
-(rows × longest, the rule of :func:`magretrieve.core.batching.token_budget_batches`), the row
-cap, and the fill floor ``min_batch_fill``: the batch's real tokens over its padded tokens.
-A batch pays for its longest text in every row, so merging a 60-token query with 10-token ones
-costs more than running them apart; requests of very different lengths wait for a batch of
-their own length instead (the oldest request always goes first, so none starves).
+merges the requests of the same side queued behind it, nearest in length first, within the
+padded-token budget (rows × longest, the rule of
+:func:`magretrieve.core.batching.token_budget_batches`), the row cap, and the fill floor
+``min_batch_fill`` (the batch's real tokens over its padded tokens). A batch pays for its
+longest text in every row, and a graph run costs about :data:`RUN_OVERHEAD_TOKENS` tokens
+besides, so a request joins only if the batch's real tokens per token paid (overhead plus
+padded) do not drop: a 14-token query does not join four 20-token ones (94 of the 108 tokens
+paid would be real, against 80 of 88 without it), and a 60-token query never joins 10-token
+ones. Requests left behind wait for a batch of their own length instead (the oldest request
+always goes first, so none starves).
 
 The wait: a request that finds nobody else queued runs at once (a lone client never pays
 ``max_wait_ms``). Once a batch holds two requests or more, the worker holds it at most
@@ -58,6 +62,11 @@ logger = logging.getLogger(__name__)
 EncodeFn = Callable[[Sequence[Any], str], np.ndarray]
 #: Hands a request its rows of the batch's vectors, or the error the batch raised.
 Deliver = Callable[[np.ndarray | None, BaseException | None], None]
+#: A graph run's fixed cost in padded tokens, besides its ``rows × longest``: on one intra-op
+#: thread, a run of all-MiniLM-L6-v2's query graph costs about as much as 8 more padded tokens
+#: in a batch of eight or more rows (one 20-token query alone costs as much as 28 tokens of
+#: such a batch). It decides when a request of another length is worth a run of its own.
+RUN_OVERHEAD_TOKENS = 8
 
 
 class BatchObserver(Protocol):
@@ -93,12 +102,17 @@ class _Shape:
     tokens: int
 
     def fits(self, job: _Job, s: EngineSettings) -> bool:
+        """``job`` keeps the batch within its limits and pays for its padding: the batch's
+        real tokens over the tokens it costs (:data:`RUN_OVERHEAD_TOKENS` plus padded) do not
+        drop when it joins."""
         rows, longest = self.rows + len(job.encodings), max(self.longest, job.longest)
-        padded = rows * longest
+        padded, tokens = rows * longest, self.tokens + job.tokens
         return (
             rows <= s.max_batch_rows
             and padded <= s.max_batch_tokens
-            and self.tokens + job.tokens >= s.min_batch_fill * padded
+            and tokens >= s.min_batch_fill * padded
+            and tokens * (RUN_OVERHEAD_TOKENS + self.rows * self.longest)
+            >= self.tokens * (RUN_OVERHEAD_TOKENS + padded)
         )
 
     def add(self, job: _Job) -> None:
@@ -306,20 +320,23 @@ class DynamicBatcher(WorkerThreads):
             self._cond.notify_all()
 
     def _merge(self, queue: deque[_Job], jobs: list[_Job], batch: _Shape) -> bool:
-        """Move every queued job that fits ``batch`` into ``jobs`` (queue order kept for the
-        rest); True when a job was left behind. Called with the lock held."""
+        """Move every queued job that fits ``batch`` into ``jobs``, trying them nearest in
+        length to the batch's first job first (at equal distance, oldest first); the rest keep
+        their queue order. True when a job was left behind. Called with the lock held."""
         s = self.settings
-        kept: list[_Job] = []
-        while queue:
-            job = queue.popleft()
+        anchor = jobs[0].longest
+        taken: set[int] = set()
+        for job in sorted(queue, key=lambda j: abs(j.longest - anchor)):
             if batch.fits(job, s):
                 batch.add(job)
                 jobs.append(job)
-                self._waiting -= 1
-            else:
-                kept.append(job)
-        queue.extend(kept)
-        return bool(kept)
+                taken.add(id(job))
+        if taken:
+            kept = [job for job in queue if id(job) not in taken]
+            self._waiting -= len(taken)
+            queue.clear()
+            queue.extend(kept)
+        return bool(queue)
 
     def _run(self) -> None:
         while True:

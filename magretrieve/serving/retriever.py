@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.locks import RWLock
 from magretrieve.core.similarity import EPS, INDEX_METRIC
 from magretrieve.core.text import blank, lone_surrogate
 from magretrieve.data.readers import Document, check_text
@@ -146,45 +147,6 @@ class Hit:
             "offset": self.offset,
             "payload": self.payload,
         }
-
-
-class RWLock:
-    """Many readers or one writer; writers are not starved by a stream of readers."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._writer = False
-        self._waiting_writers = 0
-
-    @contextmanager
-    def read(self) -> Iterator[None]:
-        with self._cond:
-            while self._writer or self._waiting_writers:
-                self._cond.wait()
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                if not self._readers:
-                    self._cond.notify_all()
-
-    @contextmanager
-    def write(self) -> Iterator[None]:
-        with self._cond:
-            self._waiting_writers += 1
-            while self._writer or self._readers:
-                self._cond.wait()
-            self._waiting_writers -= 1
-            self._writer = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writer = False
-                self._cond.notify_all()
 
 
 def manifest_metadata(manifest: Any) -> dict[str, Any]:

@@ -12,8 +12,9 @@ Retriever's ``search_vectors``), handing each request its own rows.
 Only searches that would be asked the same thing are merged: a different ``k`` or filter
 changes what the store is asked for (more candidates for a filter, another top-k width of
 the index), so those wait for a batch of their own (the oldest search always goes first, so
-none starves). Per query, a store answers a batch as it answers each row alone, so the hits
-are those of a search per request. A search that finds nobody waiting runs at once; under
+none starves). Per query, exact stores and FAISS answer a batch as they answer each row
+alone, so the hits are those of a search per request; ScaNN's batched search may differ a
+little from its one-query search (its own behaviour, at the same recall). A search that finds nobody waiting runs at once; under
 load the queue fills while a batch runs, so batches grow without any added wait. A merged
 batch that fails is run again request by request, so one bad request gets its own error
 and the others their hits. :meth:`SearchBatcher.close` finishes the queued searches and

@@ -31,6 +31,7 @@ filled by the exact ``cos·m`` scan.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from abc import abstractmethod
@@ -42,12 +43,21 @@ import numpy as np
 from magretrieve.core.errors import StoreError
 from magretrieve.core.redact import redact_value
 from magretrieve.stores.base import CollectionStore, StoreHit, StoreRecord, VectorStore
-from magretrieve.stores.options import IndexOptions
+from magretrieve.stores.options import AnnotatedOptions, IndexOptions
 
 #: Payload field (Qdrant) or column (pgvector) holding m(d) unless the annotation names another.
 DEFAULT_FIELD = "magretrieve_m"
 #: Cosine candidates re-ranked by the formula (see benchmarks/results/plugin_prefetch.md).
 DEFAULT_PREFETCH = 100
+#: ``annotate --prefetch``: the prefetch an annotation records as the default of its searches.
+#: It is the annotated store's search option (:class:`~magretrieve.stores.options.
+#: AnnotatedOptions`: the same flag and bounds), told from the side of the one writing it.
+RECORDED_PREFETCH = dataclasses.replace(
+    AnnotatedOptions.named("prefetch"),
+    help="Cosine candidates re-ranked by cos·m(d) at search time, recorded as the default "
+    "(100; see docs/stores.md for recall by prefetch size).",
+    search=False,
+)
 #: Key (inside the store's ``magretrieve`` metadata) of the annotation record.
 ANNOTATION_KEY = "annotation"
 #: Key (inside the metadata) present while an annotation has not finished.

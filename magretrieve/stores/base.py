@@ -16,11 +16,10 @@ import json
 import math
 import os
 import tempfile
-import threading
 import uuid
 from abc import ABC
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -825,6 +824,17 @@ class CollectionStore(VectorStore):
             self._owns = False
 
 
+@contextmanager
+def closed_on_failure(client: Any) -> Iterator[Any]:
+    """``client``, made by an opener for the store it builds, closed when building that store
+    fails (any error, an interrupt too), so a failed open leaves no connection behind."""
+    try:
+        yield client
+    except BaseException:
+        client.close()
+        raise
+
+
 class IdMapMixin:
     """Id-map primitives for stores that keep ids and metadata in process.
 
@@ -837,7 +847,7 @@ class IdMapMixin:
 
     _row: dict[str, int]
     _meta: dict[str, Any] | None
-    _lock: threading.RLock
+    _lock: AbstractContextManager[Any]  # an RLock, or the RWLock changes take alone
     _dirty: bool
 
     def _begin_write(self) -> None:

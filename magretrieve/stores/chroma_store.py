@@ -47,6 +47,7 @@ from magretrieve.stores.base import (
     CollectionStore,
     StoreHit,
     StoreRecord,
+    closed_on_failure,
     missing_store,
 )
 from magretrieve.stores.options import HnswOptions, IndexOptions, RecallOptions
@@ -515,8 +516,7 @@ def open_chroma(
             except Exception as exc:
                 raise StoreError(f"{where}: cannot open the Chroma folder ({exc})") from None
 
-        client = reopen()
-        try:
+        with closed_on_failure(reopen()) as client:
             return ChromaStore(
                 client,
                 location["collection"],
@@ -527,14 +527,8 @@ def open_chroma(
                 generation=generation,
                 **options,
             )
-        except BaseException:
-            client.close()
-            raise
-    try:
+    with closed_on_failure(client):
         return ChromaStore(client, location["collection"], dimension, location=where, **options)
-    except BaseException:
-        client.close()
-        raise
 
 
 #: The index option classes a Chroma collection takes: its HNSW graph and a recall target.

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import io
 import logging
-import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.errors import StoreError
+from magretrieve.core.locks import Counter, RWLock
 from magretrieve.core.options import option
 from magretrieve.core.topk import top_k
 from magretrieve.stores import _ann_recall, _faiss_files, registry
@@ -78,6 +78,7 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
     #: the save trains (ivf alias) under the store lock, then serializes without it
     persists_beside_search = True
     _files = _faiss_files.FILES
+    _lock: RWLock
     _kept_on_catch_up = ("_writer", "single_query_threads", "target_recall")
 
     def __init__(
@@ -122,7 +123,8 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
     def _init_common(self, dim: int, path: Path | None, threads: int | None) -> None:
         self._dim = dim
         self._path = path
-        self._lock = threading.RLock()
+        self._lock = RWLock()  # searches and scans share it; changes take it alone
+        self._searches_now = Counter()  # FAISS searches running at this moment
         self._table = RecordTable()
         self._meta: dict[str, Any] | None = None
         self._generation = 0
@@ -450,10 +452,10 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
 
     def _vector_blocks(self, size: int) -> Iterator[tuple[list[str], np.ndarray]]:
         """The vectors as the index holds them (decoded codes of a lossy index), rebuilt by
-        FAISS a block at a time under the lock (rows deleted meanwhile are left out); an
-        untrained buffer is read through the records."""
+        FAISS a block at a time under the shared lock (rows deleted meanwhile are left out);
+        an untrained buffer is read through the records."""
         self._ready_for_search()
-        with self._lock:
+        with self._lock.read():
             if self._pending or self._handle is None:
                 fids = None
             else:
@@ -462,7 +464,7 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
             yield from super()._vector_blocks(size)
             return
         for start in range(0, len(fids), size):
-            with self._lock:
+            with self._lock.read():
                 recs = self._table.records
                 block = [f for f in fids[start : start + size].tolist() if recs[f] is not None]
                 if not block:
@@ -567,7 +569,7 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
         self._ready_for_search()
         if self.count() == 0:
             return [[] for _ in range(len(q))]
-        with self._lock:
+        with self._lock.read():  # const FAISS searches run side by side
             if self._pending:  # too few vectors to train yet: exact search over the buffer
                 rows = self._pending_search(q, k)
             else:
@@ -594,13 +596,17 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
     def raw_search(self, q: np.ndarray, kk: int) -> tuple[np.ndarray, np.ndarray]:
         """FAISS scores and int64 ids (tombstones included) with the store's thread policy."""
         faiss = fx.faiss_module()
-        # One query is latency-bound: OpenMP fan-out costs more than it saves. The OpenMP
-        # thread count is per calling thread, so concurrent searches do not disturb each other.
-        if len(q) == 1 and self.single_query_threads:
-            faiss.omp_set_num_threads(int(self.single_query_threads))
-        else:
-            faiss.omp_set_num_threads(fx.default_threads())
-        return self._handle.index.search(q, max(1, kk))  # type: ignore[union-attr]
+        with self._searches_now.inside() as running:
+            # One query is latency-bound: OpenMP fan-out costs more than it saves. A batch
+            # beside other searches gets its share of the threads: each fanned out on every
+            # core would only wait for the others at its barriers. The OpenMP thread count
+            # is per calling thread, so concurrent searches do not disturb each other.
+            if len(q) == 1 and self.single_query_threads:
+                threads = int(self.single_query_threads)
+            else:
+                threads = max(1, fx.default_threads() // running)
+            faiss.omp_set_num_threads(threads)
+            return self._handle.index.search(q, max(1, kk))  # type: ignore[union-attr]
 
     def set_search_parameters(
         self, *, ef_search: int | None = None, nprobe: int | None = None

@@ -52,6 +52,7 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
+    closed_on_failure,
     metric_refusal,
     one_line,
 )
@@ -468,14 +469,10 @@ def open_pgvector(
 ) -> VectorStore:
     """Connect to ``uri`` and open (or create) ``table`` (the ``pgvector:`` spec's opener)."""
     where = f"pgvector:{redact(uri)}#{table}"
-    conn = connect(uri, where)
-    try:
+    with closed_on_failure(connect(uri, where)) as conn:
         return store_for(
             conn, table, dimension, options, owns=True, where=where, annotating=annotating
         )
-    except BaseException:
-        conn.close()
-        raise
 
 
 def store_for(

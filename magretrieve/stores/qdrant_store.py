@@ -57,6 +57,7 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
+    closed_on_failure,
     missing_store,
     one_line,
     point_uuid,
@@ -466,18 +467,17 @@ def _open_with_client(
         raise StoreError(
             f"{where}: cannot open Qdrant ({type(exc).__name__}: {one_line(exc)})"
         ) from None
-    try:
-        return _store_for(
-            client, collection, dimension, opts, owns=True, where=where, annotating=annotating
-        )
-    except StoreError:
-        client.close()
-        raise
-    except Exception as exc:  # connection refused, auth, server-side errors
-        client.close()
-        raise StoreError(
-            f"{where}: Qdrant request failed ({type(exc).__name__}: {one_line(exc)})"
-        ) from None
+    with closed_on_failure(client):
+        try:
+            return _store_for(
+                client, collection, dimension, opts, owns=True, where=where, annotating=annotating
+            )
+        except StoreError:
+            raise
+        except Exception as exc:  # connection refused, auth, server-side errors
+            raise StoreError(
+                f"{where}: Qdrant request failed ({type(exc).__name__}: {one_line(exc)})"
+            ) from None
 
 
 def _open_server(

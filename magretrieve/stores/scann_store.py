@@ -50,12 +50,13 @@ import io
 import json
 import logging
 import math
+import mmap
 import os
 import re
 import shutil
 import sys
 import tempfile
-import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,7 @@ import numpy as np
 from magretrieve.core.errors import StoreError
 from magretrieve.core.extras import require
 from magretrieve.core.files import sha256_file
+from magretrieve.core.locks import RWLock
 from magretrieve.core.options import option
 from magretrieve.core.topk import exact_search
 from magretrieve.stores import _ann_recall, registry
@@ -170,10 +172,12 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
     """
 
     kind = "scann"
-    thread_safe_search = False  # optimize() swaps the searcher; the Retriever serializes
+    #: searches share the store lock; optimize() swaps the searcher holding it alone
+    thread_safe_search = True
     #: the save compacts under the store lock, then writes without it
     persists_beside_search = True
     _files = FILES
+    _lock: RWLock
     _kept_on_catch_up = ("_writer", "target_recall")
     _path: Path
 
@@ -218,11 +222,12 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
         self._dim = dim
         self._path = path
         self.params = params
-        self._lock = threading.RLock()
+        self._lock = RWLock()  # searches and scans share it; changes take it alone
         self._table = RecordTable()
         self._vecs = np.zeros((0, dim), dtype=np.float32)  # capacity >= len(table.records)
         self._meta: dict[str, Any] | None = None
         self._searcher: Any = None
+        self._file_rows: _FileRows | None = None  # built rows mapped from the dataset file
         self._built = 0  # rows 0..built-1 are in the searcher
         self._index: dict[str, Any] | None = None  # num_leaves, training sample of the build
         self._scann_files: dict[str, Any] | None = None  # the saved searcher, when saved
@@ -319,6 +324,8 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
                 )
             if built_rows is not None:
                 self._vecs = _joined(built_rows, self._vecs)
+                if self._vecs is built_rows:
+                    self._file_rows = _FileRows.of(built_rows)
         elif self._built:
             raise StoreError(f"{records_file}: {self._built} built rows but no ScaNN searcher")
 
@@ -466,21 +473,22 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
             self._dirty = True
 
     def _fetch(self, ids: list[str]) -> Iterable[StoreRecord]:
-        with self._lock:
+        with self._lock.read():
             out = []
             for doc_id in ids:
                 row = self._table.row.get(doc_id)
                 if row is not None:
                     rec = self._table.records[row]
-                    out.append(StoreRecord(doc_id, self._vecs[row].copy(), dict(rec[1])))  # type: ignore[index]
+                    vec = self._vectors_of(np.asarray([row]))[0]
+                    out.append(StoreRecord(doc_id, vec, dict(rec[1])))  # type: ignore[index]
             return out
 
     def _scan_ids(self) -> Iterator[str]:
-        with self._lock:
+        with self._lock.read():
             return iter(list(self._table.row))
 
     def _query(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
-        with self._lock:
+        with self._lock.read():  # ScaNN's search is const: searches run side by side
             rows = self._search_rows(q, k)
             out = []
             for found in rows:
@@ -488,7 +496,7 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
                 for row, score in found:
                     rec = self._table.records[row]
                     assert rec is not None  # _search_rows returns live rows only
-                    vec = self._vecs[row].copy() if with_vectors else None
+                    vec = self._vectors_of(np.asarray([row]))[0] if with_vectors else None
                     hits.append(StoreHit(rec[0], score, dict(rec[1]), vec, float(rec[2])))
                 out.append(hits)
             return out
@@ -508,13 +516,29 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
             top, _ = exact_search(q, self._vecs[pending], k)
             for n, row in enumerate(top):
                 candidates[n].append(pending[row])
+        per_query = [
+            np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+            for parts in candidates
+        ]
+        every = np.unique(np.concatenate(per_query))
+        stored = self._vectors_of(every)  # one read for the batch
         out = []
-        for n, parts in enumerate(candidates):
-            rows = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
-            scores = self._vecs[rows] @ q[n]
+        for n, rows in enumerate(per_query):
+            scores = stored[np.searchsorted(every, rows)] @ q[n]
             order = np.argsort(-scores, kind="stable")[:k]
             out.append([(int(rows[j]), float(scores[j])) for j in order])
         return out
+
+    def _vectors_of(self, rows: np.ndarray) -> np.ndarray:
+        """The stored vectors of ``rows`` (a new array). Built rows mapped from the searcher's
+        dataset file are read from it with ``pread`` (:class:`_FileRows`): a search reads a
+        few scattered rows, and through the map each would make resident a whole page-cache
+        folio (up to 2 MB with large folios), until the file sits in memory a second time
+        beside ScaNN's own copy."""
+        f = self._file_rows
+        if f is not None and f.array is self._vecs and len(rows):
+            return f.read(rows)
+        return self._vecs[rows]
 
     def _scann_rows(self, q: np.ndarray, k: int) -> list[np.ndarray]:
         """Live rows ScaNN proposes per query (``k`` + tombstones asked, padding dropped)."""
@@ -650,8 +674,13 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
         """The searcher's rows as read-only views (they never move: a build makes new arrays,
         a write appends or marks a row dead), then the pending rows copied under the lock,
         block by block. Dead rows are left out; a compaction or build during the scan ends
-        it early (its rows were renumbered)."""
-        with self._lock:
+        it early (its rows were renumbered).
+
+        A reopened store maps its built rows from the searcher's dataset file: once the
+        caller asks for the next block, the pages of the previous one leave this process
+        (:func:`_release_pages`), so a scan of the whole store (the server's recall watch)
+        does not leave the file resident beside ScaNN's own copy of it."""
+        with self._lock.read():
             table, vecs, built = self._table, self._vecs, self._built
         for start in range(0, built, size):
             part = table.records[start : min(start + size, built)]
@@ -662,9 +691,11 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
             view.flags.writeable = False
             if ids:
                 yield ids, view
+            # from row 0: a fault maps a whole page-cache folio, rows of earlier blocks too
+            _release_pages(vecs[: start + len(part)])
         after = built
         while True:
-            with self._lock:
+            with self._lock.read():
                 if self._table is not table:
                     return
                 pending = self._pending()
@@ -773,14 +804,15 @@ def _dataset_rows(path: Path, state: dict[str, Any], built: int, dim: int) -> np
     """Rows 0..built-1 of the store: the saved searcher's ``dataset.npy``, memory-mapped.
 
     Its header is checked here, before ScaNN reads the folder; its checksum by
-    :func:`_load_searcher`. The map is copy-on-write: a write to it would stay in memory (none
-    is expected: the store grows into a new array before it adds rows).
+    :func:`_load_searcher`. The map is read-only: the store grows into a new array before it
+    adds rows, and a write into it would fail rather than be dropped by
+    :func:`_release_pages`.
     """
     f = plain_file(path, state["scann_dir"], STATE_FILE) / DATASET_FILE
     if not f.is_file():
         raise StoreError(f"{f}: missing (the store in {path} is incomplete)")
     try:
-        data = np.load(f, mmap_mode="c", allow_pickle=False)
+        data = np.load(f, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise StoreError(f"{f}: unreadable ({str(exc).splitlines()[0]})") from None
     if data.dtype != np.float32 or data.shape != (built, dim):
@@ -789,6 +821,65 @@ def _dataset_rows(path: Path, state: dict[str, Any], built: int, dim: int) -> np
             f"of dimension {dim}"
         )
     return np.ascontiguousarray(data)
+
+
+def _release_pages(rows: np.ndarray) -> None:
+    """Drop this process's resident pages under ``rows`` (C-contiguous) when they are a
+    view of a memory-mapped file; no-op for any other array or where ``madvise`` is missing.
+
+    Only file pages of a read-only map are released (``MADV_DONTNEED``): they stay in the
+    page cache and a later read maps them again, with the same content, so the view stays
+    valid; they just stop counting in this process's resident memory.
+    """
+    mapped: Any = rows
+    while mapped is not None and not isinstance(mapped, mmap.mmap):
+        mapped = getattr(mapped, "base", None)
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if mapped is None or advice is None or not rows.nbytes or not rows.flags.c_contiguous:
+        return
+    try:
+        whole = np.frombuffer(mapped, dtype=np.uint8)
+        if whole.flags.writeable:
+            return  # a writable (copy-on-write) map could hold writes: never dropped
+        start = rows.ctypes.data - whole.ctypes.data
+        first = start - start % mmap.PAGESIZE
+        mapped.madvise(advice, first, start + rows.nbytes - first)
+    except (ValueError, OSError):  # closed under us, or refused: only memory is at stake
+        return
+
+
+class _FileRows:
+    """Rows of a memory-mapped float32 ``.npy`` array read with ``pread`` instead of through
+    the map (see :meth:`ScannStore._vectors_of`); ``array`` is the mapped array they belong
+    to. The file stays open (and readable after a newer generation removed it) until this
+    object is collected."""
+
+    def __init__(self, array: np.ndarray, f: str, offset: int) -> None:
+        self.array = array
+        self._file = f
+        self._fd = os.open(f, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        weakref.finalize(self, os.close, self._fd)
+        self._offset = int(offset)
+        self._width = int(array.shape[1]) * array.itemsize
+
+    @classmethod
+    def of(cls, array: np.ndarray) -> _FileRows | None:
+        """The reader of ``array`` when it is a whole ``np.memmap`` of a file (else None)."""
+        mapped = array.base
+        if not isinstance(mapped, np.memmap) or not hasattr(os, "pread"):
+            return None
+        if array.ctypes.data != mapped.ctypes.data or mapped.filename is None:
+            return None
+        return cls(array, mapped.filename, mapped.offset)
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        out = np.empty((len(rows), self.array.shape[1]), dtype=np.float32)
+        for n, row in enumerate(rows.tolist()):
+            data = os.pread(self._fd, self._width, self._offset + row * self._width)
+            if len(data) != self._width:
+                raise StoreError(f"{self._file}: row {row} is past its end")
+            out[n] = np.frombuffer(data, dtype=np.float32)
+        return out
 
 
 def _joined(built_rows: np.ndarray, pending: np.ndarray) -> np.ndarray:

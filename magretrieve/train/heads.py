@@ -35,6 +35,7 @@ from magretrieve.core.norm_head import (  # noqa: F401  (re-exported: the head's
     load_head_weights,
     log_magnitude_numpy,
 )
+from magretrieve.core.training import TrainConfig
 
 
 def build_head(dim: int, kind: str, hidden: int = DEFAULT_HIDDEN, bound: float = 0.0) -> Any:
@@ -186,23 +187,15 @@ def train_head_on_vectors(
 
 
 def train_frozen_head(
-    encoder: Any,
-    pairs: list[Any],
-    *,
-    epochs: int = 30,
-    lr: float = 1e-3,
-    batch_size: int = 32,
-    scale: float = 20.0,
-    hard_negatives: int = 7,
-    seed: int = 42,
-    progress: bool = True,
+    encoder: Any, pairs: list[Any], config: TrainConfig, *, progress: bool = True
 ) -> list[float]:
     """Train ``encoder.norm_head`` with the encoder frozen: encode every text once, then train
     on the cached unit vectors (:func:`train_head_on_vectors`). Minutes instead of hours on CPU.
 
     ``pairs`` are :class:`~magretrieve.data.readers.TrainingPair` (hard negatives from their
-    ``negatives``). The trained weights are copied into ``encoder.norm_head``; returns the
-    per-epoch mean loss.
+    ``negatives``). ``config`` gives the epochs, batch size, scale, hard negatives, seed and
+    ``head_lr`` (the head's learning rate). The trained weights are copied into
+    ``encoder.norm_head``; returns the per-epoch mean loss.
     """
     import torch
 
@@ -234,12 +227,12 @@ def train_frozen_head(
         kind=head.kind,
         hidden=head.hidden,
         bound=head.bound,
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
-        scale=scale,
-        hard_negatives=hard_negatives,
-        seed=seed,
+        epochs=config.epochs,
+        batch_size=config.batch_size,
+        lr=config.head_lr,
+        scale=config.scale,
+        hard_negatives=config.hard_negatives,
+        seed=config.seed,
     )
     with torch.no_grad():
         head.load_state_dict(trained.state_dict())

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import random
 import time
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from magretrieve.core.errors import ConfigError, DataError, SymmetryError
+from magretrieve.core.training import TrainConfig
 from magretrieve.data.readers import RetrievalDataset, TrainingPair
 from magretrieve.train.distributed import average_gradients, data_parallel, world
 from magretrieve.train.encoder import Encoder
@@ -35,67 +35,7 @@ from magretrieve.train.losses import InfoNCE, cached_backward, text_keys
 
 logger = logging.getLogger(__name__)
 
-TASKS = ("retrieval", "symmetric")
-PRECISIONS = ("fp32", "bf16")
 LOG_NAME = "train_log.json"
-
-
-@dataclass
-class TrainConfig:
-    """Training settings; defaults follow the paper where it states them (scale 20, AdamW, clip 1)."""
-
-    epochs: int = 3
-    batch_size: int = 32
-    lr: float = 2e-5
-    #: Learnable γ gets its own rate: at the encoder's rate the paper's γ stayed at 0.5.
-    gamma_lr: float = 5e-2
-    scale: float = 20.0
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    seed: int = 42
-    #: Hard negatives used per pair (taken from ``TrainingPair.negatives``).
-    hard_negatives: int = 0
-    task: str = "retrieval"
-    force: bool = False
-    max_steps: int | None = None
-    #: Log a step record every this many steps (loss, γ, norms, gradient norm).
-    log_every: int = 1
-    #: Validate every this many steps (None: at the end of each epoch).
-    eval_every: int | None = None
-    #: Train only these parameters' name prefixes (e.g. a norm head); None trains everything.
-    trainable: list[str] | None = None
-    #: Learning rate of a document norm head (magretrieve.train.heads): a zero-initialized head at
-    #: the encoder's rate barely moves.
-    head_lr: float = 1e-3
-    #: Compute precision of the forward passes: "fp32" (default, exactly reproducible) or
-    #: "bf16" (autocast). CPUs with bf16 matrix units (Intel AMX, avx512_bf16 on recent Xeons)
-    #: run bf16 matmuls at roughly twice the fp32 throughput or more. Master weights, the
-    #: optimizer, the side normalization and the loss stay float32 either way.
-    precision: str = "fp32"
-    #: Cached contrastive loss (GradCache): embed each batch in mini-batches of this many
-    #: texts, so a large batch needs one mini-batch's activations. None: one pass per batch.
-    mini_batch_size: int | None = None
-
-    def validate(self) -> None:
-        if self.task not in TASKS:
-            raise ConfigError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(
-                f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}"
-            )
-        for name in ("epochs", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.batch_size < 2:
-            raise ConfigError("batch_size must be at least 2 (in-batch negatives)")
-        for name in ("lr", "gamma_lr", "head_lr", "scale"):
-            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
-                raise ConfigError(f"{name} must be a positive number, got {getattr(self, name)}")
-        if self.mini_batch_size is not None and self.mini_batch_size < 1:
-            raise ConfigError(f"mini_batch_size must be at least 1, got {self.mini_batch_size}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ConfigError(f"warmup_ratio must lie in [0, 1), got {self.warmup_ratio}")
 
 
 @dataclass
@@ -516,17 +456,7 @@ def train_frozen(
         raise DataError(f"training needs at least 2 pairs with a positive, got {len(pairs)}")
     encoder.config.head = replace(encoder.config.head, frozen_encoder=True)
     started = time.perf_counter()
-    losses = train_frozen_head(
-        encoder,
-        pairs,
-        epochs=cfg.epochs,
-        lr=cfg.head_lr,
-        batch_size=cfg.batch_size,
-        scale=cfg.scale,
-        hard_negatives=cfg.hard_negatives,
-        seed=cfg.seed,
-        progress=progress,
-    )
+    losses = train_frozen_head(encoder, pairs, cfg, progress=progress)
     evaluations = (
         [
             {

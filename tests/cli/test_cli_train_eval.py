@@ -332,8 +332,8 @@ def test_bad_numbers_and_missing_model(
     tiny_model_dir: Path, tiny_beir_dir: Path, tmp_path: Path
 ) -> None:
     base = ["train", "--model", tiny_model_dir, "--train", f"{tiny_beir_dir}:train", "--out"]
-    user_error(cli(*base, tmp_path / "a", "--batch-size", "1"), "batch_size")
-    user_error(cli(*base, tmp_path / "b", "--lr", "0"), "lr must be a positive number")
+    user_error(cli(*base, tmp_path / "a", "--batch-size", "1"), "--batch-size must be >= 2")
+    user_error(cli(*base, tmp_path / "b", "--lr", "0"), "--lr must be > 0")
     user_error(cli(*base, tmp_path / "c", "--val-fraction", "1.5"), "fraction")
     user_error(cli(*base, tmp_path / "d", "--epochs", "two"), "'two'", code=2)
     for name in "abcd":

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from magretrieve.priors import HubPrior, base, hub, select
+from magretrieve.priors import HubPrior, InvertedSoftmaxPrior, base, hub, select
 from magretrieve.priors.base import PriorTerms, stored_vectors, unit
 from magretrieve.priors.rescale import read_all, rescale_store
-from magretrieve.priors.select import choose_prior, ndcg_at_10, served_ndcg_at_10, served_scores
+from magretrieve.priors.select import choose_prior, ndcg_at_10, served_scores, training_score
 from magretrieve.stores import open_store
 
 
@@ -50,9 +50,12 @@ def test_blocked_ranking_equals_the_whole_matrix(monkeypatch) -> None:
     doc_ids = [f"d{i}" for i in range(40)]
     qrels = {f"q{i}": {f"d{(i * 7) % 40}": 1, f"d{i}": 2} for i in range(9)}
     whole = ndcg_at_10(served_scores(HubPrior(0.3, 4), q, docs), qids, doc_ids, qrels)
+    bank = InvertedSoftmaxPrior(50.0, 1.0)  # cross-fitted: 3 folds of 3 queries
+    crossed = training_score(bank, q, docs, qids, doc_ids, qrels, folds=3)
     monkeypatch.setattr(select, "QUERY_BLOCK", 2)  # blocks that do not divide 9 queries
     assert ndcg_at_10(served_scores(HubPrior(0.3, 4), q, docs), qids, doc_ids, qrels) == whole
-    assert served_ndcg_at_10(HubPrior(0.3, 4), q, docs, qids, doc_ids, qrels) == whole
+    assert training_score(HubPrior(0.3, 4), q, docs, qids, doc_ids, qrels) == whole
+    assert training_score(bank, q, docs, qids, doc_ids, qrels, folds=3) == crossed
 
 
 def test_stored_vectors_in_row_blocks(monkeypatch) -> None:

@@ -875,8 +875,9 @@ def test_merged_batches_equal_one_at_a_time_within_1e6(encoder) -> None:
 
 @pytest.mark.parametrize("spinning,expected", [(None, "1"), (True, "1"), (False, "0")])
 def test_onnx_spinning_reaches_the_sessions(export_dir, spinning, expected) -> None:
-    """Spinning is on by default (onnxruntime's own default) and off with
-    ``onnx_spinning=False`` (``--no-onnx-spinning``), in both graphs' sessions."""
+    """Spinning is on by default on a server without a store (onnxruntime's own default)
+    and off with ``onnx_spinning=False`` (``--no-onnx-spinning``), in both graphs'
+    sessions."""
     from magretrieve.server import create_app
     from magretrieve.server.settings import ServerSettings
     from magretrieve.serving.onnx_encoder import SPINNING_KEY
@@ -887,6 +888,24 @@ def test_onnx_spinning_reaches_the_sessions(export_dir, spinning, expected) -> N
         options = encoder.session(side).get_session_options()
         assert options.get_session_config_entry(SPINNING_KEY) == expected
         assert options.intra_op_num_threads == encoder.threads
+
+
+@pytest.mark.parametrize("spinning,expected", [(None, "0"), (True, "1")])
+def test_a_server_with_a_store_does_not_spin_unless_asked(
+    export_dir, tmp_path, spinning, expected
+) -> None:
+    """With ``--store`` the default turns spinning off (the store's searches need the cores
+    the spinning threads would hold); ``--onnx-spinning`` still turns it on."""
+    from magretrieve.server import create_app
+    from magretrieve.server.settings import ServerSettings
+    from magretrieve.serving.onnx_encoder import SPINNING_KEY
+
+    settings = ServerSettings(api_key=KEY, onnx_spinning=spinning)
+    app = create_app(export_dir, store=f"memory:{tmp_path / 's'}", settings=settings)
+    encoder = app.state.magretrieve.encoder
+    for side in ("query", "document"):
+        options = encoder.session(side).get_session_options()
+        assert options.get_session_config_entry(SPINNING_KEY) == expected
 
 
 @pytest.mark.parametrize(

@@ -207,15 +207,53 @@ def test_requests_of_very_different_lengths_are_not_merged() -> None:
     assert [v[0, 1] for v in out] == [3, 2, 3, 2, 3]  # and the size of the batch it ran in
 
 
-def test_fill_floor_zero_merges_every_length() -> None:
+def test_a_request_joins_only_if_the_batch_pays_less_per_real_token() -> None:
     fake = FakeEncoder()
+    # queued 20, 14, 20, 20, 20, 14 tokens (RUN_OVERHEAD_TOKENS = 8). The four 20s: 80 real
+    # of 8 + 80 paid (0.909); a 14 would make it 94 of 8 + 5 × 20 (0.870), so both 14s wait
+    # and run together: 28 of 8 + 28 (0.778, against 14 of 8 + 14 alone). The fill floor
+    # alone (0.75) would have let every request into one batch (108 of 120 padded).
+    lengths = [20, 14, 20, 20, 20, 14]
     out = _held_batches(
         fake,
-        EngineSettings(graph_workers=1, max_wait_ms=0, min_batch_fill=0.0),
-        [[enc(n, i)] for i, n in enumerate([10, 60, 12])],
+        EngineSettings(graph_workers=1, max_wait_ms=0),
+        [[enc(n, i)] for i, n in enumerate(lengths)],
     )
-    assert fake.batches == [("query", 1), ("query", 3)]
-    assert [v[0, 0] for v in out] == [0, 1, 2]
+    assert fake.batches == [("query", 1), ("query", 4), ("query", 2)]
+    assert [v[0, 0] for v in out] == list(range(6))
+    assert [v[0, 1] for v in out] == [4, 2, 4, 4, 4, 2]
+
+
+def test_the_nearest_lengths_join_first_when_the_row_cap_leaves_room() -> None:
+    fake = FakeEncoder()
+    # queued 20, 12, 19, 20, 26 with 3 rows a batch: the 20 takes the other 20 and the 19 (the
+    # nearest), not the 12 queued before them. The 12 then runs alone: with the 26 it would pay
+    # 12 + 26 real of 8 + 52 (0.633 > 0.6 alone) but fill only 38 of 52 padded (< 0.75).
+    lengths = [20, 12, 19, 20, 26]
+    out = _held_batches(
+        fake,
+        EngineSettings(graph_workers=1, max_wait_ms=0, max_batch_rows=3),
+        [[enc(n, i)] for i, n in enumerate(lengths)],
+    )
+    assert fake.batches == [("query", 1), ("query", 3), ("query", 1), ("query", 1)]
+    assert [v[0, 0] for v in out] == list(range(5))
+    assert [v[0, 1] for v in out] == [3, 1, 3, 3, 1]
+
+
+def test_fill_floor_zero_lets_padding_that_pays_for_itself_in() -> None:
+    # a 4-token request alone pays 4 of 8 + 4; with a 10-token one, 14 of 8 + 20: worth it,
+    # though 6 of its 20 padded tokens are padding (fill 0.70 < the default floor 0.75)
+    runs = {}
+    for fill in (0.75, 0.0):
+        fake = FakeEncoder()
+        _held_batches(
+            fake,
+            EngineSettings(graph_workers=1, max_wait_ms=0, min_batch_fill=fill),
+            [[enc(4, 0)], [enc(10, 1)]],
+        )
+        runs[fill] = fake.batches
+    assert runs[0.75] == [("query", 1), ("query", 1), ("query", 1)]
+    assert runs[0.0] == [("query", 1), ("query", 2)]
 
 
 def test_a_lone_request_does_not_wait_for_max_wait() -> None:

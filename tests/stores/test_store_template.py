@@ -12,7 +12,14 @@ import pytest
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import _ann_recall, open_store, registry
 from magretrieve.stores._generation import GenerationFiles
-from magretrieve.stores.base import Batch, CollectionStore, StoreHit, StoreRecord, VectorStore
+from magretrieve.stores.base import (
+    Batch,
+    CollectionStore,
+    StoreHit,
+    StoreRecord,
+    VectorStore,
+    closed_on_failure,
+)
 from magretrieve.stores.options import HnswOptions, IndexOptions, IvfOptions, RecallOptions
 
 # ----------------------------------------------------------------------------- a fake database
@@ -189,6 +196,26 @@ def test_the_collection_template_owns_the_constructor():
     store.close()
     again.close()  # a client it did not open stays open
     assert client.closed == 1
+
+
+def test_an_opener_closes_the_client_it_made_when_the_store_cannot_be_built():
+    def opener(client: FakeClient, name: str, error: BaseException | None = None) -> Any:
+        with closed_on_failure(client) as made:
+            if error is not None:
+                raise error
+            return ClientTable(made, name, 4, owns_client=True)
+
+    client = FakeClient()
+    store = opener(client, "t")
+    assert client.closed == 0  # built: the store owns the client now
+    with pytest.raises(StoreError, match="not a table name"):
+        opener(client, "a-b")
+    assert client.closed == 1
+    with pytest.raises(KeyboardInterrupt):  # an interrupt leaves no connection behind either
+        opener(client, "t", KeyboardInterrupt())
+    assert client.closed == 2
+    store.close()
+    assert client.closed == 3
 
 
 # ----------------------------------------------------------------------------- recall, once

@@ -266,7 +266,8 @@ def test_train_frozen_head_from_pairs(tiny_model_dir: Path, tiny_beir_dir: Path)
     pairs = mine_hard_negatives(enc, data, data.training_pairs(), 3, progress=False)
     assert all(p.negatives for p in pairs)
     before = {k: v.clone() for k, v in enc.transformer.state_dict().items()}
-    losses = train_frozen_head(enc, pairs, epochs=20, lr=5e-2, batch_size=3, progress=False)
+    cfg = TrainConfig(epochs=20, batch_size=3, head_lr=5e-2, hard_negatives=3)
+    losses = train_frozen_head(enc, pairs, cfg, progress=False)
     assert losses[-1] < losses[0]
     assert all(torch.equal(v, enc.transformer.state_dict()[k]) for k, v in before.items())
     assert enc.norm_head.out.weight.abs().sum() > 0

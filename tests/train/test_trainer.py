@@ -519,11 +519,11 @@ def test_train_refuses_bad_settings(tiny_model_dir: Path, tiny_pairs: list[Train
     with pytest.raises(DataError, match="at least 2 pairs"):
         train(enc, tiny_pairs[:1], TrainConfig(), progress=False)
     for kwargs, needle in (
-        ({"batch_size": 1}, "batch_size"),
-        ({"lr": 0.0}, "lr"),
-        ({"gamma_lr": float("nan")}, "gamma_lr"),
-        ({"task": "sts"}, "unknown task"),
-        ({"warmup_ratio": 1.0}, "warmup_ratio"),
+        ({"batch_size": 1}, "--batch-size must be >= 2, got 1"),
+        ({"lr": 0.0}, "--lr must be > 0, got 0.0"),
+        ({"gamma_lr": float("nan")}, "--gamma-lr must be a finite number"),
+        ({"task": "sts"}, "--task must be one of retrieval, symmetric"),
+        ({"warmup_ratio": 1.0}, r"warmup_ratio must lie in \[0, 1\)"),
     ):
         with pytest.raises(ConfigError, match=needle):
             train(enc, tiny_pairs, TrainConfig(**kwargs), progress=False)
@@ -591,7 +591,7 @@ def test_bad_precision_is_refused_by_name(
     tiny_model_dir: Path, tiny_pairs: list[TrainingPair]
 ) -> None:
     enc = Encoder.load(tiny_model_dir, "qnorm", device="cpu")
-    with pytest.raises(ConfigError, match="unknown precision 'fp16'"):
+    with pytest.raises(ConfigError, match="--precision must be one of fp32, bf16, got 'fp16'"):
         train(enc, tiny_pairs, TrainConfig(precision="fp16"), progress=False)
     with pytest.raises(ConfigError, match="fp32, bf16"):
         TrainConfig(precision="BF16").validate()
