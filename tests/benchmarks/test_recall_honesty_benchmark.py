@@ -1,5 +1,6 @@
 """benchmarks/recall_honesty.py's table: the pass count is per size, a row that reports the
-target reached yet delivers below 0.985 is named in bold, and max-cosine holds sources out."""
+target reached yet delivers below 0.985 is named in bold, the table says which stores, sets
+and sizes it holds, and max-cosine holds sources out."""
 
 from __future__ import annotations
 
@@ -45,6 +46,22 @@ def test_table_counts_per_size_and_names_a_failing_row(tmp_path):
         "reports 0.993 reached, delivers 0.97.** "
     ]
     assert json.loads((tmp_path / "out.json").read_text())["rows"] == rows
+    run = [line for line in md.splitlines() if line.startswith("Run: ")]
+    assert run == [
+        "Run: `faiss-hnsw` not run; `faiss-ivf` not run; `scann` 100,000 (perturbed), "
+        "1,000,000 (perturbed); `qdrant-edge` 1,000,000 (perturbed); `chroma` not run; "
+        "`lancedb` not run; `pgvector` not run."
+    ]
+
+
+def test_coverage_lists_the_sets_of_each_size_in_set_order():
+    bench = load_benchmark("recall_honesty")
+    rows = [
+        {**row(100_000, "lancedb", "default", 0.99, True), "set": s}
+        for s in ("far", "perturbed", "mixture")
+    ] + [{**row(20_000, "lancedb", "default", 0.99, True), "set": "far"}]
+    line = bench.coverage(rows)
+    assert "`lancedb` 20,000 (far), 100,000 (mixture, perturbed, far);" in line
 
 
 def test_max_cosine_holds_the_sources_out():

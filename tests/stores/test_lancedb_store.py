@@ -1,9 +1,11 @@
 """LanceDB (``lancedb:PATH/TABLE``): the rules only this backend has.
 
-Distance ``dot`` and scores equal to inner products (LanceDB reports ``1 − q·d``), the exact
-scan by default, IVF_HNSW_SQ behind the measured-recall check (``ef_search`` tuned to a
-target), IVF_PQ refused with its measured recall unless forced, a cosine-indexed table
-refused, ids that are not SQL-safe, and the metadata surviving a new process. The shared
+Distance ``dot`` and scores equal to inner products (LanceDB reports ``1 − q·d``; the
+quantized kinds re-rank by the full vectors), the exact scan by default, a batch of queries
+answered as each query alone, IVF_HNSW_SQ behind the measured-recall check (tuned to a
+target: ``refine_factor``, then ``nprobe``, then ``ef_search``), IVF_PQ refused with its
+measured recall unless forced or re-ranked to a target, a cosine-indexed table refused, ids
+that are not SQL-safe, and the metadata surviving a new process. The shared
 add/search/delete sequence runs in ``tests/stores/test_stores.py``.
 """
 
@@ -19,7 +21,7 @@ import pytest
 from lancedb.index import IvfFlat
 
 from magretrieve.core.errors import StoreError
-from magretrieve.stores import open_store
+from magretrieve.stores import _ann_recall, lancedb_store, open_store
 
 pytestmark = pytest.mark.integration
 
@@ -100,6 +102,7 @@ def test_ivf_pq_is_refused_with_its_measured_recall_unless_forced(tmp_path):
     assert "\n" not in str(err.value)
     measured = float(str(err.value).split("recall@10 ")[1].split()[0])
     assert measured < 0.95
+    assert "--target-recall 0.99 (tunes refine_factor, nprobe" in str(err.value)
     # the index is gone and nothing was lost: the table is searched exactly
     assert store.parameters()["index"] == "exact scan" and store.count() == 3000
     assert recall(store, queries, docs, ids) == 1.0
@@ -109,6 +112,104 @@ def test_ivf_pq_is_refused_with_its_measured_recall_unless_forced(tmp_path):
     p = forced.parameters()
     assert p["index"] == "IVF_PQ" and p["recall"]["recall_at_10"] < 0.95
     assert "warning" in p["recall"]
+
+
+def test_ivf_pq_asked_for_a_target_reaches_it_by_re_ranking(tmp_path):
+    """Probing every partition is not enough for PQ codes (the refused index above probes all
+    4); re-ranking more candidates by the full vectors is, and the factor is the table's own."""
+    ids, docs, queries = data(n=3000, nq=60, dim=32, seed=2)
+    spec = f"lancedb:{tmp_path / 'l'}/pq"
+    store = open_store(spec, dimension=32, index_type="IVF_PQ", nlist=4, target_recall=0.95)
+    store.add(ids, docs)
+    store.optimize()
+    p = store.parameters()
+    rec = p["recall"]
+    assert p["index"] == "IVF_PQ" and rec["target_met_on_tuning_queries"] is True
+    assert rec["recall_at_10"] >= 0.95 and "warning" not in rec
+    assert rec["refine_factor"] > 1 and p["refine_factor"] == rec["refine_factor"]
+    assert recall(store, queries, docs, ids) >= 0.93  # held-out queries agree
+    store.close()
+    again = open_store(spec)
+    assert again.refine_factor == rec["refine_factor"]
+    assert again.parameters()["recall"] == rec
+
+
+def test_quantized_index_scores_are_inner_products_and_batches_match_single_queries(
+    tmp_path, monkeypatch
+):
+    """SQ codes give approximate distances; a quantized index re-ranks its answers by the full
+    vectors (refine_factor 1 untuned), so scores are exact. A batch is split into LanceDB
+    queries of QUERIES_PER_CALL rows and answered as each query alone."""
+    ids, docs, queries = data(n=3000, nq=11, dim=32, seed=3)
+    monkeypatch.setattr(lancedb_store, "QUERIES_PER_CALL", 4)
+    store = open_store(
+        f"lancedb:{tmp_path / 'l'}/sq", dimension=32, index_type="IVF_HNSW_SQ", nlist=4,
+        hnsw_m=16, ef_construction=64, force=True,
+    )  # fmt: skip
+    store.add(ids, docs, [{"n": i} for i in range(len(ids))])
+    exact = store.search(queries, 7)  # no index yet: the exact scan, in 3 LanceDB queries
+    for q, row in zip(queries, exact, strict=True):
+        rows = [int(h.id.split("-")[1]) for h in row]
+        assert rows == list(np.argsort(-(docs @ q), kind="stable")[:7])
+    store.optimize()
+    assert store.parameters()["refine_factor"] == 1
+    batch = store.search(queries, 7)
+    assert len(batch) == len(queries)
+    for q, row in zip(queries, batch, strict=True):
+        rows = [int(h.id.split("-")[1]) for h in row]
+        np.testing.assert_allclose([h.score for h in row], docs[rows] @ q, atol=1e-4)
+        assert [h.payload["n"] for h in row] == rows
+        np.testing.assert_allclose(np.stack([h.vector for h in row]), docs[rows])
+        alone = store.search(q[None, :], 7)[0]
+        assert [h.id for h in alone] == [h.id for h in row]
+    # LanceDB's own score for the same search, without re-ranking, is the quantized one
+    raw = store.tbl.search(queries[0]).distance_type("dot").limit(7).to_arrow()
+    top = [int(i.split("-")[1]) for i in raw["doc_id"].to_pylist()]
+    coded = 1.0 - np.asarray(raw["_distance"].to_pylist())
+    assert np.abs(coded - docs[top] @ queries[0]).max() > 1e-3
+    store.close()
+
+
+def test_tuning_raises_refine_then_nprobe_then_ef_search(tmp_path):
+    """The order of the passes and the settings each runs at, on a recorded ``run``: when
+    re-ranking alone cannot reach the target at the default nprobe, it is tuned again after
+    nprobe; ef_search is generous while the others are tuned, then back to the caller's; the
+    earlier passes aim at the stricter 0.995 (their losses add up in the last pass)."""
+    store = open_store(
+        f"lancedb:{tmp_path / 'l'}/t", dimension=DIM, index_type="IVF_HNSW_SQ", nlist=8,
+        ef_search=40,
+    )  # fmt: skip
+    calls = []
+    met = {"refine_factor": [False, True], "nprobe": [True], "ef_search": [True]}
+    chosen = {"refine_factor": [32, 4], "nprobe": [6], "ef_search": [64]}
+
+    def run(knob, target, warn=True):
+        calls.append((knob.name, target, store.ef_search, store.refine_factor, store.nprobe, warn))
+        knob.set(chosen[knob.name].pop(0))
+        return {
+            "k": 10,
+            "recall_at_10": 0.99,
+            "target_met_on_tuning_queries": met[knob.name].pop(0),
+        }
+
+    ef = _ann_recall.Knob(
+        "ef_search", _ann_recall.HNSW_EF, lambda v: setattr(store, "ef_search", v), 40
+    )
+    recall = store._tune(run, ef, 0.99)
+    probe = lancedb_store.PROBE_EF
+    assert calls == [
+        ("refine_factor", 0.995, probe, None, None, False),
+        ("nprobe", 0.995, probe, 32, None, False),
+        ("refine_factor", 0.995, probe, 32, 6, False),
+        ("ef_search", 0.99, 40, 4, 6, True),
+    ]
+    assert (store.ef_search, store.nprobe, store.refine_factor) == (64, 6, 4)
+    assert recall["refine_factor"] == 4 and recall["nprobe"] == 6
+    # without a target nothing is tuned: one pass at the settings given
+    calls.clear()
+    store._tune(lambda knob, target, warn=True: calls.append(knob) or {"k": 10}, ef, None)
+    assert calls == [None]
+    store.close()
 
 
 def test_table_indexed_by_cosine_is_refused(tmp_path):
