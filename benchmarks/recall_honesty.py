@@ -205,8 +205,7 @@ NOT_RUN = (
     "candidates re-ranked by the full vectors), then `nprobe`, then `ef_search`; before, it "
     "swept `ef_search` to 4,096 one query at a time, never passed 0.994 (its scalar "
     "quantization, not the graph, lost the rest) and did not finish `perturbed` or `mixture` "
-    "within an 8-minute chunk. Its `far` rows (`ef_search=4096`, no `refine_factor`) are "
-    "still from that earlier tuning (`--sets far --stores lancedb` re-runs them)."
+    "within an 8-minute chunk."
 )
 
 
