@@ -587,8 +587,11 @@ def test_full_queue_answers_503_with_retry_after(tmp_path, export_dir) -> None:
 
 @pytest.mark.integration
 def test_dynamic_batching_merges_concurrent_requests(tmp_path, export_dir, encoder) -> None:
+    """Sixteen concurrent queries of one length (the batcher keeps lengths far apart in
+    separate batches, so equal lengths isolate the merging) run in fewer than eight batches."""
     srv = start_server(export_dir, "--max-wait-ms", "300", key=None, log_dir=tmp_path)
-    texts = [f"{t} number {i}" for i, t in enumerate(TEXTS * 4)]
+    texts = [f"{TEXTS[0]} number {i}" for i in range(10, 26)]
+    assert len({len(e.ids) for e in encoder.tokenize(texts, "query")}) == 1
 
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as client:
