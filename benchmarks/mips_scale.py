@@ -158,6 +158,10 @@ def faiss_ivf_fastscan() -> Column:
 def scann_column() -> Column:
     import scann
 
+    from magretrieve.stores._scann_kernels import ensure_avx2
+
+    ensure_avx2()  # the kernels the scann: store searches with (ScaNN's check can miss AVX2)
+
     def leaves(n: int) -> int:
         return int(min(4000, max(50, round(np.sqrt(n)))))
 

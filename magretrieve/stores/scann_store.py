@@ -73,6 +73,7 @@ from magretrieve.core.topk import exact_search
 from magretrieve.stores import _ann_recall, registry
 from magretrieve.stores._generation import GenerationFiles, SavedGenerations
 from magretrieve.stores._record_table import RecordTable, RecordTableMixin, json_bytes
+from magretrieve.stores._scann_kernels import ensure_avx2
 from magretrieve.stores._writer_lock import WriterLock
 from magretrieve.stores.base import (
     Batch,
@@ -117,9 +118,12 @@ _NATIVE_LOG = re.compile(r"^([IW]\d{4} |WARNING: All log messages before absl)")
 
 
 def scann_ops() -> Any:
-    """ScaNN's pybind module, or a one-line StoreError naming the extra that installs it."""
+    """ScaNN's pybind module (its AVX2 kernels on where the CPU has them, see
+    :mod:`._scann_kernels`), or a one-line StoreError naming the extra that installs it."""
     require("scann")
-    return require("scann.scann_ops.py.scann_ops_pybind")
+    ops = require("scann.scann_ops.py.scann_ops_pybind")
+    ensure_avx2()
+    return ops
 
 
 @contextlib.contextmanager
@@ -739,6 +743,7 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
             "index": "scann" if self._searcher is not None else "exact",
             "distance": "dot_product",
             "exact_below": int(self.params["exact_below"]),
+            "kernels": ensure_avx2(),
         }
         if self._searcher is not None:
             out.update(
