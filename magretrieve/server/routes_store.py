@@ -72,8 +72,9 @@ async def search(body: SearchRequest, request: Request) -> Response:
         raise InvalidRequest(f"k={body.k} is more than this server's max_k={state.settings.max_k}")
     texts = [body.query] if body.query is not None else list(body.queries or [])
     what = "query" if body.query is not None else "queries"
-    out = await state.engine.embed(texts, "query", what=what)
     assert state.searcher is not None  # a state with a store has one
+    with state.searcher.coming():  # a store call taken meanwhile may wait for this search
+        out = await state.engine.embed(texts, "query", what=what)
     hits = await state.searcher.search(out.vectors, body.k, body.filter)  # merged with others
     if state.recall_watch is not None and not body.filter:
         state.recall_watch.offer(

@@ -183,3 +183,55 @@ def test_an_awaited_search_and_the_worker_count():
     assert search_workers(type("Serial", (), {"thread_safe_search": False})()) == 1
     with pytest.raises(ValueError):
         SearchBatcher(lambda v, k, w: [], workers=0)
+
+
+def test_a_batch_waits_for_searches_still_being_embedded() -> None:
+    """Three requests announce their searches while embedding; the first search queued waits
+    for the other two and all three share one store call, each with its own hits."""
+    r = _retriever("memory:")
+    sizes: list[tuple[int, int]] = []
+    batcher = SearchBatcher(
+        lambda v, k, w: r.search_vectors(v, k=k, where=w),
+        observer=lambda q, n: sizes.append((q, n)),
+        linger_ms=5000,
+    )
+    q = _queries(3, 11)
+    results: dict = {}
+    announced = [batcher.coming() for _ in range(3)]
+    for a in announced:
+        a.__enter__()
+    try:
+
+        def request(i: int) -> None:
+            time.sleep(0.05 * i)  # the embedding of request i ends 50 ms after the one before
+            announced[i].__exit__(None, None, None)
+            results[i] = batcher.search_wait(q[i : i + 1], 5)
+
+        threads = [threading.Thread(target=request, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert sizes == [(3, 3)]  # one store call for the three
+        for i in range(3):
+            want = r.search_vectors(q[i : i + 1], k=5)
+            assert [h.id for h in results[i][0]] == [h.id for h in want[0]]
+    finally:
+        batcher.close()
+
+
+def test_a_lone_search_runs_at_once_and_the_wait_is_bounded() -> None:
+    r = _retriever("memory:")
+    batcher = SearchBatcher(lambda v, k, w: r.search_vectors(v, k=k, where=w), linger_ms=300)
+    q = _queries(1, 12)
+    try:
+        t0 = time.monotonic()
+        batcher.search_wait(q, 5)
+        assert time.monotonic() - t0 < 0.15  # nothing announced: no wait
+        with batcher.coming():  # announced, but its search never comes
+            t0 = time.monotonic()
+            batcher.search_wait(q, 5)
+            waited = time.monotonic() - t0
+        assert 0.25 <= waited < 2.0  # held for the linger bound, not longer
+    finally:
+        batcher.close()
