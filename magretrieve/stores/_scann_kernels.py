@@ -2,9 +2,10 @@
 
 ScaNN picks its SIMD kernels (the LUT16 scan of quantized codes, the float re-scoring) from
 flags its library sets when it loads, from its own CPUID check. On some virtual machines that
-check answers "no AVX2" although the CPU and the OS both have it (seen on a 2-core AMD EPYC
-VM exposing AVX2, FMA, AVX-512 and the AVX register state), and every search then runs the
-SSE4 kernels: the same hits for 25-40 % more CPU per query.
+check answers "no AVX2" although the CPU and the OS both have it (seen on 2-core AMD EPYC
+and Intel Xeon VMs exposing AVX2, FMA, AVX-512 and the AVX register state), and every search
+then runs the SSE4 kernels: the same hits for more CPU per query
+(``benchmarks/results/scann_kernels.md``).
 
 numpy's runtime dispatch check (CPUID and XGETBV, the one its own kernels rely on) is
 trusted instead: when numpy finds AVX2 and FMA3, ScaNN's ``should_use_avx2`` flag is switched
