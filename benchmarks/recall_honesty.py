@@ -200,8 +200,11 @@ WHY: dict[tuple[int, str, str, str], str] = {}
 NOT_RUN = (
     "Not in this table: every store, set and size missing from the list below (2 cores shared "
     "with other jobs; `--sizes` / `--sets` / `--stores` run them). `pgvector` (HNSW, pgvector's "
-    "defaults m 16, ef_construction 64) runs at 20,000 vectors: its index grows row by row as "
-    "rows arrive (93 s for 20,000 here). `lancedb` (IVF_HNSW_SQ) tunes `refine_factor` (the "
+    "defaults m 16, ef_construction 64) runs at 20,000 and 100,000 vectors, not at 1,000,000: "
+    "its index grows row by row as rows arrive (93 s for 20,000, 150-270 s for 100,000 here). "
+    "pgvector caps `hnsw.ef_search` at 1,000, so where that is not enough (`perturbed` at "
+    "100,000) the store reports the target unreached; a larger `hnsw_m` or `ef_construction` "
+    "is the way up. `lancedb` (IVF_HNSW_SQ) tunes `refine_factor` (the "
     "candidates re-ranked by the full vectors), then `nprobe`, then `ef_search`; before, it "
     "swept `ef_search` to 4,096 one query at a time, never passed 0.994 (its scalar "
     "quantization, not the graph, lost the rest) and did not finish `perturbed` or `mixture` "
