@@ -95,7 +95,7 @@ def probe(folder: Path, queries: Path, dim: int, flag: str, seconds: float) -> d
     env = {**os.environ, "MAGRETRIEVE_SCANN_AVX2": flag, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-c", PROBE, str(folder), str(queries), str(dim),
            json.dumps(BATCHES), str(seconds)]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise SystemExit(f"probe failed: {out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
