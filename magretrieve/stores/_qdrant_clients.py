@@ -33,9 +33,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from magretrieve.core.errors import StoreError
+from magretrieve.core.errors import StoreError, WriterLockHeld
 from magretrieve.core.extras import require
-from magretrieve.stores._writer_lock import engine_busy, holder_of
+from magretrieve.stores._writer_lock import engine_busy, holder_of, open_engine
 from magretrieve.stores.base import atomic_write_json
 
 #: Collection-metadata key under which the building model is recorded (qdrant-client).
@@ -271,12 +271,16 @@ class EdgeAPI:
 
     def open(self) -> None:
         """Load the existing shard (after its config passed the store's checks)."""
-        try:
-            self.shard = self.models.EdgeShard.load(str(self.shard_path))
-        except Exception as exc:  # held by another process, or a damaged shard: no traceback
-            holder = holder_of(self.shard_path / "wal")
-            if holder is not None:
-                raise engine_busy(self.where, holder, "Qdrant Edge") from None
+        try:  # held by another process (named), or a damaged shard: no traceback
+            self.shard = open_engine(
+                lambda: self.models.EdgeShard.load(str(self.shard_path)),
+                self.shard_path / "wal",
+                self.where,
+                "Qdrant Edge",
+            )
+        except WriterLockHeld:
+            raise
+        except Exception as exc:
             raise StoreError(
                 f"{self.shard_path}: cannot open the Qdrant Edge shard ({type(exc).__name__}: {exc})"
             ) from None

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from magretrieve.core.errors import WriterLockHeld
 from magretrieve.core.redact import redact
+
+T = TypeVar("T")
 
 try:  # POSIX only; elsewhere the lock is a no-op (documented in docs/stores.md)
     import fcntl
@@ -23,8 +27,10 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 
-def _holder(folder: Path) -> str:
-    """``pid N (command line)`` of whoever holds a flock on ``folder``, as well as we can tell."""
+def _holder(folder: Path) -> str | None:
+    """``pid N (command line)`` of whoever holds a flock on ``folder``; ``another process``
+    where the kernel's lock table cannot be read; None when it lists no holder (the holder
+    let go after our flock failed)."""
     try:
         st = os.stat(folder)
         inode = f":{st.st_ino}"
@@ -46,7 +52,26 @@ def _holder(folder: Path) -> str:
                 raw = b""
             program = _program(raw.decode(errors="replace").split("\x00"))
             return f"pid {pid}" + (f" ({program})" if program else "")
-    return "another process"
+    return None
+
+
+#: Looks at a lock before calling it held: a holder that lets go between our failed flock
+#: and our reading of the lock table is gone, so the flock is tried again.
+ATTEMPTS = 3
+
+
+def _take_or_name(fd: int, path: Path) -> str | None:
+    """Take the flock on ``fd`` (None) or name who holds ``path`` (``pid N (program)``)."""
+    holder: str | None = None
+    for _ in range(ATTEMPTS):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            holder = _holder(path)
+            if holder is not None:
+                return holder
+    return holder or "another process"
 
 
 def _program(argv: list[str]) -> str:
@@ -87,10 +112,8 @@ class WriterLock:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.created = missing
         fd = os.open(self.folder, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(self.folder)
+        holder = _take_or_name(fd, self.folder)
+        if holder is not None:
             os.close(fd)
             raise WriterLockHeld(
                 f"{self.where}: another writer holds this store ({holder}); wait for it to "
@@ -132,12 +155,10 @@ def holder_of(path: Path) -> str | None:
     except OSError:
         return None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _holder(path)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
+        holder = _take_or_name(fd, path)
+        if holder is None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        return holder
     finally:
         os.close(fd)
 
@@ -149,3 +170,23 @@ def engine_busy(where: str, holder: str, engine: str) -> WriterLockHeld:
         f"{where}: another process holds this store ({holder}); {engine} opens a store in one "
         "process at a time, so wait for it to finish"
     )
+
+
+def open_engine(open_fn: Callable[[], T], lock_path: Path, where: str, engine: str) -> T:
+    """``open_fn()`` for an engine that locks its own files. When it fails while another
+    process holds ``lock_path``, the refusal names that process (:func:`engine_busy`); when
+    nobody holds it by the time we look (the holder just let go), the open is tried once more;
+    a second failure is the engine's own error, for the caller to word."""
+    try:
+        return open_fn()
+    except Exception:
+        holder = holder_of(lock_path)
+        if holder is not None:
+            raise engine_busy(where, holder, engine) from None
+    try:
+        return open_fn()
+    except Exception:
+        holder = holder_of(lock_path)
+        if holder is not None:
+            raise engine_busy(where, holder, engine) from None
+        raise

@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from magretrieve.core.errors import StoreError
+from magretrieve.core.errors import StoreError, WriterLockHeld
 from magretrieve.core.extras import require
 from magretrieve.core.options import option
 from magretrieve.core.redact import redact
 from magretrieve.stores import registry
-from magretrieve.stores._writer_lock import engine_busy, holder_of
+from magretrieve.stores._writer_lock import open_engine
 from magretrieve.stores.base import (
     Batch,
     CollectionStore,
@@ -404,14 +404,20 @@ def open_milvus(
             ) from None
         uri = str(path)
     lite = None if "url" in location else os.path.abspath(uri)
-    try:
+    try:  # connection refused, or a Lite folder another process holds (named)
         token = MilvusOptions.named("token").from_env(token)
         # a token authenticates against a server; Milvus Lite has no users
-        client = mv.MilvusClient(uri, token=token) if token and not lite else mv.MilvusClient(uri)
-    except Exception as exc:  # connection refused, lite folder locked by another process
-        holder = holder_of(Path(lite) / "LOCK") if lite else None
-        if holder is not None:
-            raise engine_busy(where, holder, "Milvus Lite") from None
+        if token and not lite:
+            client = mv.MilvusClient(uri, token=token)
+        elif lite:
+            client = open_engine(
+                lambda: mv.MilvusClient(uri), Path(lite) / "LOCK", where, "Milvus Lite"
+            )
+        else:
+            client = mv.MilvusClient(uri)
+    except WriterLockHeld:
+        raise
+    except Exception as exc:
         raise StoreError(
             f"{where}: cannot open Milvus ({type(exc).__name__}: {one_line(exc)})"
         ) from None

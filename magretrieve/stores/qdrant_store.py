@@ -51,7 +51,7 @@ from magretrieve.stores._qdrant_common import (
     split_payload,
     to_hits,
 )
-from magretrieve.stores._writer_lock import engine_busy, holder_of
+from magretrieve.stores._writer_lock import open_engine
 from magretrieve.stores.base import (
     Batch,
     StoreHit,
@@ -503,12 +503,14 @@ def _open_local(
         ):
             raise missing_store(where, f"Qdrant collection {loc['collection']!r}")
         Path(loc["path"]).mkdir(parents=True, exist_ok=True)
-        try:
-            return client_cls(path=loc["path"], force_disable_check_same_thread=True)
-        except RuntimeError as exc:  # portalocker: another process holds the folder
-            holder = holder_of(Path(loc["path"]) / ".lock")
-            if holder is not None:
-                raise engine_busy(where, holder, "embedded Qdrant") from None
+        try:  # portalocker refuses a folder another process holds
+            return open_engine(
+                lambda: client_cls(path=loc["path"], force_disable_check_same_thread=True),
+                Path(loc["path"]) / ".lock",
+                where,
+                "embedded Qdrant",
+            )
+        except RuntimeError as exc:
             raise StoreError(f"{loc['path']}: cannot open embedded Qdrant ({exc})") from None
 
     where = f"qdrant-local:{loc['path']}/{loc['collection']}"
