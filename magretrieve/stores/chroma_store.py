@@ -516,17 +516,26 @@ def open_chroma(
             except Exception as exc:
                 raise StoreError(f"{where}: cannot open the Chroma folder ({exc})") from None
 
-        with closed_on_failure(reopen()) as client:
-            return ChromaStore(
-                client,
-                location["collection"],
-                dimension,
-                location=where,
-                reopen=reopen,
-                writer=WriterLock(path, where),
-                generation=generation,
-                **options,
-            )
+        writer = WriterLock(path, where)
+        if not (path / "chroma.sqlite3").is_file():
+            # the first client of a folder creates Chroma's tables, which two processes at
+            # once cannot: creating is writing, so it takes the writer lock first
+            writer.acquire()
+        try:
+            with closed_on_failure(reopen()) as client:
+                return ChromaStore(
+                    client,
+                    location["collection"],
+                    dimension,
+                    location=where,
+                    reopen=reopen,
+                    writer=writer,
+                    generation=generation,
+                    **options,
+                )
+        except BaseException:
+            writer.release()  # a store that failed to open holds nothing
+            raise
     with closed_on_failure(client):
         return ChromaStore(client, location["collection"], dimension, location=where, **options)
 

@@ -92,3 +92,17 @@ def test_an_engine_that_fails_with_nobody_holding_the_lock_gives_its_own_error(t
 
     with pytest.raises(RuntimeError, match="damaged"):
         open_engine(open_fn, tmp_path, "qdrant-local:db/docs", "embedded Qdrant")
+
+
+def test_a_chroma_folder_another_writer_is_creating_is_refused_by_name(held):
+    """Chroma creates its tables when a folder's first client opens; two processes doing it at
+    once fail inside Chroma, so creating takes the writer lock first."""
+    pytest.importorskip("chromadb")
+    from magretrieve.stores import open_store
+
+    folder, _ = held
+    with pytest.raises(
+        WriterLockHeld, match=rf"another writer holds this store \(this process \(pid {os.getpid()}"
+    ):
+        open_store(f"chroma:{folder}/docs", dimension=4)
+    assert not (folder / "chroma.sqlite3").exists()  # nothing created meanwhile
