@@ -14,16 +14,16 @@ changes what the store is asked for (more candidates for a filter, another top-k
 the index), so those wait for a batch of their own (the oldest search always goes first, so
 none starves). Per query, exact stores and FAISS answer a batch as they answer each row
 alone, so the hits are those of a search per request; ScaNN's batched search may differ a
-little from its one-query search (its own behaviour, at the same recall). A search that finds nobody waiting runs at once when no other
-search is on its way; but a request that is still being embedded announces itself
-(:meth:`SearchBatcher.coming`), and while such searches are coming a batch smaller than
-:data:`LINGER_ROWS` waits for them, at most :data:`LINGER_MS` after it was taken. Under load
-the embedding batches of concurrent requests end a few milliseconds apart, and a store call
-pays per call (ScaNN scans its quantized codes for up to three queries at once, FAISS fans
-out per call): a 1M-vector ScaNN store spends about 1.6 ms per query in batches of 4 and
-1.1 ms in batches of 16. A lone client never waits (nothing else is coming). A merged
-batch that fails is run again request by request, so one bad request gets its own error
-and the others their hits. :meth:`SearchBatcher.close` finishes the queued searches and
+little from its one-query search (its own behaviour, at the same recall). A search that
+finds nobody waiting runs at once when no other search is on its way; but a request that is
+still being embedded announces itself (:meth:`SearchBatcher.coming`), and while such searches
+are coming a batch smaller than :data:`LINGER_ROWS` waits for them, at most :data:`LINGER_MS`
+after it was taken. Under load the embedding batches of concurrent requests end a few
+milliseconds apart, and a store call costs less per query the more rows it carries (ScaNN
+scans its quantized codes for several queries at once, FAISS fans out per call; see
+``benchmarks/results/serve_search.md``). A lone client never waits (nothing else is
+coming). A merged batch that fails is run again request by request, so one bad request gets
+its own error and the others their hits. :meth:`SearchBatcher.close` finishes the queued searches and
 refuses new ones.
 """
 

@@ -177,16 +177,13 @@ def open_engine(open_fn: Callable[[], T], lock_path: Path, where: str, engine: s
     process holds ``lock_path``, the refusal names that process (:func:`engine_busy`); when
     nobody holds it by the time we look (the holder just let go), the open is tried once more;
     a second failure is the engine's own error, for the caller to word."""
-    try:
-        return open_fn()
-    except Exception:
-        holder = holder_of(lock_path)
-        if holder is not None:
-            raise engine_busy(where, holder, engine) from None
-    try:
-        return open_fn()
-    except Exception:
-        holder = holder_of(lock_path)
-        if holder is not None:
-            raise engine_busy(where, holder, engine) from None
-        raise
+    for attempt in range(2):
+        try:
+            return open_fn()
+        except Exception:
+            holder = holder_of(lock_path)
+            if holder is not None:
+                raise engine_busy(where, holder, engine) from None
+            if attempt:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
