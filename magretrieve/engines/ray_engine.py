@@ -248,20 +248,21 @@ def index_corpus_ray(
         ray = _ray()
         started = start_ray(address, connect_timeout=connect_timeout)
         try:
-            added, truncated = _run(
-                ray,
-                retriever,
-                path,
-                folder,
-                stored,
-                todo,
-                batch_size=batch_size,
-                checkpoint_every=checkpoint_every,
-                progress=progress,
-                workers=workers,
-                threads=threads,
-                tqdm=tqdm,
-            )
+            with retriever.store.bulk_load():  # the store's index is built once, by optimize()
+                added, truncated = _run(
+                    ray,
+                    retriever,
+                    path,
+                    folder,
+                    stored,
+                    todo,
+                    batch_size=batch_size,
+                    checkpoint_every=checkpoint_every,
+                    progress=progress,
+                    workers=workers,
+                    threads=threads,
+                    tqdm=tqdm,
+                )
         finally:
             retriever.persist()  # keep what was written even when the run stops on an error
             if started:

@@ -226,36 +226,39 @@ def index_documents(
     ]
     bar = tqdm(total=total, desc="indexing", unit="doc", disable=not progress)
     sampler = PseudoQuerySampler()
-    try:
-        for thread in threads:
-            thread.start()
-        while True:
-            item = _get(encoded_q, stop)
-            if item is _END:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            batch, todo, vectors, cut = cast(tuple[list[Document], list[Document], Any, int], item)
-            skipped += len(batch) - len(todo)
-            sampler.add(batch)
-            if todo:
-                n = retriever.write_batch(todo, vectors)
-                truncated += cut
-                added += n
-                since_checkpoint += n
-            bar.update(len(batch))
-            bar.set_postfix(added=added, skipped=skipped)
-            if since_checkpoint >= checkpoint_every:
+    with retriever.store.bulk_load():  # the store's index is built once, by optimize()
+        try:
+            for thread in threads:
+                thread.start()
+            while True:
+                item = _get(encoded_q, stop)
+                if item is _END:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                batch, todo, vectors, cut = cast(
+                    tuple[list[Document], list[Document], Any, int], item
+                )
+                skipped += len(batch) - len(todo)
+                sampler.add(batch)
+                if todo:
+                    n = retriever.write_batch(todo, vectors)
+                    truncated += cut
+                    added += n
+                    since_checkpoint += n
+                bar.update(len(batch))
+                bar.set_postfix(added=added, skipped=skipped)
+                if since_checkpoint >= checkpoint_every:
+                    retriever.persist()
+                    since_checkpoint = 0
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+            bar.close()
+            # keep what was written even when the run stops on an error
+            if added or since_checkpoint:
                 retriever.persist()
-                since_checkpoint = 0
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join()
-        bar.close()
-        # keep what was written even when the run stops on an error
-        if added or since_checkpoint:
-            retriever.persist()
     if not seen:
         raise DataError(
             f"{source}: no document to index"

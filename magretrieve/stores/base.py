@@ -700,6 +700,20 @@ class VectorStore(ABC):
     def optimize(self) -> None:  # noqa: B027 - optional hook
         """Finish a bulk load (train/build indexes); a no-op where nothing is deferred."""
 
+    #: True inside :meth:`bulk_load`.
+    bulk_loading: bool = False
+
+    @contextmanager
+    def bulk_load(self) -> Iterator[None]:
+        """Writes inside are one bulk load that :meth:`optimize` finishes, so a store may leave
+        index work to be done once at the end (pgvector builds HNSW after the load). Writes
+        outside it are incremental and keep the store's index current."""
+        outer, self.bulk_loading = self.bulk_loading, True
+        try:
+            yield
+        finally:
+            self.bulk_loading = outer
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files and connections."""
 

@@ -13,6 +13,10 @@ Rules kept here, as in the other stores:
   order is best first; the score returned is its negation), served by an HNSW index with
   ``vector_ip_ops`` (default), an IVFFlat index with ``vector_ip_ops``, or an exact scan
   (``index_type="flat"``);
+- a new table's index is built after the first rows, as pgvector advises: inside
+  :meth:`~magretrieve.stores.base.VectorStore.bulk_load` (``magretrieve index``) by
+  ``optimize()`` at the end of the load, in one pass over every row; otherwise after the first
+  write, so rows added one batch at a time are indexed as they arrive;
 - an existing table whose vector column is indexed with ``vector_cosine_ops`` or
   ``vector_l2_ops`` is refused (such an index ranks by another metric than the model's) unless
   it was annotated for the plug-in path (see :mod:`magretrieve.stores.pgvector_cosine_store`);
@@ -25,6 +29,7 @@ and written in one transaction, so a failed batch leaves the table as it was.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -57,6 +62,8 @@ from magretrieve.stores.base import (
     one_line,
 )
 from magretrieve.stores.options import AnnotatedOptions, IndexOptions
+
+logger = logging.getLogger(__name__)
 
 #: COMMENT key of the last recall measurement (with the ef_search it tuned to).
 RECALL_KEY = "magretrieve.recall"
@@ -178,6 +185,8 @@ class PgVectorStore(PgConnection):
                 f"{', '.join(INDEX_TYPES)}"
             )
         self._asked = opts.build()
+        #: HNSW build parameters of an index recorded at creation and not built yet
+        self._pending_hnsw: dict[str, int | None] | None = None
         return self._asked
 
     def _opened(self, opts: IndexOptions) -> None:
@@ -229,6 +238,16 @@ class PgVectorStore(PgConnection):
             )
         elif "ivfflat" in indexes:
             recorded.update(index_type="ivfflat", nlist=indexes["ivfflat"].get("lists"))
+        elif built.get("index_type") == "hnsw":
+            recorded.update(
+                hnsw_m=built.get("hnsw_m"), ef_construction=built.get("ef_construction")
+            )
+            # created, written inside a bulk load that did not reach optimize(): still to build
+            self._pending_hnsw = {
+                "m": self._asked.get("hnsw_m") or built.get("hnsw_m"),
+                "ef_construction": self._asked.get("ef_construction")
+                or built.get("ef_construction"),
+            }
         elif built.get("index_type") == "ivfflat":
             recorded["nlist"] = built.get("nlist")
             # the index is still to build: optimize() builds it, as it would have before
@@ -270,7 +289,8 @@ class PgVectorStore(PgConnection):
             )
         )
         if index_type == "hnsw":
-            self._create_index("hnsw", {"m": hnsw_m, "ef_construction": ef_construction})
+            # built over the first rows (see the module docstring), not grown row by row
+            self._pending_hnsw = {"m": hnsw_m, "ef_construction": ef_construction}
         elif index_type == "ivfflat":
             # IVFFlat lists are trained on the rows present when the index is built:
             # it is built by optimize(), after the bulk load
@@ -315,6 +335,33 @@ class PgVectorStore(PgConnection):
                 cur.executemany(stmt, rows)
 
         self._tx(write)
+        if self._pending_hnsw is not None and not self.bulk_loading:
+            self._build_pending_hnsw()
+
+    def _build_pending_hnsw(self) -> None:
+        """Build the HNSW index recorded at creation over the rows stored now. An advisory
+        lock on the table's name makes a second writer doing the same find it built."""
+        params = self._pending_hnsw or {}
+        name = ".".join(_quote(p) for p in self._name)
+
+        def build() -> None:
+            self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
+            if not any(
+                m == "hnsw" for _, m, _ in vector_indexes(self.conn, self._name, "embedding")
+            ):
+                self._create_index("hnsw", params)
+
+        def forward(diag: Any) -> None:
+            # pgvector says when the graph outgrows maintenance_work_mem (a much slower build)
+            if "maintenance_work_mem" in str(diag.message_primary or ""):
+                logger.warning("%s: %s", self._location, diag.message_primary)
+
+        self.conn.add_notice_handler(forward)
+        try:
+            self._run("index build", build)
+        finally:
+            self.conn.remove_notice_handler(forward)
+        self._pending_hnsw = None
 
     def _search_settings(self, cur: Any, k: int) -> None:
         # SET LOCAL lasts until the end of the surrounding transaction; values are integers
@@ -420,8 +467,11 @@ class PgVectorStore(PgConnection):
         self._tx(write)
 
     def optimize(self) -> None:
-        """Build a pending IVFFlat index (lists trained on the rows now stored), then ANALYZE."""
+        """Build a pending HNSW or IVFFlat index (lists trained on the rows now stored), then
+        ANALYZE and tune to the target recall."""
         sql = _sql()
+        if self._pending_hnsw is not None:
+            self._build_pending_hnsw()
         nlist = getattr(self, "_pending_ivf", False)
         if nlist is not False:
             n = self.count()
@@ -461,6 +511,8 @@ class PgVectorStore(PgConnection):
                 out["recall"] = self.recall
         if any(m == "ivfflat" for _, m, _ in indexes):
             out["nprobe"] = self.nprobe or 1
+        if self._pending_hnsw is not None:
+            out["index_pending"] = "hnsw (built by the next write or optimize())"
         return out
 
 

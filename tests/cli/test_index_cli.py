@@ -274,3 +274,28 @@ def test_index_into_a_foreign_qdrant_collection_needs_force(use_fake, tmp_path):
     # once stamped, re-indexing needs no --force
     res = run("index", "EXPORT", str(corpus), "--store", spec, "--no-progress")
     assert res.exit_code == 0 and "12 already stored" in res.output, res.output
+
+
+def test_index_corpus_writes_inside_one_bulk_load_that_optimize_ends(tmp_path):
+    """Every write of ``index_corpus`` happens inside the store's ``bulk_load()`` (a store may
+    leave its index to optimize()), and optimize() runs after the load has ended."""
+    from magretrieve.serving.indexing import index_corpus
+    from magretrieve.serving.retriever import Retriever
+
+    corpus = write_corpus(tmp_path / "c.jsonl", 40)
+    store = open_store("memory:", dimension=24)
+    seen: list[tuple[str, bool]] = []
+    add, optimize = store.add, store.optimize
+
+    def spy_add(*args, **kwargs):
+        seen.append(("add", store.bulk_loading))
+        return add(*args, **kwargs)
+
+    def spy_optimize():
+        seen.append(("optimize", store.bulk_loading))
+        optimize()
+
+    store.add, store.optimize = spy_add, spy_optimize  # type: ignore[method-assign]
+    report = index_corpus(Retriever(FakeEncoder(), store), corpus, batch_size=8, progress=False)
+    assert report.added == 40
+    assert seen[:-1] == [("add", True)] * 5 and seen[-1] == ("optimize", False)

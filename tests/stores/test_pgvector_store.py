@@ -116,6 +116,84 @@ def test_hnsw_target_recall_is_tuned_kept_and_met_on_held_out_queries(pg_uri):
         assert again.ef_search == rec["ef_search"] and again.parameters()["recall"] == rec
 
 
+def hnsw_indexes(uri: str, name: str) -> list[list[str] | None]:
+    """The reloptions of every HNSW index on table ``name``."""
+    with psycopg.connect(uri) as conn:
+        rows = conn.execute(
+            "SELECT ic.reloptions FROM pg_index ix JOIN pg_class ic ON ic.oid = ix.indexrelid "
+            "JOIN pg_am am ON am.oid = ic.relam WHERE ix.indrelid = %s::regclass "
+            "AND am.amname = 'hnsw'",
+            (name,),
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def test_a_bulk_load_builds_hnsw_once_at_optimize_with_the_asked_parameters(pg_uri):
+    """Inside ``bulk_load()`` rows are written without an index (pgvector builds HNSW much
+    faster over rows already stored than row by row); optimize() builds it with the asked
+    m / ef_construction, and searches are exact until then."""
+    ids, docs, queries = data(n=1500, nq=20, dim=32, seed=4)
+    name = table()
+    with open_store(
+        spec(pg_uri, name), dimension=32, index_type="hnsw", hnsw_m=8, ef_construction=32
+    ) as store:
+        with store.bulk_load():
+            assert store.bulk_loading
+            for lo in range(0, len(ids), 500):
+                store.add(ids[lo : lo + 500], docs[lo : lo + 500])
+            assert hnsw_indexes(pg_uri, name) == []
+            assert store.parameters()["index"] == "exact (sequential scan)"
+            assert store.parameters()["index_pending"].startswith("hnsw")
+            got = [[h.id for h in row] for row in store.search(queries, 10, with_vectors=False)]
+            assert got == exact(queries, docs, ids, 10)
+        assert not store.bulk_loading
+        store.optimize()
+        assert hnsw_indexes(pg_uri, name) == [["m=8", "ef_construction=32"]]
+        assert "index_pending" not in store.parameters()
+        got = [[h.id for h in row] for row in store.search(queries, 10, with_vectors=False)]
+    assert recall(got, exact(queries, docs, ids, 10)) >= 0.95
+
+
+def test_writes_outside_a_bulk_load_are_indexed_as_they_arrive(pg_uri):
+    """Rows added a batch at a time (a LangChain ``add_texts``, ``POST /documents``) never wait
+    for an optimize(): the first write builds the index and later rows join it."""
+    ids, docs, _ = data(n=400, dim=32, seed=5)
+    name = table()
+    with open_store(spec(pg_uri, name), dimension=32, index_type="hnsw") as store:
+        assert hnsw_indexes(pg_uri, name) == []  # an empty table: nothing to build over yet
+        store.add(ids[:200], docs[:200])
+        assert hnsw_indexes(pg_uri, name) == [None]  # pgvector's defaults
+        store.add(ids[200:], docs[200:])
+        assert store.parameters()["index"] == "hnsw (vector_ip_ops)"
+        plan = store.conn.execute(
+            f"EXPLAIN SELECT doc_id FROM {name} ORDER BY embedding <#> %s LIMIT 10", (docs[0],)
+        ).fetchall()
+        assert "Index Scan" in " ".join(r[0] for r in plan)
+
+
+def test_a_bulk_load_stopped_before_optimize_builds_the_recorded_hnsw_on_reopen(pg_uri):
+    """A load that stopped midway (no optimize) leaves the table unindexed and says so; the
+    store reopened without options builds the HNSW index it was created for, and two writers
+    that both find it pending build it once."""
+    ids, docs, _ = data(n=300, dim=32, seed=6)
+    name = table()
+    store = open_store(spec(pg_uri, name), dimension=32, index_type="hnsw", hnsw_m=12)
+    with store, store.bulk_load():
+        store.add(ids[:100], docs[:100])
+    with pytest.raises(StoreError, match=r"--hnsw-m 24 differs from the 12"):
+        open_store(spec(pg_uri, name), hnsw_m=24)
+    first, second = open_store(spec(pg_uri, name)), open_store(spec(pg_uri, name))
+    try:
+        assert first.parameters()["index_pending"] and second.parameters()["index_pending"]
+        first.add(ids[100:200], docs[100:200])
+        second.add(ids[200:], docs[200:])
+        assert "index_pending" not in second.parameters()
+    finally:
+        first.close()
+        second.close()
+    assert hnsw_indexes(pg_uri, name) == [["m=12"]]
+
+
 def test_ivfflat_is_built_after_the_load_and_exact_with_all_lists(pg_uri):
     ids, docs, queries = data(n=1000, nq=20, seed=2)
     with open_store(
