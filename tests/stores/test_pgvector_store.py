@@ -194,6 +194,21 @@ def test_a_bulk_load_stopped_before_optimize_builds_the_recorded_hnsw_on_reopen(
     assert hnsw_indexes(pg_uri, name) == [["m=12"]]
 
 
+def test_a_build_past_maintenance_work_mem_is_logged(pg_uri, caplog):
+    """pgvector's notice that the graph outgrew ``maintenance_work_mem`` (a much slower
+    build) reaches the log, naming the store."""
+    ids, docs, _ = data(n=6000, dim=64, seed=7)
+    name = table()
+    with open_store(spec(pg_uri, name), dimension=64, index_type="hnsw") as store:
+        with store.bulk_load():
+            store.add(ids, docs)
+        store.conn.execute("SET maintenance_work_mem = '1MB'")
+        with caplog.at_level("WARNING", logger="magretrieve.stores.pgvector_store"):
+            store.optimize()
+    said = [r.getMessage() for r in caplog.records if "maintenance_work_mem" in r.getMessage()]
+    assert said and name in said[0], caplog.text
+
+
 def test_ivfflat_is_built_after_the_load_and_exact_with_all_lists(pg_uri):
     ids, docs, queries = data(n=1000, nq=20, seed=2)
     with open_store(
