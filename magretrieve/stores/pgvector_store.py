@@ -185,8 +185,9 @@ class PgVectorStore(PgConnection):
                 f"{', '.join(INDEX_TYPES)}"
             )
         self._asked = opts.build()
-        #: HNSW build parameters of an index recorded at creation and not built yet
-        self._pending_hnsw: dict[str, int | None] | None = None
+        #: (access method, build parameters) of the index recorded at creation and not built
+        #: yet; IVFFlat lists of None are chosen from the row count when it is built
+        self._pending: tuple[str, dict[str, int | None]] | None = None
         return self._asked
 
     def _opened(self, opts: IndexOptions) -> None:
@@ -243,15 +244,18 @@ class PgVectorStore(PgConnection):
                 hnsw_m=built.get("hnsw_m"), ef_construction=built.get("ef_construction")
             )
             # created, written inside a bulk load that did not reach optimize(): still to build
-            self._pending_hnsw = {
-                "m": self._asked.get("hnsw_m") or built.get("hnsw_m"),
-                "ef_construction": self._asked.get("ef_construction")
-                or built.get("ef_construction"),
-            }
+            self._pending = (
+                "hnsw",
+                {
+                    "m": self._asked.get("hnsw_m") or built.get("hnsw_m"),
+                    "ef_construction": self._asked.get("ef_construction")
+                    or built.get("ef_construction"),
+                },
+            )
         elif built.get("index_type") == "ivfflat":
             recorded["nlist"] = built.get("nlist")
             # the index is still to build: optimize() builds it, as it would have before
-            self._pending_ivf = self._asked.get("nlist") or built.get("nlist")
+            self._pending = ("ivfflat", {"lists": self._asked.get("nlist") or built.get("nlist")})
         return recorded
 
     def _check_indexes(self) -> None:
@@ -290,11 +294,11 @@ class PgVectorStore(PgConnection):
         )
         if index_type == "hnsw":
             # built over the first rows (see the module docstring), not grown row by row
-            self._pending_hnsw = {"m": hnsw_m, "ef_construction": ef_construction}
+            self._pending = ("hnsw", {"m": hnsw_m, "ef_construction": ef_construction})
         elif index_type == "ivfflat":
             # IVFFlat lists are trained on the rows present when the index is built:
             # it is built by optimize(), after the bulk load
-            self._pending_ivf = nlist
+            self._pending = ("ivfflat", {"lists": nlist})
 
     def _create_index(self, method: str, params: Mapping[str, int | None]) -> None:
         sql = _sql()
@@ -335,21 +339,26 @@ class PgVectorStore(PgConnection):
                 cur.executemany(stmt, rows)
 
         self._tx(write)
-        if self._pending_hnsw is not None and not self.bulk_loading:
-            self._build_pending_hnsw()
+        # an HNSW graph takes rows as they come; IVFFlat lists are trained by optimize()
+        if self._pending is not None and self._pending[0] == "hnsw" and not self.bulk_loading:
+            self._build_pending()
 
-    def _build_pending_hnsw(self) -> None:
-        """Build the HNSW index recorded at creation over the rows stored now. An advisory
-        lock on the table's name makes a second writer doing the same find it built."""
-        params = self._pending_hnsw or {}
+    def _build_pending(self) -> None:
+        """Build the index recorded at creation over the rows stored now (IVFFlat lists not
+        given: 4·√rows, at most 4,096). An advisory lock on the table's name makes a second
+        writer doing the same find it built."""
+        assert self._pending is not None
+        method, params = self._pending
         name = ".".join(_quote(p) for p in self._name)
+        if method == "ivfflat" and not params.get("lists"):
+            params = {"lists": max(1, min(int(4 * np.sqrt(max(self.count(), 1))), 4096))}
 
         def build() -> None:
             self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
             if not any(
-                m == "hnsw" for _, m, _ in vector_indexes(self.conn, self._name, "embedding")
+                m == method for _, m, _ in vector_indexes(self.conn, self._name, "embedding")
             ):
-                self._create_index("hnsw", params)
+                self._create_index(method, params)
 
         def forward(diag: Any) -> None:
             # pgvector says when the graph outgrows maintenance_work_mem (a much slower build)
@@ -361,7 +370,7 @@ class PgVectorStore(PgConnection):
             self._run("index build", build)
         finally:
             self.conn.remove_notice_handler(forward)
-        self._pending_hnsw = None
+        self._pending = None
 
     def _search_settings(self, cur: Any, k: int) -> None:
         # SET LOCAL lasts until the end of the surrounding transaction; values are integers
@@ -470,14 +479,8 @@ class PgVectorStore(PgConnection):
         """Build a pending HNSW or IVFFlat index (lists trained on the rows now stored), then
         ANALYZE and tune to the target recall."""
         sql = _sql()
-        if self._pending_hnsw is not None:
-            self._build_pending_hnsw()
-        nlist = getattr(self, "_pending_ivf", False)
-        if nlist is not False:
-            n = self.count()
-            lists = int(nlist) if nlist else max(1, min(int(4 * np.sqrt(max(n, 1))), 4096))
-            self._run("index build", lambda: self._create_index("ivfflat", {"lists": lists}))
-            del self._pending_ivf
+        if self._pending is not None:
+            self._build_pending()
         self._run("analyze", lambda: self.conn.execute(sql.SQL("ANALYZE {}").format(self._table)))
         self.measure_recall(target_recall=self.target_recall)
 
@@ -511,8 +514,13 @@ class PgVectorStore(PgConnection):
                 out["recall"] = self.recall
         if any(m == "ivfflat" for _, m, _ in indexes):
             out["nprobe"] = self.nprobe or 1
-        if self._pending_hnsw is not None:
-            out["index_pending"] = "hnsw (built by the next write or optimize())"
+        if self._pending is not None:
+            method = self._pending[0]
+            out["index_pending"] = (
+                f"{method} (built by "
+                + ("the next write or " if method == "hnsw" else "")
+                + "optimize())"
+            )
         return out
 
 

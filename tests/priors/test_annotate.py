@@ -210,10 +210,15 @@ def test_pgvector_cosine_table_annotated_ranks_like_qdrant(tmp_path, pg_uri):
             pg.add(["x"], np.ones((1, DIM), dtype=np.float32))
         assert pg.delete([got[0][0].id, "999999"]) == 1
         assert pg.count() == N - 1
-    # a magretrieve table (inner product already) is not annotated
+    # a magretrieve table (inner product already) is not annotated: known by its COMMENT
+    # while empty (no index yet), by its vector_ip_ops index once rows arrived
     own = f"pgvector:{pg_uri}#own_{uuid.uuid4().hex[:8]}"
     open_store(own, dimension=DIM).close()
-    with pytest.raises(StoreError, match="inner.product (search|already)"):
+    with pytest.raises(StoreError, match="built by magretrieve for inner-product search"):
+        annotate_store(own, prior=prior, progress=False)
+    with open_store(own) as store:
+        store.add(["a"], np.ones((1, DIM), dtype=np.float32))
+    with pytest.raises(StoreError, match="searched by inner product already"):
         annotate_store(own, prior=prior, progress=False)
 
 
