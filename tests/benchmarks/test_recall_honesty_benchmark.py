@@ -50,7 +50,7 @@ def test_table_counts_per_size_and_names_a_failing_row(tmp_path):
     assert run == [
         "Run: `faiss-hnsw` not run; `faiss-ivf` not run; `scann` 100,000 (perturbed), "
         "1,000,000 (perturbed); `qdrant-edge` 1,000,000 (perturbed); `chroma` not run; "
-        "`lancedb` not run; `pgvector` not run."
+        "`lancedb` not run; `pgvector` not run; `pgvector-m32` not run."
     ]
 
 
