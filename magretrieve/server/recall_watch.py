@@ -8,7 +8,8 @@ query waiting in one pass over the stored vectors: the store hands them over in 
 (:meth:`~magretrieve.stores.base.VectorStore.iter_vectors`: views of its own arrays in the
 memory, FAISS and ScaNN stores, never a list of every id nor a second copy of the store),
 each block is scored for the whole batch in one matrix product, and the thread sleeps after
-each block so that it uses at most :data:`CPU_SHARE` of one core: a block costs the CPU
+each block so that it uses at most ``cpu_share`` of one core (the server's
+``--recall-cpu-share``; :data:`CPU_SHARE` here): a block costs the CPU
 time the thread got (on a busy machine, waiting for a core costs nothing), charged once per
 BLAS thread, as the product may run on each of them. recall@10 =
 |served top-10 ∩ exact top-10| / 10, averaged over the last :data:`WINDOW` checked queries,
@@ -45,8 +46,9 @@ WINDOW = 200
 QUEUE = 128
 #: Stored vectors scored per step (the memory the check needs beyond the store's own).
 CHUNK = VECTOR_BLOCK
-#: Share of one core the background check may use.
-CPU_SHARE = 0.1
+#: Share of one core the background check may use, unless given (the server passes
+#: ``ServerSettings.recall_cpu_share``).
+CPU_SHARE = 0.05
 #: Checked queries before a warning may be logged (a few queries are noise).
 MIN_QUERIES = 20
 

@@ -58,6 +58,7 @@ class ServerState:
                 retriever,
                 self.metrics,
                 settings.recall_sample,
+                cpu_share=settings.recall_cpu_share,
                 current=lambda: self.retriever,
             )
         folder = str(self.manifest.folder or "")

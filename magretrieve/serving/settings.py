@@ -128,7 +128,12 @@ class ServerSettings(EngineSettings):
     client that connects and sends nothing, or sends its headers a byte at a time, is closed
     (see :mod:`magretrieve.server.connections`). ``recall_sample`` is the share of unfiltered
     ``/search`` queries re-run exactly in the background for the live recall@10 gauge
-    (:mod:`magretrieve.server.recall_watch`); 0 turns the check off.
+    (:mod:`magretrieve.server.recall_watch`); 0 turns the check off. ``recall_cpu_share`` is
+    the share of one core that check may use: each exact pass streams every stored vector
+    through the caches the graphs and the store also use, so at a million vectors a share
+    of 0.1 cost a saturated 2-core server about a tenth of its searches per second
+    (benchmarks/results/serve_search.md); the default halves that, and the gauge updates
+    less often.
     """
 
     api_key: str | None = option(
@@ -172,6 +177,15 @@ class ServerSettings(EngineSettings):
         default=0.01,
         flag="--recall-sample",
         minimum=0,
+        maximum=1,
+    )
+    recall_cpu_share: float = option(
+        "Share of one core the live recall check may use (its exact passes rest between "
+        "blocks to stay within it).",
+        default=0.05,
+        flag="--recall-cpu-share",
+        minimum=0,
+        exclusive_minimum=True,
         maximum=1,
     )
 

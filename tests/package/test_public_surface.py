@@ -238,6 +238,7 @@ COMMANDS: dict[str, list[str]] = {
         "--onnx-spinning",
         "--port",
         "--prefetch",
+        "--recall-cpu-share",
         "--recall-sample",
         "--runtime",
         "--scann-leaves-to-search",

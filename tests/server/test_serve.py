@@ -318,10 +318,19 @@ def test_info_is_the_manifest(server, export_dir) -> None:
 @pytest.mark.integration
 def test_live_recall_is_checked_in_the_background(tmp_path, export_dir, store_template) -> None:
     """Every /search query re-run exactly (--recall-sample 1): an exact store reads 1.0 in the
-    gauge and in /info; a filtered search is not sampled (its exact answer differs)."""
+    gauge and in /info; a filtered search is not sampled (its exact answer differs); the
+    check runs within the CPU share it was given."""
     store = store_copy(store_template, tmp_path, "ix")
     srv = start_server(
-        export_dir, "--store", f"faiss:{store}", "--recall-sample", "1", key=None, log_dir=tmp_path
+        export_dir,
+        "--store",
+        f"faiss:{store}",
+        "--recall-sample",
+        "1",
+        "--recall-cpu-share",
+        "0.5",
+        key=None,
+        log_dir=tmp_path,
     )
     try:
         for q in ("lung cancer", "heart", "protein", "statins dose"):
@@ -334,6 +343,7 @@ def test_live_recall_is_checked_in_the_background(tmp_path, export_dir, store_te
                 break
             time.sleep(0.1)
         assert watch["checked"] == 4 and watch["recall_at_10"] == 1.0 and watch["sample"] == 1.0
+        assert watch["cpu_share"] == 0.5
         text = httpx.get(srv.url + "/metrics").text
         assert "magretrieve_recall_at_10 1.0" in text
         assert "magretrieve_recall_checked_queries_total 4.0" in text

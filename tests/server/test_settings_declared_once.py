@@ -30,6 +30,7 @@ SETTING_FLAGS = {
     "limit_concurrency": "--limit-concurrency",
     "timeout_keep_alive": "--timeout-keep-alive",
     "recall_sample": "--recall-sample",
+    "recall_cpu_share": "--recall-cpu-share",
 }
 PYTHON_ONLY = {"min_batch_fill", "max_body_bytes", "max_k", "retry_after_s"}
 
@@ -89,6 +90,7 @@ def test_the_flags_reach_the_settings(started, tmp_path, monkeypatch) -> None:
         "--max-batch-rows", "8", "--max-wait-ms", "0.5", "--max-queue", "3", "--no-batching",
         "--graph-workers", "1", "--no-onnx-spinning", "--model-id", "acme/m",
         "--limit-concurrency", "9", "--timeout-keep-alive", "2.5", "--recall-sample", "0",
+        "--recall-cpu-share", "0.2",
     ]  # fmt: skip
     result = CliRunner().invoke(main, ["serve", str(tmp_path), *args])
     assert result.exit_code == 0, result.output
@@ -108,6 +110,7 @@ def test_the_flags_reach_the_settings(started, tmp_path, monkeypatch) -> None:
             limit_concurrency=9,
             timeout_keep_alive=2.5,
             recall_sample=0.0,
+            recall_cpu_share=0.2,
         )
     ]
 
@@ -119,6 +122,11 @@ def test_the_flags_reach_the_settings(started, tmp_path, monkeypatch) -> None:
             ["--recall-sample", "1.5"],
             {"recall_sample": 1.5},
             "--recall-sample must be <= 1, got 1.5",
+        ),
+        (
+            ["--recall-cpu-share", "0"],
+            {"recall_cpu_share": 0},
+            "--recall-cpu-share must be > 0, got 0.0",
         ),
         (["--max-queue", "0"], {"max_queue": 0}, "--max-queue must be >= 1, got 0"),
         (["--max-wait-ms", "-1"], {"max_wait_ms": -1}, "--max-wait-ms must be >= 0, got -1.0"),
