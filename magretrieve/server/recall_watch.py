@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from magretrieve.core.topk import top_k
+from magretrieve.serving.settings import ServerSettings
 from magretrieve.stores.base import VECTOR_BLOCK
 
 logger = logging.getLogger(__name__)
@@ -46,9 +47,8 @@ WINDOW = 200
 QUEUE = 128
 #: Stored vectors scored per step (the memory the check needs beyond the store's own).
 CHUNK = VECTOR_BLOCK
-#: Share of one core the background check may use, unless given (the server passes
-#: ``ServerSettings.recall_cpu_share``).
-CPU_SHARE = 0.05
+#: Share of one core the background check may use, unless given: the server's default.
+CPU_SHARE: float = ServerSettings.named("recall_cpu_share").default
 #: Checked queries before a warning may be logged (a few queries are noise).
 MIN_QUERIES = 20
 

@@ -129,11 +129,10 @@ class ServerSettings(EngineSettings):
     (see :mod:`magretrieve.server.connections`). ``recall_sample`` is the share of unfiltered
     ``/search`` queries re-run exactly in the background for the live recall@10 gauge
     (:mod:`magretrieve.server.recall_watch`); 0 turns the check off. ``recall_cpu_share`` is
-    the share of one core that check may use: each exact pass streams every stored vector
-    through the caches the graphs and the store also use, so at a million vectors a share
-    of 0.1 cost a saturated 2-core server about a tenth of its searches per second
-    (benchmarks/results/serve_search.md); the default halves that, and the gauge updates
-    less often.
+    the share of one core that check may use. Each exact pass streams every stored vector
+    through the caches the graphs and the store also use, so a saturated server pays for
+    the check beyond its own CPU time (measured in docs/stores.md); a lower share means fewer
+    passes, each answering more of the sampled queries.
     """
 
     api_key: str | None = option(
