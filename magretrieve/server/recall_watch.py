@@ -6,7 +6,8 @@ unfiltered ``/search`` queries is queued (the request path only copies a vector 
 ids, and drops the sample when the queue is full), and one background thread answers every
 query waiting in one pass over the stored vectors: the store hands them over in large blocks
 (:meth:`~magretrieve.stores.base.VectorStore.iter_vectors`: views of its own arrays in the
-memory, FAISS and ScaNN stores, never a list of every id nor a second copy of the store),
+memory and ScaNN stores, rebuilt a block at a time by FAISS, never a list of every id nor a
+second copy of the store),
 each block is scored for the whole batch in one matrix product, and the thread sleeps after
 each block so that it uses at most ``cpu_share`` of one core (the server's
 ``--recall-cpu-share``; :data:`CPU_SHARE` here): a block costs the CPU

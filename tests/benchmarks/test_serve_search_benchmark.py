@@ -51,6 +51,12 @@ def test_a_tiny_run_serves_every_cell_with_recall_and_keeps_every_write(
         assert run["serve"]["search@1"]["recall"] == pytest.approx(
             run["ceiling"]["recall"], abs=0.05
         )
+        # the ceiling is measured before and after the cells; the ratio uses their mean
+        c = run["ceiling"]
+        assert c["qps"] == pytest.approx((c["before"]["qps"] + c["after"]["qps"]) / 2)
+        assert run["goals"]["vs_ceiling"] == pytest.approx(
+            run["serve"]["search@4"]["qps"] / c["qps"]
+        )
         w = run["writes"]
         # a fixed amount of work: 2 clients x 1 request x 64 documents, all acknowledged
         assert w["http"]["documents"] == 128 and w["acknowledged"] == 128
@@ -72,6 +78,7 @@ def test_a_tiny_run_serves_every_cell_with_recall_and_keeps_every_write(
     assert "writes" not in r2["runs"]["scann@3000"] and "writes" in r2["runs"]["faiss-hnsw@3000"]
     md = stem.with_suffix(".md").read_text()
     assert "## `scann:` scann at 3,000 vectors" in md and "PASS: zero errors" in md
+    assert md.count(" before the cells and ") == 2  # each store's ceiling says how it was taken
 
 
 def test_goal_arithmetic(bench) -> None:
