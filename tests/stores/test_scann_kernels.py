@@ -86,12 +86,16 @@ def test_opting_out_keeps_scanns_choice_and_the_recall_is_the_same(built) -> Non
     exact = np.argsort(-(queries @ docs.T), axis=1, kind="stable")[:, :10]
     want = [[ids[j] for j in row] for row in exact]
     got = {name: recall_at_k(run["ids"], want) for name, run in (("on", default), ("kept", kept))}
-    # the kernels round quantized scores differently, so on this small store candidates at
-    # the margin can change (seen 0.0125 apart); broken kernels would lose far more
+    # the kernels round quantized scores differently, so on this small untuned store
+    # candidates at the margin can change (seen 0.0125 apart); broken kernels would lose far
+    # more. The store's own recall depends on its partition training (0.75-0.91 over builds
+    # of this data), so only a floor that broken kernels would miss is asserted.
     assert abs(got["on"] - got["kept"]) <= 0.03, got
-    assert min(got.values()) >= 0.8, got
-    same = [a == b for a, b in zip(default["ids"], kept["ids"], strict=True)]
-    assert np.mean(same) >= 0.9  # most queries get the very same hits
+    assert min(got.values()) >= 0.5, got
+    # both kernels return nearly the same top 10 per query (0.9925-1.0 of the hits over
+    # builds; the share of queries with the very same list, 0.85-1.0, moves more)
+    overlap = [len(set(a) & set(b)) / 10 for a, b in zip(default["ids"], kept["ids"], strict=True)]
+    assert np.mean(overlap) >= 0.97, np.mean(overlap)
     for a, b, sa, sb in zip(
         default["ids"], kept["ids"], default["scores"], kept["scores"], strict=True
     ):
