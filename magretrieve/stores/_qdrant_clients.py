@@ -35,7 +35,7 @@ from typing import Any
 
 from magretrieve.core.errors import StoreError, WriterLockHeld
 from magretrieve.core.extras import require
-from magretrieve.stores._writer_lock import engine_busy, holder_of, open_engine
+from magretrieve.stores._writer_lock import WriterLock, engine_busy, holder_of, open_engine
 from magretrieve.stores.base import atomic_write_json
 
 #: Collection-metadata key under which the building model is recorded (qdrant-client).
@@ -213,6 +213,10 @@ class ClientAPI:
     def optimize(self) -> None:
         """A server builds HNSW in the background; embedded mode has no index."""
 
+    def claim(self) -> bool:
+        """Nothing to hold: the server or qdrant-client itself keeps writers apart."""
+        return False
+
     def close(self) -> None:
         if self.owns_client:
             self.client.close()
@@ -222,7 +226,13 @@ class ClientAPI:
 
 
 class EdgeAPI:
-    """Qdrant Edge (``qdrant-edge-py``): a shard in ``DIR/shard``, our document beside it."""
+    """Qdrant Edge (``qdrant-edge-py``): a shard in ``DIR/shard``, our document beside it.
+
+    The folder's writer lock is taken before the shard is created or loaded and held until
+    :meth:`close`. Edge locks only its WAL, after a new shard's files are written and not
+    through the whole close, so a second process could otherwise load (or create over) a
+    shard another one is still writing and read it back damaged.
+    """
 
     embedded = False
     thread_safe = True
@@ -235,7 +245,14 @@ class EdgeAPI:
         self.models = edge_module()
         self.shard: Any = None
         self._write_lock = threading.Lock()
+        self._folder_lock = WriterLock(self.path, self.where, engine="Qdrant Edge")
         self._closed = False
+
+    def claim(self) -> bool:
+        """Hold the store folder (idempotent); another process holding it is refused, named.
+        True: what exists must be looked up again (it may have been created meanwhile)."""
+        self._folder_lock.acquire()
+        return True
 
     def errors(self) -> tuple[type[BaseException], ...]:
         """Qdrant Edge reports faults as plain Python exceptions, some as bare ``Exception``
@@ -271,6 +288,7 @@ class EdgeAPI:
 
     def open(self) -> None:
         """Load the existing shard (after its config passed the store's checks)."""
+        self.claim()
         try:  # held by another process (named), or a damaged shard: no traceback
             self.shard = open_engine(
                 lambda: self.models.EdgeShard.load(str(self.shard_path)),
@@ -279,8 +297,10 @@ class EdgeAPI:
                 "Qdrant Edge",
             )
         except WriterLockHeld:
+            self._folder_lock.release()
             raise
         except Exception as exc:
+            self._folder_lock.release()
             raise StoreError(
                 f"{self.shard_path}: cannot open the Qdrant Edge shard ({type(exc).__name__}: {exc})"
             ) from None
@@ -313,10 +333,11 @@ class EdgeAPI:
                 else None
             ),
         )
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.claim()
         try:
             self.shard = qe.EdgeShard.create(str(self.shard_path), config)
-        except Exception:  # another process created it meanwhile (and is locking it)
+        except Exception:  # another program created it meanwhile (and is locking it)
+            self._folder_lock.release()
             for _ in range(20):
                 holder = holder_of(self.shard_path / "wal")
                 if holder is not None:
@@ -403,10 +424,13 @@ class EdgeAPI:
             self.shard.flush()
 
     def close(self) -> None:
-        if not self._closed and self.shard is not None:
-            self.shard.flush()
-            self.shard.close()
-            self._closed = True
+        try:
+            if not self._closed and self.shard is not None:
+                self.shard.flush()
+                self.shard.close()
+                self._closed = True
+        finally:  # after Edge let go of every file
+            self._folder_lock.release()
 
     def info(self) -> dict[str, Any]:
         info = self.shard.info()

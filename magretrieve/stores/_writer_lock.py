@@ -92,11 +92,16 @@ def _program(argv: list[str]) -> str:
 
 
 class WriterLock:
-    """Exclusive, non-blocking, per-folder; ``acquire`` is idempotent."""
+    """Exclusive, non-blocking, per-folder; ``acquire`` is idempotent.
 
-    def __init__(self, folder: Path, where: str) -> None:
+    ``engine``: the name of an engine that opens a store in one process at a time (readers
+    too); its refusal is then worded as :func:`engine_busy`'s.
+    """
+
+    def __init__(self, folder: Path, where: str, engine: str | None = None) -> None:
         self.folder = Path(folder)
         self.where = where
+        self.engine = engine
         self._fd: int | None = None
         #: Folders ``acquire`` created (deepest first): removed again by ``discard_empty``.
         self.created: list[Path] = []
@@ -115,6 +120,8 @@ class WriterLock:
         holder = _take_or_name(fd, self.folder)
         if holder is not None:
             os.close(fd)
+            if self.engine is not None:
+                raise engine_busy(self.where, holder, self.engine) from None
             raise WriterLockHeld(
                 f"{self.where}: another writer holds this store ({holder}); wait for it to "
                 "finish, or write to another folder (searching it is fine meanwhile)"

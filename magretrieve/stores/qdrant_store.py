@@ -158,6 +158,9 @@ class QdrantStore(VectorStore):
         """The store over any object implementing the client interface of _qdrant_clients."""
         return cls(dimension=dimension, api=api, **options)
 
+    def _before_create(self) -> bool:
+        return bool(self.api.claim())
+
     def _exists(self) -> bool:
         self._config = self.api.config()
         return self._config is not None

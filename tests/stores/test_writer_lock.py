@@ -106,3 +106,38 @@ def test_a_chroma_folder_another_writer_is_creating_is_refused_by_name(held):
     ):
         open_store(f"chroma:{folder}/docs", dimension=4)
     assert not (folder / "chroma.sqlite3").exists()  # nothing created meanwhile
+
+
+def test_a_qdrant_edge_folder_another_process_holds_is_refused_before_edge_touches_it(held):
+    """Edge locks only its WAL, and only after a new shard's files are written; a second
+    process creating or loading beside a writer damaged the shard, so the store takes the
+    folder first and refuses with the one-process-at-a-time wording."""
+    pytest.importorskip("qdrant_edge")
+    from magretrieve.stores import open_store
+
+    folder, _ = held
+    refusal = rf"another process holds this store \(this process \(pid {os.getpid()}.*Qdrant Edge"
+    with pytest.raises(WriterLockHeld, match=refusal):
+        open_store(f"qdrant-edge:{folder}", dimension=4)
+    assert list(folder.iterdir()) == []  # no shard created meanwhile
+
+
+def test_an_open_qdrant_edge_store_holds_its_folder_until_closed(tmp_path):
+    pytest.importorskip("qdrant_edge")
+    import numpy as np
+
+    from magretrieve.stores import open_store
+
+    folder = tmp_path / "edge"
+    store = open_store(f"qdrant-edge:{folder}", dimension=4)
+    store.add(["a", "b"], np.eye(4, dtype=np.float32)[:2])
+    assert holder_of(folder) == f"this process (pid {os.getpid()}, another open store object)"
+    with pytest.raises(WriterLockHeld, match=r"another process holds this store .*Qdrant Edge"):
+        open_store(f"qdrant-edge:{folder}")  # a reader too: Edge opens in one process at a time
+    store.close()
+    assert holder_of(folder) is None
+    again = open_store(f"qdrant-edge:{folder}")
+    try:
+        assert sorted(again.iter_ids()) == ["a", "b"]
+    finally:
+        again.close()
