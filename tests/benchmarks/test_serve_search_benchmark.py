@@ -13,6 +13,9 @@ from tests.support.benchmarks import load_benchmark
 
 pytestmark = pytest.mark.integration
 
+#: The in-process rates of a ceiling measurement; the ceiling is the fastest.
+QPS_KEYS = ("qps_one_at_a_time", "qps_concurrent", "qps_batched")
+
 
 @pytest.fixture(scope="module")
 def bench():
@@ -57,6 +60,16 @@ def test_a_tiny_run_serves_every_cell_with_recall_and_keeps_every_write(
         assert run["goals"]["vs_ceiling"] == pytest.approx(
             run["serve"]["search@4"]["qps"] / c["qps"]
         )
+        # the goal cell's client count of threads called Retriever.search at once
+        assert c["concurrency"] == 4 and c["before"]["concurrency"] == 4
+        assert 0 < c["qps_concurrent"] <= c["qps"]
+        assert c["qps"] == pytest.approx(
+            (max(c["before"][k] for k in QPS_KEYS) + max(c["after"][k] for k in QPS_KEYS)) / 2
+        )
+        assert c["recall_concurrent"] == pytest.approx(c["recall"], abs=0.05)
+        assert run["goals"]["vs_same_concurrency"] == pytest.approx(
+            run["serve"]["search@4"]["qps"] / c["qps_concurrent"]
+        )
         w = run["writes"]
         # a fixed amount of work: 2 clients x 1 request x 64 documents, all acknowledged
         assert w["http"]["documents"] == 128 and w["acknowledged"] == 128
@@ -79,6 +92,8 @@ def test_a_tiny_run_serves_every_cell_with_recall_and_keeps_every_write(
     md = stem.with_suffix(".md").read_text()
     assert "## `scann:` scann at 3,000 vectors" in md and "PASS: zero errors" in md
     assert md.count(" before the cells and ") == 2  # each store's ceiling says how it was taken
+    assert md.count("4 threads calling it at once") == 2
+    assert md.count("calling `Retriever.search` from 4 threads") == 2
 
 
 def test_goal_arithmetic(bench) -> None:
@@ -96,6 +111,10 @@ def test_goal_arithmetic(bench) -> None:
     }  # fmt: skip
     g = bench.goals(run, [8, 32])
     assert g["vs_ceiling"] == pytest.approx(0.85)
+    assert g["vs_same_concurrency"] is None  # a ceiling taken without threads
+    run["ceiling"]["qps_concurrent"] = 50.0
+    assert bench.goals(run, [8, 32])["vs_same_concurrency"] == pytest.approx(1.7)
+    assert bench.goal_clients([1, 8, 32, 128]) == 32 and bench.goal_clients([1, 4]) == 4
     assert g["p99_over_p50"] == pytest.approx(3.5)
     assert g["rss_budget_mb"] == pytest.approx(2100.0)
     assert g["errors"] == 1
