@@ -30,7 +30,7 @@ from magretrieve.core.errors import StoreError
 from magretrieve.core.files import is_plain_file_name
 from magretrieve.core.redact import redact_value
 from magretrieve.core.text import lone_surrogate
-from magretrieve.stores.options import IndexOptions
+from magretrieve.stores.options import IndexOptions, check_dimension
 
 #: The only metric a magretrieve store uses.
 METRIC = "inner_product"
@@ -298,8 +298,10 @@ class VectorStore(ABC):
         ``_dim`` and :attr:`created_here`.
         """
         exists = self._exists()
-        if not exists and dimension is not None and self._before_create():
-            exists = self._exists()
+        if not exists and dimension is not None:
+            check_dimension(dimension, self.location)  # bad input takes no lock, makes no folder
+            if self._before_create():
+                exists = self._exists()
         if exists:
             self.created_here = False
             found = int(self._open_existing(dimension))
@@ -1111,15 +1113,6 @@ def check_queries(queries: np.ndarray, dimension: int, where: str) -> np.ndarray
     if bad.any():
         raise StoreError(f"{where}: query vector {int(np.flatnonzero(bad)[0])} contains NaN or inf")
     return np.ascontiguousarray(arr)
-
-
-def check_dimension(dimension: int, where: str) -> int:
-    """The dimension a store is created with: a positive integer (a bool is refused)."""
-    if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)):
-        raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
-    if int(dimension) < 1:
-        raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
-    return int(dimension)
 
 
 def check_k(k: int) -> int:

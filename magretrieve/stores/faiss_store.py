@@ -44,12 +44,11 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
-    check_dimension,
     check_reopen,
     missing_store,
     reading_store,
 )
-from magretrieve.stores.options import IndexOptions, StoreOptions
+from magretrieve.stores.options import IndexOptions, StoreOptions, check_dimension
 
 logger = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ receives one checked :class:`IndexOptions` instead of a list of keywords.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -172,3 +173,13 @@ class AnnotatedOptions(StoreOptions):
         maximum=100_000,
         search=True,
     )
+
+
+def check_dimension(dimension: int, where: str) -> int:
+    """The dimension a store is created with: a positive integer (a bool is refused; numpy
+    integers are integers)."""
+    if isinstance(dimension, bool) or not isinstance(dimension, numbers.Integral):
+        raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
+    if int(dimension) < 1:
+        raise StoreError(f"{where}: dimension must be a positive integer, got {dimension!r}")
+    return int(dimension)

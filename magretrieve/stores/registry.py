@@ -79,13 +79,14 @@ from pathlib import Path
 from typing import Any
 
 from magretrieve.core.errors import StoreError
-from magretrieve.core.redact import remember_secrets
+from magretrieve.core.redact import redact, remember_secrets
 from magretrieve.stores.options import (
     INDEX_TYPE_HELP,
     AnnotatedOptions,
     IndexOptions,
     StoreOption,
     StoreOptions,
+    check_dimension,
 )
 
 __all__ = [
@@ -311,6 +312,8 @@ def open_spec(spec: str, dimension: int | None, options: dict[str, Any]) -> Any:
     opts = check_options(backend, options, spec)
     if backend.folder and loc.get("path"):
         check_folder(loc["path"], spec)
+    if dimension is not None:  # before a backend connects, which may make its files
+        check_dimension(dimension, redact(spec))
     return backend.open(loc, dimension, **opts)
 
 

@@ -80,14 +80,13 @@ from magretrieve.stores.base import (
     StoreHit,
     StoreRecord,
     VectorStore,
-    check_dimension,
     fsync_dir,
     missing_store,
     plain_file,
     reading_store,
     state_metadata,
 )
-from magretrieve.stores.options import RecallOptions, StoreOptions
+from magretrieve.stores.options import RecallOptions, StoreOptions, check_dimension
 
 logger = logging.getLogger(__name__)
 

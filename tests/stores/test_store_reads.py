@@ -62,6 +62,28 @@ def test_a_read_only_open_of_a_missing_store_creates_nothing(tmp_path, backend):
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.parametrize("dimension", [0, -3, True, 2.5])
+@pytest.mark.parametrize("backend", list(MISSING))
+def test_creating_with_a_bad_dimension_creates_nothing(tmp_path, backend, dimension):
+    """Refused alike, in one line naming the store, before any backend makes a file (Chroma,
+    Milvus Lite and embedded Qdrant create theirs when they connect)."""
+    spec = MISSING[backend].format(d=tmp_path)
+    with pytest.raises(StoreError) as info:
+        open_store(spec, dimension=dimension)
+    assert str(info.value) == f"{spec}: dimension must be a positive integer, got {dimension!r}"
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["pgvector:postgresql://u:sekret@127.0.0.1:9/db#t", "qdrant:http://u:sekret@127.0.0.1:9/docs"],
+)
+def test_a_bad_dimension_for_a_server_store_names_it_without_its_secret(spec):
+    with pytest.raises(StoreError, match="dimension must be a positive integer") as info:
+        open_store(spec, dimension=0)
+    assert "sekret" not in str(info.value) and "u:***@127.0.0.1:9" in str(info.value)
+
+
 @pytest.mark.parametrize("backend", ["chroma", "lancedb", "faiss"])
 def test_search_on_a_mistyped_store_path_creates_nothing(use_fake, tmp_path, backend):
     spec = MISSING[backend].format(d=tmp_path)
