@@ -51,6 +51,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -263,8 +264,6 @@ def ceiling(
     """In-process Retriever.search over the same texts: one per call, from ``concurrency``
     threads at once (what an application embedding the library with that many requests in
     flight gets), and batched. The ceiling is the fastest of the three."""
-    import threading
-
     from magretrieve.serving.retriever import Retriever
 
     with Retriever.load(export, spec, threads=threads, create=False) as r:
@@ -324,8 +323,7 @@ def bracketed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     measurements kept (``before`` / ``after``)."""
     out = dict(before)
     for key in ("qps", "qps_one_at_a_time", "qps_concurrent", "qps_batched"):
-        if key in before and key in after:
-            out[key] = (before[key] + after[key]) / 2
+        out[key] = (before[key] + after[key]) / 2
     out["before"], out["after"] = before, after
     return out
 

@@ -299,7 +299,8 @@ class VectorStore(ABC):
         """
         exists = self._exists()
         if not exists and dimension is not None:
-            check_dimension(dimension, self.location)  # bad input takes no lock, makes no folder
+            # checked before a writer lock is taken or a folder made: bad input creates nothing
+            dimension = check_dimension(dimension, self.location)
             if self._before_create():
                 exists = self._exists()
         if exists:
@@ -315,7 +316,7 @@ class VectorStore(ABC):
             return
         if dimension is None:
             raise missing_store(self.location, what)
-        self._dim = check_dimension(dimension, self.location)
+        self._dim = dimension  # checked above: only a missing store gets here
         self._create(self._dim)
         self.created_here = True
 

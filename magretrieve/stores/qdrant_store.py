@@ -159,7 +159,7 @@ class QdrantStore(VectorStore):
         return cls(dimension=dimension, api=api, **options)
 
     def _before_create(self) -> bool:
-        return bool(self.api.claim())
+        return self.api.claim()
 
     def _exists(self) -> bool:
         self._config = self.api.config()
