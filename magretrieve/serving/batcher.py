@@ -20,13 +20,21 @@ paid would be real, against 80 of 88 without it), and a 60-token query never joi
 ones. Requests left behind wait for a batch of their own length instead (the oldest request
 always goes first, so none starves).
 
+A request whose texts would not fit one batch (a ``/documents`` write of 64 passages, an
+OpenAI call of 2,048 texts) is queued as its token-budget parts, cut as the encoder would cut
+it (longest first, :func:`~magretrieve.core.batching.token_budget_batches`), and answered once
+every part ran, in its own order. A part is a batch like any other: a query waits for one part
+of a document request, not for the whole request, and the parts of one request run on every
+worker at once.
+
 The wait: a request that finds nobody else queued runs at once (a lone client never pays
 ``max_wait_ms``). Once a batch holds two requests or more, the worker holds it at most
 ``max_wait_ms`` after its first request arrived for more to join, unless the batch is full
 or a request it could not take is waiting (then the cores have work and waiting only idles
 them). Under load the queue fills while a batch runs, so batches grow without waiting.
 
-The queue is bounded: past ``max_queue`` waiting requests :meth:`DynamicBatcher.submit` raises
+The queue is bounded: past ``max_queue`` waiting requests (a request split into parts waits
+until its last part is taken) :meth:`DynamicBatcher.submit` raises
 :class:`~magretrieve.serving.errors.QueueFull` (the server answers 503 with ``Retry-After``).
 :meth:`DynamicBatcher.close` refuses new requests and finishes every queued one before the
 threads end, so a SIGTERM drains.
@@ -52,6 +60,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from magretrieve.core.batching import token_budget_batches
 from magretrieve.core.config import SIDES
 from magretrieve.serving.errors import Draining, QueueFull
 from magretrieve.serving.settings import EngineSettings
@@ -73,7 +82,8 @@ class BatchObserver(Protocol):
     """What the batcher reports (the server counts it in Prometheus metrics)."""
 
     def on_batch(self, side: str, texts: int, requests: int) -> None:
-        """A merged batch of ``texts`` texts from ``requests`` requests ran."""
+        """A merged batch of ``texts`` texts from ``requests`` requests ran (a part of a
+        request split at the token budget counts as one)."""
 
     def on_queue_depth(self, waiting: int) -> None:
         """Requests waiting now, after a batch was taken."""
@@ -91,6 +101,43 @@ class _Job:
     tokens: int
     deliver: Deliver
     enqueued: float = field(default_factory=time.monotonic)
+    #: The request this job is a part of (None: the job is the whole request).
+    parts: _Parts | None = None
+
+
+class _Parts:
+    """One request queued as several parts: gathers the parts' rows in the request's order
+    and hands them over once every part ran, or the first error once."""
+
+    def __init__(self, rows: int, count: int, deliver: Deliver) -> None:
+        self.rows = rows
+        self.untaken = count  # parts still queued (the request waits until none is)
+        self._left = count
+        self._out: np.ndarray | None = None
+        self._deliver: Deliver | None = deliver
+        self._lock = threading.Lock()
+
+    def part(self, index: np.ndarray) -> Deliver:
+        """The delivery of the part holding the request's rows ``index``."""
+
+        def deliver(vectors: np.ndarray | None, error: BaseException | None) -> None:
+            with self._lock:
+                if self._deliver is None:  # an earlier part failed: the request has its answer
+                    return
+                if error is not None or vectors is None:
+                    done, self._deliver = self._deliver, None
+                    result: np.ndarray | None = None
+                else:
+                    if self._out is None:
+                        self._out = np.empty((self.rows, *vectors.shape[1:]), vectors.dtype)
+                    self._out[index] = vectors
+                    self._left -= 1
+                    if self._left:
+                        return
+                    done, self._deliver, result = self._deliver, None, self._out
+            done(result, error)
+
+        return deliver
 
 
 @dataclass
@@ -220,7 +267,8 @@ class DynamicBatcher(WorkerThreads):
         self.settings = settings
         self.observer = observer
         self._queues: dict[str, deque[_Job]] = {side: deque() for side in SIDES}
-        self._waiting = 0
+        self._waiting = 0  # jobs queued (a split request's parts each count)
+        self._requests = 0  # requests with a job still queued
         #: Batches in the graphs now, and whether one of them runs alone on every thread.
         self._running = 0
         self._alone_running = False
@@ -228,8 +276,8 @@ class DynamicBatcher(WorkerThreads):
 
     @property
     def depth(self) -> int:
-        """Requests waiting for the encoder (not counting the batch running now)."""
-        return self._waiting
+        """Requests waiting for the encoder (not counting the batches running now)."""
+        return self._requests
 
     async def submit(self, side: str, encodings: Sequence[Any]) -> np.ndarray:
         """The vectors of ``encodings`` (one request's texts, in order) once their batch ran."""
@@ -244,26 +292,59 @@ class DynamicBatcher(WorkerThreads):
         return future.result()
 
     def _enqueue(self, side: str, encodings: Sequence[Any], deliver: Deliver) -> None:
-        job = _Job(
-            side,
-            encodings,
-            max((len(e.ids) for e in encodings), default=1),
-            sum(len(e.ids) for e in encodings),
-            deliver,
-        )
+        jobs = self._jobs(side, encodings, deliver)
         with self._cond:
             if self._closing:
                 raise Draining("the encoder is shutting down and takes no new texts")
-            if self._waiting >= self.settings.max_queue:
+            if self._requests >= self.settings.max_queue:
                 if self.observer is not None:
                     self.observer.on_rejected()
                 raise QueueFull(
                     f"the encoder queue is full ({self.settings.max_queue} requests waiting); "
                     "retry later"
                 )
-            self._queues[side].append(job)
-            self._waiting += 1
-            self._cond.notify()
+            self._queues[side].extend(jobs)
+            self._waiting += len(jobs)
+            self._requests += 1
+            self._cond.notify(len(jobs))
+
+    def _jobs(self, side: str, encodings: Sequence[Any], deliver: Deliver) -> list[_Job]:
+        """The request as one job, or as its token-budget parts when it would not fit one
+        batch (see the module docstring)."""
+        lengths = [len(e.ids) for e in encodings]
+        longest, s = max(lengths, default=1), self.settings
+        fits = len(lengths) <= s.max_batch_rows and len(lengths) * longest <= s.max_batch_tokens
+        pieces = (
+            []
+            if fits or not s.batching
+            else token_budget_batches(lengths, s.max_batch_tokens, s.max_batch_rows)
+        )
+        if len(pieces) <= 1:
+            return [_Job(side, encodings, longest, sum(lengths), deliver)]
+        parts = _Parts(len(encodings), len(pieces), deliver)
+        now = time.monotonic()
+        return [
+            _Job(
+                side,
+                [encodings[i] for i in index],
+                max(max(lengths[i] for i in index), 1),
+                sum(lengths[i] for i in index),
+                parts.part(index),
+                enqueued=now,
+                parts=parts,
+            )
+            for index in pieces
+        ]
+
+    def _took(self, job: _Job) -> None:
+        """Count ``job`` out of the queue (its request stops waiting with its last part).
+        Called with the lock held."""
+        self._waiting -= 1
+        if job.parts is not None:
+            job.parts.untaken -= 1
+            if job.parts.untaken:
+                return
+        self._requests -= 1
 
     # ------------------------------------------------------------------ worker
 
@@ -279,7 +360,7 @@ class DynamicBatcher(WorkerThreads):
             side = self._next_side()
             queue = self._queues[side]
             jobs = [queue.popleft()]
-            self._waiting -= 1
+            self._took(jobs[0])
             if s.batching:
                 batch = _Shape(len(jobs[0].encodings), jobs[0].longest, jobs[0].tokens)
                 deadline = jobs[0].enqueued + s.max_wait_ms / 1000.0
@@ -297,7 +378,7 @@ class DynamicBatcher(WorkerThreads):
             self._running += 1
             self._alone_running = alone
             if self.observer is not None:
-                self.observer.on_queue_depth(self._waiting)
+                self.observer.on_queue_depth(self._requests)
         return jobs, alone
 
     def _next_side(self) -> str:
@@ -333,7 +414,8 @@ class DynamicBatcher(WorkerThreads):
                 taken.add(id(job))
         if taken:
             kept = [job for job in queue if id(job) not in taken]
-            self._waiting -= len(taken)
+            for job in jobs[-len(taken) :]:
+                self._took(job)
             queue.clear()
             queue.extend(kept)
         return bool(queue)

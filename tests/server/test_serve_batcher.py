@@ -424,3 +424,123 @@ def test_queries_waiting_behind_documents_go_first_once_per_document_batch() -> 
         ("document", 2),
         ("document", 3),
     ]
+
+
+def test_a_request_over_the_budget_runs_as_its_token_budget_parts() -> None:
+    """Seven texts under a 100-token budget: the encoder's own cut (longest first, as many rows
+    as the longest allows) as two parts, the request's rows back in its order."""
+    fake = FakeEncoder()
+    b = DynamicBatcher(fake, EngineSettings(graph_workers=1, max_wait_ms=0, max_batch_tokens=100))
+    b.start()
+    lengths = [30, 10, 30, 25, 30, 10, 20]
+    try:
+        out = run(b.submit("document", [enc(n, i) for i, n in enumerate(lengths)]))
+    finally:
+        b.close()
+    # longest first: [0, 2, 4] (3 × 30 = 90), then [3, 6, 1, 5] (4 × 25 = 100)
+    assert fake.batches == [("document", 3), ("document", 4)]
+    assert out[:, 0].tolist() == list(range(7))
+    assert out[:, 1].tolist() == [3, 4, 3, 4, 3, 4, 4]
+
+
+def test_queries_wait_for_one_part_of_a_long_document_request() -> None:
+    """A document request of four budget-sized parts is queued before two queries: each query
+    runs after one part, not after the whole request."""
+    order: list[tuple[str, float]] = []
+    gate = threading.Event()
+
+    def encode(encodings, side):
+        gate.wait(5)
+        order.append((side, min(e.ids[0] for e in encodings)))
+        return np.zeros((len(encodings), 2), dtype=np.float32)
+
+    # one row a batch: the two queries run apart (they would merge otherwise)
+    settings = EngineSettings(graph_workers=1, max_wait_ms=0, max_batch_tokens=10, max_batch_rows=1)
+    b = DynamicBatcher(encode, settings)
+    b.start()
+
+    async def go():
+        docs = asyncio.ensure_future(b.submit("document", [enc(10, v) for v in range(4)]))
+        await asyncio.sleep(0)  # queued ...
+        while b._waiting > 3:  # ... and its first part taken and held at the gate
+            await asyncio.sleep(0.01)
+        queries = [asyncio.ensure_future(b.submit("query", [enc(3, v)])) for v in (10, 11)]
+        await asyncio.sleep(0.05)
+        assert b.depth == 3  # the document request (three parts left) and two queries
+        gate.set()
+        await asyncio.gather(docs, *queries)
+
+    try:
+        run(go())
+    finally:
+        b.close()
+    assert order == [
+        ("document", 0),
+        ("query", 10),
+        ("document", 1),
+        ("query", 11),
+        ("document", 2),
+        ("document", 3),
+    ]
+
+
+def test_a_failing_part_fails_its_request_once_and_spares_the_others() -> None:
+    calls: list[float] = []
+
+    def encode(encodings, side):
+        calls.append(encodings[0].ids[0])
+        if any(e.ids[0] == 2 for e in encodings):
+            raise RuntimeError("graph failed on part 2")
+        return np.array([[e.ids[0], 0] for e in encodings], dtype=np.float32)
+
+    b = DynamicBatcher(encode, EngineSettings(graph_workers=2, max_wait_ms=0, max_batch_tokens=5))
+    b.start()
+
+    async def go():
+        return await asyncio.gather(
+            b.submit("document", [enc(5, v) for v in range(4)]),
+            b.submit("document", [enc(5, 7)]),
+            return_exceptions=True,
+        )
+
+    try:
+        failed, fine = run(go())
+    finally:
+        b.close()
+    assert isinstance(failed, RuntimeError) and str(failed) == "graph failed on part 2"
+    assert fine[:, 0].tolist() == [7]
+    assert sorted(calls) == [0, 1, 2, 3, 7]  # every part ran; the error was handed over once
+    assert b.depth == 0
+
+
+def test_the_queue_bound_counts_a_split_request_once() -> None:
+    fake = FakeEncoder()
+    fake.gate.clear()
+    b = DynamicBatcher(
+        fake,
+        EngineSettings(
+            graph_workers=1, max_queue=2, max_wait_ms=0, max_batch_tokens=4, max_batch_rows=1
+        ),
+    )
+    b.start()
+
+    async def go():
+        first = asyncio.ensure_future(b.submit("query", [enc(3, 0)]))
+        await asyncio.sleep(0)  # queued ...
+        while b.depth:  # ... taken and held at the gate
+            await asyncio.sleep(0.01)
+        split = asyncio.ensure_future(b.submit("document", [enc(4, v) for v in range(5)]))
+        other = asyncio.ensure_future(b.submit("query", [enc(3, 9)]))
+        await asyncio.sleep(0.05)
+        assert b.depth == 2 and b._waiting == 6  # five parts and a query: two requests
+        with pytest.raises(QueueFull):
+            await b.submit("query", [enc(3, 8)])
+        fake.gate.set()
+        return await asyncio.gather(first, split, other)
+
+    try:
+        _, docs, _ = run(go())
+    finally:
+        b.close()
+    assert docs[:, 0].tolist() == [0, 1, 2, 3, 4]
+    assert b.depth == 0 and b._waiting == 0
