@@ -13,8 +13,9 @@ from tests.support.benchmarks import load_benchmark
 
 pytestmark = pytest.mark.integration
 
-#: The in-process rates of a ceiling measurement; the ceiling is the fastest.
-QPS_KEYS = ("qps_one_at_a_time", "qps_concurrent", "qps_batched")
+#: The in-process rates with the goal cell's client count of queries in hand; the ceiling is
+#: the fastest (``search_batch`` of every text at once is measured beside them, not in it).
+QPS_KEYS = ("qps_one_at_a_time", "qps_concurrent", "qps_chunks")
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +68,12 @@ def test_a_tiny_run_serves_every_cell_with_recall_and_keeps_every_write(
             (max(c["before"][k] for k in QPS_KEYS) + max(c["after"][k] for k in QPS_KEYS)) / 2
         )
         assert c["recall_concurrent"] == pytest.approx(c["recall"], abs=0.05)
+        assert c["recall_chunks"] == pytest.approx(c["recall"], abs=0.05)
+        # all texts at once is reported beside the ceiling, with its own ratio
+        assert c["qps_batched"] > 0 and c["qps_chunks"] > 0
+        assert run["goals"]["vs_all_at_once"] == pytest.approx(
+            run["serve"]["search@4"]["qps"] / c["qps_batched"]
+        )
         assert run["goals"]["vs_same_concurrency"] == pytest.approx(
             run["serve"]["search@4"]["qps"] / c["qps_concurrent"]
         )
@@ -94,6 +101,9 @@ def test_a_tiny_run_serves_every_cell_with_recall_and_keeps_every_write(
     assert md.count(" before the cells and ") == 2  # each store's ceiling says how it was taken
     assert md.count("4 threads calling it at once") == 2
     assert md.count("calling `Retriever.search` from 4 threads") == 2
+    assert md.count("`search_batch` of 4 texts at a time") == 2
+    assert md.count("; not in it: `search_batch` of all ") == 2
+    assert md.count("at once (not a goal: a server with 4 requests in flight") == 2
 
 
 def test_goal_arithmetic(bench) -> None:
@@ -114,6 +124,9 @@ def test_goal_arithmetic(bench) -> None:
     assert g["vs_same_concurrency"] is None  # a ceiling taken without threads
     run["ceiling"]["qps_concurrent"] = 50.0
     assert bench.goals(run, [8, 32])["vs_same_concurrency"] == pytest.approx(1.7)
+    assert g["vs_all_at_once"] is None  # nor with every text at once
+    run["ceiling"]["qps_batched"] = 170.0
+    assert bench.goals(run, [8, 32])["vs_all_at_once"] == pytest.approx(0.5)
     assert bench.goal_clients([1, 8, 32, 128]) == 32 and bench.goal_clients([1, 4]) == 4
     assert g["p99_over_p50"] == pytest.approx(3.5)
     assert g["rss_budget_mb"] == pytest.approx(2100.0)
