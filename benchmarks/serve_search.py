@@ -701,7 +701,7 @@ def write_results(result: dict[str, Any], stem: Path) -> None:
                 else ""
             )
             + ("; not in it: " if "qps_chunks" in c else ", ")
-            + f"`search_batch` of all {r['queries']} at once {c['qps_batched']:.1f}"
+            + f"`search_batch` of all {r['queries']:,} at once {c['qps_batched']:.1f}"
             + (
                 f"; the mean of {c['before']['qps']:.1f} before the cells and "
                 f"{c['after']['qps']:.1f} after them"
@@ -767,7 +767,7 @@ def write_results(result: dict[str, Any], stem: Path) -> None:
                 f"(**{w['http']['docs_per_s'] / w['in_process']['docs_per_s']:.2f}×**)",
                 f"- searches meanwhile ({sw['clients']} clients): {sw['qps']:.1f} q/s, p50 "
                 f"{_f(sw['p50_ms'])} ms, **p99 {_f(sw['p99_ms'])} ms**, errors {sw['errors']}, recall@10 "
-                f"{sw['recall']}",
+                f"{sw['recall']}" + (f"; server RSS {w['rss_mb']:.0f} MB" if "rss_mb" in w else ""),
                 f"- every acknowledged write fetched by id after the server stopped: "
                 f"{w['acknowledged'] - w['missing_after']} of {w['acknowledged']} found "
                 f"(in-process: {w['in_process']['documents'] - w['in_process_missing_after']} of "
@@ -786,7 +786,7 @@ def write_results(result: dict[str, Any], stem: Path) -> None:
                 else ""
             )
             + (
-                f" Against `search_batch` of all {r['queries']} query texts at once (not a goal: "
+                f" Against `search_batch` of all {r['queries']:,} query texts at once (not a goal: "
                 f"a server with {g['clients']} requests in flight never holds more than "
                 f"{g['clients']}): **{g['vs_all_at_once']:.2f}×**."
                 if g.get("vs_all_at_once") is not None and "qps_chunks" in c
