@@ -387,6 +387,18 @@ def test_one_worker_never_uses_encode_all_threads() -> None:
     assert used == ["narrow"]
 
 
+#: Documents 0-3 queued before queries 10 and 11 (document 0 already running): each query runs
+#: after one document batch.
+QUERIES_BETWEEN_DOCUMENT_BATCHES = [
+    ("document", 0),
+    ("query", 10),
+    ("document", 1),
+    ("query", 11),
+    ("document", 2),
+    ("document", 3),
+]
+
+
 def test_queries_waiting_behind_documents_go_first_once_per_document_batch() -> None:
     """Documents queued before queries: after each document batch the waiting queries run, so
     a search waits for one document batch, not for every one queued before it."""
@@ -416,14 +428,7 @@ def test_queries_waiting_behind_documents_go_first_once_per_document_batch() -> 
         run(go())
     finally:
         b.close()
-    assert order == [
-        ("document", 0),
-        ("query", 10),
-        ("document", 1),
-        ("query", 11),
-        ("document", 2),
-        ("document", 3),
-    ]
+    assert order == QUERIES_BETWEEN_DOCUMENT_BATCHES
 
 
 def test_a_request_over_the_budget_runs_as_its_token_budget_parts() -> None:
@@ -474,14 +479,7 @@ def test_queries_wait_for_one_part_of_a_long_document_request() -> None:
         run(go())
     finally:
         b.close()
-    assert order == [
-        ("document", 0),
-        ("query", 10),
-        ("document", 1),
-        ("query", 11),
-        ("document", 2),
-        ("document", 3),
-    ]
+    assert order == QUERIES_BETWEEN_DOCUMENT_BATCHES
 
 
 def test_a_failing_part_fails_its_request_once_and_spares_the_others() -> None:

@@ -334,12 +334,9 @@ def resident_kb(array: np.ndarray) -> int:
     return kb
 
 
-@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="reads Linux /proc/self/smaps")
-def test_searches_and_scans_leave_no_page_of_the_mapped_dataset_resident(tmp_path):
-    # a reopened store maps its built rows from ScaNN's dataset file (ScaNN holds its own
-    # copy): searches read rows with pread and a whole-store scan releases each block's pages,
-    # so the file does not become resident a second time (8 MB here, 1.5 GB at a million)
-    n, dim = 4000, 512
+def _built_then_reopened(tmp_path, n: int, dim: int = 512):
+    """A store of ``n`` vectors built by ScaNN, saved and reopened (its built rows mapped from
+    the dataset file): (store, spec, ids, vectors, queries, hits before the save)."""
     ids, docs, queries = ann_data(n=n, dim=dim)
     spec = f"scann:{tmp_path / 's'}"
     s = open_store(spec, dimension=dim, exact_below=100)
@@ -348,7 +345,16 @@ def test_searches_and_scans_leave_no_page_of_the_mapped_dataset_resident(tmp_pat
     before = [[(h.id, h.score) for h in row] for row in s.search(queries, 10)]
     s.persist()
     s.close()
-    s = open_store(spec)
+    return open_store(spec), spec, ids, docs, queries, before
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="reads Linux /proc/self/smaps")
+def test_searches_and_scans_leave_no_page_of_the_mapped_dataset_resident(tmp_path):
+    # a reopened store maps its built rows from ScaNN's dataset file (ScaNN holds its own
+    # copy): searches read rows with pread and a whole-store scan releases each block's pages,
+    # so the file does not become resident a second time (8 MB here, 1.5 GB at a million)
+    n = 4000
+    s, spec, ids, docs, queries, before = _built_then_reopened(tmp_path, n)
     mapped = s._built_vecs
     assert isinstance(mapped.base, np.memmap) and not mapped.flags.writeable
     hits = s.search(queries, 10, with_vectors=True)
@@ -375,15 +381,8 @@ def test_writes_into_a_reopened_store_leave_its_built_rows_mapped(tmp_path):
     # a write keeps its rows apart from the built ones: it neither copies the mapped dataset
     # (at a million vectors that read 1.5 GB while every search waited for the store lock)
     # nor makes it resident, and a store reopened with pending rows still maps it
-    n, dim = 4000, 512
-    ids, docs, queries = ann_data(n=n, dim=dim)
-    spec = f"scann:{tmp_path / 's'}"
-    s = open_store(spec, dimension=dim, exact_below=100)
-    s.add(ids, docs)
-    s.optimize()
-    s.persist()
-    s.close()
-    s = open_store(spec)
+    dim = 512
+    s, spec, ids, docs, queries, _ = _built_then_reopened(tmp_path, 4000, dim)
     mapped = s._built_vecs
     assert isinstance(mapped.base, np.memmap)
     live = dict(zip(ids, docs, strict=True))
