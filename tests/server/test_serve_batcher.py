@@ -43,20 +43,30 @@ def run(coro):
 
 def test_concurrent_requests_merge_into_one_batch_in_order() -> None:
     fake = FakeEncoder()
+    fake.gate.clear()  # the worker holds a document batch while the queries queue up
     b = DynamicBatcher(fake, EngineSettings(graph_workers=1, max_wait_ms=200))
     b.start()
 
     async def go():
-        return await asyncio.gather(
-            *(b.submit("query", [enc(5, 10 * i + j) for j in range(2)]) for i in range(4))
-        )
+        busy = asyncio.ensure_future(b.submit("document", [enc(5, -1)]))
+        await asyncio.sleep(0)  # queued ...
+        while b.depth:  # ... and taken by the worker, which holds it at the gate
+            await asyncio.sleep(0.01)
+        queries = [
+            asyncio.ensure_future(b.submit("query", [enc(5, 10 * i + j) for j in range(2)]))
+            for i in range(4)
+        ]
+        await asyncio.sleep(0.05)
+        fake.gate.set()
+        await busy
+        return await asyncio.gather(*queries)
 
     try:
         out = run(go())
     finally:
         b.close()
     # four requests of two texts: one graph run of 8 rows, each request gets its own rows back
-    assert fake.batches == [("query", 8)]
+    assert fake.batches == [("document", 1), ("query", 8)]
     for i, vecs in enumerate(out):
         assert vecs[:, 0].tolist() == [10 * i, 10 * i + 1]
         assert vecs[:, 1].tolist() == [8, 8]
