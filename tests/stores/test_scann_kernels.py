@@ -1,6 +1,7 @@
 """ScaNN's AVX2 kernels: switched on where numpy finds AVX2 and ScaNN's own check did not,
-left alone with ``MAGRETRIEVE_SCANN_AVX2=0``, and the recall is the same either way (the kernels
-round quantized scores differently, so a candidate at the margin can change).
+left alone with ``MAGRETRIEVE_SCANN_AVX2=0``, and with every leaf searched both kernels return
+the same top 10 (at the default share of leaves they can also choose a different leaf for a query
+at a border, so there only a recall floor holds).
 
 Each case loads ScaNN in a fresh process (the flag is process state, read when a searcher is
 built or loaded), from one store built here.
@@ -31,15 +32,19 @@ import numpy as np
 from scann.scann_ops.py import scann_ops_pybind  # noqa: F401  (ScaNN's own choice first)
 from magretrieve.stores import _scann_kernels, open_store
 before = bool(_scann_kernels._flag().value)
+EVERY_LEAF = 10**6  # clamped to the number of leaves
 store = open_store("scann:" + sys.argv[1], dimension=int(sys.argv[3]))
 queries = np.load(sys.argv[2])
 hits = store.search(queries, 10, with_vectors=False)
+store.set_search_parameters(leaves_to_search=EVERY_LEAF)
+everywhere = store.search(queries, 10, with_vectors=False)
 print(json.dumps({
     "before": before,
     "after": bool(_scann_kernels._flag().value),
     "kernels": store.describe()["parameters"]["kernels"],
     "ids": [[h.id for h in row] for row in hits],
-    "scores": [[float(h.score) for h in row] for row in hits],
+    "every_leaf_ids": [[h.id for h in row] for row in everywhere],
+    "every_leaf_scores": [[float(h.score) for h in row] for row in everywhere],
 }))
 """
 
@@ -77,7 +82,7 @@ def test_avx2_kernels_are_on_where_numpy_finds_avx2(built) -> None:
         assert got["after"] is got["before"] is False and got["kernels"] == "sse4"
 
 
-def test_opting_out_keeps_scanns_choice_and_the_recall_is_the_same(built) -> None:
+def test_opting_out_keeps_scanns_choice_and_the_same_top_10(built) -> None:
     default = probe(built)
     kept = probe(built, MAGRETRIEVE_SCANN_AVX2="0")
     assert kept["after"] is kept["before"]
@@ -85,19 +90,22 @@ def test_opting_out_keeps_scanns_choice_and_the_recall_is_the_same(built) -> Non
     ids, docs, queries = ann_data()
     exact = np.argsort(-(queries @ docs.T), axis=1, kind="stable")[:, :10]
     want = [[ids[j] for j in row] for row in exact]
-    got = {name: recall_at_k(run["ids"], want) for name, run in (("on", default), ("kept", kept))}
-    # the kernels round quantized scores differently, so on this small untuned store
-    # candidates at the margin can change (seen 0.0125 apart); broken kernels would lose far
-    # more. The store's own recall depends on its partition training (0.75-0.91 over builds
-    # of this data), so only a floor that broken kernels would miss is asserted.
-    assert abs(got["on"] - got["kept"]) <= 0.03, got
-    assert min(got.values()) >= 0.5, got
-    # both kernels return nearly the same top 10 per query (0.9925-1.0 of the hits over
-    # builds; the share of queries with the very same list, 0.85-1.0, moves more)
-    overlap = [len(set(a) & set(b)) / 10 for a, b in zip(default["ids"], kept["ids"], strict=True)]
-    assert np.mean(overlap) >= 0.97, np.mean(overlap)
+    # At the default tenth of the leaves, the kernels can also pick a different leaf for a
+    # query at a border (one query kept 2 of its 10 hits over builds of this data), so there
+    # only a floor that broken kernels would miss is asserted: the store's own recall there
+    # depends on its partition training (0.75-0.91 over builds).
+    for run in (default, kept):
+        assert recall_at_k(run["ids"], want) >= 0.5
+    # Searching every leaf leaves only the kernels' scoring: both found the very same top 10
+    # in every query over ten builds (recall 0.9875-0.9925 at the default reorder), while
+    # kernels that scored wrong would send true neighbours past the re-scored candidates.
+    on, off = default["every_leaf_ids"], kept["every_leaf_ids"]
+    got = [recall_at_k(on, want), recall_at_k(off, want)]
+    assert min(got) >= 0.95, got
+    overlap = [len(set(a) & set(b)) / 10 for a, b in zip(on, off, strict=True)]
+    assert np.mean(overlap) >= 0.99, np.mean(overlap)
     for a, b, sa, sb in zip(
-        default["ids"], kept["ids"], default["scores"], kept["scores"], strict=True
+        on, off, default["every_leaf_scores"], kept["every_leaf_scores"], strict=True
     ):
         if a == b:  # hits are re-scored exactly: equal hits have equal scores
             assert np.abs(np.array(sa) - np.array(sb)).max() <= 1e-5
