@@ -22,10 +22,12 @@ def enc(n_tokens: int, value: float) -> SimpleNamespace:
 
 
 class FakeEncoder:
-    """Returns each text's first id as a 2-d vector [id, rows of its batch]; records batches."""
+    """Returns each text's first id as a 2-d vector [id, rows of its batch]; records batches
+    (side and rows) and their order (side and smallest first id)."""
 
     def __init__(self, delay: float = 0.0) -> None:
         self.batches: list[tuple[str, int]] = []
+        self.order: list[tuple[str, float]] = []
         self.delay = delay
         self.gate = threading.Event()
         self.gate.set()
@@ -34,11 +36,20 @@ class FakeEncoder:
         self.gate.wait(5)
         time.sleep(self.delay)
         self.batches.append((side, len(encodings)))
+        self.order.append((side, min(e.ids[0] for e in encodings)))
         return np.array([[e.ids[0], len(encodings)] for e in encodings], dtype=np.float32)
 
 
 def run(coro):
     return asyncio.run(coro)
+
+
+async def held_at_the_gate(b: DynamicBatcher, jobs_left: int = 0) -> None:
+    """Once the request just submitted is queued and the worker took its first batch (held at
+    the encoder's gate), with ``jobs_left`` of its jobs still queued."""
+    await asyncio.sleep(0)
+    while b._waiting > jobs_left:
+        await asyncio.sleep(0.01)
 
 
 def test_concurrent_requests_merge_into_one_batch_in_order() -> None:
@@ -49,9 +60,7 @@ def test_concurrent_requests_merge_into_one_batch_in_order() -> None:
 
     async def go():
         busy = asyncio.ensure_future(b.submit("document", [enc(5, -1)]))
-        await asyncio.sleep(0)  # queued ...
-        while b.depth:  # ... and taken by the worker, which holds it at the gate
-            await asyncio.sleep(0.01)
+        await held_at_the_gate(b)
         queries = [
             asyncio.ensure_future(b.submit("query", [enc(5, 10 * i + j) for j in range(2)]))
             for i in range(4)
@@ -412,33 +421,25 @@ QUERIES_BETWEEN_DOCUMENT_BATCHES = [
 def test_queries_waiting_behind_documents_go_first_once_per_document_batch() -> None:
     """Documents queued before queries: after each document batch the waiting queries run, so
     a search waits for one document batch, not for every one queued before it."""
-    order: list[tuple[str, float]] = []
-    gate = threading.Event()
-
-    def encode(encodings, side):
-        gate.wait(5)
-        order.append((side, encodings[0].ids[0]))
-        return np.zeros((len(encodings), 2), dtype=np.float32)
-
-    b = DynamicBatcher(encode, EngineSettings(graph_workers=1, max_wait_ms=0, max_batch_rows=1))
+    fake = FakeEncoder()
+    fake.gate.clear()
+    b = DynamicBatcher(fake, EngineSettings(graph_workers=1, max_wait_ms=0, max_batch_rows=1))
     b.start()
 
     async def go():
         first = asyncio.ensure_future(b.submit("document", [enc(3, 0)]))
-        await asyncio.sleep(0)  # queued ...
-        while b.depth:  # ... and taken by the worker, which holds it at the gate
-            await asyncio.sleep(0.01)
+        await held_at_the_gate(b)
         rest = [asyncio.ensure_future(b.submit("document", [enc(3, v)])) for v in (1, 2, 3)]
         rest += [asyncio.ensure_future(b.submit("query", [enc(3, v)])) for v in (10, 11)]
         await asyncio.sleep(0.05)
-        gate.set()
+        fake.gate.set()
         await asyncio.gather(first, *rest)
 
     try:
         run(go())
     finally:
         b.close()
-    assert order == QUERIES_BETWEEN_DOCUMENT_BATCHES
+    assert fake.order == QUERIES_BETWEEN_DOCUMENT_BATCHES
 
 
 def test_a_request_over_the_budget_runs_as_its_token_budget_parts() -> None:
@@ -461,35 +462,27 @@ def test_a_request_over_the_budget_runs_as_its_token_budget_parts() -> None:
 def test_queries_wait_for_one_part_of_a_long_document_request() -> None:
     """A document request of four budget-sized parts is queued before two queries: each query
     runs after one part, not after the whole request."""
-    order: list[tuple[str, float]] = []
-    gate = threading.Event()
-
-    def encode(encodings, side):
-        gate.wait(5)
-        order.append((side, min(e.ids[0] for e in encodings)))
-        return np.zeros((len(encodings), 2), dtype=np.float32)
-
+    fake = FakeEncoder()
+    fake.gate.clear()
     # one row a batch: the two queries run apart (they would merge otherwise)
     settings = EngineSettings(graph_workers=1, max_wait_ms=0, max_batch_tokens=10, max_batch_rows=1)
-    b = DynamicBatcher(encode, settings)
+    b = DynamicBatcher(fake, settings)
     b.start()
 
     async def go():
         docs = asyncio.ensure_future(b.submit("document", [enc(10, v) for v in range(4)]))
-        await asyncio.sleep(0)  # queued ...
-        while b._waiting > 3:  # ... and its first part taken and held at the gate
-            await asyncio.sleep(0.01)
+        await held_at_the_gate(b, jobs_left=3)  # its first part taken
         queries = [asyncio.ensure_future(b.submit("query", [enc(3, v)])) for v in (10, 11)]
         await asyncio.sleep(0.05)
         assert b.depth == 3  # the document request (three parts left) and two queries
-        gate.set()
+        fake.gate.set()
         await asyncio.gather(docs, *queries)
 
     try:
         run(go())
     finally:
         b.close()
-    assert order == QUERIES_BETWEEN_DOCUMENT_BATCHES
+    assert fake.order == QUERIES_BETWEEN_DOCUMENT_BATCHES
 
 
 def test_a_failing_part_fails_its_request_once_and_spares_the_others() -> None:
@@ -534,9 +527,7 @@ def test_the_queue_bound_counts_a_split_request_once() -> None:
 
     async def go():
         first = asyncio.ensure_future(b.submit("query", [enc(3, 0)]))
-        await asyncio.sleep(0)  # queued ...
-        while b.depth:  # ... taken and held at the gate
-            await asyncio.sleep(0.01)
+        await held_at_the_gate(b)
         split = asyncio.ensure_future(b.submit("document", [enc(4, v) for v in range(5)]))
         other = asyncio.ensure_future(b.submit("query", [enc(3, 9)]))
         await asyncio.sleep(0.05)
