@@ -18,6 +18,10 @@ under the concurrency limit for longer than the server allows:
   ``Connection: close`` (a store write runs in a worker thread, which a cancel does not cut:
   the answer waits for it).
 
+Both are anyio cancel scopes (the event loop's own timers, no task per request): about 30 µs
+of CPU for a request with a body, against the ~9 ms of CPU a batch-1 query costs at 213 q/s
+on two cores.
+
 ``HEAD`` is answered wherever ``GET`` is (RFC 9110: probes and uptime checks use it): the
 request runs as the ``GET``, with its status and headers, and its body is dropped.
 """
