@@ -131,9 +131,10 @@ class ServerSettings(EngineSettings):
     (a byte a second holds a place under ``limit_concurrency`` for as long as it likes) gets
     408 and its connection is closed. ``timeout_response`` bounds the server's own part,
     counted from the complete request: an answer not begun by then is a 503 (the handler is
-    cancelled; a store write it started still finishes first), and an answer the client has
-    not taken off the socket by then is dropped with its connection
-    (:mod:`magretrieve.server.middleware`). ``recall_sample`` is the share of unfiltered
+    cancelled; a store write it started still finishes first; see
+    :mod:`magretrieve.server.middleware`), and an answer the client has not taken off the
+    socket that long after it was written is dropped with its connection (see
+    :mod:`magretrieve.server.connections`). ``recall_sample`` is the share of unfiltered
     ``/search`` queries re-run exactly in the background for the live recall@10 gauge
     (:mod:`magretrieve.server.recall_watch`); 0 turns the check off. ``recall_cpu_share`` is
     the share of one core that check may use. Each exact pass streams every stored vector
