@@ -84,7 +84,7 @@ def serve_cmd(
         access_log=access_log,
         timeout_graceful_shutdown=30,
         server_header=False,
-        http=protocol_class(),
+        http=protocol_class(settings.timeout_response),
         limit_concurrency=settings.limit_concurrency,
         timeout_keep_alive=settings.timeout_keep_alive,  # type: ignore[arg-type]
     )

@@ -38,7 +38,7 @@ from magretrieve.server.errors import (
     status_of,
     validation_message,
 )
-from magretrieve.server.middleware import ServerMiddleware
+from magretrieve.server.middleware import ServerMiddleware, sent_method
 from magretrieve.server.settings import ServerSettings
 from magretrieve.server.state import ServerState
 
@@ -200,7 +200,7 @@ def create_app(
         if exc.status_code == 404:
             message = f"no route {request.url.path}; see /docs for the routes"
         elif exc.status_code == 405:
-            message = f"{request.method} is not allowed on {request.url.path}"
+            message = f"{sent_method(request.scope)} is not allowed on {request.url.path}"
         return error_response(exc.status_code, message, getattr(exc, "headers", None))
 
     @app.exception_handler(MagRetrieveError)

@@ -3,9 +3,16 @@
 Requests and their latency per route template (never the raw URL, whose cardinality a client
 controls), the batches the dynamic batcher runs (texts and requests per batch), the searches
 merged into one store call, the queue depth, and tokens and truncations per side.
+
+A gauge reads NaN until it has been measured, never a 0 that looks like a measurement:
+``magretrieve_queue_depth`` is measured from the start (no request is waiting before the
+first arrives), ``magretrieve_recall_at_10`` only once a sampled ``/search`` query has been
+checked (:mod:`magretrieve.server.recall_watch`).
 """
 
 from __future__ import annotations
+
+import math
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -80,6 +87,10 @@ class Metrics:
             "recall@10 of sampled live /search queries against exact inner product",
             registry=r,
         )
+        # not measured until a sampled query has been checked (no store, no query yet, or the
+        # check turned off): NaN, which no comparison holds for, so an alert on
+        # ``recall < target`` does not fire on a replica that has measured nothing
+        self.recall_at_10.set(math.nan)
         self.recall_checked = Counter(
             "magretrieve_recall_checked_queries",
             "Live /search queries re-run exactly for the recall gauge",

@@ -126,7 +126,15 @@ class ServerSettings(EngineSettings):
     without a request: idle after an answer (uvicorn's keep-alive timeout), and, from when it
     opens or its last answer, until the head of its next request has fully arrived, so a
     client that connects and sends nothing, or sends its headers a byte at a time, is closed
-    (see :mod:`magretrieve.server.connections`). ``recall_sample`` is the share of unfiltered
+    (see :mod:`magretrieve.server.connections`). ``timeout_body`` bounds the arrival of a
+    request's body, counted from its complete head: a client that sends its body slower
+    (a byte a second holds a place under ``limit_concurrency`` for as long as it likes) gets
+    408 and its connection is closed. ``timeout_response`` bounds the server's own part,
+    counted from the complete request: an answer not begun by then is a 503 (the handler is
+    cancelled; a store write it started still finishes first; see
+    :mod:`magretrieve.server.middleware`), and an answer the client has not taken off the
+    socket that long after it was written is dropped with its connection (see
+    :mod:`magretrieve.server.connections`). ``recall_sample`` is the share of unfiltered
     ``/search`` queries re-run exactly in the background for the live recall@10 gauge
     (:mod:`magretrieve.server.recall_watch`); 0 turns the check off. ``recall_cpu_share`` is
     the share of one core that check may use. Each exact pass streams every stored vector
@@ -166,6 +174,25 @@ class ServerSettings(EngineSettings):
         "closed (idle after an answer, or slow to send its headers).",
         default=5.0,
         flag="--timeout-keep-alive",
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=3600,
+    )
+    timeout_body: float = option(
+        "Seconds a request body may take to arrive once the request's headers have (a "
+        "slower body gets 408 and its connection is closed).",
+        default=30.0,
+        flag="--timeout-body",
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=3600,
+    )
+    timeout_response: float = option(
+        "Seconds the server may take to answer a request once it has arrived, and a client "
+        "to take the answer (past it: 503, or the connection cut; a store write it started "
+        "still finishes).",
+        default=60.0,
+        flag="--timeout-response",
         minimum=0,
         exclusive_minimum=True,
         maximum=3600,

@@ -12,6 +12,15 @@ Catalogue of what a client can do to ``magretrieve serve`` and what it gets:
 - idle connections and connections that send their headers a byte at a time are closed after
   ``--timeout-keep-alive``, the ``--limit-concurrency`` limit sheds the rest, and ``/health``
   answers through all of it (real server processes: integration lane);
+- a body sent a byte at a time (Content-Length or chunked) is a 408 after ``--timeout-body``
+  and its connection is closed, so such clients stop holding the limit; an answer the server
+  has not begun within ``--timeout-response`` is a 503 that closes its connection, and one the
+  client does not read is dropped with its connection after ``--timeout-response`` (real
+  server processes, raw sockets: integration lane; the 408 also at the ASGI level);
+- ``HEAD`` is answered wherever ``GET`` is (the open paths and the keyed ones, which still
+  need the key), with the GET's status and headers and no body;
+- a gauge not measured yet reads NaN, never 0: ``magretrieve_recall_at_10`` on a fresh server
+  and on one without a store (an alert on ``recall < target`` would fire on every new replica);
 - a replica serving a folder store answers from the generation another process committed
   (two server processes and one writer; integration lane), embedded Chroma and LanceDB
   included (``magretrieve index`` writing from another process).
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import socket
 import subprocess
@@ -178,6 +188,8 @@ def test_documents_errors_name_the_document(tmp_path, export_dir, store_template
         (["--timeout-keep-alive", "0"], "--timeout-keep-alive must be > 0"),
         (["--timeout-keep-alive", "nan"], "--timeout-keep-alive must be a finite number"),
         (["--graph-workers", "0"], "--graph-workers must be >= 1"),
+        (["--timeout-body", "0"], "--timeout-body must be > 0"),
+        (["--timeout-response", "-1"], "--timeout-response must be > 0"),
     ],
 )
 def test_serve_refuses_impossible_numbers_in_one_line(export_dir, args, says):
@@ -294,6 +306,159 @@ def test_a_store_call_after_close_is_refused_before_it_starts(tmp_path, export_d
         assert reopened.count() == count
 
 
+# ----------------------------------------------------------------------------- HEAD, gauges
+
+#: Paths read with GET, open without the key (but /metrics) and keyed.
+OPEN_GETS = ["/health", "/ready", "/info", "/", "/static/page.css"]
+KEYED_GETS = ["/v1/models", "/docs", "/openapi.json"]
+
+
+def test_head_is_answered_wherever_get_is(export_dir):
+    """RFC 9110: a server that answers GET answers HEAD, with the same status and headers and
+    no body (HAProxy and uptime checks probe with HEAD); the keyed paths still need the key."""
+    with app_client(export_dir) as client:
+        model = client.get("/v1/models", headers=HEADERS).json()["data"][0]["id"]
+        keyed = [*KEYED_GETS, f"/v1/models/{model}"]
+        for path in [*OPEN_GETS, *keyed]:
+            headers = HEADERS if path in keyed else {}
+            get = client.get(path, headers=headers)
+            head = client.head(path, headers=headers)
+            assert get.status_code == 200, path
+            assert (head.status_code, head.content) == (200, b""), path
+            assert dict(head.headers) == dict(get.headers), path  # Content-Length included
+        metrics = client.head("/metrics")  # its counts move between two calls: not its length
+        assert (metrics.status_code, metrics.content) == (200, b"")
+        assert metrics.headers["content-type"].startswith("text/plain")
+        for path in keyed:
+            refused = client.head(path)
+            assert (refused.status_code, refused.content) == (401, b""), path
+            assert refused.headers["www-authenticate"] == "Bearer"
+        # a path with no GET is not answered by HEAD either, and says so
+        post_only = client.head("/v1/embeddings", headers=HEADERS)
+        assert post_only.status_code == 405 and post_only.headers["allow"] == "POST"
+        missing = client.head("/no-such-page", headers=HEADERS)
+        assert (missing.status_code, missing.content) == (404, b"")
+        text = client.get("/metrics").text
+        assert 'magretrieve_requests_total{method="HEAD",route="/health",status="200"} 1.0' in text
+
+
+def _gauges(text: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        if family.type == "gauge"
+        for s in family.samples
+        if not s.name.endswith("_created")  # a counter's creation time, not a gauge
+    }
+
+
+def test_gauges_not_measured_read_nan_never_zero(tmp_path, export_dir, store_template):
+    """An alert on ``recall < target`` must not fire on a replica that has checked nothing:
+    the recall gauge is NaN on a fresh server and on one without a store, and a number once a
+    sampled query has been checked; the queue depth is measured from the start (0: nothing
+    waits)."""
+    from fastapi.testclient import TestClient
+
+    from magretrieve.server import create_app
+    from magretrieve.serving.settings import ServerSettings
+
+    with app_client(export_dir) as client:  # no store: nothing to measure, ever
+        gauges = _gauges(client.get("/metrics").text)
+        assert set(gauges) == {"magretrieve_queue_depth", "magretrieve_recall_at_10"}
+        assert math.isnan(gauges["magretrieve_recall_at_10"])
+        assert gauges["magretrieve_queue_depth"] == 0.0
+    store = store_copy(store_template, tmp_path, "s")
+    settings = ServerSettings(api_key=KEY, recall_sample=1.0)
+    with TestClient(create_app(export_dir, store=f"faiss:{store}", settings=settings)) as client:
+        assert math.isnan(_gauges(client.get("/metrics").text)["magretrieve_recall_at_10"])
+        hits = client.post("/search", json={"query": "heart risk", "k": 3}, headers=HEADERS)
+        assert hits.status_code == 200, hits.text
+        deadline = time.monotonic() + 30
+        while client.get("/info").json()["recall_watch"]["checked"] < 1:
+            assert time.monotonic() < deadline, "the sampled query was never checked"
+            time.sleep(0.05)
+        # an exact search over 12 documents: the served top 3 is the exact top 3
+        assert _gauges(client.get("/metrics").text)["magretrieve_recall_at_10"] == 1.0
+
+
+def test_a_body_that_stops_arriving_is_a_408_that_closes_the_connection(export_dir):
+    """At the ASGI level: a body that stops half-way is answered 408 with ``Connection: close``
+    once ``timeout_body`` has passed, without waiting for the rest."""
+    import asyncio
+
+    from magretrieve.server import create_app
+    from magretrieve.serving.settings import ServerSettings
+
+    app = create_app(export_dir, settings=ServerSettings(timeout_body=0.3))
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/v1/embeddings", "raw_path": b"/v1/embeddings",
+        "root_path": "", "query_string": b"", "server": ("127.0.0.1", 80),
+        "client": ("127.0.0.1", 5), "headers": [
+            (b"host", b"x"), (b"content-type", b"application/json"), (b"content-length", b"40"),
+        ],
+    }  # fmt: skip
+    sent: list[dict] = []
+
+    async def run() -> float:
+        parts = [b'{"input": "a', b"b"]
+
+        async def receive() -> dict:
+            if parts:
+                return {"type": "http.request", "body": parts.pop(0), "more_body": True}
+            await asyncio.sleep(3600)  # the rest never comes
+            raise AssertionError("unreachable")
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        started = time.monotonic()
+        await asyncio.wait_for(app(scope, receive, send), 10)
+        return time.monotonic() - started
+
+    took = asyncio.run(run())
+    assert 0.25 <= took < 3, took
+    start, body = sent[0], sent[1]
+    assert start["status"] == 408
+    assert (b"connection", b"close") in start["headers"]
+    message = json.loads(body["body"])["error"]["message"]
+    assert "0.3 s" in message and "--timeout-body" in message
+
+
+def test_an_answer_not_begun_within_timeout_response_is_a_503(export_dir):
+    """A route still working after ``timeout_response`` (here: an engine that never answers)
+    is cancelled and answered 503 with Retry-After and ``Connection: close``; a write's
+    store call runs in a worker thread, which the cancel does not cut."""
+    import asyncio
+
+    from fastapi.testclient import TestClient
+
+    from magretrieve.server import create_app
+    from magretrieve.serving.settings import ServerSettings
+
+    app = create_app(export_dir, settings=ServerSettings(timeout_response=0.3))
+    cancelled: list[bool] = []
+
+    async def never(*args, **kwargs):
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    with TestClient(app) as client:
+        app.state.magretrieve.engine.embed = never
+        started = time.monotonic()
+        resp = client.post("/v1/embeddings", json={"input": "x", "input_type": "query"})
+        took = time.monotonic() - started
+        assert_clean_error(resp, 503, "no answer within 0.3 s", "--timeout-response")
+        assert resp.headers["retry-after"] == "1" and resp.headers["connection"] == "close"
+        assert 0.25 <= took < 3 and cancelled == [True]
+        assert client.get("/health").status_code == 200
+
+
 # ----------------------------------------------------------------------------- connections
 
 
@@ -401,6 +566,164 @@ def test_a_running_request_is_not_cut_by_the_head_timeout(tmp_path, export_dir):
     finally:
         code = srv.stop()
     assert code == 0, srv.stderr()[-3000:]
+
+
+def _raw(port: int, data: bytes, rcvbuf: int | None = None) -> socket.socket:
+    """A connection that has sent ``data`` (with a small receive buffer: a client that does
+    not read holds the answer in the server's buffers, not in its own)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf is not None:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.settimeout(5)
+    s.connect(("127.0.0.1", port))
+    s.sendall(data)
+    return s
+
+
+def _raw_status(port: int, request: bytes) -> bytes:
+    """The whole answer to one raw request on a fresh connection (b"" when refused)."""
+    try:
+        with _raw(port, request) as s:
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+            return out
+    except OSError:
+        return b""
+
+
+SLOW_BODY_HEADS = [
+    b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 400\r\n\r\n{",
+    b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n1\r\n{\r\n",
+]
+
+
+@pytest.mark.integration
+def test_bodies_sent_a_byte_at_a_time_are_cut_at_the_body_deadline(tmp_path, export_dir):
+    """Seven clients that send a complete head and then dribble the body hold the limit of 8
+    only until ``--timeout-body``: each gets a 408 and its connection is closed (the head
+    deadline is set long, so it is not the one that closes them)."""
+    timeout = 1.0
+    srv = start_server(
+        export_dir, "--limit-concurrency", "8", "--timeout-body", str(timeout),
+        "--timeout-keep-alive", "60", key=None, log_dir=tmp_path,
+    )  # fmt: skip
+    slow = [_raw(srv.port, SLOW_BODY_HEADS[i % 2]) for i in range(7)]
+    answers = {id(s): b"" for s in slow}
+    closed: set[int] = set()
+    chunked = {id(s) for i, s in enumerate(slow) if i % 2}
+    stop = threading.Event()
+
+    def dribble() -> None:  # a byte each 0.2 s, until the server answers; read what it sends
+        while not stop.is_set():
+            for s in slow:
+                if id(s) in closed:
+                    continue
+                s.settimeout(0.01)
+                try:
+                    data = s.recv(65536)
+                    if not data:
+                        closed.add(id(s))
+                    answers[id(s)] += data
+                except TimeoutError:
+                    if not answers[id(s)]:
+                        with contextlib.suppress(OSError):
+                            s.send(b"1\r\n \r\n" if id(s) in chunked else b" ")
+                except OSError:
+                    closed.add(id(s))
+            stop.wait(0.2)
+
+    started = time.monotonic()
+    feeder = threading.Thread(target=dribble, daemon=True)
+    feeder.start()
+    try:
+        time.sleep(0.2)
+        # the limit is held: every route but /health is shed; a liveness probe by HEAD answers
+        assert _http_get(srv.port, "/info") == 503
+        probe = _raw_status(
+            srv.port, b"HEAD /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        head, _, body = probe.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and b"content-length: 15" in head and not body
+        while len(closed) < len(slow) and time.monotonic() < started + timeout + 5:
+            time.sleep(0.05)
+        waited = time.monotonic() - started
+        stop.set()
+        feeder.join(5)
+        assert len(closed) == len(slow), (
+            f"{len(slow) - len(closed)} still open after {waited:.1f} s"
+        )
+        assert waited >= timeout * 0.9  # not before the deadline
+        for s in slow:
+            head, _, body = answers[id(s)].partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408"), answers[id(s)][:200]
+            assert b"connection: close" in head.lower()
+            assert "--timeout-body" in json.loads(body)["error"]["message"]
+        assert _http_get(srv.port, "/info") == 200  # their places are free again
+    finally:
+        stop.set()
+        for s in slow:
+            s.close()
+        code = srv.stop()
+    assert code == 0 and "Traceback" not in srv.stderr(), srv.stderr()[-3000:]
+
+
+@pytest.mark.integration
+def test_answers_a_client_does_not_read_are_dropped_at_the_response_deadline(tmp_path, export_dir):
+    """Clients that ask for more than the kernel's buffers hold (five 1.7 MB assets, pipelined)
+    and never read: their answers wait in the server's buffers, and their connections would
+    hold places under the limit for good (and the server's shutdown for its grace period)."""
+    timeout = 1.5
+    srv = start_server(
+        export_dir, "--limit-concurrency", "8", "--timeout-response", str(timeout),
+        "--timeout-keep-alive", "0.5", key=None, log_dir=tmp_path,
+    )  # fmt: skip
+    request = b"GET /static/swagger/swagger-ui-bundle.js HTTP/1.1\r\nHost: x\r\n\r\n" * 5
+    readers: list[socket.socket] = []
+    try:
+        while len(readers) < 8 and _http_get(srv.port, "/info") != 503:
+            readers.append(_raw(srv.port, request, rcvbuf=4096))
+            time.sleep(0.1)
+        started = time.monotonic()
+        assert _http_get(srv.port, "/info") == 503  # the limit is held by clients not reading
+        freed = None
+        while time.monotonic() < started + timeout + 5:
+            if _http_get(srv.port, "/info") == 200:
+                freed = time.monotonic() - started
+                break
+            time.sleep(0.1)
+        assert freed is not None, f"{len(readers)} clients that never read still hold the limit"
+    finally:
+        for s in readers:
+            s.close()
+        code = srv.stop()
+    assert code == 0 and "Traceback" not in srv.stderr(), srv.stderr()[-3000:]
+
+
+@pytest.mark.integration
+def test_an_answer_not_begun_within_the_response_deadline_is_a_503(tmp_path, export_dir):
+    """A request the server cannot answer within ``--timeout-response`` (here: 1,024 texts of
+    2,000 characters, about 2 s of work where the deadline is 0.2 s) is answered 503 with
+    Retry-After when the deadline passes, and its connection is closed; the server goes on
+    answering."""
+    timeout = 0.2
+    srv = start_server(export_dir, "--timeout-response", str(timeout), key=None, log_dir=tmp_path)
+    try:
+        texts = [f"text {i} " + "statin heart risk " * 111 for i in range(1024)]
+        started = time.monotonic()
+        resp = httpx.post(
+            srv.url + "/v1/embeddings", json={"input": texts, "input_type": "query"}, timeout=60
+        )
+        took = time.monotonic() - started
+        message = assert_clean_error(resp, 503, "--timeout-response", f"{timeout:g} s")
+        assert resp.headers["retry-after"] == "1" and resp.headers["connection"] == "close"
+        assert took < timeout + 2, (took, message)
+        assert httpx.get(srv.url + "/info", timeout=30).status_code == 200
+    finally:
+        code = srv.stop()
+    assert code == 0 and "Traceback" not in srv.stderr(), srv.stderr()[-3000:]
 
 
 @pytest.mark.integration

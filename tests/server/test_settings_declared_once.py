@@ -29,6 +29,8 @@ SETTING_FLAGS = {
     "model_id": "--model-id",
     "limit_concurrency": "--limit-concurrency",
     "timeout_keep_alive": "--timeout-keep-alive",
+    "timeout_body": "--timeout-body",
+    "timeout_response": "--timeout-response",
     "recall_sample": "--recall-sample",
     "recall_cpu_share": "--recall-cpu-share",
 }
@@ -89,8 +91,8 @@ def test_the_flags_reach_the_settings(started, tmp_path, monkeypatch) -> None:
         "--max-inputs", "7", "--max-text-chars", "99", "--max-batch-tokens", "512",
         "--max-batch-rows", "8", "--max-wait-ms", "0.5", "--max-queue", "3", "--no-batching",
         "--graph-workers", "1", "--no-onnx-spinning", "--model-id", "acme/m",
-        "--limit-concurrency", "9", "--timeout-keep-alive", "2.5", "--recall-sample", "0",
-        "--recall-cpu-share", "0.2",
+        "--limit-concurrency", "9", "--timeout-keep-alive", "2.5", "--timeout-body", "7",
+        "--timeout-response", "11.5", "--recall-sample", "0", "--recall-cpu-share", "0.2",
     ]  # fmt: skip
     result = CliRunner().invoke(main, ["serve", str(tmp_path), *args])
     assert result.exit_code == 0, result.output
@@ -109,6 +111,8 @@ def test_the_flags_reach_the_settings(started, tmp_path, monkeypatch) -> None:
             model_id="acme/m",
             limit_concurrency=9,
             timeout_keep_alive=2.5,
+            timeout_body=7.0,
+            timeout_response=11.5,
             recall_sample=0.0,
             recall_cpu_share=0.2,
         )
@@ -139,6 +143,12 @@ def test_the_flags_reach_the_settings(started, tmp_path, monkeypatch) -> None:
             ["--timeout-keep-alive", "nan"],
             {"timeout_keep_alive": float("nan")},
             "--timeout-keep-alive must be a finite number, got nan",
+        ),
+        (["--timeout-body", "0"], {"timeout_body": 0}, "--timeout-body must be > 0, got 0.0"),
+        (
+            ["--timeout-response", "3601"],
+            {"timeout_response": 3601},
+            "--timeout-response must be <= 3600, got 3601.0",
         ),
     ],
 )
