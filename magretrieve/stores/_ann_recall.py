@@ -76,6 +76,22 @@ SYNTHETIC = (
 )
 REAL = "real queries"
 
+#: What ``describe()["parameters"]["search"]`` says of a store below its ``exact_below``.
+EXACT = "exact"
+#: ... and of a store at or above it (its ANN index answers).
+APPROXIMATE = "ann"
+
+
+def search_mode(count: int, exact_below: int) -> dict[str, Any]:
+    """What ``describe()`` reports of an ANN store's size rule: the size below which it
+    searches exactly (its backend's measured ``EXACT_BELOW``, declared once in its module) and
+    which search answers now."""
+    return {
+        "exact_below": int(exact_below),
+        "search": EXACT if count < exact_below else APPROXIMATE,
+    }
+
+
 HNSW_EF = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 
 
