@@ -97,7 +97,7 @@ REFINE = (2, 4, 8, 16, 32)
 #: Queries per LanceDB query (one vector search over a batch; memory is k rows per query).
 QUERIES_PER_CALL = 256
 #: A table holding fewer rows than this is searched by LanceDB's exact scan
-#: (``bypass_vector_index``) and ``optimize()`` builds no index for it: below it one exact
+#: (``bypass_vector_index``; its index is still built, for when it grows): below it one exact
 #: query takes no longer than one index query (docs/stores.md, "Exact below a size").
 EXACT_BELOW = 5_000
 
@@ -421,8 +421,8 @@ class LanceDBStore(_generation.MarkerGeneration, CollectionStore):
     def optimize(self) -> None:
         """Build the requested vector index (if any), then measure and check its recall."""
         kind = self._build.get("index_type")
-        if not kind or kind == "FLAT" or self.count() < max(1, self.exact_below):
-            return  # searched exactly: an index would not be used
+        if not kind or kind == "FLAT" or not self.count():
+            return
         self._begin_write()
         if self._index() is None:
             self._create_index(kind)
