@@ -270,7 +270,7 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
             return [[] for _ in range(len(q))]
         k = min(k, n)
         if n < self.exact_below:
-            return self._query_exact(q, k, with_vectors)
+            return self._exact_hits(q, k, with_vectors)
         step = max(1, QUERY_RESULTS // k)  # Chroma binds every result id in one SQL statement
         if len(q) > step:
             return [
@@ -302,9 +302,13 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
     def _query_exact(
         self, q: np.ndarray, k: int, with_vectors: bool
     ) -> list[list[StoreHit]] | None:
+        """The rows Chroma's HNSW search in space ``ip`` answered short of ``k`` hits (it
+        can, at any ef_search), answered by :meth:`_exact_hits`."""
+        return self._exact_hits(q, k, with_vectors)
+
+    def _exact_hits(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
         """Top-``k`` by an exact scan of the stored vectors: every search of a collection
-        below :attr:`exact_below`, and the rows Chroma's HNSW search in space ``ip`` answered
-        short of ``k`` hits (it can, at any ef_search)."""
+        below :attr:`exact_below`, and the rows its graph answered short."""
         ids, vectors = self._scan()
         if not ids:
             return [[] for _ in range(len(q))]
