@@ -26,6 +26,10 @@ queries do not get. So, best first:
   ``benchmarks/results/recall_honesty.md`` measures how far each sample sits from the stored
   points (mean max-cosine) beside real queries, and the recall each delivers.
 
+Below its backend's ``exact_below`` size (declared once in the backend's module as
+``EXACT_BELOW``, measured where exact search is as fast as the index: docs/stores.md) a store
+searches exactly and measures nothing; :func:`search_mode` is what ``describe()`` reports of it.
+
 With a target (``target_recall`` / ``--target-recall``) the search knob (FAISS ``efSearch`` or
 ``nprobe``, set through ``faiss.ParameterSpace``; Qdrant ``hnsw_ef``) is raised step by step on
 one half of the queries until the target plus half the remaining gap is reached (0.995 for a
