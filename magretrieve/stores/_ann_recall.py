@@ -26,6 +26,10 @@ queries do not get. So, best first:
   ``benchmarks/results/recall_honesty.md`` measures how far each sample sits from the stored
   points (mean max-cosine) beside real queries, and the recall each delivers.
 
+Below its backend's ``exact_below`` size (declared once in the backend's module as
+``EXACT_BELOW``, measured where exact search is as fast as the index: docs/stores.md) a store
+searches exactly and measures nothing; :func:`search_mode` is what ``describe()`` reports of it.
+
 With a target (``target_recall`` / ``--target-recall``) the search knob (FAISS ``efSearch`` or
 ``nprobe``, set through ``faiss.ParameterSpace``; Qdrant ``hnsw_ef``) is raised step by step on
 one half of the queries until the target plus half the remaining gap is reached (0.995 for a
@@ -75,6 +79,22 @@ SYNTHETIC = (
     f"moved to cosine {MIX_COSINE}, sources held out"
 )
 REAL = "real queries"
+
+#: What ``describe()["parameters"]["search"]`` says of a store below its ``exact_below``.
+EXACT = "exact"
+#: ... and of a store at or above it (its ANN index answers).
+APPROXIMATE = "ann"
+
+
+def search_mode(count: int, exact_below: int) -> dict[str, Any]:
+    """What ``describe()`` reports of an ANN store's size rule: the size below which it
+    searches exactly (its backend's measured ``EXACT_BELOW``, declared once in its module) and
+    which search answers now."""
+    return {
+        "exact_below": int(exact_below),
+        "search": EXACT if count < exact_below else APPROXIMATE,
+    }
+
 
 HNSW_EF = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 

@@ -366,6 +366,42 @@ def set_search_parameters(handle: IndexHandle, params: dict[str, Any]) -> None:
         space.set_index_parameter(handle.index, "nprobe", int(params["nprobe"]))
 
 
+def _exhaustive(handle: IndexHandle) -> tuple[Any, Any] | None:
+    """(ID map, HNSW index) or (None, IVF index) where the index can search exactly."""
+    faiss = faiss_module()
+    top = faiss.downcast_index(handle.index)
+    if handle.kind == "hnsw" and isinstance(top, (faiss.IndexIDMap, faiss.IndexIDMap2)):
+        core = faiss.downcast_index(top.index)
+        if isinstance(core, faiss.IndexHNSW):
+            return top, core
+    if handle.kind == "ivf" and isinstance(top, faiss.IndexIVF):
+        return None, top
+    return None
+
+
+def searches_exhaustively(handle: IndexHandle) -> bool:
+    """Whether :func:`exhaustive_search` answers for this index (an HNSW graph under the
+    store's ID map, an IVF index without pre-transforms or refine stages)."""
+    return _exhaustive(handle) is not None
+
+
+def exhaustive_search(handle: IndexHandle, q: np.ndarray, k: int) -> tuple[Any, Any] | None:
+    """The index's own exact search, or None where it has none: an HNSW graph's storage
+    scanned whole (its ``IndexFlat`` under the ID map, labels mapped back through it), every
+    list of an IVF index probed. Scores are what the ANN search would compute (decoded codes
+    for a lossy storage), so the answer is exact search over what the index holds."""
+    faiss = faiss_module()
+    parts = _exhaustive(handle)
+    if parts is None:
+        return None
+    idmap, core = parts
+    if idmap is None:
+        return core.search(q, k, params=faiss.SearchParametersIVF(nprobe=int(core.nlist)))
+    scores, rows = faiss.downcast_index(core.storage).search(q, k)
+    labels = faiss.vector_to_array(idmap.id_map)
+    return scores, np.where(rows >= 0, labels[np.maximum(rows, 0)], -1)
+
+
 def read_parameters(handle: IndexHandle) -> dict[str, Any]:
     """Build/search settings held by the index itself (HNSW M/ef, IVF nlist/nprobe)."""
     faiss = faiss_module()

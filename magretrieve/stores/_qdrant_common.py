@@ -105,13 +105,22 @@ def check_vector_params(
 
 
 def search_params(
-    api: Any, ef_search: int | None, quantization: str | None, rescore: bool, oversampling: float
+    api: Any,
+    ef_search: int | None,
+    quantization: str | None,
+    rescore: bool,
+    oversampling: float,
+    exact: bool = False,
 ) -> Any:
-    """``api.SearchParams`` for ef_search and quantized rescoring, or None when neither is set.
+    """``api.SearchParams`` for ef_search and quantized rescoring, or None when neither is set;
+    ``exact``: Qdrant's exact search (``exact=True``: no HNSW graph, no quantized vectors).
 
     ``api`` is ``qdrant_client.models`` or the ``qdrant_edge`` module: both spell these
     classes and their keywords the same way.
     """
+    if exact:
+        ignore = api.QuantizationSearchParams(ignore=True) if quantization else None
+        return api.SearchParams(exact=True, quantization=ignore)
     quant = (
         api.QuantizationSearchParams(rescore=rescore, oversampling=oversampling)
         if quantization

@@ -63,6 +63,10 @@ PAGE = 1000
 #: Results (queries × k) per Chroma query request: it reads them back with one SQL statement,
 #: and SQLite binds at most 32,766 variables.
 QUERY_RESULTS = 10_000
+#: A collection holding fewer records than this is searched exactly (its vectors read back
+#: and scored by numpy), not through its HNSW graph: below it one exact query takes no longer
+#: than one HNSW query (docs/stores.md, "Exact below a size").
+EXACT_BELOW = 1_000
 FORM = "chroma:PATH/COLLECTION"
 
 
@@ -91,6 +95,8 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
     """
 
     kind = "chroma"
+    #: Records below which the collection is searched exactly (:data:`EXACT_BELOW`).
+    exact_below = EXACT_BELOW
     noun = "chroma collection"
     label = "Chroma collection"
     thread_safe_search = True
@@ -110,6 +116,8 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
         self._writer = writer
         self._generation = generation
         self._reopen = reopen
+        #: (folder generation, ids, vectors) the exact search last read (embedded only)
+        self._scanned: tuple[int, list[str], np.ndarray] | None = None
         super().__init__(*args, **kwargs)
 
     def _index_keywords(self) -> tuple[str, ...]:
@@ -261,6 +269,8 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
         if n == 0 or len(q) == 0:
             return [[] for _ in range(len(q))]
         k = min(k, n)
+        if n < self.exact_below:
+            return self._exact_hits(q, k, with_vectors)
         step = max(1, QUERY_RESULTS // k)  # Chroma binds every result id in one SQL statement
         if len(q) > step:
             return [
@@ -292,31 +302,54 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
     def _query_exact(
         self, q: np.ndarray, k: int, with_vectors: bool
     ) -> list[list[StoreHit]] | None:
-        """Chroma's HNSW search in space ``ip`` can stop short of ``k`` hits (at any
-        ef_search): those rows are answered by an exact scan of the stored vectors."""
-        ids, vectors = self._stored_vectors()
+        """The rows Chroma's HNSW search in space ``ip`` answered short of ``k`` hits (it
+        can, at any ef_search), answered by :meth:`_exact_hits`."""
+        return self._exact_hits(q, k, with_vectors)
+
+    def _exact_hits(self, q: np.ndarray, k: int, with_vectors: bool) -> list[list[StoreHit]]:
+        """Top-``k`` by an exact scan of the stored vectors: every search of a collection
+        below :attr:`exact_below`, and the rows its graph answered short."""
+        ids, vectors = self._scan()
+        if not ids:
+            return [[] for _ in range(len(q))]
         scores = q.astype(np.float32) @ vectors.T
-        out = []
+        k_row = min(k, len(ids))
+        tops = []
         for row in scores:
-            k_row = min(k, len(ids))
             top = np.argpartition(-row, k_row - 1)[:k_row]
-            top = top[np.lexsort((top, -row[top]))]
-            chosen = [ids[int(i)] for i in top]
-            got = self._get(chosen, ["metadatas"])
-            metas = {str(i): m or {} for i, m in zip(got["ids"], got["metadatas"], strict=True)}
-            out.append(
-                [
-                    StoreHit(
-                        ids[int(i)],
-                        float(row[int(i)]),
-                        json.loads(metas.get(ids[int(i)], {}).get("payload") or "{}"),
-                        vectors[int(i)].copy() if with_vectors else None,
-                        doc_norm=float(np.linalg.norm(vectors[int(i)].astype(np.float64))),
-                    )
-                    for i in top
-                ]
-            )
-        return out
+            tops.append(top[np.lexsort((top, -row[top]))])
+        chosen = sorted({ids[int(i)] for top in tops for i in top})
+        got = self._get(chosen, ["metadatas"])
+        metas = {str(i): m or {} for i, m in zip(got["ids"], got["metadatas"], strict=True)}
+        return [
+            [
+                StoreHit(
+                    ids[int(i)],
+                    float(row[int(i)]),
+                    json.loads(metas.get(ids[int(i)], {}).get("payload") or "{}"),
+                    vectors[int(i)].copy() if with_vectors else None,
+                    doc_norm=float(np.linalg.norm(vectors[int(i)].astype(np.float64))),
+                )
+                for i in top
+            ]
+            for row, top in zip(scores, tops, strict=True)
+        ]
+
+    def _scan(self) -> tuple[list[str], np.ndarray]:
+        """Every stored (id, vector) for the exact search. An embedded folder's are kept
+        until its generation marker moves (every write bumps it, in any process), so a small
+        collection is read from Chroma once per write, not once per search; a server's are
+        read each time (other clients write without a marker)."""
+        if self._writer is None:
+            return self._stored_vectors()
+        gen = self.disk_generation()
+        kept = self._scanned
+        if kept is not None and gen is not None and kept[0] == gen:
+            return kept[1], kept[2]
+        ids, vectors = self._stored_vectors()
+        if gen is not None:
+            self._scanned = (gen, ids, vectors)
+        return ids, vectors
 
     def _delete(self, ids: list[str]) -> int:
         self._begin_write()
@@ -427,6 +460,8 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
         self.measure_recall(target_recall=self.target_recall)
 
     def _recall_knob(self) -> Any:
+        if self._count() < self.exact_below:
+            return None  # searched exactly: nothing approximate to measure
         return _ann_recall.Knob(
             "ef_search", _ann_recall.HNSW_EF, self._set_ef, int(self.ef_search or 100)
         )
@@ -454,6 +489,7 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
             "hnsw_m": hnsw.get("max_neighbors"),
             "ef_construction": hnsw.get("ef_construction"),
             "ef_search": hnsw.get("ef_search"),
+            **_ann_recall.search_mode(self._count(), self.exact_below),
         }
         recall = self.recall
         if recall:

@@ -62,6 +62,10 @@ BUILD_OPTIONS = ("hnsw_m", "ef_construction", "nlist")
 FACTORY_OPTIONS = ("hnsw_m", "nlist")
 #: Options a reopen may change (search-time knobs).
 SEARCH_OPTIONS = ("ef_search", "nprobe")
+#: An HNSW or IVF index holding fewer live vectors than this is searched exactly (its flat
+#: storage scanned, every IVF list probed): one query over 5,000 384-d vectors takes as long
+#: by a flat scan as by HNSW at efSearch 128 (docs/stores.md, "Exact below a size").
+EXACT_BELOW = 5_000
 
 
 class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
@@ -73,6 +77,8 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
     """
 
     kind = "faiss"
+    #: Live vectors below which an ANN index is searched exactly (:data:`EXACT_BELOW`).
+    exact_below = EXACT_BELOW
     thread_safe_search = True  # FAISS const search is thread-safe; knobs change only by tuning
     #: the save trains (ivf alias) under the store lock, then serializes without it
     persists_beside_search = True
@@ -437,6 +443,8 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
         handle = self._handle
         if handle is None or self._pending or handle.kind not in ("hnsw", "ivf"):
             return None
+        if self._searches_exactly():
+            return None  # nothing approximate is searched below exact_below
         name = "ef_search" if handle.kind == "hnsw" else "nprobe"
         if name == "ef_search":
             values: list[int] = list(_ann_recall.HNSW_EF)
@@ -592,8 +600,19 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
             out.append(hits)
         return out
 
+    def _searches_exactly(self) -> bool:
+        """Whether the ANN index holds fewer live vectors than :attr:`exact_below` (and can
+        search exactly: see :func:`._faiss_index.exhaustive_search`)."""
+        handle = self._handle
+        return (
+            handle is not None
+            and len(self._table.row) < self.exact_below
+            and fx.searches_exhaustively(handle)
+        )
+
     def raw_search(self, q: np.ndarray, kk: int) -> tuple[np.ndarray, np.ndarray]:
-        """FAISS scores and int64 ids (tombstones included) with the store's thread policy."""
+        """FAISS scores and int64 ids (tombstones included) with the store's thread policy;
+        an ANN index below :attr:`exact_below` live vectors answers by its exact search."""
         faiss = fx.faiss_module()
         with self._searches_now.inside() as running:
             # One query is latency-bound: OpenMP fan-out costs more than it saves. A batch
@@ -605,6 +624,10 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
             else:
                 threads = max(1, fx.default_threads() // running)
             faiss.omp_set_num_threads(threads)
+            if self._searches_exactly():
+                found = fx.exhaustive_search(self._handle, q, max(1, kk))  # type: ignore[arg-type]
+                if found is not None:
+                    return found
             return self._handle.index.search(q, max(1, kk))  # type: ignore[union-attr]
 
     def set_search_parameters(
@@ -651,6 +674,8 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
             out.update({k: self.params[k] for k in ("nlist", "nprobe")})
         if self._handle is not None and self._handle.lossy:
             out["lossy_codes"] = True
+        if self._handle is not None and fx.searches_exhaustively(self._handle):
+            out.update(_ann_recall.search_mode(len(self._table.row), self.exact_below))
         out["tombstones"] = len(self._table.tombstones)
         out["trained"] = self._is_trained()
         if self._pending:

@@ -96,6 +96,10 @@ PROBE_EF = 256
 REFINE = (2, 4, 8, 16, 32)
 #: Queries per LanceDB query (one vector search over a batch; memory is k rows per query).
 QUERIES_PER_CALL = 256
+#: A table holding fewer rows than this is searched by LanceDB's exact scan
+#: (``bypass_vector_index``; its index is still built, for when it grows): below it one exact
+#: query takes no longer than one index query (docs/stores.md, "Exact below a size").
+EXACT_BELOW = 5_000
 
 
 def quantized(kind: str) -> bool:
@@ -139,6 +143,8 @@ class LanceDBStore(_generation.MarkerGeneration, CollectionStore):
     """
 
     kind = "lancedb"
+    #: Rows below which the table is searched exactly (:data:`EXACT_BELOW`).
+    exact_below = EXACT_BELOW
     noun = "lancedb table"
     label = "LanceDB table"
     thread_safe_search = True
@@ -306,9 +312,10 @@ class LanceDBStore(_generation.MarkerGeneration, CollectionStore):
     def _search(self, q: np.ndarray, k: int, columns: list[str], exact: bool) -> Any:
         """One LanceDB query for the rows of ``q`` (2-d: one ``query_index`` a row)."""
         # LanceDB's limit is a 32-bit count: ask for at most the rows there are
-        k = max(1, min(k, int(self.tbl.count_rows())))
+        n = int(self.tbl.count_rows())
+        k = max(1, min(k, n))
         s = self.tbl.search(q).distance_type("dot").limit(k).select([*columns, "_distance"])
-        if exact or self._index() is None:
+        if exact or n < self.exact_below or self._index() is None:
             return s.bypass_vector_index()
         refine = self._refine()
         if refine:
@@ -438,7 +445,7 @@ class LanceDBStore(_generation.MarkerGeneration, CollectionStore):
 
     def _recall_knob(self) -> Any:
         """``ef_search`` of the HNSW kinds, ``nprobe`` of the others (None: exact scan)."""
-        if self._index() is None:
+        if self._index() is None or self.count() < self.exact_below:
             return None
         if "HNSW" in str(self._build.get("index_type", "")):
 
@@ -544,6 +551,8 @@ class LanceDBStore(_generation.MarkerGeneration, CollectionStore):
     def _describe(self) -> dict[str, Any]:
         idx = self._index()
         out: dict[str, Any] = {"distance": "dot", "index": "exact scan" if idx is None else ""}
+        if (self._build.get("index_type") or "FLAT") != "FLAT":
+            out.update(_ann_recall.search_mode(self.count(), self.exact_below))
         if idx is not None:
             out["index"] = str(self._build.get("index_type") or idx.index_type)
             out["nlist"] = self._build.get("nlist")

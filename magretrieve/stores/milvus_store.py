@@ -32,7 +32,7 @@ from magretrieve.core.errors import StoreError, WriterLockHeld
 from magretrieve.core.extras import require
 from magretrieve.core.options import option
 from magretrieve.core.redact import redact
-from magretrieve.stores import registry
+from magretrieve.stores import _ann_recall, registry
 from magretrieve.stores._writer_lock import open_engine
 from magretrieve.stores.base import (
     Batch,
@@ -62,6 +62,11 @@ BUILD_PARAMS = {"hnsw_m": "M", "ef_construction": "efConstruction", "nlist": "nl
 MAX_ID_LENGTH = 1024
 #: Index types this store builds (Milvus names).
 INDEX_TYPES = ("FLAT", "HNSW", "IVF_FLAT")
+#: A HNSW or IVF_FLAT collection holding fewer points than this is searched with a breadth
+#: covering it (ef at least the count, every list probed), so the index answers exactly:
+#: below it such a search takes no longer than the default one (docs/stores.md, "Exact
+#: below a size").
+EXACT_BELOW = 5_000
 #: Milvus' largest top-k.
 MAX_K = 16384
 FIELDS = ("doc_id", "vector", "payload", "doc_norm")
@@ -126,6 +131,9 @@ class MilvusStore(CollectionStore):
     """
 
     kind = "milvus"
+    #: Points below which an HNSW/IVF_FLAT collection is searched exhaustively
+    #: (:data:`EXACT_BELOW`).
+    exact_below = EXACT_BELOW
     noun = "milvus collection"
     label = "Milvus collection"
     thread_safe_search = False
@@ -244,11 +252,21 @@ class MilvusStore(CollectionStore):
         self.client.upsert(self.collection, rows)
 
     def _search_params(self, k: int) -> dict[str, Any]:
+        """``ef`` / ``nprobe`` of the index; below :attr:`exact_below` points they cover the
+        whole collection (ef at least the count, every IVF list probed), which makes Milvus's
+        search over it exhaustive: it has no per-query exact switch."""
         params: dict[str, Any] = {}
         index = str(self._index.get("index_type", "FLAT")).upper()
+        if index not in ("HNSW", "IVF_FLAT"):
+            return {"metric_type": "IP", "params": params}
+        n = self._count()
         if index == "HNSW":
             params["ef"] = max(int(self.ef_search or 64), k)
-        elif index == "IVF_FLAT" and self.nprobe:
+            if n < self.exact_below:
+                params["ef"] = max(params["ef"], n)
+        elif n < self.exact_below:
+            params["nprobe"] = int(self._index.get("nlist") or 128)
+        elif self.nprobe:
             params["nprobe"] = int(self.nprobe)
         return {"metric_type": "IP", "params": params}
 
@@ -355,6 +373,8 @@ class MilvusStore(CollectionStore):
             out.pop(key, None)
         if str(out.get("index_type", "")).upper() == "HNSW":
             out["ef_search"] = self.ef_search or 64
+        if str(out.get("index_type", "")).upper() in ("HNSW", "IVF_FLAT"):
+            out.update(_ann_recall.search_mode(self._count(), self.exact_below))
         return out
 
     def close(self) -> None:

@@ -72,6 +72,10 @@ RECALL_KEY = "magretrieve.recall"
 INDEX_KEY = "magretrieve.index"
 #: Index types this store builds.
 INDEX_TYPES = ("hnsw", "ivfflat", "flat")
+#: A table holding fewer rows than this is searched by a sequential scan (``SET LOCAL
+#: enable_indexscan = off`` for the query), not its HNSW/IVFFlat index: below it one exact
+#: query takes no longer than one index query (docs/stores.md, "Exact below a size").
+EXACT_BELOW = 1_000
 #: pgvector's defaults of the index parameters a definition leaves out.
 INDEX_DEFAULTS = {"hnsw": {"m": 16, "ef_construction": 64}, "ivfflat": {"lists": 100}}
 #: pgvector operator classes that rank by another metric than the inner product.
@@ -169,6 +173,8 @@ class PgVectorStore(PgConnection):
     """
 
     kind = "pgvector"
+    #: Rows below which the table is searched exactly (:data:`EXACT_BELOW`).
+    exact_below = EXACT_BELOW
     #: The primary key's btree holds at most ~2.7 kB per entry; a longer id fails mid-batch
     #: (ProgramLimitExceeded) or only when it does not compress, so it is refused up front.
     max_id_bytes = 2048
@@ -372,10 +378,20 @@ class PgVectorStore(PgConnection):
             self.conn.remove_notice_handler(forward)
         self._pending = None
 
+    def _below_exact(self, cur: Any) -> bool:
+        """Whether the table holds fewer rows than :attr:`exact_below` (counted up to it
+        only, so a large table costs no full count)."""
+        stmt = _sql().SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT %s) AS head")
+        cur.execute(stmt.format(self._table), (int(self.exact_below),))
+        return int(cur.fetchone()[0]) < self.exact_below
+
     def _search_settings(self, cur: Any, k: int) -> None:
         # SET LOCAL lasts until the end of the surrounding transaction; values are integers
         # (checked options), bound as literals
         sql = _sql()
+        if self._below_exact(cur):
+            cur.execute("SET LOCAL enable_indexscan = off")
+            return
         ef = min(max(int(self.ef_search or 40), k), 1000)
         cur.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(ef)))
         if self.nprobe is not None:
@@ -490,6 +506,8 @@ class PgVectorStore(PgConnection):
         indexes = self._tx(lambda: vector_indexes(self.conn, self._name, "embedding"))
         if not any(m == "hnsw" for _, m, _ in indexes):
             return None
+        if self._count() < self.exact_below:
+            return None  # searched by a sequential scan: nothing approximate to measure
 
         def set_ef(value: int) -> None:
             self.ef_search = int(value)
@@ -508,6 +526,8 @@ class PgVectorStore(PgConnection):
             "operator": "<#> (negative inner product)",
             "index": ", ".join(f"{m} ({o})" for _, m, o in indexes) or "exact (sequential scan)",
         }
+        if indexes:
+            out.update(_ann_recall.search_mode(self._count(), self.exact_below))
         if any(m == "hnsw" for _, m, _ in indexes):
             out["ef_search"] = self.ef_search or 40
             if self.recall:

@@ -86,6 +86,10 @@ logger = logging.getLogger(__name__)
 
 #: The index keywords a Qdrant collection or Edge shard takes: its HNSW graph, a recall target.
 INDEX_KEYWORDS = (*HnswOptions.keywords(), *RecallOptions.keywords())
+#: A collection (or Edge shard) holding fewer points than this is searched with Qdrant's
+#: ``exact=True`` (a plain scan of the full vectors), not its HNSW graph: below it one exact
+#: query takes no longer than one HNSW query (docs/stores.md, "Exact below a size").
+EXACT_BELOW = 5_000
 
 
 class QdrantStore(VectorStore):
@@ -97,6 +101,8 @@ class QdrantStore(VectorStore):
     """
 
     kind = "qdrant"
+    #: Points below which the collection is searched exactly (:data:`EXACT_BELOW`).
+    exact_below = EXACT_BELOW
     #: persist is Edge's shard flush under its write lock (searches do not take it) or a no-op
     persists_beside_search = True
 
@@ -223,8 +229,18 @@ class QdrantStore(VectorStore):
         if self.embedded:
             return None
         return search_params(
-            self.api.models, self.ef_search, self.quantization, self.rescore, self.oversampling
+            self.api.models,
+            self.ef_search,
+            self.quantization,
+            self.rescore,
+            self.oversampling,
+            exact=self._searches_exactly(),
         )
+
+    def _searches_exactly(self) -> bool:
+        """Whether the collection holds fewer points than :attr:`exact_below` (searched with
+        ``exact=True``; embedded qdrant-client always searches exactly)."""
+        return not self.embedded and self.api.count() < self.exact_below
 
     def _doc(self) -> dict[str, Any]:
         return self.api.read_doc()
@@ -302,8 +318,9 @@ class QdrantStore(VectorStore):
         self.measure_recall(target_recall=self.target_recall)
 
     def _recall_knob(self) -> Any:
-        """``hnsw_ef`` of the HNSW index (None: embedded qdrant-client searches exactly)."""
-        if self.embedded:
+        """``hnsw_ef`` of the HNSW index (None: the search is exact, embedded qdrant-client
+        or a collection below :attr:`exact_below`)."""
+        if self.embedded or self._searches_exactly():
             return None
 
         def set_ef(value: int) -> None:
@@ -347,6 +364,7 @@ class QdrantStore(VectorStore):
             out["hnsw_m"] = self._hnsw.get("m")
             out["ef_construction"] = self._hnsw.get("ef_construct")
             out["ef_search"] = self.ef_search
+            out.update(_ann_recall.search_mode(self.api.count(), self.exact_below))
             if self._shards is not None:
                 out["shard_number"], out["replication_factor"] = self._shards
             if self.quantization:

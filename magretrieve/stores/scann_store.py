@@ -764,6 +764,7 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
             "index": "scann" if self._searcher is not None else "exact",
             "distance": "dot_product",
             "exact_below": int(self.params["exact_below"]),
+            "search": _ann_recall.EXACT if self._searcher is None else _ann_recall.APPROXIMATE,
             "kernels": ensure_avx2(),
         }
         if self._searcher is not None:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from magretrieve.stores import open_store
+from tests.support.ann_data import search_indexes_at_every_size
 from tests.support.cli import run
 from tests.support.fake_encoder import LOAD_IN_CHILD, FakeEncoder, write_corpus
 
@@ -173,8 +174,9 @@ def test_cli_refusals_are_one_line_errors(use_fake, tmp_path):
     assert open_store(spec).count() == 10
 
 
-def test_index_reports_measured_ann_recall_and_tunes_to_a_target(use_fake, tmp_path):
+def test_index_reports_measured_ann_recall_and_tunes_to_a_target(use_fake, tmp_path, monkeypatch):
     """An ANN index states its recall@10 against exact search; --target-recall tunes efSearch."""
+    search_indexes_at_every_size(monkeypatch)  # 400 documents: the index answers
     corpus = write_corpus(tmp_path / "c.jsonl", 400)
     spec = f"faiss:{tmp_path / 'hx'}"
     res = run(

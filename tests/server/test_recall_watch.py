@@ -13,6 +13,7 @@ import pytest
 from magretrieve.server.metrics import Metrics
 from magretrieve.server.recall_watch import MIN_QUERIES, RecallWatch, store_target
 from magretrieve.stores import open_store
+from tests.support.ann_data import search_indexes_at_every_size
 
 
 def _data(n: int = 3000, d: int = 32, seed: int = 0) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -52,7 +53,8 @@ def _wait(watch: RecallWatch, n: int, timeout: float = 30.0) -> None:
     assert watch.checked >= n, (watch.checked, watch.dropped)
 
 
-def test_a_poor_ann_index_drops_the_gauge_and_warns(tmp_path, caplog):
+def test_a_poor_ann_index_drops_the_gauge_and_warns(tmp_path, caplog, monkeypatch):
+    search_indexes_at_every_size(monkeypatch)  # a small store: the index answers
     ids, docs, queries = _data()
     store = open_store(
         f"faiss:{tmp_path / 'h'}", dimension=32, index_type="hnsw", hnsw_m=4,

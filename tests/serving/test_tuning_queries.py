@@ -15,6 +15,7 @@ import pytest
 from magretrieve.core import similarity
 from magretrieve.stores import _ann_recall, open_store
 from magretrieve.stores._ann_recall import PSEUDO, SYNTHETIC, USER, TuningQueries
+from tests.support.ann_data import search_indexes_at_every_size
 from tests.support.cli import run
 from tests.support.fake_encoder import FakeEncoder
 
@@ -116,7 +117,10 @@ def test_tuning_query_files_both_forms_and_bad_files(tmp_path):
         assert needle in str(err.value) and "\n" not in str(err.value), err.value
 
 
-def test_index_tunes_on_pseudo_queries_by_default_and_on_the_users_when_given(use_fake, tmp_path):
+def test_index_tunes_on_pseudo_queries_by_default_and_on_the_users_when_given(
+    use_fake, tmp_path, monkeypatch
+):
+    search_indexes_at_every_size(monkeypatch)  # 600 documents: the index answers
     use_fake["dim"] = 32
     corpus = write_corpus(tmp_path / "c.jsonl", 600)
     spec = f"faiss:{tmp_path / 'a'}"
@@ -152,7 +156,8 @@ def test_bad_tuning_queries_file_is_refused_before_a_store_is_made(use_fake, tmp
     assert not (tmp_path / "x").exists()
 
 
-def test_recall_command_matches_an_independent_exact_computation(use_fake, tmp_path):
+def test_recall_command_matches_an_independent_exact_computation(use_fake, tmp_path, monkeypatch):
+    search_indexes_at_every_size(monkeypatch)  # 1,500 documents: the index answers
     use_fake["dim"] = 32
     corpus = write_corpus(tmp_path / "c.jsonl", 1500)
     spec = f"faiss:{tmp_path / 'h'}"
@@ -197,7 +202,8 @@ def test_recall_command_matches_an_independent_exact_computation(use_fake, tmp_p
     assert res.exit_code == 1 and "nope.txt: file not found" in res.output
 
 
-def test_open_store_tuning_queries_retunes_a_built_index(tmp_path):
+def test_open_store_tuning_queries_retunes_a_built_index(tmp_path, monkeypatch):
+    search_indexes_at_every_size(monkeypatch)  # 2,000 vectors: the index answers
     rng = np.random.default_rng(2)
     docs = rng.standard_normal((2000, 16)).astype(np.float32)
     ids = [f"d{i}" for i in range(2000)]
@@ -220,9 +226,12 @@ def test_open_store_tuning_queries_retunes_a_built_index(tmp_path):
         open_store(spec, tuning_queries=str(tmp_path / "q.txt"))
 
 
-def test_pseudo_query_tuning_meets_the_target_on_held_out_real_like_queries(use_fake, tmp_path):
+def test_pseudo_query_tuning_meets_the_target_on_held_out_real_like_queries(
+    use_fake, tmp_path, monkeypatch
+):
     """Tuned on pseudo-queries from the corpus (no user query seen), a sparse graph asked for
     0.99 delivers at least 0.985 on queries it never saw."""
+    search_indexes_at_every_size(monkeypatch)  # the index answers at this size
     use_fake["dim"] = 32
     corpus = write_corpus(tmp_path / "c.jsonl", 4000, seed=3)
     spec = f"faiss:{tmp_path / 'h'}"

@@ -22,8 +22,17 @@ from lancedb.index import IvfFlat
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import _ann_recall, lancedb_store, open_store
+from tests.support.ann_data import search_indexes_at_every_size
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def indexed(monkeypatch):
+    """These tests are about the index itself: it answers at their sizes (a few thousand rows,
+    below the store's exact_below)."""
+    search_indexes_at_every_size(monkeypatch)
+
 
 DIM = 16
 

@@ -28,6 +28,7 @@ import pytest
 
 from magretrieve.core.errors import StoreError
 from magretrieve.stores import open_store
+from tests.support.ann_data import search_indexes_at_every_size
 from tests.support.cli import run
 from tests.support.exports import tiny_export_dir
 from tests.support.fake_encoder import FakeEncoder, write_corpus
@@ -167,8 +168,9 @@ REOPEN = [
 
 @pytest.mark.parametrize(("backend", "built", "asked", "message"), REOPEN)
 def test_reopening_with_other_build_options_is_refused(
-    request, tmp_path, backend, built, asked, message
+    request, tmp_path, monkeypatch, backend, built, asked, message
 ):
+    search_indexes_at_every_size(monkeypatch)  # 300 vectors: the index is built and used
     if backend == "pgvector":  # a table on the session's PostgreSQL server
         spec = f"pgvector:{request.getfixturevalue('pg_uri')}#t_{uuid.uuid4().hex[:10]}"
     else:
@@ -222,9 +224,10 @@ def test_chroma_answers_k_hits_where_its_graph_stops_short(tmp_path):
         store.close()
 
 
-def test_an_index_that_answers_short_is_completed_by_an_exact_scan(tmp_path):
+def test_an_index_that_answers_short_is_completed_by_an_exact_scan(tmp_path, monkeypatch):
     """FAISS IVF probing one of 16 lists holds fewer than k points in the lists it probes:
     the base answers those rows from the stored points themselves, exactly."""
+    search_indexes_at_every_size(monkeypatch)  # 400 vectors: searched through the index
     vectors = np.random.default_rng(0).normal(size=(400, 8)).astype(np.float32)
     ids = [f"d{i}" for i in range(400)]
     store = open_store(f"faiss:{tmp_path}/f", dimension=8, index_type="ivf", nlist=16, nprobe=1)
@@ -242,6 +245,7 @@ def test_an_index_that_answers_short_is_completed_by_an_exact_scan(tmp_path):
 def test_a_store_that_cannot_scan_says_why_it_answered_short(tmp_path, monkeypatch):
     from magretrieve.stores.faiss_store import FaissStore
 
+    search_indexes_at_every_size(monkeypatch)  # 400 vectors: searched through the index
     vectors = np.random.default_rng(0).normal(size=(400, 8)).astype(np.float32)
     store = open_store(f"faiss:{tmp_path}/f", dimension=8, index_type="ivf", nlist=16, nprobe=1)
     store.add([f"d{i}" for i in range(400)], vectors)
@@ -324,7 +328,8 @@ def partitioned(n: int = 3000, dim: int = 32) -> np.ndarray:
     return (docs * np.exp(rng.normal(0, 0.6, size=(n, 1)))).astype(np.float32)
 
 
-def test_lancedb_target_recall_tunes_nprobe_on_ivf_hnsw(tmp_path):
+def test_lancedb_target_recall_tunes_nprobe_on_ivf_hnsw(tmp_path, monkeypatch):
+    search_indexes_at_every_size(monkeypatch)  # 3,000 rows: the index answers
     vectors = partitioned()
     spec = f"lancedb:{tmp_path}/db/docs"
     store = open_store(spec, dimension=32, index_type="IVF_HNSW_SQ", nlist=200, target_recall=0.95)
@@ -341,7 +346,8 @@ def test_lancedb_target_recall_tunes_nprobe_on_ivf_hnsw(tmp_path):
     assert params["index"] == "IVF_HNSW_SQ"
 
 
-def test_lancedb_refusal_advises_a_way_out_that_exists(tmp_path):
+def test_lancedb_refusal_advises_a_way_out_that_exists(tmp_path, monkeypatch):
+    search_indexes_at_every_size(monkeypatch)  # 3,000 rows: the index answers
     vectors = partitioned()
     ids = [f"d{i}" for i in range(len(vectors))]
     spec = f"lancedb:{tmp_path}/db/docs"

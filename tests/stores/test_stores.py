@@ -26,6 +26,7 @@ from magretrieve.stores.faiss_store import FaissStore
 from magretrieve.stores.options import HnswOptions, StoreOptions
 from tests.support import store_examples
 from tests.support.ann_data import ann_data as _ann_data
+from tests.support.ann_data import search_indexes_at_every_size
 
 DIM = 16
 #: Every registered backend's example specs (tests/support/store_examples.py, keyed by registry prefix):
@@ -220,6 +221,12 @@ def recall_at_k(approx: list[list[str]], exact: list[list[str]]) -> float:
     )
 
 
+@pytest.fixture
+def indexed(monkeypatch):
+    """The ANN index answers at these test sizes (below every store's ``exact_below``)."""
+    search_indexes_at_every_size(monkeypatch)
+
+
 @pytest.fixture(scope="module")
 def ann_data():
     ids, docs, queries = make_data(n=3000, nq=50, dim=32, seed=1)
@@ -237,7 +244,7 @@ def ann_data():
     ],
     ids=["hnsw", "ivf"],
 )
-def test_faiss_ann_recall(ann_data, tmp_path, options):
+def test_faiss_ann_recall(ann_data, tmp_path, options, indexed):
     ids, docs, queries, exact = ann_data
     s = open_store(f"faiss:{tmp_path / 'f'}", dimension=32, **options)
     for start in range(0, len(ids), 500):  # IVF trains once enough vectors are buffered
@@ -265,7 +272,7 @@ def test_faiss_ann_recall(ann_data, tmp_path, options):
 
 
 @pytest.mark.parametrize("quantization", [None, "int8"])
-def test_qdrant_edge_hnsw_and_quantization_recall(ann_data, tmp_path, quantization):
+def test_qdrant_edge_hnsw_and_quantization_recall(ann_data, tmp_path, quantization, indexed):
     """Edge builds a real HNSW; with int8 + rescoring, dot-product recall must hold."""
     ids, docs, queries, exact = ann_data
     s = open_store(
@@ -573,7 +580,7 @@ class _ServerLikeClient:
         return spy
 
 
-def test_qdrant_server_path_passes_cluster_hnsw_and_quantization_settings():
+def test_qdrant_server_path_passes_cluster_hnsw_and_quantization_settings(indexed):
     import warnings
 
     from magretrieve.stores.qdrant_store import QdrantStore
@@ -974,7 +981,7 @@ def test_non_json_payload_refused_before_anything_is_written(store, tmp_path, pa
     json.dumps([h.payload for h in hit], allow_nan=False)  # strict JSON out
 
 
-def test_qdrant_edge_recall_is_measured_and_tuned_to_a_target(tmp_path):
+def test_qdrant_edge_recall_is_measured_and_tuned_to_a_target(tmp_path, indexed):
     ids, docs, queries = _ann_data(n=3000)
     spec = f"qdrant-edge:{tmp_path / 'e'}"
     s = open_store(
@@ -1001,7 +1008,7 @@ def test_qdrant_edge_recall_is_measured_and_tuned_to_a_target(tmp_path):
     again.close()
 
 
-def test_faiss_target_recall_reaches_the_target_on_held_out_queries(tmp_path):
+def test_faiss_target_recall_reaches_the_target_on_held_out_queries(tmp_path, indexed):
     """Tuned on the synthetic sample (far-perturbed directions and mixtures, made harder than
     these noisy queries), the target holds on held-out queries; tuned with real queries too.
     Both are measured, neither assumed."""
@@ -1026,7 +1033,7 @@ def test_faiss_target_recall_reaches_the_target_on_held_out_queries(tmp_path):
     assert real >= 0.985, (after, real)  # 0.995 on the tuning half
 
 
-def test_unreachable_target_is_reported_not_hidden(tmp_path, caplog):
+def test_unreachable_target_is_reported_not_hidden(tmp_path, caplog, indexed):
     """A graph too sparse for inner product (M=4) cannot reach 0.999 at any efSearch: the
     store says so and warns, instead of claiming the target."""
     ids, docs, _ = _ann_data(n=4000)
