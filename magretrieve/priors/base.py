@@ -175,6 +175,8 @@ class DocumentPrior:
     method: ClassVar[str] = ""
     #: Does the prior need the extra offset coordinate in the store?
     has_offset: ClassVar[bool] = False
+    #: Does it scale documents (a multiplier m(d) other than 1)?
+    has_multiplier: ClassVar[bool] = False
     #: Does it carry a bank of training queries (so its selection must be cross-fitted)?
     uses_query_bank: ClassVar[bool] = False
     #: Where it was read from (a file name), for error messages.
@@ -215,14 +217,29 @@ class DocumentPrior:
         """Terms of documents added to a store later (recorded statistics, store neighbours)."""
         raise NotImplementedError
 
-    def label(self) -> str:
-        """Short human-readable name with parameters, e.g. ``hub(β=0.05,k=10)``."""
-        shown = {
+    def shown_params(self) -> dict[str, Any]:
+        """The parameters a person chose (no fitted statistics, no vectors)."""
+        return {
             k: v
             for k, v in self.params().items()
             if k not in STATE_KEYS and not isinstance(v, dict | list)
         }
+
+    def label(self) -> str:
+        """Short human-readable name with parameters, e.g. ``hub(β=0.05,k=10)``."""
+        shown = self.shown_params()
         return f"{self.method}(" + ",".join(f"{k}={_fmt(v)}" for k, v in shown.items()) + ")"
+
+    def describe(self) -> dict[str, Any]:
+        """What a score shown to a person must say about this prior: its name, label and
+        chosen parameters, and which terms it sets (a multiplier m(d), an offset b(d))."""
+        return {
+            "name": self.to_dict()["method"],
+            "label": self.label(),
+            "params": self.shown_params(),
+            "multiplier": bool(self.has_multiplier),
+            "offset": bool(self.has_offset),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": KIND, "method": self.method, **self.params()}

@@ -35,6 +35,10 @@ class CombinedPrior(DocumentPrior):
         return any(p.has_offset for p in self.parts)
 
     @property
+    def has_multiplier(self) -> bool:  # type: ignore[override]
+        return any(p.has_multiplier for p in self.parts)
+
+    @property
     def uses_query_bank(self) -> bool:  # type: ignore[override]
         return any(p.uses_query_bank for p in self.parts)
 
@@ -63,6 +67,10 @@ class CombinedPrior(DocumentPrior):
 
     def label(self) -> str:
         return "+".join(p.label() for p in self.parts)
+
+    def describe(self) -> dict[str, Any]:
+        """The combination's terms, and each part's own (which part scales, which adds)."""
+        return {**super().describe(), "parts": [p.describe() for p in self.parts]}
 
     def fit_corpus(self, units: np.ndarray) -> None:
         for p in self.parts:

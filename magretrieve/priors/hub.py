@@ -71,6 +71,7 @@ def corpus_hub_scores(units: np.ndarray, k: int) -> np.ndarray:
 
 class HubPrior(DocumentPrior):
     method = "hub"
+    has_multiplier = True
 
     def __init__(
         self, beta: float, k: int = DEFAULT_K, mean: float = 0.0, std: float = 1.0

@@ -157,6 +157,19 @@ def has_offset_coordinate(meta: Mapping[str, Any] | None) -> bool:
     return is_prior_recipe(recipe) and prior_from_dict(recipe, "store metadata").has_offset
 
 
+def recorded_prior(meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The document prior a store's metadata records (:meth:`DocumentPrior.describe`), or
+    None when its scores carry none (no recipe, a norm head, re-encoded norms, prior ``none``).
+
+    Both ways a prior reaches a store record it here: a rescale writes the prior's JSON under
+    ``magnitude``, and so does an annotation (the multiplier then lives in a payload field)."""
+    recipe = (meta or {}).get(META_KEY)
+    if not is_prior_recipe(recipe):
+        return None
+    described = prior_from_dict(recipe, "store metadata").describe()
+    return None if described["name"] == "none" else described
+
+
 def store_neighbours(store: Any, with_offset: bool) -> Any:
     """``neighbours(units, k)`` over a prior-rescaled store: cosines to the stored directions.
 

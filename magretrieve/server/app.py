@@ -182,6 +182,8 @@ def create_app(
         routes_page,
     ):
         app.include_router(module.router)
+    if state.settings.api_key is not None:
+        routes_page.declare_bearer_key(app)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:

@@ -1,8 +1,9 @@
 """Bearer-key check: constant-time, and only where the key is required.
 
 With a key, every route except the probes and the public facts (``/health``, ``/ready``,
-``/info``, ``/metrics``) and the search page with its packaged assets (``/``, ``/static/…``,
-which hold no data: the page sends the key itself), read with GET or HEAD, needs
+``/info``, ``/metrics``), the search page and the API docs with its schema and their packaged
+assets (``/``, ``/docs``, ``/openapi.json``, ``/static/…``, which hold no data: the pages send
+the key themselves), read with GET or HEAD, needs
 ``Authorization: Bearer KEY``, which is what the OpenAI client sends as its ``api_key``. The
 comparison is :func:`hmac.compare_digest` over the bytes, so the time taken does not tell how
 much of a guessed key was right.
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 import hmac
 
-#: Routes open without the key (liveness, readiness, the manifest, Prometheus scraping).
-OPEN_PATHS = frozenset({"/health", "/ready", "/info", "/metrics", "/"})
+#: Routes open without the key (liveness, readiness, the manifest, Prometheus scraping, the
+#: search page, the API docs and the schema they read: the same for every server of a version).
+OPEN_PATHS = frozenset({"/health", "/ready", "/info", "/metrics", "/", "/docs", "/openapi.json"})
 #: Methods the open paths are open for: reading only. ``POST /`` (TEI's ``/embed`` alias)
 #: encodes texts and needs the key like every other encoding route.
 OPEN_METHODS = frozenset({"GET", "HEAD"})

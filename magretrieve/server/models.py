@@ -140,14 +140,19 @@ class SearchRequest(_Strict):
 
 
 class Hit(BaseModel):
+    """One hit and its score's parts: ``score = query_norm · doc_norm · cosine + offset``."""
+
     rank: int
     id: str
     score: float
-    doc_norm: float
+    doc_norm: float = Field(
+        description="The stored vector's norm: the document's magnitude, or in a store with a "
+        "document prior (GET /info: store.prior) that prior's multiplier m(d)."
+    )
     cosine: float
     query_norm: float
-    multiplier: float
-    offset: float
+    multiplier: float = Field(description="doc_norm, named as a prior's multiplier m(d).")
+    offset: float = Field(description="A document prior's offset b(d); 0 without one.")
     payload: dict[str, Any]
 
 

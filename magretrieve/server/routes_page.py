@@ -6,17 +6,22 @@ behind a proxy) and no request leaves the server's own origin; a Content-Securit
 header makes the browser hold them to that. The search page holds no data: it reads ``/info``
 and ``/ready`` and calls ``/search`` from the browser, so it is served without the API key
 (the API it calls still requires it, sent as ``Authorization: Bearer`` from memory). ``/docs``
-keeps the key rule of ``/openapi.json``, which it reads.
+and the schema it reads, ``/openapi.json``, are open too: they describe the routes every
+magretrieve server of this version has and hold no data. On a keyed server the schema
+declares the bearer key on the routes that need it, so Swagger UI's "Authorize" and "Try it
+out" send it; a ``/docs`` tab opened from the search page gets the key that page holds.
 """
 
 from __future__ import annotations
 
 from functools import cache
 from importlib import resources
+from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
 
+from magretrieve.server.auth import needs_key
 from magretrieve.server.errors import NotServed
 
 router = APIRouter()
@@ -46,6 +51,10 @@ SECURITY_HEADERS = {
 }
 
 
+#: Name of the bearer-key security scheme in ``/openapi.json`` (and Swagger UI's "Authorize").
+BEARER = "bearer"
+
+
 @cache
 def asset(name: str) -> bytes:
     """The bytes of one packaged file under ``static/`` (read once, kept)."""
@@ -73,7 +82,31 @@ async def page(request: Request) -> Response:
 @router.get("/docs", include_in_schema=False)
 async def docs() -> Response:
     """Swagger UI over ``/openapi.json``, from the packaged copy of swagger-ui-dist."""
-    return _html("docs.html", DOCS_CSP)
+    return _html("docs.html", DOCS_CSP, scheme=BEARER)
+
+
+def declare_bearer_key(app: FastAPI) -> None:
+    """Make ``app``'s OpenAPI schema say which operations need ``Authorization: Bearer KEY``
+    (the key is checked by the middleware, which FastAPI's schema does not see)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+            schemes[BEARER] = {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "This server's API key (serve --api-key / MAGRETRIEVE_API_KEY).",
+            }
+            for path, operations in schema.get("paths", {}).items():
+                for method, operation in operations.items():
+                    if needs_key(path, method):
+                        operation["security"] = [{BEARER: []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 @router.get("/static/{name:path}", include_in_schema=False)

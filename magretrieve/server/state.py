@@ -8,6 +8,7 @@ tokenizing, truncation per item, the dynamic batcher), so ``/v1/embeddings``, ``
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -68,6 +69,8 @@ class ServerState:
         if store_spec:
             known.insert(0, (store_spec, "the store"))
         self._known_paths = known
+        #: The answering Retriever (weakly) and the prior its store records (:meth:`info`).
+        self._prior: tuple[weakref.ref[Any], dict[str, Any] | None] | None = None
 
     def _search(
         self, vectors: np.ndarray, k: int, where: Mapping[str, Any] | None
@@ -97,7 +100,12 @@ class ServerState:
         store = None
         if self.retriever is not None:
             vs = self.retriever.store
-            store = {"kind": vs.kind, "count": int(vs.count()), "generation": vs.generation}
+            store = {
+                "kind": vs.kind,
+                "count": int(vs.count()),
+                "generation": vs.generation,
+                "prior": self._store_prior(),
+            }
         return {
             "model_id": self.model_id,
             "model_fingerprint": m.model_fingerprint,
@@ -137,6 +145,21 @@ class ServerState:
             "writes_enabled": s.writes_enabled and self.retriever is not None,
             "recall_watch": self.recall_watch.info() if self.recall_watch is not None else None,
         }
+
+    def _store_prior(self) -> dict[str, Any] | None:
+        """The document prior the answering store carries (None: none), read from its
+        metadata once per opened store (a database's metadata is a round trip)."""
+        from magretrieve.priors.rescale import recorded_prior
+
+        retriever = self.retriever
+        if retriever is None:
+            return None
+        known = self._prior
+        if known is None or known[0]() is not retriever:
+            # a weak reference: a store replaced on reload is not kept alive for /info
+            known = (weakref.ref(retriever), recorded_prior(retriever.store.read_metadata()))
+            self._prior = known
+        return known[1]
 
     # ------------------------------------------------------------------ lifecycle
 

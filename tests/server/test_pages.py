@@ -55,6 +55,55 @@ def store_dir(tmp_path_factory, export_dir, tiny_beir_dir) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def cosine_export(tmp_path_factory, tiny_model_dir) -> Path:
+    """A cosine export: every stored ‖d‖ is 1 up to float32 rounding."""
+    from magretrieve.export import export_model
+
+    out = tmp_path_factory.mktemp("pages-cos") / "export"
+    export_model(tiny_model_dir, out, mode="cosine", exporter="torchscript", overwrite=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cosine_store(tmp_path_factory, cosine_export, tiny_beir_dir) -> Path:
+    from magretrieve.serving.indexing import index_corpus
+    from magretrieve.serving.retriever import Retriever
+
+    folder = tmp_path_factory.mktemp("pages-cos-store") / "ix"
+    with Retriever.load(cosine_export, store=f"faiss:{folder}") as r:
+        index_corpus(r, tiny_beir_dir / "corpus.jsonl", progress=False)
+    return folder
+
+
+#: A hub prior strong enough to reorder the tiny corpus, and hub plus an offset prior.
+HUB = {"kind": "document_prior", "method": "hub", "beta": 1.0, "k": 3}
+CSLS = {"kind": "document_prior", "method": "csls", "alpha": 0.5, "k": 3, "bank": "corpus"}
+HUB_CSLS = {"kind": "document_prior", "method": "hub+csls", "parts": [HUB, CSLS]}
+
+
+def rescaled(cosine_store: Path, prior: dict, folder: Path) -> Path:
+    """``magretrieve rescale --prior-file`` of the cosine store into ``folder``."""
+    from magretrieve.cli import main
+
+    prior_file = folder.parent / f"{folder.name}-prior.json"
+    prior_file.write_text(json.dumps(prior))
+    args = ["rescale", "--source", f"faiss:{cosine_store}", "--target", f"faiss:{folder}"]
+    result = CliRunner().invoke(main, [*args, "--prior-file", str(prior_file), "--json"])
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hub_store(tmp_path_factory, cosine_store) -> Path:
+    return rescaled(cosine_store, HUB, tmp_path_factory.mktemp("pages-hub") / "ix")
+
+
+@pytest.fixture(scope="module")
+def hub_csls_store(tmp_path_factory, cosine_store) -> Path:
+    return rescaled(cosine_store, HUB_CSLS, tmp_path_factory.mktemp("pages-hub-csls") / "ix")
+
+
 def shot(page: Any, tmp_path: Path, name: str, **kwargs: Any) -> Path:
     """Screenshot into tmp_path, and into $MAGRETRIEVE_SCREENSHOTS when it is set."""
     path = tmp_path / name
@@ -119,15 +168,27 @@ def test_page_and_assets_open_without_the_key_while_the_api_needs_it(client) -> 
         url = urljoin("http://testserver/", ref)
         assert urlsplit(url).netloc == "testserver", ref
         assert client.get(url).status_code == 200, ref
-    # the API the page calls still needs the key; /docs keeps the rule of /openapi.json
+    # the API the page calls still needs the key; /docs and its schema are open like the page
     assert client.post("/search", json={"query": "statin"}).status_code == 401
-    assert client.get("/docs").status_code == 401
+    docs = client.get("/docs")
+    assert docs.status_code == 200 and docs.headers["content-type"].startswith("text/html")
+    assert 'data-scheme="bearer"' in docs.text
     hdr = {"Authorization": f"Bearer {KEY}"}
     assert client.post("/search", json={"query": "statin"}, headers=hdr).status_code == 200
+    # the schema declares the key on exactly the operations that need it (Swagger's Authorize)
+    schema = client.get("/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            declared = operation.get("security") == [{"bearer": []}]
+            assert declared == needs_key(path, method), (method, path)
+    assert schema["paths"]["/search"]["post"]["security"] == [{"bearer": []}]
+    assert "security" not in schema["paths"]["/info"]["get"]
     # only the packaged files: no traversal, no listing, no other name
     for path in ("/static/", "/static/nope.js", "/static/page.js/x", "/staticx"):
         assert client.get(path).status_code in (401, 404), path
-    assert needs_key("/static/../search") and needs_key("/docs") and not needs_key("/")
+    assert needs_key("/static/../search") and not needs_key("/docs") and not needs_key("/")
+    assert needs_key("/docs", "POST") and needs_key("/openapi.json", "POST")
     # the page is open to read, but POST / is TEI's /embed alias: it encodes, so it needs the key
     assert needs_key("/", "POST") and needs_key("/static/app.js", "POST")
     assert client.get("/redoc").status_code in (401, 404)
@@ -154,7 +215,74 @@ def test_docs_references_only_this_origin_and_each_answers(export_dir) -> None:
         # the initializer never asks the public validator
         assert "validatorUrl: null" in c.get("/static/docs.js").text
         # the page is no API operation (only POST /, TEI's /embed alias, is in the schema)
-        assert set(c.get("/openapi.json").json()["paths"].get("/", {})) == {"post"}
+        schema = c.get("/openapi.json").json()
+        assert set(schema["paths"].get("/", {})) == {"post"}
+        # a server without a key declares none (no Authorize button)
+        assert "securitySchemes" not in schema.get("components", {})
+        assert not any("security" in op for ops in schema["paths"].values() for op in ops.values())
+
+
+def hub_multipliers(store: Path, beta: float, k: int) -> dict[str, float]:
+    """m(d) = exp(−β·z(d)) by hand: z is each document's mean cosine to its k nearest other
+    documents, standardized over the corpus."""
+    import numpy as np
+
+    from magretrieve.stores import open_store
+
+    with open_store(f"faiss:{store}") as vs:
+        ids = sorted(vs.iter_ids())
+        units = np.stack([rec.vector for rec in vs.get(ids)]).astype(np.float64)
+    units /= np.linalg.norm(units, axis=1, keepdims=True)
+    cos = units @ units.T
+    np.fill_diagonal(cos, -np.inf)
+    hub = np.sort(cos, axis=1)[:, -k:].mean(axis=1)
+    z = (hub - hub.mean()) / hub.std()
+    return dict(zip(ids, np.exp(-beta * z).tolist(), strict=True))
+
+
+def test_info_says_which_prior_the_store_carries(
+    cosine_export, cosine_store, hub_store, hub_csls_store
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from magretrieve.server import create_app
+
+    with TestClient(create_app(cosine_export, f"faiss:{cosine_store}")) as c:
+        assert c.get("/info").json()["store"]["prior"] is None
+    hub = {
+        "name": "hub",
+        "label": "hub(beta=1,k=3)",
+        "params": {"beta": 1.0, "k": 3},
+        "multiplier": True,
+        "offset": False,
+    }
+    with TestClient(create_app(cosine_export, f"faiss:{hub_store}")) as c:
+        info = c.get("/info").json()
+        assert info["mode"] == "cosine" and info["store"]["prior"] == hub
+        hits = c.post("/search", json={"query": "statins heart risk", "k": 12}).json()["hits"]
+    # what the page labels as the prior is the prior's multiplier, not a magnitude
+    want = hub_multipliers(cosine_store, 1.0, 3)
+    assert max(want.values()) / min(want.values()) > 1.5
+    for h in hits:
+        assert h["doc_norm"] == h["multiplier"] == pytest.approx(want[h["id"]], rel=1e-4)
+        assert h["offset"] == 0
+    csls = {
+        "name": "csls",
+        "label": "csls(alpha=0.5,k=3,bank=corpus)",
+        "params": {"alpha": 0.5, "k": 3, "bank": "corpus"},
+        "multiplier": False,
+        "offset": True,
+    }
+    with TestClient(create_app(cosine_export, f"faiss:{hub_csls_store}")) as c:
+        prior = c.get("/info").json()["store"]["prior"]
+    assert prior == {
+        "name": "hub+csls",
+        "label": "hub(beta=1,k=3)+csls(alpha=0.5,k=3,bank=corpus)",
+        "params": {},
+        "multiplier": True,
+        "offset": True,
+        "parts": [hub, csls],
+    }
 
 
 def test_diagnose_html_escapes_report_text_and_inlines_figures(tmp_path) -> None:
@@ -258,6 +386,71 @@ def read_bars(page: Any) -> list[dict]:
     )
 
 
+def read_hits(page: Any) -> list[dict]:
+    """Per hit: its gauge (label, value, fill width as a fraction of the track, classes), its
+    parts (term -> value) and its badge."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll('#hits > li')].map(li => {
+            const g = li.querySelector('.gauge');
+            const fill = g.querySelector('.gauge-fill');
+            const track = g.querySelector('.gauge-track').getBoundingClientRect().width;
+            return {id: li.querySelector('.id').textContent,
+                    badge: li.querySelector('.badge').textContent,
+                    label: li.querySelector('.bar').getAttribute('aria-label'),
+                    gauge: g.querySelector('.gauge-label').textContent,
+                    value: g.querySelector('.gauge-value').textContent,
+                    fill: fill.getBoundingClientRect().width / track, fill_class: fill.className,
+                    terms: [...li.querySelectorAll('.parts dt')].map(d => d.textContent),
+                    values: [...li.querySelectorAll('.parts dd')].map(d => d.textContent)};
+        })"""
+    )
+
+
+def gauges(hits: list[dict]) -> list[tuple[str, float, str]]:
+    """What page.js draws for each hit's ‖d‖ (or m(d)) against the hits' mean: the text, the
+    fill as a fraction of the track (half of it at the widest), and the fill's direction.
+    Within 0.1 % of the mean it reads "same" and stays empty; the widest deviation fills half
+    the track, but never a deviation under 1 % of the mean."""
+    norms = [h["doc_norm"] for h in hits]
+    mean = sum(norms) / len(norms)
+    span = max(max(abs(n - mean) for n in norms), 0.01 * mean)
+    out = []
+    for n in norms:
+        rel = (n - mean) / mean
+        if abs(rel) < 1e-3:
+            out.append(("same", 0.0, "gauge-fill"))
+        else:
+            text = f"{'+' if rel > 0 else '−'}{100 * abs(rel):.1f} %"
+            out.append(
+                (text, 0.5 * abs(n - mean) / span, f"gauge-fill {'up' if rel > 0 else 'down'}")
+            )
+    return out
+
+
+def want_badges(hits: list[dict], mover: str) -> list[str]:
+    _, cos_rank = decomposition(hits)
+    out = []
+    for pos, rank in enumerate(cos_rank, start=1):
+        delta = rank - pos
+        out.append(
+            f"▲ {delta} {mover}"
+            if delta > 0
+            else f"▼ {-delta} {mover}"
+            if delta < 0
+            else "same rank as cosine"
+        )
+    return out
+
+
+def search_on_page(page: Any, url: str, query: str) -> None:
+    page.goto(url + "/")
+    page.wait_for_selector('#ready[data-state="ready"]')
+    page.locator('[data-fact="count"]', has_text=re.compile(r"\d")).wait_for()
+    page.fill("#q", query)
+    page.press("#q", "Enter")
+    page.wait_for_selector("#hits > li")
+
+
 def no_horizontal_scroll(page: Any) -> bool:
     return bool(
         page.evaluate(
@@ -293,6 +486,7 @@ def test_search_page_in_chromium(chromium, export_dir, store_dir, tmp_path) -> N
             "dimension": str(info["dimension"]),
             "store": "faiss",
             "count": str(info["store"]["count"]),
+            "prior": "none",
         }
         # keyboard only: the query box has focus on load; type, Enter
         assert page.evaluate("document.activeElement.id") == "q"
@@ -322,6 +516,12 @@ def test_search_page_in_chromium(chromium, export_dir, store_dir, tmp_path) -> N
             )
         # qnorm keeps document magnitude: some hit is not where cosine alone would put it
         assert any(b["badge"] != "same rank as cosine" for b in shown)
+        # each ‖d‖ gauge: its text, fill and direction as page.js's rule gives them
+        drawn_gauges = read_hits(page)
+        for h, g, (text, fill, cls) in zip(hits, drawn_gauges, gauges(hits), strict=True):
+            assert (g["gauge"], g["value"], g["fill_class"]) == ("‖d‖ vs mean", text, cls), h["id"]
+            assert g["fill"] == pytest.approx(fill, abs=0.01), h["id"]
+        assert any(g["value"] != "same" for g in drawn_gauges)
         status = page.text_content("#status")
         assert status.startswith("10 hits for “statins heart risk”")
         # Tab from the query box reaches the hits count, the button, then the first payload
@@ -412,6 +612,173 @@ def test_search_page_in_chromium(chromium, export_dir, store_dir, tmp_path) -> N
         urls = rec.urls()
         assert server.url + "/search" in urls and server.url + "/info" in urls
         assert any(u.endswith("/static/swagger/swagger-ui-bundle.js") for u in rec_docs.urls())
+        context.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.integration
+def test_cosine_store_gauges_read_same_in_chromium(
+    chromium, cosine_export, cosine_store, tmp_path
+) -> None:
+    """A cosine export's norms differ only by float32 rounding: every gauge is empty and reads
+    "same", and the hits are said to be in cosine order."""
+    store = tmp_path / "ix"
+    shutil.copytree(cosine_store, store)
+    server = start_server(cosine_export, "--store", f"faiss:{store}", key=None, log_dir=tmp_path)
+    try:
+        hits = server.post("/search", {"query": "statins heart risk", "k": 10}).json()["hits"]
+        assert all(abs(h["doc_norm"] - 1) < 1e-5 for h in hits)
+        context = chromium.new_context(viewport={"width": 1100, "height": 900})
+        page = context.new_page()
+        rec = Recorder(page)
+        search_on_page(page, server.url, "statins heart risk")
+        shown = read_hits(page)
+        assert [s["id"] for s in shown] == [h["id"] for h in hits]
+        for s in shown:
+            assert (s["gauge"], s["value"], s["fill_class"]) == (
+                "‖d‖ vs mean",
+                "same",
+                "gauge-fill",
+            )
+            assert s["fill"] == 0
+            assert s["badge"] == "cosine order"
+            assert s["terms"][1] == "‖d‖" and s["values"][1] == "1.000"
+        status = page.text_content("#status")
+        assert "every ‖d‖ is equal here: this export ranks by cosine" in status
+        assert page.text_content('[data-fact="prior"]') == "none"
+        assert rec.errors == [] and rec.foreign(server.url) == []
+        context.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.integration
+def test_prior_store_is_labelled_as_the_prior_in_chromium(
+    chromium, cosine_export, hub_store, hub_csls_store, tmp_path
+) -> None:
+    """On a cosine export given a prior by `magretrieve rescale --prior-file`, m(d) and b(d)
+    are the prior's (named with its parameters from /info), and so are the rank moves."""
+    cases = [
+        (hub_store, "hub", "hub (beta=1, k=3)", "a multiplier m(d)", ["prior hub"]),
+        (
+            hub_csls_store,
+            "hub + csls",
+            "hub (beta=1, k=3) + csls (alpha=0.5, k=3, bank=corpus)",
+            "a multiplier m(d) and an offset b(d)",
+            ["prior hub", "prior csls"],
+        ),
+    ]
+    context = chromium.new_context(viewport={"width": 1100, "height": 900})
+    for n, (built, name, label, sets, named) in enumerate(cases):
+        terms = ["‖q‖", named[0], "cos θ", *named[1:], "score"]
+        store = tmp_path / f"ix{n}"
+        shutil.copytree(built, store)
+        server = start_server(
+            cosine_export, "--store", f"faiss:{store}", key=None, log_dir=tmp_path
+        )
+        try:
+            hits = server.post("/search", {"query": "statins heart risk", "k": 10}).json()["hits"]
+            page = context.new_page()
+            rec = Recorder(page)
+            search_on_page(page, server.url, "statins heart risk")
+            assert page.text_content('[data-fact="mode"]') == "cosine"
+            shown = read_hits(page)
+            assert [s["id"] for s in shown] == [h["id"] for h in hits]
+            badges = want_badges(hits, "by prior")
+            assert any(b != "same rank as cosine" for b in badges)
+            for h, s, badge, (text, fill, cls) in zip(
+                hits, shown, badges, gauges(hits), strict=True
+            ):
+                assert s["terms"] == terms, h["id"]
+                assert s["values"][1] == f"×{h['doc_norm']:.3f}"
+                assert f"× prior hub multiplier {h['doc_norm']:.3f} ×" in s["label"]
+                if "prior csls" in terms:
+                    sign = "−" if h["offset"] < 0 else "+"
+                    assert s["values"][3] == f"{sign}{abs(h['offset']):.3f}"
+                    assert f"+ prior csls offset {h['offset']:.3f}" in s["label"]
+                assert s["badge"] == badge
+                assert (s["gauge"], s["value"], s["fill_class"]) == ("prior hub vs mean", text, cls)
+                assert s["fill"] == pytest.approx(fill, abs=0.01)
+            # nothing on the page calls the prior's doing magnitude
+            hits_text = page.text_content("#hits")
+            assert "magnitude" not in hits_text and "‖d‖" not in hits_text
+            assert page.text_content('[data-fact="prior"]') == name
+            assert page.text_content("#prior") == f"document prior {label}: {sets} on cosine"
+            assert page.text_content('[data-legend="badge"]') == "▲ 2 by prior"
+            assert "prior hub" in page.text_content('[data-legend="up"]')
+            status = page.text_content("#status")
+            assert f"the prior {label} moved" in status
+            assert no_horizontal_scroll(page)
+            page.screenshot(path=str(tmp_path / f"prior-{n}.png"), full_page=True)
+            page.set_viewport_size({"width": 400, "height": 860})  # the longest label fits too
+            assert no_horizontal_scroll(page)
+            assert rec.errors == [] and rec.foreign(server.url) == []
+            page.close()
+        finally:
+            server.stop()
+    context.close()
+
+
+@pytest.mark.integration
+def test_keyed_page_reaches_the_api_docs_in_chromium(
+    chromium, export_dir, store_dir, tmp_path
+) -> None:
+    """On a keyed server the page's "API docs" link opens Swagger UI (not a JSON 401), which
+    gets the key the page holds, so "Try it out" answers 200; opened alone, /docs loads too
+    and asks for the key through Authorize."""
+    store = tmp_path / "ix"
+    shutil.copytree(store_dir, store)
+    server = start_server(export_dir, "--store", f"faiss:{store}", key=KEY, log_dir=tmp_path)
+    try:
+        # what the link points at answers without the key (a page, not a JSON 401)
+        link = httpx.get(server.url + "/docs")
+        assert link.status_code == 200, link.text
+        assert link.headers["content-type"].startswith("text/html")
+        assert httpx.get(server.url + "/openapi.json").json()["info"]["title"] == "magretrieve"
+        context = chromium.new_context(viewport={"width": 1100, "height": 900})
+        page = context.new_page()
+        rec = Recorder(page)
+        page.goto(server.url + "/")
+        page.wait_for_selector("#key-form:not([hidden])")
+        page.fill("#key", KEY)
+        page.press("#key", "Enter")
+        with context.expect_page() as opened:
+            page.click("footer a[href='docs']")
+        docs = opened.value
+        rec_docs = Recorder(docs)
+        docs.wait_for_load_state()
+        assert docs.url == server.url + "/docs"
+        assert docs.evaluate("document.contentType") == "text/html"
+        assert docs.title() == "magretrieve API docs"
+        docs.wait_for_selector(".btn.authorize.locked")  # authorized with the page's key
+        op = docs.locator(".opblock-post", has=docs.locator('[data-path="/search"]'))
+        op.locator(".opblock-summary").click()
+        op.locator(".try-out__btn").click()
+        op.locator("textarea.body-param__text").fill('{"query": "statins heart risk", "k": 3}')
+        op.locator(".execute").click()
+        status = op.locator(".live-responses-table tr.response .response-col_status").first
+        status.wait_for()
+        assert status.text_content().strip() == "200"
+        searches = [r for r in rec_docs.requests if r.url == server.url + "/search"]
+        assert [r.headers.get("authorization") for r in searches] == [f"Bearer {KEY}"]
+        body = op.locator(".live-responses-table tr.response .response-col_description pre").first
+        assert len(json.loads(body.text_content())["hits"]) == 3
+        # the key went from tab to tab in memory only
+        for tab in (page, docs):
+            assert KEY not in tab.url
+            assert tab.evaluate("localStorage.length + sessionStorage.length") == 0
+        assert context.cookies() == []
+        assert rec.foreign(server.url) == [] and rec_docs.foreign(server.url) == []
+        assert rec.errors == [] and rec_docs.errors == []
+        docs.screenshot(path=str(tmp_path / "docs-key.png"))
+
+        # /docs opened alone: the page and its schema load; Authorize waits for the key
+        alone = context.new_page()
+        answer = alone.goto(server.url + "/docs")
+        assert answer.status == 200
+        alone.wait_for_selector(".btn.authorize.unlocked")
+        assert alone.locator(".opblock").count() >= 6
         context.close()
     finally:
         server.stop()

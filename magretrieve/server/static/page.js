@@ -1,13 +1,27 @@
 // magretrieve search page: reads /info and /ready, posts /search, draws each score as its parts.
 // Same-origin requests only (relative URLs); the API key lives in a variable of this script,
-// never in the URL, a cookie or web storage. Text from the server is set with textContent.
+// never in the URL, a cookie or web storage (it reaches /docs tabs this page opens by
+// postMessage, to this origin only). Text from the server is set with textContent.
 "use strict";
 
 (function () {
   const $ = (id) => document.getElementById(id);
   const keyRequired = document.body.dataset.keyRequired === "true";
+  // Below this relative difference two norms (or two prior multipliers) read as the same.
+  // Scores are printed with three decimals, so a 0.1 % difference in a factor of the score
+  // is at most one unit of the last printed digit; it is also far above the rounding of
+  // float32 vectors (a unit vector's norm is 1 ± ~1e-7) and of quantized stores, so a cosine
+  // export reads "same" everywhere instead of magnifying rounding noise to full bars.
+  const SAME = 1e-3;
+  // A gauge's full half-width is the largest deviation among the hits, but never less than
+  // ten times SAME: differences just above the floor draw as slivers, not as full bars.
+  const MIN_SPAN = 10 * SAME;
+  const DOCS_READY = "magretrieve-docs-ready";
+  const DOCS_KEY = "magretrieve-key";
   let apiKey = null;
   let busy = false;
+  let prior = null; // the store's document prior, from /info (null: none)
+  const docsTabs = []; // /docs tabs this page opened (they may ask for the key)
 
   function el(tag, className, text) {
     const node = document.createElement(tag);
@@ -47,6 +61,13 @@
       fact("dimension", info.dimension);
       fact("store", info.store ? info.store.kind : "none");
       fact("count", info.store ? info.store.count.toLocaleString("en") : "–");
+      prior = (info.store && info.store.prior) || null;
+      fact("prior", info.store ? (prior ? (prior.parts || [prior]).map((p) => p.name).join(" + ") : "none") : "–");
+      if (prior) {
+        const terms = [prior.multiplier ? "a multiplier m(d)" : "", prior.offset ? "an offset b(d)" : ""];
+        $("prior").textContent = `document prior ${priorText()}: ${terms.filter(Boolean).join(" and ") || "no term"} on cosine`;
+        describePrior();
+      }
       const bits = [];
       if (info.model_id) bits.push(`model ${info.model_id}`);
       if (info.runtime) bits.push(`runtime ${info.runtime}`);
@@ -73,6 +94,40 @@
     }
   }
 
+  /** The prior with its chosen parameters, e.g. "hub (beta=0.05, k=10)"; parts joined by "+". */
+  function priorText() {
+    return (prior.parts || [prior])
+      .map((p) => {
+        const params = Object.entries(p.params || {}).map(([k, v]) => `${k}=${v}`);
+        return params.length ? `${p.name} (${params.join(", ")})` : p.name;
+      })
+      .join(" + ");
+  }
+
+  /** Names of the prior's parts that set a term ("multiplier" or "offset"). */
+  function termOf(term) {
+    const parts = prior.parts || [prior];
+    const names = parts.filter((p) => p[term]).map((p) => p.name);
+    return `prior ${names.length ? names.join("+") : prior.name}`;
+  }
+
+  /** The legend of a store with a prior: its multiplier and offset, not a magnitude. */
+  function describePrior() {
+    const says = (name, text) => {
+      const node = document.querySelector(`[data-legend="${name}"]`);
+      if (node) node.textContent = text;
+    };
+    if (prior.multiplier) {
+      const mult = termOf("multiplier");
+      says("base", `cosine, at the hits' mean ${mult} multiplier`);
+      says("up", `${mult} added (its multiplier m(d) above the hits' mean)`);
+      says("down", `${mult} taken away (m(d) below the mean)`);
+      says("gauge", `The thin bar under it shows the ${mult} multiplier m(d) against the hits' mean: to the right in green above it, to the left in red below it.`);
+    }
+    if (prior.offset) says("offset", `${termOf("offset")} offset b(d)`);
+    says("badge", "▲ 2 by prior");
+  }
+
   // ------------------------------------------------------------------ the API key
 
   function askForKey(message) {
@@ -95,6 +150,24 @@
     input.placeholder = "key set for this tab";
     setStatus("Key set for this tab. Type a query.");
     $("q").focus();
+  }
+
+  // ------------------------------------------------------------------ /docs with the key
+
+  /** Open /docs in a new tab when this tab holds a key, so "Try it out" can send it. */
+  function openDocs(event) {
+    if (!apiKey || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey || event.altKey) return;
+    const tab = window.open(event.currentTarget.href, "_blank");
+    if (!tab) return; // a blocked pop-up: the link opens /docs here, without the key
+    event.preventDefault();
+    docsTabs.push(tab);
+  }
+
+  /** A /docs tab this page opened says it is ready: hand it the key, to this origin only. */
+  function answerDocs(event) {
+    if (event.origin !== window.location.origin || !docsTabs.includes(event.source)) return;
+    if (!event.data || event.data.type !== DOCS_READY || !apiKey) return;
+    event.source.postMessage({ type: DOCS_KEY, key: apiKey }, window.location.origin);
   }
 
   // ------------------------------------------------------------------ search
@@ -195,19 +268,25 @@
     return seg;
   }
 
-  /** ‖d‖ against the hits' mean, a bar from the centre: right above it, left below it. */
-  function normGauge(norm, mean, maxDev) {
+  /** ‖d‖ (or the prior's m(d)) against the hits' mean, a bar from the centre: right above
+   *  it, left below it; empty and "same" within SAME of the mean. */
+  function normGauge(norm, mean, span, label) {
     const wrap = el("div", "gauge");
-    const rel = mean > 0 ? (100 * (norm - mean)) / mean : 0;
-    const sign = rel >= 0 ? "+" : "−";
-    wrap.append(el("span", "gauge-label", "‖d‖ vs mean"));
+    const rel = mean > 0 ? (norm - mean) / mean : 0;
+    const same = Math.abs(rel) < SAME;
+    wrap.append(el("span", "gauge-label", `${label} vs mean`));
     const track = el("span", "gauge-track");
-    const fill = el("span", `gauge-fill ${norm >= mean ? "up" : "down"}`);
-    fill.style.width = `${((50 * Math.abs(norm - mean)) / maxDev).toFixed(3)}%`;
+    const fill = el("span", same ? "gauge-fill" : `gauge-fill ${rel > 0 ? "up" : "down"}`);
+    fill.style.width = same ? "0%" : `${Math.min((50 * Math.abs(norm - mean)) / span, 50).toFixed(3)}%`;
     track.append(fill);
     track.setAttribute("aria-hidden", "true");
-    wrap.append(track, el("span", "gauge-value num", `${sign}${Math.abs(rel).toFixed(1)} %`));
+    const text = same ? "same" : `${rel > 0 ? "+" : "−"}${(100 * Math.abs(rel)).toFixed(1)} %`;
+    wrap.append(track, el("span", "gauge-value num", text));
     return wrap;
+  }
+
+  function signed(x) {
+    return x < 0 ? `−${num(-x)}` : `+${num(x)}`;
   }
 
   function part(name, value, className) {
@@ -233,8 +312,13 @@
     const { rows, mean, scale } = decompose(hits);
     const spread = Math.max(...hits.map((h) => h.doc_norm)) - Math.min(...hits.map((h) => h.doc_norm));
     const anyOffset = hits.some((h) => h.offset !== 0);
-    const flat = spread <= 1e-6 * Math.max(mean, 1e-12) && !anyOffset;
+    const flat = spread < SAME * Math.max(mean, 1e-12) && !anyOffset;
     const maxDev = Math.max(...hits.map((h) => Math.abs(h.doc_norm - mean)), 1e-12);
+    const span = Math.max(maxDev, MIN_SPAN * mean);
+    // with a prior, every move away from cosine order is the prior's (its store is cosine)
+    const mover = prior ? "by prior" : "by magnitude";
+    const scaled = prior && prior.multiplier ? termOf("multiplier") : null;
+    const added = prior && prior.offset ? termOf("offset") : null;
     let moved = 0;
     for (const row of rows) {
       const h = row.hit;
@@ -245,8 +329,8 @@
       const delta = row.cosineRank - row.position;
       let badge;
       if (flat) badge = el("span", "badge", "cosine order");
-      else if (delta > 0) badge = el("span", "badge up", `▲ ${delta} by magnitude`);
-      else if (delta < 0) badge = el("span", "badge down", `▼ ${-delta} by magnitude`);
+      else if (delta > 0) badge = el("span", "badge up", `▲ ${delta} ${mover}`);
+      else if (delta < 0) badge = el("span", "badge down", `▼ ${-delta} ${mover}`);
       else badge = el("span", "badge", "same rank as cosine");
       if (!flat && delta > 0) moved += 1;
       head.append(badge, el("span", "score num", num(h.score)));
@@ -254,23 +338,26 @@
       const text = h.payload ? h.payload.text : "";
       if (text) item.append(el("p", "snippet", snippet(text, 280)));
 
+      const factor = scaled ? `${scaled} multiplier` : "document norm";
       const formula =
-        `score ${num(h.score)} = query norm ${num(h.query_norm)} × document norm ${num(h.doc_norm)}` +
-        ` × cosine ${num(h.cosine)}` + (anyOffset ? ` + offset ${num(h.offset)}` : "");
+        `score ${num(h.score)} = query norm ${num(h.query_norm)} × ${factor} ${num(h.doc_norm)}` +
+        ` × cosine ${num(h.cosine)}` +
+        (anyOffset ? ` + ${added ? `${added} offset` : "offset"} ${num(h.offset)}` : "");
       const drawn = bar(row, scale);
       drawn.setAttribute("role", "img");
       drawn.setAttribute("aria-label", formula);
       item.append(drawn);
 
-      item.append(normGauge(h.doc_norm, mean, maxDev));
+      item.append(normGauge(h.doc_norm, mean, span, scaled || "‖d‖"));
 
       const parts = el("dl", "parts");
       parts.append(
         part("‖q‖", num(h.query_norm)),
-        part(anyOffset ? "m(d)" : "‖d‖", num(h.doc_norm)),
+        scaled ? part(scaled, `×${num(h.doc_norm)}`) : part(anyOffset ? "m(d)" : "‖d‖", num(h.doc_norm)),
         part("cos θ", num(h.cosine)),
       );
-      if (anyOffset) parts.append(part("b(d)", num(h.offset)));
+      if (added) parts.append(part(added, signed(h.offset)));
+      else if (anyOffset) parts.append(part("b(d)", num(h.offset)));
       parts.append(part("score", num(h.score), "eq"));
       item.append(parts);
 
@@ -279,9 +366,16 @@
       item.append(details);
       list.append(item);
     }
-    const why = flat
-      ? "every ‖d‖ is equal here: this export ranks by cosine"
-      : `magnitude moved ${moved} of ${hits.length} hits up from their cosine rank`;
+    let why;
+    if (prior) {
+      why = flat
+        ? `the prior ${priorText()} gives these hits the same multiplier: they rank by cosine`
+        : `the prior ${priorText()} moved ${moved} of ${hits.length} hits up from their cosine rank`;
+    } else {
+      why = flat
+        ? "every ‖d‖ is equal here: this export ranks by cosine"
+        : `magnitude moved ${moved} of ${hits.length} hits up from their cosine rank`;
+    }
     setStatus(`${hits.length} hits for “${result.query}” in ${Math.round(ms)} ms; ${why}${cut}.`);
   }
 
@@ -289,6 +383,8 @@
 
   $("search-form").addEventListener("submit", search);
   $("key-form").addEventListener("submit", useKey);
+  $("docs-link").addEventListener("click", openDocs);
+  window.addEventListener("message", answerDocs);
   if (keyRequired) askForKey();
   else $("q").focus();
   loadInfo();
