@@ -157,6 +157,7 @@ def _plan(
     sts_pairs: Sequence[SentencePair] | None,
     runs: Sequence[str | Path],
     *,
+    name: str,
     probes: bool,
     probe_steps: int,
     probe_batch_size: int,
@@ -225,7 +226,7 @@ def _plan(
             probe=True,
         )
     plan = Plan(list(stages.values()), budget, say=say)
-    header = f"diagnose {encoder_name(encoder)} on {dataset.name}:{dataset.split}"
+    header = f"diagnose {name} on {dataset.name}:{dataset.split}"
     plan.announce(header, rates)
     return plan, stages
 
@@ -291,6 +292,7 @@ def diagnose(
         pairs,
         sts_pairs,
         runs,
+        name=name,
         probes=not skip_probes,
         probe_steps=probe_steps,
         probe_batch_size=probe_batch_size,
