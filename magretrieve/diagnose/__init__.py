@@ -30,8 +30,10 @@ from magretrieve.diagnose.cache import EmbeddingCache, model_fingerprint
 from magretrieve.diagnose.magnitude import MagnitudeSignal, magnitude_signal
 from magretrieve.diagnose.plan import (
     DEFAULT_TIME_BUDGET,
+    FREE_SHARE,
     Plan,
     Stage,
+    corpus_sample,
     delta_cv_seconds,
     encode_seconds,
     fisher_seconds,
@@ -166,7 +168,7 @@ def _plan(
     budget: float,
     seed: int,
     say: Callable[[str], None],
-) -> tuple[Plan, dict[str, Stage]]:
+) -> tuple[Plan, dict[str, Stage], RetrievalDataset, str]:
     """Stages in run order (training-free first) with estimates from a quick timing."""
     docs = [d.full_text for d in dataset.corpus.values()]
     queries = list(dataset.queries.values())
@@ -178,16 +180,38 @@ def _plan(
         max_document_length=probe_max_document_length,
         seed=seed,
     )
-    doc_tokens = _tokens(encoder, docs, "document")
-    new = _tokens(encoder, _missing(cache, docs, "document"), "document")
-    new += _tokens(encoder, _missing(cache, queries, "query"), "query")
+    query_tokens = _tokens(encoder, _missing(cache, queries, "query"), "query")
+    sts_tokens = 0
+    sentences: list[str] = []
+    if sts_pairs is not None:
+        sentences = list(dict.fromkeys(t for p in sts_pairs for t in (p.a, p.b)))
+        sts_tokens = _tokens(encoder, _missing(cache, sentences, "query"), "query")
+        sts_tokens += _tokens(encoder, _missing(cache, sentences, "document"), "document")
+    # what each document costs to encode: for this encoder (unless cached) and for every run
+    ids = list(dataset.corpus)
+    lengths = encoder.token_lengths(docs, "document")
+    cached = cache.store["document"]
+    costs = {
+        i: encode_seconds(n * ((t not in cached) + len(runs)), rates)
+        for i, t, n in zip(ids, docs, lengths, strict=True)
+    }
+    fixed = encode_seconds(query_tokens * (1 + len(runs)) + sts_tokens, rates)
+    allowance = FREE_SHARE * budget - rates.timing_seconds - fixed
+    dataset, sampled = corpus_sample(dataset, costs, allowance, seed)
+    kept = [i for i in ids if i in dataset.corpus]
+    doc_tokens = sum(n for i, n in zip(ids, lengths, strict=True) if i in dataset.corpus)
+    new = sum(
+        n
+        for i, t, n in zip(ids, docs, lengths, strict=True)
+        if i in dataset.corpus and t not in cached
+    )
+    what = sampled or f"{len(kept):,} documents"
     stages = {
         "magnitude": Stage(
             "magnitude",
             "magnitude signal (no training)",
-            f"encode {len(docs):,} documents and {len(queries):,} queries, rank under "
-            "cosine and dot",
-            encode_seconds(new, rates),
+            f"encode {what} and {len(queries):,} queries, rank under cosine and dot",
+            encode_seconds(new + query_tokens, rates),
         )
     }
     for run in runs:
@@ -195,13 +219,10 @@ def _plan(
         stages[f"run:{run}"] = Stage(
             f"run:{run}",
             f"trained run {label} (no training)",
-            f"load it, encode the same {len(docs):,} documents and {len(queries):,} queries",
+            f"load it, encode the same {len(kept):,} documents and {len(queries):,} queries",
             encode_seconds(doc_tokens + _tokens(encoder, queries, "query"), rates),
         )
     if sts_pairs is not None:
-        sentences = list(dict.fromkeys(t for p in sts_pairs for t in (p.a, p.b)))
-        sts_tokens = _tokens(encoder, _missing(cache, sentences, "query"), "query")
-        sts_tokens += _tokens(encoder, _missing(cache, sentences, "document"), "document")
         stages["symmetry"] = Stage(
             "symmetry",
             "task symmetry (no training)",
@@ -228,7 +249,13 @@ def _plan(
     plan = Plan(list(stages.values()), budget, say=say)
     header = f"diagnose {name} on {dataset.name}:{dataset.split}"
     plan.announce(header, rates)
-    return plan, stages
+    if sampled:
+        say(
+            f"The magnitude figures use {sampled}; --time-budget "
+            f"{math.ceil((sum(costs.values()) + fixed) / 60 / FREE_SHARE) + 1} or more encodes "
+            "the whole corpus."
+        )
+    return plan, stages, dataset, sampled
 
 
 def diagnose(
@@ -285,7 +312,7 @@ def diagnose(
     name = encoder_name(model)
     cache, cache_path = _cache_for(encoder, cache_dir, progress)
     pairs = dataset.training_pairs()
-    plan, stage = _plan(
+    plan, stage, dataset, sampled = _plan(
         encoder,
         cache,
         dataset,
@@ -306,6 +333,7 @@ def diagnose(
         "model": str(model) if not hasattr(model, "config") else model.config.base_model,
         "name": name,
         "data": f"{dataset.name}:{dataset.split}",
+        "corpus_sample": sampled,
         "encoder": {
             "mode": encoder.config.mode,
             "gamma_q": encoder.config.gamma_q,
@@ -320,6 +348,8 @@ def diagnose(
     plan.begin(stage["magnitude"])
     sig = magnitude_signal(cache, dataset, encoder.similarity, progress=progress)
     report["magnitude"] = sig.to_dict()
+    if sampled:
+        report["magnitude"]["verdict"] += f"; measured on {sampled}"
     if cache_path is not None:
         cache.save(cache_path)
     if out_dir is not None:

@@ -303,3 +303,49 @@ def test_tables_and_plot_titles_name_the_encoder(
     page = (out / "diagnose.html").read_text()
     assert "<th>encoder</th>" in page and "<th>model</th>" not in page
     assert f"<td>{name}</td>" in page
+
+
+# ----------------------------------------------------------------------------- corpus sample
+
+
+def test_corpus_sample_keeps_judged_documents_and_fits_the_allowance() -> None:
+    from magretrieve.data.readers import Document, RetrievalDataset
+    from magretrieve.diagnose.plan import corpus_sample
+
+    corpus = {f"d{i}": Document(f"d{i}", f"text {i}") for i in range(10)}
+    data = RetrievalDataset("x", "train", corpus, {"q0": "q"}, {"q0": {"d7": 1, "d8": 0}})
+    costs = {f"d{i}": 2.0 for i in range(10)}  # 20 s in all
+    same, note = corpus_sample(data, costs, 20.0, seed=1)
+    assert same is data and note == ""
+    # 9 s: the two judged documents (4 s), then two more at 2 s each (8 s); a third would pass 9
+    small, note = corpus_sample(data, costs, 9.0, seed=1)
+    assert len(small.corpus) == 4 and {"d7", "d8"} <= set(small.corpus)
+    assert note.startswith("a sample of 4 of 10 documents (all 2 judged ones")
+    assert small.qrels == data.qrels and small.queries == data.queries
+    assert corpus_sample(data, costs, 9.0, seed=1)[0].corpus.keys() == small.corpus.keys()
+    # less than the judged documents cost: those are kept all the same
+    assert set(corpus_sample(data, costs, 0.0, seed=1)[0].corpus) == {"d7", "d8"}
+
+
+def test_budget_samples_the_corpus_and_the_report_says_so(tiny_model_dir, tiny_beir_dir) -> None:
+    import magretrieve.diagnose as dg
+
+    lines: list[str] = []
+    report = dg.diagnose(
+        tiny_model_dir,
+        f"{tiny_beir_dir}:train",
+        skip_probes=True,
+        time_budget=1e-6,  # minutes: nothing to spend, only the judged documents are kept
+        progress=False,
+        say=lines.append,
+    )
+    data = dg.load_beir(f"{tiny_beir_dir}:train")
+    judged = {d for docs in data.qrels.values() for d in docs}
+    assert len(judged) < len(data.corpus)
+    expected = f"a sample of {len(judged)} of {len(data.corpus)} documents"
+    assert report["corpus_sample"].startswith(expected)
+    assert expected in lines[1] and any(
+        line.startswith(f"The magnitude figures use {expected}") and "--time-budget" in line
+        for line in lines
+    )
+    assert report["magnitude"]["verdict"].endswith(f"measured on {report['corpus_sample']}")
