@@ -176,6 +176,7 @@ def _plan(
         encoder,
         docs,
         pairs if probes else (),
+        short_texts=queries,
         batch_size=probe_batch_size,
         max_document_length=probe_max_document_length,
         seed=seed,
@@ -195,7 +196,7 @@ def _plan(
         i: encode_seconds(n * ((t not in cached) + len(runs)), rates)
         for i, t, n in zip(ids, docs, lengths, strict=True)
     }
-    fixed = encode_seconds(query_tokens * (1 + len(runs)) + sts_tokens, rates)
+    fixed = encode_seconds(query_tokens * (1 + len(runs)) + sts_tokens, rates, short=True)
     allowance = FREE_SHARE * budget - rates.timing_seconds - fixed
     dataset, sampled = corpus_sample(dataset, costs, allowance, seed)
     kept = [i for i in ids if i in dataset.corpus]
@@ -211,7 +212,7 @@ def _plan(
             "magnitude",
             "magnitude signal (no training)",
             f"encode {what} and {len(queries):,} queries, rank under cosine and dot",
-            encode_seconds(new + query_tokens, rates),
+            encode_seconds(new, rates) + encode_seconds(query_tokens, rates, short=True),
         )
     }
     for run in runs:
@@ -220,14 +221,15 @@ def _plan(
             f"run:{run}",
             f"trained run {label} (no training)",
             f"load it, encode the same {len(kept):,} documents and {len(queries):,} queries",
-            encode_seconds(doc_tokens + _tokens(encoder, queries, "query"), rates),
+            encode_seconds(doc_tokens, rates)
+            + encode_seconds(_tokens(encoder, queries, "query"), rates, short=True),
         )
     if sts_pairs is not None:
         stages["symmetry"] = Stage(
             "symmetry",
             "task symmetry (no training)",
             f"encode {len(sentences):,} STS sentences as queries and as documents",
-            encode_seconds(sts_tokens, rates),
+            encode_seconds(sts_tokens, rates, short=True),
         )
     if probes:
         probe_q = probe_queries(pairs, 512, seed)

@@ -21,8 +21,9 @@ from typing import Any
 DEFAULT_TIME_BUDGET = 10.0
 #: Documents encoded to time the encoder (after a two-text warm-up).
 SAMPLE_DOCUMENTS = 32
-#: A Fisher batch (forward, then one backward through the last layer per example) costs
-#: about this many probe training steps; measured on all-MiniLM-L6-v2 (docs/diagnose.md).
+#: A Fisher batch costs about this many probe training steps: one forward pass, then per
+#: example a backward pass through the last layer only (a sixth of a full one for six layers,
+#: sixteen of them a batch). A rough count, not a measurement: the plan says "~".
 FISHER_STEPS_PER_BATCH = 2.0
 
 
@@ -50,6 +51,8 @@ class Rates:
     """Measured speeds of this encoder on this machine."""
 
     seconds_per_token: float
+    #: The same for short texts (queries, STS sentences): padding and per-text costs weigh more.
+    seconds_per_short_token: float
     #: One probe training step (forward and backward of a batch), None when not timed.
     seconds_per_step: float | None = None
     timing_seconds: float = 0.0
@@ -70,11 +73,13 @@ def quick_timing(
     documents: Sequence[str],
     pairs: Sequence[Any] = (),
     *,
+    short_texts: Sequence[str] = (),
     batch_size: int = 16,
     max_document_length: int | None = 128,
     seed: int = 42,
 ) -> Rates:
-    """Seconds per encoded token from a sample of ``documents``, and one probe step's time.
+    """Seconds per encoded token from a sample of ``documents`` (and of ``short_texts``, encoded
+    as queries), and one probe step's time.
 
     The probe step is a forward and backward pass of ``batch_size`` training pairs under a
     throw-away loss; the gradients are cleared afterwards, the weights are not touched.
@@ -87,6 +92,13 @@ def quick_timing(
     t0 = time.perf_counter()
     encoder.embed(sample, "document")
     per_token = (time.perf_counter() - t0) / tokens
+    per_short = per_token
+    if short_texts:
+        short = rng.sample(list(short_texts), min(4 * SAMPLE_DOCUMENTS, len(short_texts)))
+        short_tokens = max(1, sum(encoder.token_lengths(short, "query")))
+        t0 = time.perf_counter()
+        encoder.embed(short, "query")
+        per_short = (time.perf_counter() - t0) / short_tokens
     per_step = None
     if len(pairs) >= 2:
         chosen = rng.sample(list(pairs), min(batch_size, len(pairs)))
@@ -108,7 +120,7 @@ def quick_timing(
             encoder.config.max_document_length = keep
             encoder.zero_grad(set_to_none=True)
             encoder.train(was_training)
-    return Rates(per_token, per_step, time.perf_counter() - started)
+    return Rates(per_token, per_short, per_step, time.perf_counter() - started)
 
 
 @dataclass
@@ -193,14 +205,14 @@ class Plan:
         }
 
 
-def encode_seconds(tokens: int, rates: Rates) -> float:
-    return tokens * rates.seconds_per_token
+def encode_seconds(tokens: int, rates: Rates, short: bool = False) -> float:
+    return tokens * (rates.seconds_per_short_token if short else rates.seconds_per_token)
 
 
 def delta_cv_seconds(steps: int, probe_query_tokens: int, rates: Rates) -> float:
     """Two probe trainings, and the probe queries encoded before and after each."""
     step = rates.seconds_per_step or 0.0
-    return 2 * steps * step + 3 * encode_seconds(probe_query_tokens, rates)
+    return 2 * steps * step + 3 * encode_seconds(probe_query_tokens, rates, short=True)
 
 
 def fisher_seconds(batches: int, rates: Rates) -> float:
