@@ -48,7 +48,8 @@ TIME_BUDGET = 10.0
     default=TIME_BUDGET,
     show_default=True,
     metavar="MINUTES",
-    help="Run a probe stage only if its estimate fits in what is left of this (inf: no limit).",
+    help="Minutes the run may take: the corpus is sampled and probe stages are skipped to fit "
+    "(inf: no limit).",
 )
 @click.option("--cache", "cache_dir", default=None, help="Keep raw embeddings here between runs.")
 @click.option(

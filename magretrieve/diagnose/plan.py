@@ -155,7 +155,7 @@ class Plan:
         free = sum(s.estimate for s in self.stages if not s.probe)
         probes = sum(s.estimate for s in self.stages if s.probe)
         self.say(
-            f"{header}: {len(self.stages)} stages, estimated {minutes(self.estimate)} on this "
+            f"{header}: {len(self.stages)} stage{'s' if len(self.stages) != 1 else ''}, estimated {minutes(self.estimate)} on this "
             f"machine ({budget}; quick timing took {minutes(rates.timing_seconds)})"
         )
         for i, s in enumerate(self.stages, 1):

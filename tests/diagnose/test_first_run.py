@@ -100,7 +100,7 @@ def test_cli_prints_the_plan_on_stderr_and_keeps_stdout_for_the_verdict(
     args += ["--out", str(tmp_path / "r"), "--skip-probes"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert "1 stages, estimated" in result.stderr
+    assert ": 1 stage, estimated" in result.stderr
     assert "[1/1] magnitude signal (no training)" in result.stderr
     assert "No probe trainings in this run (--skip-probes)." in result.stderr
     assert result.stdout.startswith("recommended: ")
