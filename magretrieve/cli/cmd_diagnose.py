@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from magretrieve.cli._common import model_option, seed_option
 from magretrieve.cli._group import main
+
+#: = magretrieve.diagnose.plan.DEFAULT_TIME_BUDGET (not imported: the CLI loads without torch)
+TIME_BUDGET = 10.0
 
 
 @main.command("diagnose")
@@ -37,6 +42,15 @@ from magretrieve.cli._group import main
     "--fisher-batches", type=int, default=8, show_default=True, help="Batches for Fisher κ."
 )
 @click.option("--skip-probes", is_flag=True, help="Skip ΔCV probes and Fisher κ (no training).")
+@click.option(
+    "--time-budget",
+    type=float,
+    default=TIME_BUDGET,
+    show_default=True,
+    metavar="MINUTES",
+    help="Minutes the run may take: the corpus is sampled and probe stages are skipped to fit "
+    "(inf: no limit).",
+)
 @click.option("--cache", "cache_dir", default=None, help="Keep raw embeddings here between runs.")
 @click.option(
     "--compare-results",
@@ -58,13 +72,18 @@ def diagnose_command(
     probe_max_doc_length,
     fisher_batches,
     skip_probes,
+    time_budget,
     cache_dir,
     results_dir,
     seed,
     as_json,
 ):
-    """Tell whether magnitude carries relevance for MODEL on DATA and which mode to train."""
-    from magretrieve.cli._common import fmt, print_json, print_table
+    """Tell whether magnitude carries relevance for MODEL on DATA and which mode to train.
+
+    The stages and an estimate of their time are printed first; the checks without training
+    run first, the probe trainings only within --time-budget (or never, with --skip-probes).
+    """
+    from magretrieve.cli._common import print_json, print_table
     from magretrieve.diagnose import diagnose
     from magretrieve.diagnose.report import to_jsonable
 
@@ -80,20 +99,22 @@ def diagnose_command(
         probe_max_document_length=probe_max_doc_length,
         fisher_batches=fisher_batches,
         skip_probes=skip_probes,
+        time_budget=None if math.isinf(time_budget) else time_budget,
         cache_dir=cache_dir,
         results_dir=results_dir,
         seed=seed,
         progress=not as_json,
+        say=lambda line: click.echo(line, err=True),
     )
     if as_json:
         print_json(to_jsonable(report))
         return
     click.echo(report["verdict"])
     click.echo("")
-    rows = [("model", report["magnitude"])] + [(r["model"], r) for r in report["runs"]]
+    rows = [(report["name"], report["magnitude"])] + [(r["name"], r) for r in report["runs"]]
     print_table(
         [
-            "model",
+            "encoder",
             "mode",
             "Cohen's d ‖d‖",
             "CV ‖d‖",
@@ -117,25 +138,9 @@ def diagnose_command(
         ],
     )
     side = report["side"]
-    if not side.get("skipped"):
-        dcv, fis = side["delta_cv"], side["fisher"]
+    if not side.get("skipped") or "delta_cv" in side:
         click.echo("")
-        print_table(
-            ["predictor", "value", "picks"],
-            [
-                (
-                    f"ΔCV = CV‖q‖ dnorm {fmt(dcv['cv_query_norm_dnorm'])} / dot "
-                    f"{fmt(dcv['cv_query_norm_dot'])} ({dcv['steps']} steps)",
-                    dcv["delta_cv"],
-                    dcv["prediction"] or "-",
-                ),
-                (
-                    f"Fisher κ qnorm / dnorm (experimental, N={fis['n_examples']})",
-                    f"{fmt(fis['kappa']['qnorm'], 3)} / {fmt(fis['kappa']['dnorm'], 3)}",
-                    fis["prediction"] or "-",
-                ),
-            ],
-        )
+        print_table(["predictor", "value", "picks"], _predictor_rows(side))
     if report.get("sts"):
         click.echo("")
         print_table(
@@ -174,6 +179,35 @@ def diagnose_command(
     click.echo(
         f"wrote {report.get('report')}, {report.get('html')} and {len(report['plots'])} plots"
     )
+
+
+def _predictor_rows(side: dict) -> list[tuple]:
+    from magretrieve.cli._common import fmt
+
+    dcv, fis = side["delta_cv"], side["fisher"]
+    rows = []
+    if dcv.get("skipped"):
+        rows.append(("ΔCV probes", "-", f"skipped: {dcv['reason']}"))
+    else:
+        rows.append(
+            (
+                f"ΔCV = CV‖q‖ dnorm {fmt(dcv['cv_query_norm_dnorm'])} / dot "
+                f"{fmt(dcv['cv_query_norm_dot'])} ({dcv['steps']} steps)",
+                dcv["delta_cv"],
+                dcv["prediction"] or "-",
+            )
+        )
+    if fis.get("skipped"):
+        rows.append(("Fisher κ (experimental)", "-", f"skipped: {fis['reason']}"))
+    else:
+        rows.append(
+            (
+                f"Fisher κ qnorm / dnorm (experimental, N={fis['n_examples']})",
+                f"{fmt(fis['kappa']['qnorm'], 3)} / {fmt(fis['kappa']['dnorm'], 3)}",
+                fis["prediction"] or "-",
+            )
+        )
+    return rows
 
 
 def _hit(agrees: bool | None) -> str:

@@ -2,7 +2,7 @@
 
 It is written beside ``diagnose.json`` and the PNGs and needs nothing else to open from disk:
 the style sheet is in the file and every figure is a ``data:`` URI, so it can be mailed or
-attached to a ticket as it is. Every text that comes from the report (model names, paths,
+attached to a ticket as it is. Every text that comes from the report (encoder names, paths,
 verdict sentences) is HTML-escaped.
 """
 
@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from magretrieve.diagnose.magnitude import ANTI_D, CARRIES_D
+from magretrieve.diagnose.report import headline, verdict_lines
 
 HTML_NAME = "diagnose.html"
 
-#: Plot files of one model (prefixed with ``<run>-`` for a ``--run``), in report order.
+#: Plot files of one encoder (prefixed with ``<run>-`` for a ``--run``), in report order.
 MAGNITUDE_PLOTS = (
     ("norms_relevant_vs_nonrelevant.png", "Raw document norms, relevant vs non-relevant"),
     ("norm_vs_length.png", "Document norm against length"),
@@ -176,27 +177,25 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def _verdict(report: Mapping[str, Any]) -> str:
     rec = report.get("recommendation") or {}
-    extra = " + document prior" if rec.get("magnitude") == "document_prior" else ""
+    lines = verdict_lines(rec)
     parts = [
         '<section class="verdict" aria-labelledby="verdict-title">',
         '<h2 id="verdict-title">Verdict</h2>',
-        f'<p class="mode">Recommended: {esc(rec.get("mode", "?"))}{esc(extra)}</p>',
+        f'<p class="mode">Recommended: {esc(headline(rec))}</p>',
     ]
-    if rec.get("reasons"):
-        parts.append("<ul>" + "".join(f"<li>{esc(r)}</li>" for r in rec["reasons"]) + "</ul>")
-    steps = rec.get("next_steps") or []
+    reasons = [text for kind, text in lines if kind == "reason"]
+    if reasons:
+        parts.append("<ul>" + "".join(f"<li>{esc(r)}</li>" for r in reasons) + "</ul>")
+    steps = [text for kind, text in lines if kind == "step"]
     if steps:
         parts.append("<h3>Recipe</h3><pre><code>")
         parts.append("\n".join(f"$ {esc(s)}" for s in steps))
         parts.append("</code></pre>")
-    if rec.get("mode") == "cosine" and rec.get("side_if_one_sided"):
+    parts += [f"<p>{esc(text[:1].upper() + text[1:])}.</p>" for kind, text in lines if kind == "if"]
+    warnings = [text for kind, text in lines if kind == "warn"]
+    if warnings:
         parts.append(
-            "<p>If you fine-tune one-sided anyway, the predictors pick "
-            f"<strong>{esc(rec['side_if_one_sided'])}</strong>.</p>"
-        )
-    if rec.get("warnings"):
-        parts.append(
-            '<ul class="warn">' + "".join(f"<li>{esc(w)}</li>" for w in rec["warnings"]) + "</ul>"
+            '<ul class="warn">' + "".join(f"<li>{esc(w)}</li>" for w in warnings) + "</ul>"
         )
     mag = (report.get("magnitude") or {}).get("verdict")
     if mag:
@@ -210,7 +209,7 @@ def _verdict(report: Mapping[str, Any]) -> str:
 def _magnitude_rows(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
     return _table(
         [
-            "model",
+            "encoder",
             "mode",
             "Cohen's d ‖d‖",
             "CV ‖d‖",
@@ -251,36 +250,53 @@ def _model_figures(
 def _side(report: Mapping[str, Any]) -> str:
     side = report.get("side") or {}
     head = '<section aria-labelledby="side-title"><h2 id="side-title">Which side to normalize</h2>'
-    if side.get("skipped"):
+    if side.get("skipped") and "delta_cv" not in side:
         return (
             head
             + "<p>Probes skipped (<code>--skip-probes</code>): no side predictor ran.</p></section>"
         )
     dcv, fis = side.get("delta_cv") or {}, side.get("fisher") or {}
     kappa = fis.get("kappa") or {}
-    table = _table(
-        ["predictor", "value", "picks"],
-        [
+    rows: list[tuple[Any, ...]] = []
+    if dcv.get("skipped"):
+        rows.append(("ΔCV probes", "–", f"skipped: {dcv.get('reason', '')}"))
+    else:
+        rows.append(
             (
                 f"ΔCV = CV‖q‖ dnorm {num(dcv.get('cv_query_norm_dnorm'))} / dot "
                 f"{num(dcv.get('cv_query_norm_dot'))} ({dcv.get('steps')} steps)",
                 dcv.get("delta_cv"),
                 dcv.get("prediction") or "–",
-            ),
+            )
+        )
+    if fis.get("skipped"):
+        rows.append(("Fisher κ (experimental)", "–", f"skipped: {fis.get('reason', '')}"))
+    else:
+        rows.append(
             (
                 f"Fisher κ qnorm / dnorm (experimental, N={fis.get('n_examples')})",
                 f"{num(kappa.get('qnorm'))} / {num(kappa.get('dnorm'))}",
                 fis.get("prediction") or "–",
-            ),
-        ],
-    )
-    threshold = num(dcv.get("threshold"), 2)
-    reading = (
-        f"ΔCV {num(dcv.get('delta_cv'), 2)} against the threshold {threshold} picks "
-        f"{esc(dcv.get('prediction') or '–')}; the smaller Fisher κ picks "
-        f"{esc(fis.get('prediction') or '–')} (experimental). See docs/diagnose.md §2."
-    )
-    return head + table + f"<p>{reading}</p></section>"
+            )
+        )
+    table = _table(["predictor", "value", "picks"], rows)
+    reading = []
+    if not dcv.get("skipped"):
+        reading.append(
+            f"ΔCV {num(dcv.get('delta_cv'), 2)} against the threshold "
+            f"{num(dcv.get('threshold'), 2)} picks {esc(dcv.get('prediction') or '–')}"
+        )
+    if not fis.get("skipped"):
+        reading.append(
+            f"the smaller Fisher κ picks {esc(fis.get('prediction') or '–')} (experimental)"
+        )
+    rec = report.get("recommendation") or {}
+    if rec.get("mode") == "cosine":
+        reading.append(
+            "these matter only if you fine-tune one-sided anyway: the recommendation is cosine"
+        )
+    text = "; ".join(reading)
+    return head + table + f"<p>{text[:1].upper() + text[1:]}.</p></section>"
 
 
 def _symmetry(report: Mapping[str, Any], plots: Mapping[str, Path]) -> str:
@@ -337,6 +353,13 @@ def _validation(report: Mapping[str, Any]) -> str:
     return head + table + f"<p>ΔCV picked the better side on {agree} of {len(rows)}.</p></section>"
 
 
+def _timing(report: Mapping[str, Any]) -> str:
+    seconds = report.get("seconds")
+    estimate = (report.get("plan") or {}).get("estimate_seconds")
+    said = f" (estimated {num(estimate, 1)} s before it started)" if _finite(estimate) else ""
+    return f"Measured in {num(seconds, 1)} s{said}."
+
+
 def render_html(report: Mapping[str, Any], plot_paths: Sequence[str | Path] = ()) -> str:
     """The page for ``report`` (a :func:`~magretrieve.diagnose.diagnose` dict) with its plots."""
     plots = {Path(p).name: Path(p) for p in plot_paths if Path(p).is_file()}
@@ -355,7 +378,10 @@ def render_html(report: Mapping[str, Any], plot_paths: Sequence[str | Path] = ()
         f"<header><h1>magretrieve diagnose</h1><p>{subtitle}</p></header><main>",
         _verdict(report),
         '<section aria-labelledby="mag-title"><h2 id="mag-title">Magnitude signal</h2>',
-        _magnitude_rows([("model", mag)] + [(str(r.get("model", "")), r) for r in runs]),
+        _magnitude_rows(
+            [(report.get("name") or "encoder", mag)]
+            + [(str(r.get("name") or r.get("model", "")), r) for r in runs]
+        ),
         _model_figures(plots, "", mag, report.get("training")),
         "</section>",
     ]
@@ -365,10 +391,9 @@ def render_html(report: Mapping[str, Any], plot_paths: Sequence[str | Path] = ()
         if figures:
             body.append(f"<section><h2>Trained run {esc(name)}</h2>{figures}</section>")
     body += [_side(report), _symmetry(report, plots), _validation(report)]
-    seconds = report.get("seconds")
     body.append(
-        f'<p class="muted">Measured in {num(seconds, 1)} s. The figures are also in '
-        "diagnose.json beside this file; docs/diagnose.md explains each one.</p>"
+        f'<p class="muted">{_timing(report)} The figures are also in diagnose.json beside this '
+        "file; the diagnose guide of the magretrieve documentation explains each one.</p>"
     )
     body.append("</main></body></html>\n")
     return "".join(body)

@@ -30,6 +30,10 @@ def _pct(new: float, old: float) -> str:
     return f"{100 * (new / old - 1):+.1f} %" if old else "n/a"
 
 
+#: How the verdict cites the figures it quotes: a pip install has no repository paths to open.
+SOURCE = "measured by the magretrieve benchmarks"
+
+
 def normalize_advice(why: str, evidence: Mapping[str, Any]) -> str:
     """The Normalize-like verdict, quoting the measured qnorm losses when they are on file."""
     losses = ""
@@ -40,13 +44,16 @@ def normalize_advice(why: str, evidence: Mapping[str, Any]) -> str:
         losses = (
             f" ({evidence.get('encoder', 'the measured encoder')} lost "
             + " and ".join(parts)
-            + f" NDCG@10 under qnorm fine-tuning vs cosine, {evidence.get('quality_source', '')})"
+            + f" NDCG@10 under qnorm fine-tuning vs cosine, {SOURCE})"
         )
     return NORMALIZE_LIKE.format(why=why, losses=losses)
 
 
 def prior_advice(evidence: Mapping[str, Any]) -> tuple[str, str]:
-    """(advice, fit-prior method) for the measured best document prior on top of cosine."""
+    """(advice, fit-prior method) for the measured best document prior on top of cosine.
+
+    The method is ``""`` when no measured prior helped: then no prior is recommended.
+    """
     best = evidence.get("best_prior") or {}
     sets = [s for s in (evidence.get("in_domain"), evidence.get("out_of_domain")) if s]
     nd, base = best.get("ndcg") or {}, best.get("cosine") or {}
@@ -60,15 +67,12 @@ def prior_advice(evidence: Mapping[str, Any]) -> tuple[str, str]:
     figures = ", ".join(
         f"{s.split(':')[0]} {base[s]:.3f} -> {nd[s]:.3f} ({_pct(nd[s], base[s])})" for s in sets
     )
-    where = f"{evidence.get('encoder', '')}, {len(evidence.get('seeds') or [])} seeds, " + str(
-        best.get("source", "")
-    )
+    where = f"{evidence.get('encoder', '')}, {len(evidence.get('seeds') or [])} seeds, {SOURCE}"
     if best.get("method") in (None, "", "none"):
         return (
             "no document prior measured beat fine-tuned cosine out of domain without losing in "
-            f"domain ({where}); stay with plain cosine - fit-prior keeps cosine unless your own "
-            "training queries say otherwise",
-            "auto",
+            f"domain ({where}); stay with plain cosine",
+            "",
         )
     goal = (
         ""
@@ -84,11 +88,16 @@ def prior_advice(evidence: Mapping[str, Any]) -> tuple[str, str]:
     )
 
 
+TRAIN_COSINE = "magretrieve train --mode cosine --model MODEL --train DATA:train --out RUN"
+
+
 def prior_steps(method: str) -> list[str]:
-    """What to run to carry out the prior advice."""
+    """What to run to carry out the prior advice (only the cosine training without a method)."""
+    if not method:
+        return [TRAIN_COSINE]
     chosen = "" if method == "auto" else f" --method {method}"
     return [
-        "magretrieve train --mode cosine --model MODEL --train DATA:train --out RUN",
+        TRAIN_COSINE,
         f"magretrieve fit-prior --model RUN --data DATA:train --out prior.json{chosen}",
         "magretrieve rescale --source STORE --target NEW_STORE --prior-file prior.json",
     ]
@@ -107,6 +116,9 @@ class Recommendation:
     magnitude: str = ""
     #: Commands that carry the advice out, in order.
     next_steps: list[str] = field(default_factory=list)
+    #: For a cosine recommendation: what the side predictors say, should one train one-sided
+    #: anyway (kept apart from ``reasons``, which only ever support ``mode``).
+    one_sided: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,12 +138,14 @@ def recommend(figures: Mapping[str, Any]) -> Recommendation:
     Rules, in order:
     1. An encoder that behaves like a normalization-pretrained one (a removed Normalize stage,
        or Cohen's d ≤ −0.2): cosine — raw norms point away from relevance, one-sided modes are
-       expected to hurt — plus the measured best document prior as the magnitude, with the
-       commands that apply it. The figures quoted come from the committed benchmark results
-       (:mod:`magretrieve.diagnose.evidence`), not from this module.
+       expected to hurt — plus the measured best document prior as the magnitude (none when
+       no prior helped), with the commands that apply it. The figures quoted come from the
+       committed benchmark results (:mod:`magretrieve.diagnose.evidence`), not from this
+       module. What the side predictors say goes to ``one_sided``, never to ``reasons``.
     2. Otherwise the side comes from ΔCV (≥ 2.82 → dnorm, else qnorm); without probes from
        the experimental κ (smaller κ wins); without either, qnorm (the paper's most frequent
-       winner) with a warning that no predictor ran.
+       winner) with a warning that no predictor ran. A κ that disagrees with ΔCV is a
+       warning, not a reason.
     3. STS figures add a warning that one-sided modes break symmetry.
     """
     reasons: list[str] = []
@@ -141,42 +155,24 @@ def recommend(figures: Mapping[str, Any]) -> Recommendation:
     ratio = figures.get("delta_cv")
     kappa = figures.get("kappa") or {}
 
-    by_dcv = ""
+    by_dcv = dcv_text = ""
     if _finite(ratio):
         by_dcv = "dnorm" if ratio >= DELTA_CV_THRESHOLD else "qnorm"
-        reasons.append(
-            f"ΔCV {ratio:.2f}× {'≥' if by_dcv == 'dnorm' else '<'} {DELTA_CV_THRESHOLD:.2f} → {by_dcv} "
-            "(paper: RetroMAE 6.1× → dnorm, Contriever 1.3× → qnorm)"
+        dcv_text = (
+            f"ΔCV {ratio:.2f}× {'≥' if by_dcv == 'dnorm' else '<'} {DELTA_CV_THRESHOLD:.2f} "
+            "(paper: dnorm won for RetroMAE at 6.1×, qnorm for Contriever at 1.3×)"
         )
-    by_kappa = ""
+    by_kappa = kappa_text = ""
     if _finite(kappa.get("qnorm")) and _finite(kappa.get("dnorm")):
         by_kappa = "qnorm" if kappa["qnorm"] <= kappa["dnorm"] else "dnorm"
-        reasons.append(
-            f"Fisher κ qnorm {kappa['qnorm']:.3g} vs dnorm {kappa['dnorm']:.3g} → {by_kappa} "
-            "(experimental)"
-        )
-    if by_dcv and by_kappa and by_dcv != by_kappa:
-        warnings.append(
-            f"the two predictors disagree (ΔCV → {by_dcv}, κ → {by_kappa}); ΔCV is the paper's "
-            "validated one, κ is experimental"
+        kappa_text = (
+            f"Fisher κ qnorm {kappa['qnorm']:.3g} vs dnorm {kappa['dnorm']:.3g} (experimental)"
         )
     side = by_dcv or by_kappa
-    if not side:
-        side = "qnorm"
-        warnings.append(
-            "no side predictor ran (probes skipped); qnorm is the default (the paper's most "
-            "frequent winner), run without --skip-probes to check"
-        )
-
-    if _finite(d):
-        if d > CARRIES_D:
-            reasons.append(f"magnitude already carries relevance here (Cohen's d {d:.2f})")
-        elif d > ANTI_D:
-            reasons.append(f"magnitude carries little relevance yet (Cohen's d {d:.2f})")
-    if _finite(cv) and cv >= 0.1:
-        reasons.append(f"document norms vary (CV {cv:.3f} ≥ 0.1)")
+    disagree = bool(by_dcv and by_kappa and by_dcv != by_kappa)
 
     normalize_like = bool(figures.get("removed_normalize")) or (_finite(d) and d <= ANTI_D)
+    one_sided = ""
     if normalize_like:
         why = []
         if figures.get("removed_normalize"):
@@ -187,12 +183,47 @@ def recommend(figures: Mapping[str, Any]) -> Recommendation:
             )
         mode = "cosine"
         evidence = load_evidence()
-        reasons.insert(0, normalize_advice(" (" + "; ".join(why) + ")", evidence))
+        reasons.append(normalize_advice(" (" + "; ".join(why) + ")", evidence))
         advice, method = prior_advice(evidence)
-        reasons.insert(1, advice)
-        magnitude, next_steps = "document_prior", prior_steps(method)
+        reasons.append(advice)
+        magnitude = "document_prior" if method else ""
+        next_steps = prior_steps(method)
+        anyway = "if you fine-tune one-sided anyway (not recommended here)"
+        if disagree:
+            one_sided = (
+                f"{anyway}, the side predictors disagree: {dcv_text} picks {by_dcv}; "
+                f"{kappa_text} picks {by_kappa}; ΔCV is the paper's validated one"
+            )
+        elif side:
+            texts = "; ".join(t for t in (dcv_text, kappa_text) if t)
+            one_sided = f"{anyway}, the side predictors pick {side}: {texts}"
+        else:
+            one_sided = f"{anyway}, no side predictor ran (probes skipped): run them to choose"
     else:
-        mode, magnitude, next_steps = side, "", []
+        mode = side or "qnorm"
+        magnitude, next_steps = "", []
+        if by_dcv:
+            reasons.append(f"{dcv_text} → {by_dcv}")
+        if by_kappa and not disagree:
+            reasons.append(f"{kappa_text} → {by_kappa}")
+        if disagree:
+            warnings.append(
+                f"the side predictors disagree: {kappa_text} prefers the other side; ΔCV, the "
+                "paper's validated predictor, decides"
+            )
+        if not side:
+            warnings.append(
+                "no side predictor ran (probes skipped or over the time budget); qnorm is the "
+                "default (the paper's most frequent winner): run the probes (without "
+                "--skip-probes, with a larger --time-budget) to check"
+            )
+        if _finite(d):
+            if d > CARRIES_D:
+                reasons.append(f"magnitude already carries relevance here (Cohen's d {d:.2f})")
+            elif d > ANTI_D:
+                reasons.append(f"magnitude carries little relevance yet (Cohen's d {d:.2f})")
+        if _finite(cv) and cv >= 0.1:
+            reasons.append(f"document norms vary (CV {cv:.3f} ≥ 0.1)")
 
     for row in figures.get("sts") or []:
         if not row.get("symmetric_mode") and row.get("mean_asymmetry", 0) > 0:
@@ -205,24 +236,40 @@ def recommend(figures: Mapping[str, Any]) -> Recommendation:
         mode=mode,
         reasons=reasons,
         warnings=warnings,
-        side_if_one_sided=side,
+        side_if_one_sided=side or "qnorm",
         magnitude=magnitude,
         next_steps=next_steps,
+        one_sided=one_sided,
     )
+
+
+def headline(rec: Mapping[str, Any]) -> str:
+    """The recommended configuration: ``qnorm``, ``cosine``, ``cosine + document prior``."""
+    extra = " + document prior" if rec.get("magnitude") == "document_prior" else ""
+    return f"{rec.get('mode', '?')}{extra}"
+
+
+def verdict_lines(rec: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The verdict as (kind, text): ``reason``, ``step``, ``if`` and ``warn`` lines, in order.
+
+    The text and the HTML report both render these, so what they say is the one decision
+    :func:`recommend` took: reasons support the recommended mode only, and what the side
+    predictors say about one-sided training appears once, marked as conditional.
+    """
+    lines = [("reason", r) for r in rec.get("reasons") or []]
+    lines += [("step", c) for c in rec.get("next_steps") or []]
+    if rec.get("one_sided"):
+        lines.append(("if", rec["one_sided"]))
+    lines += [("warn", w) for w in rec.get("warnings") or []]
+    return lines
 
 
 def verdict_text(report: Mapping[str, Any]) -> str:
     """The few lines the CLI prints first."""
     rec = report["recommendation"]
-    extra = " + document prior" if rec.get("magnitude") == "document_prior" else ""
-    lines = [f"recommended: {rec['mode']}{extra}"]
-    lines += [f"  - {r}" for r in rec["reasons"]]
-    lines += [f"  $ {c}" for c in rec.get("next_steps") or []]
-    if rec["mode"] == "cosine" and rec.get("side_if_one_sided"):
-        lines.append(
-            f"  - if you fine-tune one-sided anyway, the predictors pick {rec['side_if_one_sided']}"
-        )
-    lines += [f"  ! {w}" for w in rec["warnings"]]
+    marks = {"reason": "  -", "step": "  $", "if": "  -", "warn": "  !"}
+    lines = [f"recommended: {headline(rec)}"]
+    lines += [f"{marks[kind]} {text}" for kind, text in verdict_lines(rec)]
     mag = report.get("magnitude")
     if mag:
         lines.append(f"magnitude: {mag['verdict']}")

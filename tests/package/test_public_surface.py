@@ -94,6 +94,7 @@ COMMANDS: dict[str, list[str]] = {
         "--seed",
         "--skip-probes",
         "--sts",
+        "--time-budget",
     ],
     "eval": [
         "--batch-size",
