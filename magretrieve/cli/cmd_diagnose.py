@@ -64,7 +64,9 @@ def diagnose_command(
     as_json,
 ):
     """Tell whether magnitude carries relevance for MODEL on DATA and which mode to train."""
-    from magretrieve.cli._common import fmt, print_json, print_table
+    from magretrieve.cli._common import fmt, print_json, print_table, require_torch
+
+    require_torch("magretrieve diagnose")
     from magretrieve.diagnose import diagnose
     from magretrieve.diagnose.report import to_jsonable
 
