@@ -103,8 +103,8 @@ def serve_hint(
         if shown:
             other = max(shown, key=lambda s: s.ndcg)
             lines.append(
-                f"to see magnitude on the page, serve {other.label} (NDCG@10 "
-                f"{other.ndcg:.4f}, ‖d‖ = {other.magnitude}) instead:"
+                f"to see magnitude on the page ({other.magnitude} for each hit), serve "
+                f"{other.label} (NDCG@10 {other.ndcg:.4f}) instead:"
             )
             lines.append(command(other))
     lines.append(
@@ -273,7 +273,10 @@ def main() -> None:
     tuned = f"fine-tuned {mode}, {result.log['total_steps']} steps"
     stores = [StoreResult(tuned, spec, ndcg(retriever), None if mode == "cosine" else "‖d‖")]
     if prior_spec:
-        stores.append(StoreResult(f"{tuned} + {prior.label()}", prior_spec, ndcg(searcher), "m(d)"))
+        magnitude = None if prior.method == "none" else "m(d)"  # "no prior" can win
+        stores.append(
+            StoreResult(f"{tuned} + {prior.label()}", prior_spec, ndcg(searcher), magnitude)
+        )
         searcher.close()
     retriever.close()
     rows = [("zero-shot cosine", zero_shot.ndcg_at_10), (tuned, stores[0].ndcg)]
