@@ -1,4 +1,5 @@
-"""The README's install table lists every extra pyproject.toml declares, and no other.
+"""What the README promises a new user: an install table listing every extra pyproject.toml
+declares (and no other), and one measured quickstart time, the same in every place it is given.
 
 The extras are read from the installed package's metadata (built from pyproject.toml). The
 table's first column names extras in backticks (``faiss`` / ``qdrant``); the ``all`` row says
@@ -53,3 +54,27 @@ def test_the_all_row_names_what_all_installs() -> None:
     inside = set(bundle.extras)
     listed = {word.strip() for word in install_table()["all"].split(",")}
     assert listed == inside
+
+
+def test_the_quickstart_time_is_one_measurement_everywhere() -> None:
+    """README.md, docs/results.md and the example state the same measured run, and no other
+    time for it ("about 5 minutes" and "10 minutes" once stood beside a measured 293 s)."""
+    results = (REPO / "docs" / "results.md").read_text()
+    section = results.split("## The quickstart\n", 1)[1].split("\n## ", 1)[0]
+    found = re.search(
+        r"\*\*([\d,]+) s in all:\s+([\d,]+) s to install,\s+([\d,]+) s to run\*\*", section
+    )
+    assert found, "docs/results.md states no measured quickstart time"
+    total, install, run = found.groups()
+    assert int(total.replace(",", "")) == int(install.replace(",", "")) + int(run.replace(",", ""))
+    readme = (REPO / "README.md").read_text()
+    quickstart = readme.split("\n## Quickstart\n", 1)[1].split("\n## ", 1)[0]
+    flat = " ".join(quickstart.split())
+    assert f"{total} s: {install} s to install, {run} s to run" in flat
+    assert "shared with other jobs" in flat and "shared with other jobs" in " ".join(
+        section.split()
+    )
+    example = " ".join((REPO / "examples" / "quickstart.py").read_text().split())
+    assert f"took {run} s" in example
+    for text in (quickstart, example):
+        assert not re.search(r"about \d+ minutes|within about", text)
