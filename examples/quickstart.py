@@ -9,25 +9,110 @@
    on the *training* queries against the stored vectors ("no prior" is always a candidate),
    then a rescaled copy of the store (no re-encoding)
 7. search, showing how each score splits into ‖q‖ · ‖d‖ · cos θ + the prior's offset
-8. NDCG@10 *through the stores* (fine-tuned, fine-tuned + prior) vs the zero-shot baseline
+8. NDCG@10 *through the stores* (fine-tuned, fine-tuned + prior) vs the zero-shot baseline,
+   then how to serve the store that scored best over HTTP, its page showing each hit's magnitude
 
     python examples/quickstart.py --data ../shared/data --work quickstart-out
 
-Defaults keep it within about 10 minutes on 2 CPU cores: documents are cut at 128 tokens
-for both models (so the comparison is fair), training runs 30 steps, the graphs are int8.
+The defaults keep it small for 2 CPU cores: documents are cut at 128 tokens for both models
+(so the comparison is fair), training runs 30 steps, the graphs are int8. One run took 1,141 s
+on 2 cores shared with other jobs (docs/results.md, "The quickstart", has each step's time).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import shlex
 import shutil
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 
 def step(n: int, text: str) -> float:
     print(f"\n=== {n}. {text}", flush=True)
     return time.perf_counter()
+
+
+@dataclass(frozen=True)
+class StoreResult:
+    """One store the quickstart built and searched: its NDCG@10 on scifact test, and what its
+    document magnitudes are (None: cosine, every document norm is 1.0)."""
+
+    label: str
+    spec: str
+    ndcg: float
+    magnitude: str | None
+
+
+def best_store(stores: list[StoreResult]) -> StoreResult:
+    """The store that scored best (on a tie, the one listed first: the simpler one)."""
+    return max(stores, key=lambda s: s.ndcg)  # max keeps the first of equal values
+
+
+def magretrieve_command() -> str:
+    """How to run ``magretrieve`` as printed: the script beside this Python (the venv's,
+    relative to the current folder when it lies inside it), else the one on PATH."""
+    script = Path(sys.executable).parent / "magretrieve"
+    if not script.is_file():
+        return "magretrieve"
+    try:
+        return str(script.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(script.absolute())
+
+
+def serve_hint(
+    export_dir: Path | str,
+    stores: list[StoreResult],
+    *,
+    program: str = "magretrieve",
+    port: int = 8080,
+    server_installed: bool = True,
+) -> list[str]:
+    """The closing lines: serve the best store without a key, on this machine only, so the
+    search page and the API docs open as they are and show each hit's magnitude.
+
+    Without a key a server answers every read route and keeps its write endpoints off; with
+    one (``MAGRETRIEVE_API_KEY``) the page asks for it before it searches. When the best
+    store is plain cosine (all norms 1.0) the store with a magnitude is offered as well.
+    """
+    best = best_store(stores)
+    url = f"http://127.0.0.1:{port}"
+
+    def command(store: StoreResult) -> str:
+        args = [program, "serve", str(export_dir), "--store", store.spec, "--port", str(port)]
+        return "  " + shlex.join(args)
+
+    lines = [f"serve the best store, {best.label} (NDCG@10 {best.ndcg:.4f}), over HTTP:"]
+    if not server_installed:
+        lines.append("  pip install 'magretrieve[server]'   # the HTTP service's extra")
+    lines.append(command(best))
+    shown = [s for s in stores if s.magnitude is not None]
+    if best.magnitude is not None:
+        lines.append(
+            f"then open {url}/ and search: each hit's score splits into ‖q‖ · {best.magnitude}"
+            f" · cos θ (+ the prior's offset); the API docs are at {url}/docs"
+        )
+    else:
+        lines.append(
+            f"then open {url}/ (API docs at {url}/docs); its documents are cosine, every "
+            "norm is 1.0"
+        )
+        if shown:
+            other = max(shown, key=lambda s: s.ndcg)
+            lines.append(
+                f"to see magnitude on the page ({other.magnitude} for each hit), serve "
+                f"{other.label} (NDCG@10 {other.ndcg:.4f}) instead:"
+            )
+            lines.append(command(other))
+    lines.append(
+        "(no key: it listens on 127.0.0.1 only and its write endpoints stay off; "
+        "MAGRETRIEVE_API_KEY=... turns writes on, and the page then asks for that key)"
+    )
+    return lines
 
 
 def main() -> None:
@@ -62,6 +147,7 @@ def main() -> None:
         choose_prior,
         evaluate_retrieval,
         export_model,
+        index_corpus,
         load_beir,
         load_training_data,
         recommend,
@@ -126,8 +212,8 @@ def main() -> None:
 
     spec = store_spec("index")
     retriever = Retriever.load(export_dir, store=spec, threads=2)
-    retriever.add_documents(test.corpus.values())
-    retriever.persist()
+    # as `magretrieve index` does: tokenizing, encoding and writing overlap, with a progress bar
+    index_corpus(retriever, data / "corpus.jsonl")
     print(f"{retriever.store.count()} documents stored  ({time.perf_counter() - t:.0f}s)")
 
     prior_spec = None
@@ -139,12 +225,15 @@ def main() -> None:
         doc_ids = [str(i) for i in retriever.store.iter_ids()]
         qids_train = [q for q in train_set.queries if q in train_set.qrels]
         selection = choose_prior(
-            retriever.encoder.encode_queries([train_set.queries[q] for q in qids_train]),
+            retriever.encoder.encode_queries(
+                [train_set.queries[q] for q in qids_train], progress="training queries"
+            ),
             retriever.store.get_vectors(doc_ids),
             qids_train,
             doc_ids,
             train_set.qrels,
             chosen_on="scifact:train",
+            progress=True,
         )
         prior = selection.prior
         print(
@@ -174,17 +263,26 @@ def main() -> None:
     qids = list(test.queries)
     queries = [test.queries[q] for q in qids]
 
+    # one export: its query vectors are encoded once and searched in every store
+    query_vectors = retriever.encoder.encode_queries(queries, progress="test queries")
+
     def ndcg(searcher: Retriever) -> float:
-        hits = searcher.search_batch(queries, k=100)
+        hits = searcher.search_vectors(query_vectors, k=100)
         run = {q: {h.id: float(h.score) for h in hs} for q, hs in zip(qids, hits, strict=True)}
         return retrieval_metrics(test.qrels, run)["ndcg@10"]
 
-    rows = [("zero-shot cosine", zero_shot.ndcg_at_10)]
-    rows.append((f"fine-tuned {mode}, {result.log['total_steps']} steps", ndcg(retriever)))
+    tuned = f"fine-tuned {mode}, {result.log['total_steps']} steps"
+    stores = [StoreResult(tuned, spec, ndcg(retriever), None if mode == "cosine" else "‖d‖")]
     if prior_spec:
-        rows.append((f"  + {prior.label()}", ndcg(searcher)))
+        magnitude = None if prior.method == "none" else "m(d)"  # "no prior" can win
+        stores.append(
+            StoreResult(f"{tuned} + {prior.label()}", prior_spec, ndcg(searcher), magnitude)
+        )
         searcher.close()
     retriever.close()
+    rows = [("zero-shot cosine", zero_shot.ndcg_at_10), (tuned, stores[0].ndcg)]
+    if prior_spec:
+        rows.append((f"  + {prior.label()}", stores[1].ndcg))
     width = max(34, *(len(label) for label, _ in rows))
     print(f"\n  {'model':<{width}} NDCG@10")
     for label, value in rows:
@@ -194,6 +292,14 @@ def main() -> None:
         f"\n(documents cut at {args.max_doc_length} tokens for both; graphs {quantize or 'fp32'}; "
         f"total {time.perf_counter() - started:.0f}s)"
     )
+    print()
+    hint = serve_hint(
+        export_dir,
+        stores,
+        program=magretrieve_command(),
+        server_installed=importlib.util.find_spec("fastapi") is not None,
+    )
+    print("\n".join(hint))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # Prove that serving needs neither torch nor transformers:
 #   1. with a training Python (torch installed) export a tiny model + PyTorch reference vectors;
 #   2. make a fresh venv with only the wheel's serving extras `[serve,faiss,qdrant-edge]` (+ pytest);
-#   3. run tests/serving/torch_free/ there against the export, with torch/transformers blocked in sys.modules;
+#   3. run tests/serving/torch_free/ there against the export, with torch/transformers blocked in sys.modules
+#      (the serving path, and each console command refusing in one line an extra that is missing);
 #   4. report the size of that venv (README states it).
 # Usage: scripts/check_serving.sh [TRAIN_PYTHON] [WHEEL]
 #   (defaults: .venv-test/bin/python; a wheel freshly built by scripts/build_wheel.sh)

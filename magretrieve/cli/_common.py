@@ -183,6 +183,29 @@ def collect_store_options(**kw: Any) -> dict[str, Any]:
     return {k: v for k, v in kw.items() if v is not None}
 
 
+#: What a PyTorch model needs: the modules of the ``train`` extra that load and run it.
+TORCH_MODULES = ("torch", "transformers")
+
+
+def require_torch(what: str, hint: str | None = None) -> None:
+    """Refuse ``what`` in one line naming ``pip install 'magretrieve[train]'`` when PyTorch is
+    missing (a serving install), before any work is done."""
+    from magretrieve.core.extras import require_all
+
+    require_all(TORCH_MODULES, what=what, extra="train", hint=hint)
+
+
+def require_store_extra(spec: str) -> None:
+    """Refuse a store spec whose backend's extra is not installed, before any work is done
+    (a command that reads one store and then writes another would otherwise read first)."""
+    from magretrieve.core.extras import EXTRAS, require_all
+    from magretrieve.stores.registry import backend_for
+
+    backend, _ = backend_for(spec)
+    if backend.extra:
+        require_all([module for module, (_, extra) in EXTRAS.items() if extra == backend.extra])
+
+
 def load_model(model: str, mode: str | None, device: str = "cpu") -> Any:
     """An ONNX export folder loads with the runtime; anything else with the torch encoder."""
     from pathlib import Path
@@ -197,6 +220,10 @@ def load_model(model: str, mode: str | None, device: str = "cpu") -> Any:
                 f"{model}: an export is fixed to mode {encoder.manifest.mode!r}; re-export for {mode!r}"
             )
         return encoder
+    require_torch(
+        f"--model {model} (not an ONNX export, so a PyTorch model)",
+        hint="an export folder (magretrieve export) runs without them",
+    )
     from magretrieve.train.encoder import Encoder
 
     return Encoder.load(model, mode, device=device)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import re
+from typing import Any
 
 import click
 
@@ -19,6 +21,32 @@ def describe_os_error(exc: OSError) -> str:
     return f"{where}: {cause}" if where else cause
 
 
+class CliCommand(click.Command):
+    """A command whose unknown-option error points to the short option a usual long spelling
+    means: ``--top-k``, ``--topk`` or ``--k`` for ``-k``. Click's own guess compares long
+    options only, so it never offers ``-k`` (for ``--topk`` it offered ``--store``)."""
+
+    def short_option_for(self, name: str) -> str | None:
+        """The short option ``name`` (``--top-k``) most likely means, or None."""
+        word = re.sub(r"[-_]", "", name.lstrip("-").lower())
+        for param in self.params:
+            for opt in (*param.opts, *param.secondary_opts):
+                letter = opt[1:].lower()
+                if len(opt) == 2 and opt[0] == "-" and word in (letter, f"top{letter}"):
+                    return opt
+        return None
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            short = self.short_option_for(exc.option_name)
+            if short is None:
+                raise
+            message = f"No such option {exc.option_name!r}. Did you mean {short!r}?"
+            raise click.NoSuchOption(exc.option_name, message, ctx=ctx) from None
+
+
 class CliGroup(click.Group):
     """Turns user errors (:class:`MagRetrieveError`) into one line on stderr and exit code 1.
 
@@ -27,6 +55,8 @@ class CliGroup(click.Group):
     was writing in its old state (temp files, staging folders, atomic renames). Other
     exceptions are bugs and keep their traceback.
     """
+
+    command_class: Any = CliCommand
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:

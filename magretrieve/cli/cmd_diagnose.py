@@ -83,7 +83,9 @@ def diagnose_command(
     The stages and an estimate of their time are printed first; the checks without training
     run first, the probe trainings only within --time-budget (or never, with --skip-probes).
     """
-    from magretrieve.cli._common import print_json, print_table
+    from magretrieve.cli._common import print_json, print_table, require_torch
+
+    require_torch("magretrieve diagnose")
     from magretrieve.diagnose import diagnose
     from magretrieve.diagnose.report import to_jsonable
 

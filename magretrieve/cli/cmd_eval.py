@@ -32,9 +32,12 @@ def eval_command(model, data_specs, mode, batch_size, device, as_json):
     from pathlib import Path
 
     from magretrieve.cli._common import load_model, print_json, print_table
+    from magretrieve.core.extras import require
     from magretrieve.data.readers import is_sentence_pair_file, load_beir, load_sentence_pairs
     from magretrieve.evaluation.retrieval import evaluate_retrieval, evaluate_sts
 
+    if any(is_sentence_pair_file(spec) for spec in data_specs):
+        require("scipy.stats", what="STS evaluation")  # before anything is encoded
     encoder = load_model(model, mode, device)
     results = []
     for spec in data_specs:

@@ -134,6 +134,9 @@ def export_cmd(
     Every export is checked against PyTorch (max abs diff ≤ 1e-4, relative norm error ≤ 1e-5)
     and nothing is written when the check fails.
     """
+    from magretrieve.cli._common import require_torch
+
+    require_torch("magretrieve export")
     from magretrieve.export import export_model
 
     export_model(

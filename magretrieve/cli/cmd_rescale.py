@@ -44,9 +44,10 @@ def rescale_cmd(
     as before: scores become m(d)·cos(q, d) + b(d); a prior with an offset b(d) stores one extra
     coordinate, which the Retriever handles.
     """
-    from magretrieve.cli._common import print_magnitude_report
+    from magretrieve.cli._common import print_magnitude_report, require_store_extra
     from magretrieve.priors.rescale import rescale_store
 
+    require_store_extra(target)
     report = rescale_store(
         source,
         target,

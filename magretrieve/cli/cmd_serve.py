@@ -44,12 +44,14 @@ def serve_cmd(
     /info, and with --store /search and /documents. The side is named by the route
     (/query/..., /document/...), the model id (ID:query, ID:document) or the body. Document
     vectors keep their magnitude. Stops cleanly on SIGTERM."""
-    # without the server extra, importing magretrieve.server refuses in one line naming it
-    import uvicorn
-
+    # magretrieve.server first: without the server extra it refuses in one line naming it,
+    # where importing uvicorn first would end in a traceback
     from magretrieve.server.app import create_app, open_state
     from magretrieve.server.connections import protocol_class
     from magretrieve.server.settings import key_from_env
+
+    # isort: split
+    import uvicorn
 
     given = {o.name: options.pop(o.name) for o in cli_declared(ServerSettings.declared())}
     given["api_key"] = key_from_env(given["api_key"])

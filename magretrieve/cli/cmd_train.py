@@ -125,9 +125,11 @@ def train_command(
     from dataclasses import replace
     from pathlib import Path
 
-    from magretrieve.cli._common import print_json, print_table
+    from magretrieve.cli._common import print_json, print_table, require_torch
     from magretrieve.core.errors import ConfigError
     from magretrieve.data.readers import load_beir, read_training_data
+
+    require_torch("magretrieve train")
     from magretrieve.train import distributed, mining, trainer
 
     # under torchrun (WORLD_SIZE > 1): join the process group, one device per rank

@@ -44,7 +44,10 @@ def _retriever(request: Request) -> tuple[ServerState, StoreHolder]:
     """The state and its store holder (every store call runs inside ``holder.use()``)."""
     state: ServerState = request.app.state.magretrieve
     if state.holder is None:
-        raise NotServed("this server has no store: start it with --store SPEC to search")
+        raise NotServed(
+            f"{request.method} {request.url.path}: this server has no store; start it with "
+            "--store SPEC to search and write documents"
+        )
     return state, state.holder
 
 

@@ -626,6 +626,19 @@ def cli_unknown_mode(env: Env) -> Built:
     )
 
 
+def search_long_k(spelling: str) -> Callable[[Env], Built]:
+    """``--top-k 5`` (or ``--topk``, ``--k``) for ``-k 5``: the error points to ``-k``."""
+
+    def build(env: Env) -> Built:
+        return Built(
+            [*env.search_args(), spelling, "5"],
+            [f"No such option '{spelling}'", "Did you mean '-k'?"],
+            env.spec,
+        )
+
+    return build
+
+
 # -- store specs and search arguments -----------------------------------------------------------
 
 
@@ -850,6 +863,8 @@ CASES: list[Case] = [
     Case("export-target-not-an-export", export_target_not_an_export),
     Case("export-gamma-outside-0-1", export_gamma),
     Case("cli-unknown-mode", cli_unknown_mode, exit_code=2),
+    Case("search-top-k-for-k", search_long_k("--top-k"), exit_code=2),
+    Case("search-topk-for-k", search_long_k("--topk"), exit_code=2),
     # --- store specs and search arguments ----------------------------------------------------------------
     Case(
         "spec-unknown-scheme", spec_case("redis:localhost/scifact", "not understood", "faiss:DIR")

@@ -61,8 +61,35 @@ def test_no_tracked_file_holds_a_machine_path() -> None:
     assert not offenders, "\n".join(offenders)
 
 
+def quickstart_hint_commands() -> list[str]:
+    """The ``magretrieve`` commands examples/quickstart.py prints at its end (how to serve the
+    best store), for each kind of ending: a prior's store best, plain cosine best (then the
+    prior's store is offered too), a magnitude mode's store alone."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "quickstart_example", REPO / "examples" / "quickstart.py"
+    )
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = example  # dataclasses look their module up there
+    spec.loader.exec_module(example)
+    store = example.StoreResult
+    endings = [
+        [store("cosine", "faiss:out/index", 0.1, None), store("prior", "faiss:out/p", 0.2, "m(d)")],
+        [
+            store("cosine", "qdrant-edge:out/index", 0.2, None),
+            store("p", "qdrant-edge:out/p", 0.1, "m(d)"),
+        ],
+        [store("qnorm", "qdrant-local:out/index/scifact", 0.2, "‖d‖")],
+    ]
+    lines = [line for stores in endings for line in example.serve_hint("out/exported", stores)]
+    return [line.strip() for line in lines if line.strip().startswith("magretrieve ")]
+
+
 def printed_commands() -> list[tuple[str, str]]:
-    """(where, command) for every magretrieve / benchmark command in the docs people read."""
+    """(where, command) for every magretrieve / benchmark command in the docs people read,
+    and in the quickstart's closing hint."""
     sources = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     sources += sorted((REPO / "benchmarks" / "results").glob("*.md"))
     found = []
@@ -82,6 +109,7 @@ def printed_commands() -> list[tuple[str, str]]:
                     re.match(r"python benchmarks/\w+\.py( |$)", line)
                 ):
                     found.append((source.relative_to(REPO).as_posix(), line))
+    found += [("examples/quickstart.py", line) for line in quickstart_hint_commands()]
     return found
 
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+
+from tests.support.server import start_server
 
 #: Integration lane: runs examples/quickstart.py end to end in a subprocess.
 pytestmark = pytest.mark.integration
@@ -82,3 +86,34 @@ def test_quickstart_runs_every_step(
     for score, qn, dn, cos, offset in (tuple(map(float, row)) for row in rows):
         assert abs(score - (qn * dn * cos + offset)) < 0.01
     assert (tmp_path / "out" / "exported" / "magretrieve.json").is_file()
+    check_the_closing_hint_serves_magnitude(out, tmp_path, prior)
+
+
+def check_the_closing_hint_serves_magnitude(out: str, tmp_path: Path, prior: bool) -> None:
+    """The printed serve commands run as printed (on a free port): key-less, the page and
+    its API docs open, and the store the hint says shows magnitude does."""
+    hint = out[out.index("serve the best store") :].splitlines()
+    # the program is the magretrieve script beside the Python that ran the example
+    commands = [shlex.split(line) for line in hint if line.startswith("  ") and " serve " in line]
+    assert commands, hint
+    assert "API docs" in "\n".join(hint)
+    for command in commands:
+        assert Path(command[0]).name == "magretrieve" and Path(command[0]).is_file()
+        assert command[1] == "serve" and command[-2] == "--port"
+        assert "--api-key" not in command
+        export, args = command[2], command[3:-2]
+        server = start_server(Path(export), *args, key=None, log_dir=tmp_path)
+        try:
+            assert httpx.get(server.url + "/", timeout=30).status_code == 200
+            assert httpx.get(server.url + "/docs", timeout=30).status_code == 200  # no 401
+            hits = server.post("/search", {"query": "statins heart", "k": 12}).json()["hits"]
+        finally:
+            server.stop()
+        norms = {round(h["doc_norm"], 6) for h in hits}
+        offsets = {round(h["offset"], 6) for h in hits}
+        shows = len(norms) > 1 or offsets != {0.0}
+        spec = args[args.index("--store") + 1]
+        if spec.endswith("index-prior"):  # the prior's m(d), unless "no prior" won
+            assert shows or "none (cosine)" in out, hits
+        elif not prior:  # a magnitude mode: the document norms themselves
+            assert shows, hits
