@@ -51,3 +51,17 @@ def test_the_key_is_in_no_text_and_the_client_is_not_pickled() -> None:
         for dump in (pickle.dumps, copy.deepcopy):
             with pytest.raises(TypeError, match="not pickled: it holds the server's API key"):
                 dump(remote)
+
+
+def test_a_key_http_cannot_carry_and_a_closed_client_are_one_line_errors() -> None:
+    from magretrieve.core.errors import ConfigError
+    from magretrieve.serving.remote import RemoteEncoderError
+
+    for bad in ("kéy-1234", "key\n1234", "key\x001234"):
+        with pytest.raises(ConfigError, match="api_key must be printable ASCII") as e:
+            RemoteEncoder("http://127.0.0.1:1", bad)
+        assert bad not in str(e.value)
+    remote = RemoteEncoder("http://127.0.0.1:1", KEY)
+    remote.close()
+    with pytest.raises(RemoteEncoderError, match=r"^GET http://127\.0\.0\.1:1/info: this Remote"):
+        remote.info()
