@@ -46,6 +46,8 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "langchain_core": ("langchain-core", "langchain"),
     "llama_index": ("llama-index-core", "llama-index"),
     "haystack": ("haystack-ai", "haystack"),
+    # the remote embedding client of the three integrations (each of their extras has it)
+    "httpx": ("httpx", "langchain"),
     # the HTTP server
     "fastapi": ("fastapi", "server"),
     "starlette": ("starlette", "server"),

@@ -12,7 +12,8 @@ stores, and retrievers over a :class:`~magretrieve.serving.retriever.Retriever`.
   framework's store ranks by inner product (and warns when it drops the magnitude).
 
 The embeddings run an export in this process or call ``magretrieve serve``
-(:mod:`magretrieve.serving.remote`); queries go through the query graph, documents through the
+(:mod:`magretrieve.serving.remote`: one deadline per request, no redirect followed, the key
+in no text, dump or pickle); queries go through the query graph, documents through the
 document graph. The retrievers rank by the model's inner product and put ``id``, ``score``,
 ``doc_norm``, ``cosine`` (and the payload) in each result's metadata. Nothing here is imported
 by ``import magretrieve``. See docs/integrations.md.

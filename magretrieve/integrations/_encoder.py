@@ -55,7 +55,9 @@ class LazyEncoder:
     on first use.
 
     ``api_key`` is called when the remote encoder opens (a Haystack ``Secret`` or a pydantic
-    ``SecretStr`` is resolved then, not kept as text by the framework object).
+    ``SecretStr`` is resolved then, not kept as text by the framework object). A pickle holds
+    the source without the key or the opened encoder: the framework object that owns this one
+    builds it anew from its own key when unpickled. A deep copy keeps the key, unopened.
     """
 
     def __init__(
@@ -76,6 +78,23 @@ class LazyEncoder:
     @property
     def remote(self) -> bool:
         return self.url is not None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "api_key": None, "_encoder": None, "_lock": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> LazyEncoder:
+        return LazyEncoder(
+            self.export_dir,
+            self.url,
+            api_key=self.api_key,
+            threads=self.threads,
+            runtime=self.runtime,
+            timeout=self.timeout,
+        )
 
     def get(self, side: str) -> Any:
         """The opened encoder; in local mode the side's graph is loaded and checked once."""

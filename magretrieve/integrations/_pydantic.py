@@ -68,7 +68,12 @@ def _vectors(vectors: Any) -> list[list[float]]:
 class EncoderSource(CheckedFields, BaseModel):
     """The source of a framework embedding model: ``export_dir`` (encoded in this process by
     the export's shared engine; ``threads``, ``runtime`` as for ``OnnxEncoder``) or ``url`` (a
-    ``magretrieve serve`` base URL with ``api_key``; ``timeout`` seconds per request)."""
+    ``magretrieve serve`` base URL with ``api_key``; ``timeout`` seconds per request).
+
+    ``api_key`` is never serialized: not by ``model_dump``/``to_dict``, and not by pickle (a
+    framework that pickles the model for worker processes gets one without the key, which
+    reads ``$MAGRETRIEVE_API_KEY`` in the process that unpickles it).
+    """
 
     _field_checks = {"threads": check_threads, "timeout": check_timeout}
 
@@ -92,6 +97,22 @@ class EncoderSource(CheckedFields, BaseModel):
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
+        self._open_source()
+
+    def __getstate__(self) -> dict[Any, Any]:
+        state = super().__getstate__()
+        state["__dict__"] = {k: v for k, v in state["__dict__"].items() if k != "api_key"}
+        return state
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__(state)
+        if "api_key" not in self.__dict__:  # the default: $MAGRETRIEVE_API_KEY, read here
+            field = type(self).model_fields["api_key"]
+            self.__dict__["api_key"] = field.get_default(call_default_factory=True)
+        self._open_source()
+
+    def _open_source(self) -> None:
+        """The lazily opened encoder of these fields (the key resolved when it opens)."""
         key = self.api_key
         self._encoder = LazyEncoder(
             self.export_dir,

@@ -24,7 +24,9 @@ The embedders encode in this process (``export_dir``) or call a running server (
 described by plain values and ``Secret``\ s, so ``to_dict``/``from_dict`` and Pipeline YAML
 round-trip and never hold a credential: a store spec or store option given as a plain string
 is written with its credentials masked (a pipeline loaded from it refuses to start and says how
-to pass them), one given as ``Secret.from_env_var(...)`` is written as the variable's name.
+to pass them), one given as ``Secret.from_env_var(...)`` is written as the variable's name. A
+pickled embedder holds no key either: a ``Secret.from_token`` becomes
+``$MAGRETRIEVE_API_KEY``, read where it is unpickled.
 The ONNX sessions, the server's ``/info`` and the store open in ``warm_up`` (which a Pipeline
 calls) or on the first run. A Haystack document store keeps the magnitude only if it ranks by
 dot product (docs/integrations.md). Haystack 2.x and 3.x; 3.x loads a pipeline of these
@@ -46,6 +48,7 @@ require("haystack")
 
 from haystack import Document, component, default_from_dict, default_to_dict  # noqa: E402
 from haystack.utils import Secret, deserialize_secrets_inplace  # noqa: E402
+from haystack.utils.auth import SecretType  # noqa: E402
 
 from magretrieve.core.env import API_KEY_ENV  # noqa: E402
 from magretrieve.core.errors import ConfigError  # noqa: E402
@@ -103,14 +106,41 @@ class _Embedder:
         self.runtime = runtime
         self.api_key = _check_secret(api_key, "api_key")
         self.timeout = check_timeout(timeout)
+        self._open_source()
+
+    def _open_source(self) -> None:
+        """The lazily opened encoder (the ``Secret`` resolved when it opens)."""
         self._encoder = LazyEncoder(
             self.export_dir,
             self.url,
             api_key=self.api_key.resolve_value,
             threads=self.threads,
-            runtime=runtime,
+            runtime=self.runtime,
             timeout=self.timeout,
         )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The embedder without its opened encoder, and without a key held as a value: a
+        ``Secret.from_token`` is pickled as ``Secret.from_env_var("MAGRETRIEVE_API_KEY")``,
+        read in the process that unpickles it (an env-var ``Secret`` is kept: its name)."""
+        state = {k: v for k, v in self.__dict__.items() if k != "_encoder"}
+        if self.api_key.type is not SecretType.ENV_VAR:
+            state["api_key"] = Secret.from_env_var(API_KEY_ENV, strict=False)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open_source()
+
+    def __deepcopy__(self: _E, memo: dict[int, Any]) -> _E:
+        """A copy in this process keeps the key (``Secret`` and all), its encoder unopened."""
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        clone.__dict__.update(
+            {k: copy.deepcopy(v, memo) for k, v in self.__dict__.items() if k != "_encoder"}
+        )
+        clone._open_source()
+        return clone
 
     def warm_up(self) -> None:
         """Open the export's graph of this embedder's side, or read the server's ``/info`` (a

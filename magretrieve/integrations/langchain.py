@@ -69,15 +69,19 @@ class MagRetrieveEmbeddings(EncoderSource, Embeddings):
 
     Give ``export_dir`` (encoded in this process; ``threads``, ``runtime`` as for
     ``OnnxEncoder``) or ``url`` (a ``magretrieve serve`` base URL; ``api_key`` defaults to
-    ``$MAGRETRIEVE_API_KEY``, requests follow the server's limits). ``batch_size`` caps the
+    ``$MAGRETRIEVE_API_KEY`` and never serialized or pickled, requests follow the server's
+    limits). ``batch_size`` caps the
     texts per call to the export's engine or per request (None: ``max_inputs``).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     _field_checks = {**EncoderSource._field_checks, "batch_size": _check_batch_size}
 
-    api_key: SecretStr | None = Field(default_factory=secret_from_env(API_KEY_ENV, default=None))
-    """The server's key (remote mode); default ``$MAGRETRIEVE_API_KEY``."""
+    api_key: SecretStr | None = Field(
+        default_factory=secret_from_env(API_KEY_ENV, default=None), exclude=True
+    )
+    """The server's key (remote mode); default ``$MAGRETRIEVE_API_KEY``; never serialized (a
+    pickle holds no key: the process that unpickles it reads ``$MAGRETRIEVE_API_KEY``)."""
     batch_size: int | None = None
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:

@@ -54,7 +54,8 @@ class MagRetrieveEmbedding(EncoderSource, BaseEmbedding):
 
     Give ``export_dir`` (encoded in this process; ``threads``, ``runtime`` as for
     ``OnnxEncoder``) or ``url`` (a ``magretrieve serve`` base URL; ``api_key`` defaults to
-    ``$MAGRETRIEVE_API_KEY`` and is never serialized). LlamaIndex hands
+    ``$MAGRETRIEVE_API_KEY`` and is never serialized: a pickle, such as the copies
+    ``IngestionPipeline.run(num_workers=...)`` sends its workers, reads it there). LlamaIndex hands
     ``_get_text_embeddings`` ``embed_batch_size`` texts at a time; a remote call splits them
     further to the server's ``max_inputs``.
     """

@@ -8,9 +8,19 @@ encoding surface, so the framework integrations embed in-process or remotely ali
 Each call posts to ``POST /v1/embeddings`` with ``input_type`` set to the side (never guessed),
 asks for base64 (the exact float32 bytes the server computed) and splits the texts into
 requests the server accepts: at most ``limits.max_inputs`` texts and ``limits.max_body_bytes``
-bytes each, read once from ``GET /info``. A refusal or an unreachable server is one
-:class:`RemoteEncoderError` holding the server's own message; the API key never appears in a
-message or a ``repr``. Standard library only (``urllib``): no torch, no extra package.
+bytes each, read once from ``GET /info``.
+
+The transport is httpx (imported when a client is made, so ``import magretrieve`` and the
+in-process integrations never load it), held to what a client carrying a key must do:
+
+- ``timeout`` is one deadline per request, across connecting, sending and every read of the
+  answer: a server that trickles its body or stalls between phases is given up on at
+  ``timeout``, not ``timeout`` per phase;
+- the key is sent to ``url`` only: no redirect is followed (a 3xx is an error naming its
+  ``Location``), so no other host, port or scheme ever receives it;
+- every refusal, transport failure or malformed answer is one :class:`RemoteEncoderError`
+  naming the request's URL, holding the server's own message when it sent one; the key is in
+  no message, ``repr`` or log record, and the client refuses to be pickled.
 """
 
 from __future__ import annotations
@@ -19,20 +29,23 @@ import base64
 import json
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
 from magretrieve.core.config import SIDES
 from magretrieve.core.errors import ConfigError, MagRetrieveError
+from magretrieve.core.extras import require
 from magretrieve.core.redact import redact, remember_secrets
 from magretrieve.core.text import blank, lone_surrogate
 
-#: Seconds one request may take before the call gives up.
+if TYPE_CHECKING:
+    import httpx
+
+#: Seconds one request may take, from connecting to the answer's last byte.
 DEFAULT_TIMEOUT = 60.0
 #: Times a request answered 503 (queue full, server draining) is sent again, after the
 #: server's ``Retry-After`` (at most :data:`MAX_RETRY_WAIT` seconds).
@@ -43,7 +56,9 @@ BODY_SHARE = 0.9
 
 
 class RemoteEncoderError(MagRetrieveError):
-    """The server refused a request or could not be reached; the message is the server's."""
+    """The server refused a request, could not be reached, gave no answer within the timeout,
+    redirected, or answered something that is not a magretrieve answer; the message names the
+    request's URL (and holds the server's own message when it sent one)."""
 
 
 def check_url(url: Any) -> str:
@@ -70,6 +85,8 @@ def check_api_key(api_key: Any) -> str | None:
         raise ConfigError(f"api_key must be a string, got {type(api_key).__name__}")
     if not api_key.strip() or api_key != api_key.strip():
         raise ConfigError("api_key is empty or begins or ends with whitespace")
+    if not (api_key.isascii() and api_key.isprintable()):
+        raise ConfigError("api_key must be printable ASCII: it is sent as an HTTP header")
     remember_secrets(options={"api_key": api_key})
     return api_key
 
@@ -78,8 +95,10 @@ class RemoteEncoder:
     """Encodes queries and documents with the graphs of a ``magretrieve serve`` process.
 
     ``url`` is the server's base URL, ``api_key`` its key (None for a server started without
-    one), ``timeout`` seconds per request, ``model`` the id sent in each request (None: the
-    server's own). Safe to share between threads.
+    one; sent to ``url`` only), ``timeout`` seconds per request from connecting to the last
+    byte of the answer, ``model`` the id sent in each request (None: the server's own). Safe to
+    share between threads; :meth:`close` (or ``with``) closes its connections. Not picklable:
+    it holds the key (the framework classes pickle without it).
     """
 
     def __init__(
@@ -98,10 +117,27 @@ class RemoteEncoder:
         if model is not None and not isinstance(model, str):
             raise ConfigError(f"model must be a string, got {type(model).__name__}")
         self.model = model
+        self._http = _client(self.timeout)
         self._info: dict[str, Any] | None = None
         self._lock = threading.Lock()
         #: Texts the server cut at the side's max length in the most recent call.
         self.last_truncated = 0
+
+    def close(self) -> None:
+        """Close the pooled connections; the encoder sends no request after."""
+        self._http.close()
+
+    def __enter__(self) -> RemoteEncoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            "a RemoteEncoder is not pickled: it holds the server's API key; pickle the "
+            "framework object (it re-reads $MAGRETRIEVE_API_KEY) or make one per process"
+        )
 
     # ------------------------------------------------------------------ the server's facts
 
@@ -110,9 +146,10 @@ class RemoteEncoder:
         with self._lock:
             if self._info is None:
                 answer = self._request("GET", "/info")
-                if not isinstance(answer, dict) or "dimension" not in answer:
+                problem = _info_problem(answer)
+                if problem:
                     raise RemoteEncoderError(
-                        f"{self.url}/info did not answer like a magretrieve server"
+                        f"{self.url}/info did not answer like a magretrieve server ({problem})"
                     )
                 self._info = answer
             return self._info
@@ -199,15 +236,27 @@ class RemoteEncoder:
             )
         dim = self.dim
         vectors = np.zeros((len(texts), dim), dtype=np.float32)
+        seen: set[int] = set()
         cut = 0
-        for item in data:
-            index = int(item["index"])
-            vector = decode_embedding(item["embedding"])
+        for n, item in enumerate(data):
+            where = f"{self.url}/v1/embeddings answered"
+            try:
+                index, vector = item["index"], decode_embedding(item["embedding"])
+            except (TypeError, KeyError, ValueError) as exc:  # binascii.Error is a ValueError
+                raise RemoteEncoderError(
+                    f"{where} item #{n} without an index and a float32 embedding: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
+            if isinstance(index, bool) or not isinstance(index, int):
+                raise RemoteEncoderError(f"{where} item #{n} with index {index!r}")
+            if not 0 <= index < len(texts) or index in seen:
+                twice = " twice" if index in seen else f" for {len(texts)} texts"
+                raise RemoteEncoderError(f"{where} index {index}{twice}")
             if vector.shape != (dim,):
                 raise RemoteEncoderError(
-                    f"{self.url}/v1/embeddings answered a vector of dimension {vector.shape[0]}; "
-                    f"its /info says {dim}"
+                    f"{where} a vector of dimension {vector.size}; its /info says {dim}"
                 )
+            seen.add(index)
             vectors[index] = vector
             cut += bool(item.get("truncated"))
         return vectors, cut
@@ -215,6 +264,7 @@ class RemoteEncoder:
     # ------------------------------------------------------------------ HTTP
 
     def _request(self, method: str, path: str, body: Any = None) -> Any:
+        """The JSON answer of one request (sent again after a 503, as ``Retry-After`` says)."""
         data = json.dumps(body).encode("utf-8") if body is not None else None
         headers = {"Accept": "application/json"}
         if data is not None:
@@ -222,36 +272,141 @@ class RemoteEncoder:
         if self._api_key is not None:
             headers["Authorization"] = f"Bearer {self._api_key}"
         where = f"{method} {self.url}{path}"
+        if self._http.is_closed:
+            raise RemoteEncoderError(f"{where}: this RemoteEncoder is closed")
         for attempt in range(RETRIES_503 + 1):
-            request = urllib.request.Request(
-                self.url + path, data=data, headers=headers, method=method
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    raw = response.read()
+            answer = self._exchange(method, self.url + path, data, headers, where)
+            if answer.status != 503 or attempt == RETRIES_503:
                 break
-            except urllib.error.HTTPError as exc:
-                raw = exc.read()
-                if exc.code == 503 and attempt < RETRIES_503:
-                    time.sleep(_retry_after(exc.headers.get("Retry-After")))
-                    continue
-                raise RemoteEncoderError(
-                    f"{where} answered {exc.code}: {_server_message(raw, exc.reason)}"
-                ) from None
-            except urllib.error.URLError as exc:
-                raise RemoteEncoderError(f"cannot reach {where}: {exc.reason}") from None
-            except TimeoutError:
-                raise RemoteEncoderError(f"{where}: no answer within {self.timeout:g} s") from None
-            except OSError as exc:
-                raise RemoteEncoderError(f"{where}: {exc}") from None
+            time.sleep(_retry_after(answer.headers.get("retry-after")))
+        if 300 <= answer.status < 400:
+            location = answer.headers.get("location")
+            if not location:
+                raise RemoteEncoderError(f"{where} answered {answer.status} without a Location")
+            target = urllib.parse.urljoin(self.url + path, location)[:300]
+            raise RemoteEncoderError(
+                f"{where} answered {answer.status}, a redirect to {target}: not followed (the "
+                f"key is sent to {self.url} only); give the server's own address as url"
+            )
+        if not 200 <= answer.status < 300:
+            message = _server_message(answer.body, answer.reason)
+            raise RemoteEncoderError(f"{where} answered {answer.status}: {message}")
         try:
-            return json.loads(raw)
+            return json.loads(answer.body)
         except ValueError:
             raise RemoteEncoderError(f"{where} did not answer JSON") from None
+
+    def _exchange(
+        self, method: str, url: str, data: bytes | None, headers: dict[str, str], where: str
+    ) -> _Answer:
+        """One request and its whole answer, within :attr:`timeout` seconds from now.
+
+        httpx's timeouts bound each phase (connect, each write, each read) on its own, so a
+        body trickled a byte at a time would never end; the request runs in a worker thread
+        that this one waits for until the deadline, and the worker stops reading at it too.
+        """
+        deadline = time.monotonic() + self.timeout
+        outcome: list[_Answer | BaseException] = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                outcome.append(self._send(method, url, data, headers, deadline))
+            except BaseException as exc:  # handed to the waiting thread
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="magretrieve-remote", daemon=True).start()
+        if not done.wait(max(deadline - time.monotonic(), 0.0)) or not outcome:
+            raise RemoteEncoderError(f"{where}: no complete answer within {self.timeout:g} s")
+        result = outcome[0]
+        if isinstance(result, BaseException):
+            raise _transport_error(result, where, self.timeout)
+        return result
+
+    def _send(
+        self, method: str, url: str, data: bytes | None, headers: dict[str, str], deadline: float
+    ) -> _Answer:
+        response = self._http.send(
+            self._http.build_request(method, url, content=data, headers=headers), stream=True
+        )
+        try:
+            chunks = []
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                if time.monotonic() > deadline:  # the caller has given up: stop reading
+                    raise TimeoutError
+            return _Answer(
+                response.status_code, response.reason_phrase, response.headers, b"".join(chunks)
+            )
+        finally:
+            response.close()
 
     def __repr__(self) -> str:
         key = "set" if self._api_key else "none"
         return f"RemoteEncoder({self.url}, api_key={key}, timeout={self.timeout:g})"
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """One HTTP answer, read whole."""
+
+    status: int
+    reason: str
+    headers: httpx.Headers
+    body: bytes
+
+
+def _client(timeout: float) -> httpx.Client:
+    """An httpx client that follows no redirect; each phase bounded by ``timeout`` too."""
+    require(
+        "httpx",
+        what="the remote embedding client",
+        extra="langchain",
+        hint="or 'magretrieve[llama-index]' or 'magretrieve[haystack]'",
+    )
+    import httpx
+
+    return httpx.Client(timeout=httpx.Timeout(timeout), follow_redirects=False)
+
+
+def _transport_error(exc: BaseException, where: str, timeout: float) -> BaseException:
+    """The :class:`RemoteEncoderError` of a failed exchange (a bug is returned unchanged)."""
+    import httpx
+
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, (httpx.TimeoutException, TimeoutError)):
+        return RemoteEncoderError(f"{where}: no complete answer within {timeout:g} s")
+    if isinstance(exc, httpx.ConnectError):
+        return RemoteEncoderError(f"cannot reach {where}: {text}")
+    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
+        return RemoteEncoderError(f"{where}: the answer broke off or is not HTTP ({text})")
+    if isinstance(exc, (httpx.HTTPError, httpx.StreamError, OSError)):
+        return RemoteEncoderError(f"{where}: {type(exc).__name__}: {text}")
+    return exc
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _info_problem(answer: Any) -> str | None:
+    """What keeps ``answer`` from being a magretrieve ``/info``, None when nothing does."""
+    if not isinstance(answer, dict):
+        return f"a JSON {type(answer).__name__}, not an object"
+    if not _positive_int(answer.get("dimension")):
+        return f"dimension {answer.get('dimension')!r}"
+    limits = answer.get("limits") or {}
+    if not isinstance(limits, dict):
+        return f"limits {limits!r}"
+    for name in ("max_inputs", "max_body_bytes"):
+        if limits.get(name) is not None and not _positive_int(limits[name]):
+            return f"limits.{name} {limits[name]!r}"
+    batch = answer.get("max_client_batch_size")
+    if batch is not None and not _positive_int(batch):
+        return f"max_client_batch_size {batch!r}"
+    return None
 
 
 def check_text(text: Any, position: int) -> None:
@@ -282,9 +437,15 @@ def check_texts(texts: Sequence[str], side: str) -> list[str]:
 
 
 def decode_embedding(value: Any) -> np.ndarray:
-    """One vector from an ``embedding`` field: base64 little-endian float32, or a number list."""
+    """One vector from an ``embedding`` field: base64 little-endian float32, or a number list
+    (ValueError for anything else)."""
     if isinstance(value, str):
-        return np.frombuffer(base64.b64decode(value), dtype="<f4").astype(np.float32)
+        raw = base64.b64decode(value, validate=True)
+        return np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    if not isinstance(value, list) or not all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in value
+    ):
+        raise ValueError("not base64 float32 or a list of numbers")
     return np.asarray(value, dtype=np.float32)
 
 

@@ -376,3 +376,52 @@ def test_remote_requests_are_split_by_the_servers_text_and_byte_limits():
     )
     assert decode_embedding([1.5, -2.0, 0.0, 3.25]).tolist() == vec.tolist()
     assert "S3CRkey-value" not in repr(remote)
+
+
+def test_remote_framework_objects_keep_the_key_out_of_text_and_pickles(monkeypatch):
+    """No repr, str, dump or pickle of a framework's remote object holds the key; unpickled, the
+    object reads ``$MAGRETRIEVE_API_KEY`` where it is unpickled; a copy in this process keeps it.
+    (The same against a real server and in LlamaIndex's worker processes: test_framework_remote.)"""
+    import copy
+    import pickle
+
+    from haystack.utils import Secret
+
+    from magretrieve.integrations.haystack import (
+        MagRetrieveDocumentEmbedder,
+        MagRetrieveTextEmbedder,
+    )
+
+    key, url = "S3CRpickled-key-1234", "http://127.0.0.1:1"
+    monkeypatch.delenv("MAGRETRIEVE_API_KEY", raising=False)
+    objects = [
+        MagRetrieveEmbeddings(url=url, api_key=key),
+        MagRetrieveEmbedding(url=url, api_key=key),
+        MagRetrieveTextEmbedder(url=url, api_key=Secret.from_token(key)),
+        MagRetrieveDocumentEmbedder(url=url, api_key=Secret.from_token(key)),
+    ]
+
+    def sent(obj) -> str | None:
+        """The key the object's client sends (the client is made, no request is)."""
+        return obj._encoder.get("query")._api_key
+
+    for obj in objects:
+        name = type(obj).__name__
+        assert sent(obj) == key, name
+        texts = [repr(obj), str(obj)]
+        if hasattr(obj, "model_dump_json"):
+            texts += [obj.model_dump_json(), repr(obj.model_dump())]
+        if hasattr(obj, "to_json"):
+            texts.append(obj.to_json())
+        assert not any(key in t for t in texts), name
+        blob = pickle.dumps(obj)
+        assert key.encode() not in blob, name
+        assert sent(pickle.loads(blob)) is None, name  # no key in this environment
+        monkeypatch.setenv("MAGRETRIEVE_API_KEY", "S3CRworker-key")
+        assert sent(pickle.loads(blob)) == "S3CRworker-key", name
+        monkeypatch.delenv("MAGRETRIEVE_API_KEY")
+        assert sent(copy.deepcopy(obj)) == key, name
+    # a key named by its variable stays that variable through a pickle
+    named = MagRetrieveTextEmbedder(url=url, api_key=Secret.from_env_var("MR_TEST_OTHER_KEY"))
+    monkeypatch.setenv("MR_TEST_OTHER_KEY", "S3CRother-key")
+    assert sent(pickle.loads(pickle.dumps(named))) == "S3CRother-key"

@@ -3,6 +3,9 @@
 ``RemoteEncoder`` and the LangChain, LlamaIndex and Haystack classes built from a URL must give
 the vectors ``OnnxEncoder`` gives in process (each side its own graph), split their requests to
 the server's ``max_inputs``, and surface the server's refusals as one error without the key.
+Each framework object pickles without the key and, unpickled (in LlamaIndex's multi-worker
+ingestion: in spawned worker processes), embeds with ``$MAGRETRIEVE_API_KEY``; none follows a
+redirect to another origin (a hostile server, tests/support/hostile.py).
 End to end: a LangChain app with ``MagRetrieveEmbeddings`` in remote mode over ``PGVector``
 (max inner product, a real PostgreSQL) ranks the corpus exactly as ``magretrieve search`` does.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -24,6 +28,7 @@ import numpy as np
 import pytest
 
 from magretrieve.serving.remote import RemoteEncoder, RemoteEncoderError
+from tests.support.hostile import RawServer, redirect_to, well_behaved
 from tests.support.server import KEY, SERVE, free_port, start_server
 
 pytestmark = pytest.mark.integration
@@ -205,6 +210,82 @@ def test_haystack_remote_pipelines_rank_as_the_retriever(
             hits = reference.search(text, k=5)
             assert [d.id for d in found] == [h.id for h in hits]
             assert [d.score for d in found] == pytest.approx([h.score for h in hits], abs=1e-4)
+
+
+# ----------------------------------------------------------------------------- the key
+
+
+def remote_objects(url: str, key: str) -> dict[str, object]:
+    """Each framework's remote embedding object, the key given as a value (not from the env)."""
+    from haystack.utils import Secret
+
+    from magretrieve.integrations.haystack import MagRetrieveTextEmbedder
+    from magretrieve.integrations.langchain import MagRetrieveEmbeddings
+    from magretrieve.integrations.llama_index import MagRetrieveEmbedding
+
+    return {
+        "langchain": MagRetrieveEmbeddings(url=url, api_key=key, timeout=5),
+        "llama_index": MagRetrieveEmbedding(url=url, api_key=key, timeout=5),
+        "haystack": MagRetrieveTextEmbedder(url=url, api_key=Secret.from_token(key), timeout=5),
+    }
+
+
+def embed_query(name: str, obj, text: str):
+    if name == "langchain":
+        return obj.embed_query(text)
+    if name == "llama_index":
+        return obj.get_query_embedding(text)
+    return obj.run(text=text)["embedding"]
+
+
+def test_pickled_framework_objects_hold_no_key_and_embed_with_the_environments(
+    server, encoder, monkeypatch
+):
+    monkeypatch.delenv("MAGRETRIEVE_API_KEY", raising=False)
+    objects = remote_objects(server.url, KEY)
+    blob = pickle.dumps(objects)
+    assert KEY.encode() not in blob
+    # this process has no key: each unpickled object is refused by the server, the key unsaid
+    for name, obj in pickle.loads(blob).items():
+        with pytest.raises(RemoteEncoderError, match="answered 401") as e:
+            embed_query(name, obj, QUERIES[0])
+        assert KEY not in str(e.value), name
+    # with $MAGRETRIEVE_API_KEY set (a worker's environment) they embed as the originals do
+    monkeypatch.setenv("MAGRETRIEVE_API_KEY", KEY)
+    want = encoder.encode_queries([QUERIES[2]])[0]
+    for name, obj in pickle.loads(blob).items():
+        close(embed_query(name, obj, QUERIES[2]), want)
+        close(embed_query(name, objects[name], QUERIES[2]), want)
+    with pytest.raises(TypeError, match="not pickled: it holds the server's API key"):
+        pickle.dumps(RemoteEncoder(server.url, KEY))
+
+
+def test_llama_index_multi_worker_ingestion_embeds_with_the_environments_key(
+    server, encoder, texts, monkeypatch
+):
+    """What LlamaIndex does with ``num_workers``: pickle the embed model into spawned workers."""
+    from llama_index.core import Document as LlamaDocument
+    from llama_index.core.ingestion import IngestionPipeline
+
+    from magretrieve.integrations.llama_index import MagRetrieveEmbedding
+
+    monkeypatch.setenv("MAGRETRIEVE_API_KEY", KEY)
+    pipeline = IngestionPipeline(transformations=[MagRetrieveEmbedding(url=server.url)])
+    docs = [LlamaDocument(text=t, id_=f"d{n}") for n, t in enumerate(texts[:6])]
+    nodes = pipeline.run(documents=docs, num_workers=2)
+    got = {n.node_id: n.embedding for n in nodes}
+    close([got[f"d{n}"] for n in range(6)], encoder.encode_documents(texts[:6]))
+
+
+@pytest.mark.parametrize("framework", ["langchain", "llama_index", "haystack"])
+def test_framework_objects_follow_no_redirect_to_another_origin(framework):
+    with RawServer(well_behaved) as target:
+        with RawServer(redirect_to(target.url + "/info", 302)) as redirector:
+            obj = remote_objects(redirector.url, KEY)[framework]
+            with pytest.raises(RemoteEncoderError, match=r"answered 302, a redirect to") as e:
+                embed_query(framework, obj, "q")
+        assert target.seen == [], framework  # the key never left for the other port
+    assert f"{target.url}/info" in str(e.value) and KEY not in str(e.value)
 
 
 # ----------------------------------------------------------------------------- end to end
