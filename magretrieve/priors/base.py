@@ -177,6 +177,8 @@ class DocumentPrior:
     has_offset: ClassVar[bool] = False
     #: Does it carry a bank of training queries (so its selection must be cross-fitted)?
     uses_query_bank: ClassVar[bool] = False
+    #: Does it read each document's payload fields (bound by :meth:`with_fields`)?
+    uses_fields: ClassVar[bool] = False
     #: Where it was read from (a file name), for error messages.
     source: str = "prior"
 
@@ -195,6 +197,12 @@ class DocumentPrior:
 
     def with_bank(self, bank: np.ndarray | None) -> DocumentPrior:
         """This prior with another query bank (query-bank priors); others return themselves."""
+        return self
+
+    def with_fields(self, fields: Any) -> DocumentPrior:
+        """This prior reading the payloads ``fields`` (a
+        :class:`~magretrieve.priors.document_fields.DocumentFields` aligned with the vectors
+        given next); priors of the vectors alone return themselves."""
         return self
 
     def fit_corpus(self, units: np.ndarray) -> None:
