@@ -27,7 +27,8 @@ from magretrieve.cli._group import main
     help="auto (every method, every numeric document field, and the best combinations), none, "
     "hub, csls, csls-queries, csls-corpus, inverted-softmax, center, field:NAME (a numeric "
     "document field; field:_length is the document's length in words; optionally "
-    "field:NAME:TRANSFORM[:MISSING]), or a combination such as hub+field:citations.",
+    "field:NAME:TRANSFORM[:MISSING]), fields (the best numeric field), or a combination such "
+    "as hub+field:citations.",
 )
 @click.option(
     "--eval",

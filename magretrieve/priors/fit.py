@@ -90,7 +90,12 @@ def check_fields(method: str, fields: DocumentFields) -> None:
     if method == "auto":
         return
     for part in method.split("+"):
-        if part.startswith("field"):
+        if part == "fields":  # only fields that can be used are tried
+            if not fields.numeric_fields():
+                raise ConfigError(
+                    "prior method 'fields': no document has a numeric field that varies"
+                )
+        elif part.startswith("field"):
             candidates = grid(part, fields)
             first = candidates[0].with_fields(fields)
             first.fit_fields()  # type: ignore[attr-defined]

@@ -26,12 +26,16 @@ FOLDS = 5
 
 
 def grid(method: str, fields: Any = None) -> list[DocumentPrior]:
-    """Candidates of one method (a :data:`REGISTRY` name, a :data:`VARIANTS` name, or
-    ``field:NAME[:TRANSFORM[:MISSING]]``; ``fields``, the corpus's
-    :class:`~magretrieve.priors.document_fields.DocumentFields`, narrows a field's grid)."""
+    """Candidates of one method (a :data:`REGISTRY` name, a :data:`VARIANTS` name,
+    ``field:NAME[:TRANSFORM[:MISSING]]``, or ``fields``: every numeric field of ``fields``, the
+    corpus's :class:`~magretrieve.priors.document_fields.DocumentFields`, which also narrows
+    a field's grid)."""
     from magretrieve.priors import REGISTRY, VARIANTS
     from magretrieve.priors.field import FieldPrior, parse_spec
 
+    if method == "fields":  # every numeric field of the corpus (none known without one)
+        names = fields.numeric_fields() if fields is not None else []
+        return [p for name in names for p in FieldPrior.grid(field=name, fields=fields)]
     if method.startswith("field"):
         name, transform, missing = parse_spec(method)
         return FieldPrior.grid(field=name, transform=transform, missing=missing, fields=fields)
@@ -40,7 +44,9 @@ def grid(method: str, fields: Any = None) -> list[DocumentPrior]:
         return REGISTRY[name].grid(**options)
     if method in REGISTRY:
         return REGISTRY[method].grid()
-    known = ", ".join(["auto", *(m for m in REGISTRY if m != "field"), *VARIANTS, "field:NAME"])
+    known = ", ".join(
+        ["auto", *(m for m in REGISTRY if m != "field"), *VARIANTS, "field:NAME", "fields"]
+    )
     raise ConfigError(
         f"unknown prior method {method!r}; choose one of {known}, or a combination a+b"
     )
@@ -250,6 +256,9 @@ def _choose(
     singles = {m: list((grids or {}).get(m) or grid(m, fields)) for m in methods}
     if fields is not None:  # field priors read the training corpus's payloads
         singles = {m: [p.with_fields(fields) for p in c] for m, c in singles.items()}
+    empty = [m for m, c in singles.items() if not c]
+    if empty:
+        raise ConfigError(f"prior method {empty[0]!r}: the corpus has no numeric field to try")
     best_of: dict[str, tuple[float, DocumentPrior]] = {}
     total = sum(len(c) for c in singles.values())
     bar = tqdm(total=total, desc="choosing a prior", unit="candidate", disable=not progress)
@@ -308,6 +317,10 @@ class CrossFit:
     chosen: list[str]
     per_query_cosine: dict[str, float] = field(default_factory=dict)
     per_query_prior: dict[str, float] = field(default_factory=dict)
+    #: The prior each fold was ranked with (fold order).
+    priors: list[DocumentPrior] = field(default_factory=list)
+    #: Each fold's query ids (fold order).
+    fold_qids: list[list[str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -339,13 +352,15 @@ def cross_fit(
     seed: int = 0,
     grids: Mapping[str, Sequence[DocumentPrior]] | None = None,
     fields: Any = None,
+    memo: dict[int, dict[str, float]] | None = None,
 ) -> CrossFit:
     """Held-out NDCG@10 of choosing a prior, for a collection with one judged split.
 
     Queries are dealt into ``folds`` folds (a permutation seeded by ``seed``); each fold is
     ranked, as a store serves it, by the prior chosen on the other folds' queries, so no query
     takes part in choosing the prior it is scored with. Plain cosine is scored on the same
-    queries.
+    queries. ``memo`` (fold -> label -> training NDCG@10) lets calls with the same queries,
+    folds and seed but another ``method`` skip the candidates already scored.
     """
     n = len(qids)
     if n < 2:
@@ -359,13 +374,18 @@ def cross_fit(
     fold_of = np.random.default_rng(seed).permutation(n) % k
     run: dict[str, dict[str, float]] = {}
     chosen: list[str] = []
+    priors: list[DocumentPrior] = []
+    fold_qids: list[list[str]] = []
     with hub_scores_reused(d):
         for f in range(k):
             held = [int(i) for i in np.flatnonzero(fold_of == f)]
             rest = [int(i) for i in np.flatnonzero(fold_of != f)]
+            fold_memo = None if memo is None else memo.setdefault(f, {})
             sel = _choose(q[rest], d, [qids[i] for i in rest], doc_ids, qrels, method,
-                          "other query folds", False, grids, True, None, fields)  # fmt: skip
+                          "other query folds", False, grids, True, fold_memo, fields)  # fmt: skip
             chosen.append(sel.prior.label())
+            priors.append(sel.prior)
+            fold_qids.append([qids[i] for i in held])
             qv, stored = _served_vectors(sel.prior, q[held], d)
 
             def block(rows: slice, qv: np.ndarray = qv, stored: np.ndarray = stored) -> np.ndarray:
@@ -382,4 +402,6 @@ def cross_fit(
         chosen,
         cosine,
         with_prior,
+        priors,
+        fold_qids,
     )

@@ -363,3 +363,24 @@ def test_stored_vectors_of_a_multiplier_field_prior_need_no_offset() -> None:
     np.testing.assert_allclose(
         np.linalg.norm(out, axis=1), np.exp(0.1 * standardized([0, 3, 3, 7])), rtol=1e-5
     )
+
+
+def test_fields_method_tries_every_numeric_field() -> None:
+    q, d, qids, doc_ids, qrels, f = topic_corpus([True] * 4)
+    extra = DocumentFields(doc_ids, [{**p, "noise": i % 3} for i, p in enumerate(f.payloads)])
+    sel = choose_prior(q, d, qids, doc_ids, qrels, method="fields", fields=extra)
+    assert {k.split(",")[0] for k in sel.grid if k.startswith("field(")} == {
+        "field(pop",
+        "field(noise",
+    }
+    assert sel.prior.label().startswith("field(pop")
+    both = choose_prior(q, d, qids, doc_ids, qrels, method="hub+fields", fields=extra)
+    assert any(k.startswith("hub(") and "+field(" in k for k in both.grid)
+    memo: dict[int, dict[str, float]] = {}
+    first = cross_fit(q, d, qids, doc_ids, qrels, method="fields", folds=2, fields=extra, memo=memo)
+    again = cross_fit(q, d, qids, doc_ids, qrels, method="fields", folds=2, fields=extra, memo=memo)
+    assert first.per_query_prior == again.per_query_prior and len(memo) == 2
+    assert [len(x) for x in first.fold_qids] == [2, 2] and len(first.priors) == 2
+    bare = DocumentFields(doc_ids, [{} for _ in doc_ids])
+    with pytest.raises(ConfigError, match="no numeric field"):
+        choose_prior(q, d, qids, doc_ids, qrels, method="fields", fields=bare)
