@@ -39,17 +39,22 @@ from magretrieve.priors import query_vectors, unit
 from magretrieve.priors.fit import dataset_fields
 from magretrieve.priors.select import choose_prior, cross_fit, per_query_ndcg
 
-#: (row, --method): what each row lets the training folds choose from.
-ROWS = [
-    ("cosine (no prior)", "none"),
-    ("field: year", "field:year"),
-    ("field: citations", "field:citations"),
-    ("field: document length (words)", "field:_length"),
-    ("field chosen on the folds", "fields"),
-    ("geometric: hub", "hub"),
-    ("hub + field chosen on the folds", "hub+fields"),
-    ("auto (fit-prior default)", "auto"),
-]
+#: Readable row names of the derived field.
+FIELD_NAMES = {"_length": "document length (words)"}
+
+
+def rows_for(field_names: list[str]) -> list[tuple[str, str]]:
+    """(row, --method): what each row lets the training folds choose from."""
+    return [
+        ("cosine (no prior)", "none"),
+        *((f"field: {FIELD_NAMES.get(f, f)}", f"field:{f}") for f in field_names),
+        ("field chosen on the folds", "fields"),
+        ("geometric: hub", "hub"),
+        ("hub + field chosen on the folds", "hub+fields"),
+        ("auto (fit-prior default)", "auto"),
+    ]
+
+
 #: The relative held-out gain the field prior is meant to reach.
 GOAL = 0.08
 COSINE_META = {
@@ -91,16 +96,21 @@ def store_scored(cf: Any, q: np.ndarray, d: np.ndarray, qids: list[str], ds: Any
 
 
 def evaluate(
-    q: np.ndarray, d: np.ndarray, ds: Any, seeds: int, folds: int
+    q: np.ndarray,
+    d: np.ndarray,
+    ds: Any,
+    seeds: int,
+    folds: int,
+    table: list[tuple[str, str]],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every row cross-fitted over ``seeds`` fold deals; the in-sample choice on all queries."""
     doc_ids, _, qids, _ = split_texts(ds)
     fields = dataset_fields(ds)
-    per_seed: dict[str, list[Any]] = {row: [] for row, _ in ROWS}
+    per_seed: dict[str, list[Any]] = {row: [] for row, _ in table}
     store: dict[str, float] = {}
     for seed in range(seeds):
         memo: dict[int, dict[str, float]] = {}  # one deal of folds: each candidate scored once
-        for row, method in ROWS:
+        for row, method in table:
             start = time.perf_counter()
             cf = cross_fit(
                 q, d, qids, doc_ids, ds.qrels, method=method, folds=folds, seed=seed,
@@ -117,7 +127,7 @@ def evaluate(
     cosine = per_seed["cosine (no prior)"]
     cos_q = np.mean([[cf.per_query_cosine[x] for x in qids] for cf in cosine], axis=0)
     rows: dict[str, Any] = {}
-    for row, method in ROWS:
+    for row, method in table:
         cfs = per_seed[row]
         means = np.array([cf.prior for cf in cfs])
         per_q = np.mean([[cf.per_query_prior[x] for x in qids] for cf in cfs], axis=0)
@@ -140,7 +150,7 @@ def evaluate(
             "per_query": dict(zip(qids, per_q.tolist(), strict=True)),
         }
     in_sample: dict[str, Any] = {}
-    for row, method in ROWS:
+    for row, method in table:
         sel = choose_prior(q, d, qids, doc_ids, ds.qrels, method=method, fields=fields)
         in_sample[row] = {"chosen": sel.prior.label(), "training_ndcg": sel.training_ndcg}
     return rows, in_sample
@@ -166,9 +176,7 @@ def markdown(
         [row, "; ".join(f"{k} ×{v}" for k, v in list(r["chosen_on_folds"].items())[:3])]
         for row, r in rows.items()
     ]
-    fitted = [
-        [row, s["chosen"], f"{s['training_ndcg']:.4f}"] for row, s in in_sample.items()
-    ]
+    fitted = [[row, s["chosen"], f"{s['training_ndcg']:.4f}"] for row, s in in_sample.items()]
     best = info["best_field_row"]
     return "\n".join(
         [
@@ -216,12 +224,19 @@ def markdown(
 @click.option("--data", "spec", default="../shared/data/cacm:test", show_default=True)
 @click.option("--seeds", type=int, default=10, show_default=True, help="Deals of query folds.")
 @click.option("--folds", type=int, default=5, show_default=True)
+@click.option(
+    "--fields",
+    "field_list",
+    default="year,citations,_length",
+    show_default=True,
+    help="Fields with a row of their own (comma-separated; _length: the document's words).",
+)
 @click.option("--max-doc-length", type=int, default=256, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False), default="benchmarks/results")
 @click.option("--name", default="field_priors")
 @click.option("--lock", default="default", help="CPU lock file ('' disables).")
 @click.option("--threads", type=int, default=2, show_default=True)
-def main(model, spec, seeds, folds, max_doc_length, out, name, lock, threads):
+def main(model, spec, seeds, folds, field_list, max_doc_length, out, name, lock, threads):
     """Cross-fit field priors over query folds on one judged split; write the table."""
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     from magretrieve.core.model_paths import resolve_model_path
@@ -233,7 +248,8 @@ def main(model, spec, seeds, folds, max_doc_length, out, name, lock, threads):
     with cpu_lock(lock):
         d = unit(cache.raw(docs, "document", ds.name))
         q = unit(cache.raw(queries, "query", f"{ds.name}-{ds.split}"))
-        rows, in_sample = evaluate(q, d, ds, seeds, folds)
+        table = rows_for([f.strip() for f in field_list.split(",") if f.strip()])
+        rows, in_sample = evaluate(q, d, ds, seeds, folds, table)
     field_rows = {k: v for k, v in rows.items() if v["method"].startswith("field")}
     best = max(field_rows, key=lambda k: field_rows[k]["ndcg"])
     chosen_row = rows["field chosen on the folds"]
