@@ -384,3 +384,37 @@ def test_fields_method_tries_every_numeric_field() -> None:
     bare = DocumentFields(doc_ids, [{} for _ in doc_ids])
     with pytest.raises(ConfigError, match="no numeric field"):
         choose_prior(q, d, qids, doc_ids, qrels, method="fields", fields=bare)
+
+
+def test_annotate_writes_the_field_multiplier_from_each_points_payload(tmp_path) -> None:
+    from qdrant_client import QdrantClient, models
+
+    from magretrieve.priors.annotate import annotate_store
+
+    u = units(6)
+    cites = [0, 5, None, 2, 9, 1]
+    client = QdrantClient(path=str(tmp_path / "q"))
+    client.create_collection(
+        "theirs", vectors_config=models.VectorParams(size=6, distance=models.Distance.COSINE)
+    )
+    client.upsert(
+        "theirs",
+        points=[
+            models.PointStruct(id=i, vector=u[i].tolist(), payload={"cites": c})
+            for i, c in enumerate(cites)
+        ],
+    )
+    client.close()
+    spec = f"qdrant-local:{tmp_path / 'q'}/theirs"
+    prior = FieldPrior("cites", "log1p", "multiplier", 0.2, "zero")
+    report = annotate_store(spec, prior=prior, progress=False)
+    assert report.count == 6 and report.kind == "field"
+    client = QdrantClient(path=str(tmp_path / "q"))
+    points, _ = client.scroll("theirs", limit=10, with_payload=True)
+    client.close()
+    got = {int(p.id): p.payload["magretrieve_m"] for p in points}
+    want = np.exp(0.2 * standardized([math.log1p(c or 0) for c in cites]))
+    np.testing.assert_allclose([got[i] for i in range(6)], want, rtol=1e-5)
+    # an offset-form field prior cannot ride in a multiplier field: refused, nothing written
+    with pytest.raises(ConfigError, match="offset"):
+        annotate_store(spec, prior=FieldPrior("cites", "log1p", "offset", 0.2), progress=False)
