@@ -251,10 +251,11 @@ class QueryBankPrior(DocumentPrior):
 
 
 def compact(prior_dict: Mapping[str, Any]) -> dict[str, Any]:
-    """A prior's JSON without its bulky state (query bank, mean vector), for printing."""
+    """A prior's JSON without its bulky state (query bank, mean vector, quantiles), for
+    printing."""
     out: dict[str, Any] = {}
     for key, value in prior_dict.items():
-        if key == "queries" or (key == "mean" and isinstance(value, list)):
+        if key in ("queries", "quantiles") or (key == "mean" and isinstance(value, list)):
             continue
         out[key] = [compact(p) for p in value] if key == "parts" else value
     return out
