@@ -24,8 +24,11 @@ from magretrieve.cli._group import main
     "--method",
     default="auto",
     show_default=True,
-    help="auto (every method and the best combinations), none, hub, csls, csls-queries, "
-    "csls-corpus, inverted-softmax, center, or a combination such as hub+inverted-softmax.",
+    help="auto (every method, every numeric document field, and the best combinations), none, "
+    "hub, csls, csls-queries, csls-corpus, inverted-softmax, center, field:NAME (a numeric "
+    "document field; field:_length is the document's length in words; optionally "
+    "field:NAME:TRANSFORM[:MISSING]), fields (the best numeric field), or a combination such "
+    "as hub+field:citations.",
 )
 @click.option(
     "--eval",
@@ -45,7 +48,9 @@ def fit_prior_command(model, train_spec, out, method, eval_specs, betas, k, as_j
 
     Plain cosine ("none") is always a candidate, so a prior is only switched on when it helps
     the training queries. Priors with a bank of training queries are cross-fitted (no query is
-    normalized against itself). Never pass a test split as --data.
+    normalized against itself). When --data's folder has only that one judged split, the
+    choice is also cross-fitted over query folds and its held-out NDCG@10 reported. Never pass
+    a test split as --data when another split exists.
     """
     import json
     from pathlib import Path
@@ -55,8 +60,14 @@ def fit_prior_command(model, train_spec, out, method, eval_specs, betas, k, as_j
     from magretrieve.data.readers import load_beir
     from magretrieve.priors import HubPrior
     from magretrieve.priors.base import compact
-    from magretrieve.priors.fit import fit_prior, score_with_prior
-    from magretrieve.priors.select import grid
+    from magretrieve.priors.fit import (
+        check_fields,
+        dataset_fields,
+        fit_prior,
+        judged_splits,
+        score_with_prior,
+    )
+    from magretrieve.priors.select import FOLDS, grid
 
     for part in method.split("+") if method != "auto" else ():
         grid(part)  # an unknown method fails before anything is encoded
@@ -72,8 +83,12 @@ def fit_prior_command(model, train_spec, out, method, eval_specs, betas, k, as_j
         grids["hub"] = [HubPrior(b.beta, k) for b in grid("hub")]
     train = load_beir(train_spec, default_split="train")
     evals = [load_beir(spec) for spec in eval_specs]  # bad specs fail before encoding
+    check_fields(method, dataset_fields(train))  # a bad field fails before the model loads
+    folds = FOLDS if len(judged_splits(train)) == 1 else None
     encoder = load_model(model, None)
-    selection = fit_prior(encoder, train, method=method, grids=grids, progress=not as_json)
+    selection = fit_prior(
+        encoder, train, method=method, grids=grids, progress=not as_json, cross_fit_folds=folds
+    )
     written = selection.to_dict()
     from magretrieve.stores.base import atomic_write_bytes
 
@@ -95,6 +110,13 @@ def fit_prior_command(model, train_spec, out, method, eval_specs, betas, k, as_j
         click.echo(
             f"note: {selection.truncated_queries} training query(ies) longer than the model's "
             "query length were truncated"
+        )
+    held = selection.held_out
+    if held is not None:
+        click.echo(
+            f"held out ({held.folds} query folds, each scored with the prior chosen on the "
+            f"others): cosine NDCG@10 {held.cosine:.4f}, with prior {held.prior:.4f} "
+            f"(Δ {held.prior - held.cosine:+.4f})"
         )
     top = sorted(selection.grid.items(), key=lambda kv: -kv[1])[:10]
     print_table(["candidate (best 10)", "training NDCG@10"], top)

@@ -2,7 +2,8 @@
 
 A new prior is one module with a :class:`~magretrieve.priors.base.DocumentPrior` subclass
 (its terms, its JSON, its candidate grid) plus one entry in :data:`REGISTRY`; ``fit-prior
---method auto`` then tries it too.
+--method auto`` then tries it too. A field prior (``field:NAME``) reads a number each document
+carries in its payload instead of the vectors; ``auto`` tries every numeric field.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from magretrieve.priors.base import (
 from magretrieve.priors.center import CenterPrior
 from magretrieve.priors.combined import CombinedPrior
 from magretrieve.priors.csls import CslsPrior
+from magretrieve.priors.document_fields import DocumentFields
+from magretrieve.priors.field import FieldPrior
 from magretrieve.priors.hub import HubPrior
 from magretrieve.priors.inverted_softmax import InvertedSoftmaxPrior
 from magretrieve.priors.none import NoPrior
@@ -37,6 +40,7 @@ REGISTRY: dict[str, type[DocumentPrior]] = {
     "csls": CslsPrior,
     "inverted-softmax": InvertedSoftmaxPrior,
     "center": CenterPrior,
+    "field": FieldPrior,
 }
 #: ``--method`` names that try part of a method's grid: name -> (method, grid options).
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -104,7 +108,9 @@ __all__ = [
     "CenterPrior",
     "CombinedPrior",
     "CslsPrior",
+    "DocumentFields",
     "DocumentPrior",
+    "FieldPrior",
     "HubPrior",
     "InvertedSoftmaxPrior",
     "NoPrior",

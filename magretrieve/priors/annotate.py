@@ -269,6 +269,11 @@ def annotate_store(
             assert prior is not None
             prior.check_dimension(units.shape[1], prior.source)
             fitted = prior_from_dict(prior.to_dict(), prior.source)  # the caller's stays
+            if fitted.uses_fields:  # a field prior reads each point's payload
+                from magretrieve.priors.document_fields import DocumentFields
+
+                points = [dict(p.payload or {}) for page in pages for p in page]
+                fitted = fitted.with_fields(DocumentFields(ids, points))
             fitted.fit_corpus(units)
             mags = np.asarray(fitted.terms(units).multiplier, dtype=np.float64)
             recipe = fitted.to_dict()

@@ -179,6 +179,8 @@ class DocumentPrior:
     has_multiplier: ClassVar[bool] = False
     #: Does it carry a bank of training queries (so its selection must be cross-fitted)?
     uses_query_bank: ClassVar[bool] = False
+    #: Does it read each document's payload fields (bound by :meth:`with_fields`)?
+    uses_fields: ClassVar[bool] = False
     #: Where it was read from (a file name), for error messages.
     source: str = "prior"
 
@@ -197,6 +199,12 @@ class DocumentPrior:
 
     def with_bank(self, bank: np.ndarray | None) -> DocumentPrior:
         """This prior with another query bank (query-bank priors); others return themselves."""
+        return self
+
+    def with_fields(self, fields: Any) -> DocumentPrior:
+        """This prior reading the payloads ``fields`` (a
+        :class:`~magretrieve.priors.document_fields.DocumentFields` aligned with the vectors
+        given next); priors of the vectors alone return themselves."""
         return self
 
     def fit_corpus(self, units: np.ndarray) -> None:
@@ -260,10 +268,11 @@ class QueryBankPrior(DocumentPrior):
 
 
 def compact(prior_dict: Mapping[str, Any]) -> dict[str, Any]:
-    """A prior's JSON without its bulky state (query bank, mean vector), for printing."""
+    """A prior's JSON without its bulky state (query bank, mean vector, quantiles), for
+    printing."""
     out: dict[str, Any] = {}
     for key, value in prior_dict.items():
-        if key == "queries" or (key == "mean" and isinstance(value, list)):
+        if key in ("queries", "quantiles") or (key == "mean" and isinstance(value, list)):
             continue
         out[key] = [compact(p) for p in value] if key == "parts" else value
     return out

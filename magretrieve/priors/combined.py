@@ -2,8 +2,9 @@
 
 At most one part may change the direction (``center``); its own offset belongs to that
 direction, so the multipliers scale it too: the score is
-``Πm·(q̂·v + b_direction) + Σ b_other``. Example: ``hub+inverted-softmax`` (a corpus
-multiplier plus a query-bank offset).
+``Πm·(q̂·v + b_direction) + Σ b_other``. Examples: ``hub+inverted-softmax`` (a corpus
+multiplier plus a query-bank offset), ``hub+field:citations`` (the hub multiplier and a
+prior read from each document's ``citations``).
 """
 
 from __future__ import annotations
@@ -42,8 +43,15 @@ class CombinedPrior(DocumentPrior):
     def uses_query_bank(self) -> bool:  # type: ignore[override]
         return any(p.uses_query_bank for p in self.parts)
 
+    @property
+    def uses_fields(self) -> bool:  # type: ignore[override]
+        return any(p.uses_fields for p in self.parts)
+
     def with_bank(self, bank: np.ndarray | None) -> CombinedPrior:
         return CombinedPrior([p.with_bank(bank) for p in self.parts])
+
+    def with_fields(self, fields: Any) -> CombinedPrior:
+        return CombinedPrior([p.with_fields(fields) for p in self.parts])
 
     def params(self) -> dict[str, Any]:
         return {"parts": [p.to_dict() for p in self.parts]}

@@ -4,7 +4,9 @@ This is what ``magretrieve fit-prior`` runs: encode the training corpus and its 
 queries once, choose the prior on them (:func:`~magretrieve.priors.select.choose_prior`), and
 for each ``--eval`` set report NDCG@10 of cosine and of the prior (corpus statistics refitted on
 that set's corpus, as ``rescale`` refits them on a store). Queries cut at the model's query
-length are counted and reported.
+length are counted and reported. Field priors read each document's JSON fields. When the
+collection has only the one judged split, the choice is also cross-fitted over query folds
+and its held-out NDCG@10 reported (:func:`~magretrieve.priors.select.cross_fit`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ import numpy as np
 
 from magretrieve.core.errors import ConfigError, DataError
 from magretrieve.priors.base import DocumentPrior, query_vectors, stored_vectors, unit
-from magretrieve.priors.select import Selection, choose_prior, ndcg_at_10, served_scores
+from magretrieve.priors.document_fields import DocumentFields
+from magretrieve.priors.select import (
+    Selection,
+    choose_prior,
+    cross_fit,
+    grid,
+    ndcg_at_10,
+    served_scores,
+)
 
 
 def check_cosine_model(encoder: Any, source: str = "prior") -> None:
@@ -54,6 +64,43 @@ def encode_split(
     return unit(queries), unit(docs), qids, doc_ids, truncated
 
 
+def dataset_fields(dataset: Any) -> DocumentFields:
+    """The payload of every corpus document (its JSON fields, title and text), in corpus order."""
+    ids = list(dataset.corpus)
+    payloads = [
+        {**doc.payload, "title": doc.title, "text": doc.text}
+        for doc in (dataset.corpus[i] for i in ids)
+    ]
+    return DocumentFields(ids, payloads)
+
+
+def judged_splits(dataset: Any) -> list[str]:
+    """The judged splits (``qrels/*.tsv``) beside the split ``dataset`` came from."""
+    source = getattr(dataset, "source", "")
+    if not source:
+        return [dataset.split]
+    from pathlib import Path
+
+    return sorted(p.stem for p in Path(source).parent.glob("*.tsv"))
+
+
+def check_fields(method: str, fields: DocumentFields) -> None:
+    """Refuse a field prior's field (missing everywhere, not numeric, NaN, negative under
+    log1p, constant) before anything is encoded: one line naming the field and documents."""
+    if method == "auto":
+        return
+    for part in method.split("+"):
+        if part == "fields":  # only fields that can be used are tried
+            if not fields.numeric_fields():
+                raise ConfigError(
+                    "prior method 'fields': no document has a numeric field that varies"
+                )
+        elif part.startswith("field"):
+            candidates = grid(part, fields)
+            first = candidates[0].with_fields(fields)
+            first.fit_fields()  # type: ignore[attr-defined]
+
+
 def fit_prior(
     encoder: Any,
     dataset: Any,
@@ -61,9 +108,17 @@ def fit_prior(
     method: str = "auto",
     grids: Mapping[str, Sequence[DocumentPrior]] | None = None,
     progress: bool = True,
+    cross_fit_folds: int | None = None,
 ) -> Selection:
-    """Choose a prior on the judged queries of a *training* split (never pass a test split)."""
+    """Choose a prior on the judged queries of a *training* split (never pass a test split).
+
+    ``cross_fit_folds``: also choose it on all but one fold of the queries, score the held-out
+    fold, and report that (``Selection.held_out``); needed when the collection has no other
+    judged split to check the prior on.
+    """
     check_cosine_model(encoder, "fit-prior")
+    fields = dataset_fields(dataset)
+    check_fields(method, fields)
     if not dataset.qrels:
         raise DataError(f"{dataset.name}:{dataset.split}: no judged queries to choose a prior on")
     if not any(rel > 0 for docs in dataset.qrels.values() for rel in docs.values()):
@@ -84,8 +139,14 @@ def fit_prior(
         chosen_on=f"{dataset.name}:{dataset.split}",
         progress=progress,
         grids=grids,
+        fields=fields,
     )
     selection.truncated_queries = truncated
+    if cross_fit_folds:
+        selection.held_out = cross_fit(
+            q, d, qids, doc_ids, dataset.qrels, method=method, folds=cross_fit_folds,
+            grids=grids, fields=fields,
+        )  # fmt: skip
     return selection
 
 
@@ -95,6 +156,7 @@ def score_with_prior(
     """NDCG@10 on ``dataset`` of cosine and of the prior, and the queries cut short."""
     check_cosine_model(encoder, "fit-prior")
     q, d, qids, doc_ids, truncated = encode_split(encoder, dataset, progress)
+    prior = prior.with_fields(dataset_fields(dataset))
     return {
         "data": f"{dataset.name}:{dataset.split}",
         "cosine": ndcg_at_10(q @ d.T, qids, doc_ids, dataset.qrels),

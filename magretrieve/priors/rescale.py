@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,12 +197,17 @@ def store_neighbours(store: Any, with_offset: bool) -> Any:
 
 
 def apply_recorded_magnitude(
-    meta: Mapping[str, Any] | None, vectors: np.ndarray, store: Any
+    meta: Mapping[str, Any] | None,
+    vectors: np.ndarray,
+    store: Any,
+    payloads: Sequence[Mapping[str, Any]] | None = None,
+    ids: Sequence[str] | None = None,
 ) -> np.ndarray:
     """Vectors as a rescaled store expects them, when its metadata holds a recipe.
 
     A norm head gives ``d̂·m``; a document prior gives ``m·v`` or ``[m·v ; b]`` from the
-    recorded statistics and the store's neighbours. The
+    recorded statistics and the store's neighbours (a field prior: from each new document's
+    own field in ``payloads``, named by ``ids`` in errors). The
     :class:`~magretrieve.serving.retriever.Retriever` calls this before writing new documents, so a
     rescaled store stays consistent; stores without a recipe get ``vectors`` unchanged.
     """
@@ -212,6 +217,11 @@ def apply_recorded_magnitude(
     units = unit(vectors)
     if is_prior_recipe(recipe):
         prior = prior_from_dict(recipe, "store metadata")
+        if prior.uses_fields and payloads is not None:
+            from magretrieve.priors.document_fields import DocumentFields
+
+            names = list(ids) if ids is not None else [str(i) for i in range(len(payloads))]
+            prior = prior.with_fields(DocumentFields(names, payloads))
         terms = prior.terms_for_new(units, store_neighbours(store, prior.has_offset))
         return stored_vectors(terms, prior.has_offset)
     return (units * magnitudes_for(recipe, units)[:, None]).astype(np.float32)
@@ -437,6 +447,10 @@ def rescale_store(
         assert prior is not None
         prior.check_dimension(units.shape[1], prior.source)
         prior = prior_from_dict(prior.to_dict(), prior.source)  # a fresh copy: the caller's stays
+        if prior.uses_fields:  # field priors read each stored document's payload
+            from magretrieve.priors.document_fields import DocumentFields
+
+            prior = prior.with_fields(DocumentFields(ids, payloads))
         from magretrieve.priors.neighbors import progress_shown
 
         with progress_shown(progress):

@@ -470,14 +470,6 @@ class Retriever:
     def write_batch(self, docs: Sequence[Document], vectors: np.ndarray) -> int:
         """Write encoded documents (with the store's recorded magnitude treatment, if any)."""
         ids = [d.id for d in docs]
-        meta = self.store.read_metadata()
-        if meta and meta.get("magnitude"):
-            # a store rescaled after the fact (`magretrieve rescale`) records how its documents got their
-            # magnitude; new documents must get the same treatment to be comparable
-            from magretrieve.priors.rescale import apply_recorded_magnitude
-
-            vectors = apply_recorded_magnitude(meta, vectors, self.store)
-            check_finite(vectors, ids, f"recorded magnitude of {self.store.location}")
         payloads = []
         for d in docs:
             payload = dict(d.payload)
@@ -485,6 +477,16 @@ class Retriever:
                 payload["title"] = d.title
                 payload["text"] = d.text
             payloads.append(payload)
+        meta = self.store.read_metadata()
+        if meta and meta.get("magnitude"):
+            # a store rescaled after the fact (`magretrieve rescale`) records how its documents got their
+            # magnitude; new documents must get the same treatment to be comparable (a field
+            # prior reads each new document's own fields)
+            from magretrieve.priors.rescale import apply_recorded_magnitude
+
+            fields = [{**d.payload, "title": d.title, "text": d.text} for d in docs]
+            vectors = apply_recorded_magnitude(meta, vectors, self.store, fields, ids)
+            check_finite(vectors, ids, f"recorded magnitude of {self.store.location}")
         with self._changing():
             self._record_model()
             return self.store.add(ids, vectors, payloads)
