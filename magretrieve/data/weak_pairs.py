@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from magretrieve.core.errors import ConfigError
+from magretrieve.core.text import blank
 from magretrieve.data.readers import Document, TrainingPair
 
 KINDS = ("title", "sentence")
@@ -33,7 +34,7 @@ def title_pairs(corpus: Mapping[str, Document], min_words: int = 3) -> list[Trai
     return [
         TrainingPair(doc.title.strip(), doc.text.strip(), positive_id=doc_id)
         for doc_id, doc in corpus.items()
-        if len(doc.title.split()) >= min_words and doc.text.strip()
+        if len(doc.title.split()) >= min_words and not blank(doc.title) and not blank(doc.text)
     ]
 
 

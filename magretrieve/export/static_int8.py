@@ -33,6 +33,7 @@ from typing import Any
 
 from magretrieve.core.errors import ConfigError, DataError, MagRetrieveError, first_line
 from magretrieve.core.extras import require_all
+from magretrieve.core.text import blank
 
 #: Calibration texts per side when the caller does not say (documents and queries each).
 DEFAULT_CALIBRATION_SIZE = 320
@@ -81,7 +82,7 @@ def calibration_texts(folder: str | Path, size: int) -> Calibration:
         if not (root / name).is_file():
             raise DataError(f"{root / name}: missing (calibration needs documents and queries)")
     documents = [d.full_text for d in load_corpus(root / "corpus.jsonl", allow_empty=True).values()]
-    documents = [t for t in documents if t.strip()]
+    documents = [t for t in documents if not blank(t)]
     queries = list(load_queries(root / "queries.jsonl").values())
     if not documents:
         raise DataError(f"{root / 'corpus.jsonl'}: every document is empty")

@@ -37,6 +37,7 @@ import numpy as np
 
 from magretrieve.core.errors import ConfigError, StoreError
 from magretrieve.core.extras import require_all
+from magretrieve.core.text import blank
 from magretrieve.priors import DocumentPrior, prior_from_dict, stored_vectors
 from magretrieve.priors.base import unit
 from magretrieve.stores.annotation import INCOMPLETE_KEY  # present while a rescale runs
@@ -313,7 +314,7 @@ def check_encoder(
     with_text = [
         i
         for i, p in enumerate(payloads)
-        if str(p.get("text", "")).strip() or str(p.get("title", "")).strip()
+        if not (blank(str(p.get("text", ""))) and blank(str(p.get("title", ""))))
     ]
     if not with_text:
         raise StoreError(

@@ -13,10 +13,11 @@ Two things need one place that store calls pass through:
   a writing replica) commits a new generation by switching the store's state file. Embedded
   ``chroma:`` and ``lancedb:`` keep what they loaded too; their writer bumps a generation
   marker file after each write (:mod:`magretrieve.stores._generation`). Before
-  each call the holder compares the generation on disk with the one it holds (one small file
-  read) and, when another process moved it, reopens the store and answers from the new state.
-  Stores without a generation marker (database stores) read their engine's live state and are
-  never reopened.
+  each call the holder compares the state on disk (the folder's id and generation) with the
+  one it holds (one small file read) and, when another process moved it, reopens the store
+  and answers from the new state. A folder deleted and built again has another id: it is
+  loaded whatever its generation, once, and followed from there. Stores without a generation
+  marker (database stores) read their engine's live state and are never reopened.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from contextlib import contextmanager
 from magretrieve.core.locks import RWLock
 from magretrieve.serving.errors import Draining
 from magretrieve.serving.retriever import Retriever
+from magretrieve.stores.base import StoreVersion
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +48,7 @@ class StoreHolder:
         self._lock = RWLock()  # calls share it; reload and close take it alone
         self._closed = False
         self._reloading = threading.Lock()
-        self._failed: int | None = None  # a disk generation that could not be read
+        self._failed: StoreVersion | None = None  # a state on disk that could not be read
         self.reloads = 0
 
     # ------------------------------------------------------------------ calls
@@ -71,16 +73,16 @@ class StoreHolder:
         """The generation of the state this server answers from (None: no such marker)."""
         return self.retriever.store.generation
 
-    def stale(self) -> int | None:
-        """The disk generation when another process committed one this server does not hold."""
+    def stale(self) -> StoreVersion | None:
+        """The state on disk when another process committed one this server does not hold."""
         store = self.retriever.store
-        on_disk = store.disk_generation()
-        if on_disk is None or on_disk == store.generation or store.has_unsaved_writes():
+        on_disk = store.disk_version()
+        if on_disk is None or on_disk == store.version or store.has_unsaved_writes():
             return None
         return on_disk
 
     def refresh(self) -> bool:
-        """Reopen the store when another process committed a newer generation; True if it did.
+        """Reopen the store when another process committed another state; True if it did.
 
         A generation that fails to open (half-written while the writer still works, or
         refused) is logged once and the current state keeps answering.
@@ -99,12 +101,11 @@ class StoreHolder:
                 fresh = self._reopen()
             except Exception as exc:  # keep answering from the state held
                 if self._failed != on_disk:
-                    logger.warning("store generation %s not loaded: %s", on_disk, exc)
+                    logger.warning("store generation %s not loaded: %s", on_disk.generation, exc)
                 self._failed = on_disk
                 return False
             with self._lock.write():  # calls running on the old state finish first
-                held = self.retriever.store.generation
-                if held is not None and held >= (fresh.store.generation or 0):
+                if self._holds_disk_state():
                     # a write of this server caught the store up meanwhile (a writer catches
                     # up with disk before it commits): the state held is the newest
                     old = fresh
@@ -118,14 +119,25 @@ class StoreHolder:
             logger.info("store reloaded at generation %s", fresh.store.generation)
             return True
 
-    def _reload_in_place(self, on_disk: int) -> bool:
+    def _holds_disk_state(self) -> bool:
+        """Whether the state held is still the one to answer from, after a reopen (no call
+        runs: the caller holds the lock alone): what is on disk now is what it holds (a
+        write of this server committed it meanwhile), or it holds writes not saved yet.
+
+        Otherwise the reopened state replaces it, whatever the generations say: a folder
+        deleted and built again (another id) counts from 1 again, and a state compared by
+        its number alone would be reopened at every call and thrown away."""
+        store = self.retriever.store
+        return store.has_unsaved_writes() or store.disk_version() == store.version
+
+    def _reload_in_place(self, on_disk: StoreVersion) -> bool:
         """Reload a store whose engine every open in this process shares (embedded Chroma):
         the calls running finish first, then the store drops its engine and reads the disk."""
         with self._lock.write():
             try:
                 self.retriever.store.reload()
             except Exception as exc:  # tried again at the next call
-                logger.warning("store generation %s not loaded: %s", on_disk, exc)
+                logger.warning("store generation %s not loaded: %s", on_disk.generation, exc)
                 return False
             self.reloads += 1
         logger.info("store reloaded at generation %s", self.generation)

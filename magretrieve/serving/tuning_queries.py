@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from magretrieve.core.errors import DataError
+from magretrieve.core.text import blank
 from magretrieve.data.readers import Document, check_text, load_queries, read_error
 from magretrieve.stores._ann_recall import PSEUDO, QUERIES, USER, TuningQueries
 
@@ -41,9 +42,12 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 def read_query_texts(path: str | Path) -> list[str]:
     """Query texts from ``path``: a BEIR ``queries.jsonl`` (``_id``, ``text`` per line; by
-    the ``.jsonl``/``.json`` suffix) or plain text, one query per line (blank lines skipped).
+    the ``.jsonl``/``.json`` suffix) or plain text, one query per line.
 
-    Every problem is a one-line :class:`DataError` naming the file and line.
+    An empty line (nothing, or spaces and tabs only) is skipped; a line holding characters
+    but nothing to encode (zero-width spaces, joiners, a BOM: :func:`~magretrieve.core.text.blank`)
+    is refused, as a search refuses that text. Every problem is a one-line
+    :class:`DataError` naming the file and line.
     """
     path = Path(path)
     if path.suffix.lower() in (".jsonl", ".json"):
@@ -64,18 +68,30 @@ def read_query_texts(path: str | Path) -> list[str]:
             ) from None
         if "\0" in text:
             raise DataError(f"{path}:{lineno}: a NUL byte in a query text (a binary file?)")
-        if text:
-            texts.append(check_text(text, f"{path}:{lineno}"))
+        if not text:
+            continue
+        texts.append(check_query(text, f"{path}:{lineno}"))
     if not texts:
         raise DataError(f"{path}: no queries (one query text per line, or a BEIR queries.jsonl)")
     return texts
+
+
+def check_query(text: str, where: str) -> str:
+    """``text`` if it is valid Unicode with something to encode; a DataError naming ``where``
+    if not."""
+    if blank(text):
+        raise DataError(
+            f"{where}: the query is only whitespace and invisible characters (zero-width "
+            "spaces, joiners, a BOM): nothing to encode"
+        )
+    return check_text(text, where)
 
 
 def pseudo_query(doc: Document, rng: random.Random) -> str | None:
     """A query-like text from one document: its title, its first sentence, or a span of its
     text (chosen at random among those it has); None for a document with no words."""
     choices: list[str] = []
-    if doc.title.strip():
+    if not blank(doc.title):
         choices.append(doc.title.strip())
     words = doc.text.split()
     if words:
@@ -84,6 +100,7 @@ def pseudo_query(doc: Document, rng: random.Random) -> str | None:
         size = rng.randint(*SPAN_WORDS)
         start = rng.randrange(max(1, len(words) - size + 1))
         choices.append(" ".join(words[start : start + size]))
+    choices = [c for c in choices if not blank(c)]  # words of zero-width characters only
     return rng.choice(choices) if choices else None
 
 
@@ -142,7 +159,7 @@ def user_queries(retriever: Retriever, given: Any) -> TuningQueries:
     if isinstance(given, str | Path):
         texts = read_query_texts(given)
     elif isinstance(given, Sequence) and all(isinstance(t, str) for t in given):
-        texts = [t for t in given if t.strip()]
+        texts = [check_query(t, f"tuning_queries[{n}]") for n, t in enumerate(given)]
         if not texts:
             raise DataError("tuning_queries: no query texts given")
     else:

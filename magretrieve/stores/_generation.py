@@ -11,6 +11,13 @@ LanceDB table version it opened). Their writer (the holder of :mod:`._writer_loc
 bumps a small marker file in the folder after each committed write; a reader compares the
 number it read at open with the file's (one tiny read) and reopens when they differ. A folder
 written before the marker existed reads as generation 0.
+
+Both kinds also record the folder's **id**, a random one minted when the folder is created
+(in the state file; in the marker at its first write). A folder deleted and built again
+counts its generations from the start, so a reader could hold the very number the new folder
+reaches; the id tells them apart, and a reader treats another id as newer whatever the
+generations say. A folder written before ids existed reads as :data:`~.base.LEGACY_STORE_ID`
+and keeps that id through later writes.
 """
 
 from __future__ import annotations
@@ -27,40 +34,59 @@ from typing import Any, ClassVar
 from magretrieve.core.errors import StoreError
 from magretrieve.core.files import sha256_file
 from magretrieve.stores.base import (
+    LEGACY_STORE_ID,
+    StoreVersion,
     atomic_write_bytes,
     atomic_write_json,
+    new_store_id,
     plain_file,
     read_state_file,
+    state_store_id,
 )
 
-#: The marker file in the store folder: the decimal generation, replaced atomically.
+#: The marker file in the store folder: ``<generation> <store id>``, replaced atomically (a
+#: marker written before ids existed holds the generation alone).
 MARKER = ".magretrieve-generation"
+
+
+def read_version(folder: Path) -> StoreVersion:
+    """The id and generation committed in ``folder`` (generation 0: no marker yet)."""
+    try:
+        parts = (Path(folder) / MARKER).read_text().split()
+        gen = int(parts[0]) if parts else 0
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return StoreVersion(LEGACY_STORE_ID, 0)
+    return StoreVersion(state_store_id(parts[1] if len(parts) > 1 else None), gen)
 
 
 def read(folder: Path) -> int:
     """The generation committed in ``folder`` (0: no marker yet)."""
-    try:
-        return int((Path(folder) / MARKER).read_text().strip() or 0)
-    except (FileNotFoundError, NotADirectoryError, ValueError):
-        return 0
+    return read_version(folder).generation
 
 
-def bump(folder: Path) -> int:
-    """Count one more committed write; the caller holds the folder's writer lock."""
-    gen = read(folder) + 1
+def bump(folder: Path) -> StoreVersion:
+    """Count one more committed write; the caller holds the folder's writer lock.
+
+    The first write of a folder mints its id; later ones keep it (a legacy marker stays
+    legacy, so a reader sees the generation move, not another folder)."""
+    marker = Path(folder) / MARKER
+    held = read_version(folder)
+    store_id = held.store_id if marker.is_file() else new_store_id()
+    version = StoreVersion(store_id, held.generation + 1)
     tmp = Path(folder) / f"{MARKER}.{os.getpid()}.tmp"
-    tmp.write_text(f"{gen}\n")
-    os.replace(tmp, Path(folder) / MARKER)  # readers see the old number or the new, never half
-    return gen
+    shown = "" if store_id == LEGACY_STORE_ID else f" {store_id}"
+    tmp.write_text(f"{version.generation}{shown}\n")
+    os.replace(tmp, marker)  # readers see the old marker or the new, never half
+    return version
 
 
 class MarkerGeneration:
-    """``generation`` / ``disk_generation`` / ``_committed`` for a store whose writer lock
+    """``version`` / ``disk_version`` / ``_committed`` for a store whose writer lock
     (``_writer``, None for a server client) guards a folder counted by the marker; the store
-    sets ``_generation`` when it loads the folder."""
+    sets ``_version`` (:func:`read_version`) when it loads the folder."""
 
     _writer: Any
-    _generation: int | None
+    _version: StoreVersion | None
 
     def _begin_write(self) -> None:
         raise NotImplementedError
@@ -74,14 +100,14 @@ class MarkerGeneration:
     def _committed(self) -> None:
         """After each write: bump the folder's generation marker, so readers reload."""
         if self._writer is not None:
-            self._generation = bump(self._writer.folder)
+            self._version = bump(self._writer.folder)
 
     @property
-    def generation(self) -> int | None:
-        return self._generation
+    def version(self) -> StoreVersion | None:
+        return self._version
 
-    def disk_generation(self) -> int | None:
-        return read(self._writer.folder) if self._writer is not None else None
+    def disk_version(self) -> StoreVersion | None:
+        return read_version(self._writer.folder) if self._writer is not None else None
 
     def close(self) -> None:
         """Release the folder's writer lock (a server client holds none)."""
@@ -113,12 +139,20 @@ class GenerationFiles:
     def has_state(self, path: Path) -> bool:
         return (path / self.state_file).is_file()
 
-    def disk_generation(self, path: Path) -> int | None:
-        """The committed generation on disk (None when there is no state file yet)."""
+    def disk_version(self, path: Path) -> StoreVersion | None:
+        """The committed id and generation on disk (None when there is no state file yet)."""
         try:
-            return int(json.loads((path / self.state_file).read_text()).get("generation", 0))
+            state = json.loads((path / self.state_file).read_text())
+            return StoreVersion(
+                state_store_id(state.get("store_id")), int(state.get("generation", 0))
+            )
         except (OSError, ValueError, AttributeError, TypeError):
             return None
+
+    def disk_generation(self, path: Path) -> int | None:
+        """The committed generation on disk (None when there is no state file yet)."""
+        version = self.disk_version(path)
+        return version.generation if version is not None else None
 
     def check_no_orphans(self, path: Path) -> None:
         """Refuse files of a first save that never committed its state file."""
@@ -197,9 +231,11 @@ def _temp(pattern: str) -> str:
 
 
 class SavedGenerations:
-    """``generation`` / ``disk_generation`` / ``_begin_write`` / ``close`` of a folder store
-    saved in :class:`GenerationFiles` (``_files``) and guarded by a writer lock (``_writer``,
-    None for a store held in memory only). List it before ``VectorStore`` in the bases."""
+    """``version`` / ``disk_version`` / ``_begin_write`` / ``close`` of a folder store saved in
+    :class:`GenerationFiles` (``_files``) and guarded by a writer lock (``_writer``, None for
+    a store held in memory only). The store keeps ``_store_id`` (:func:`~.base.new_store_id`
+    when it creates the folder, the state file's otherwise) and writes it into every state.
+    List it before ``VectorStore`` in the bases."""
 
     _files: ClassVar[GenerationFiles]
     #: Attributes an object keeps when it catches up with a newer generation on disk.
@@ -207,6 +243,7 @@ class SavedGenerations:
     _path: Path | None
     _writer: Any
     _generation: int
+    _store_id: str
     _dirty: bool
 
     def _reopened(self) -> Any:
@@ -214,20 +251,22 @@ class SavedGenerations:
         raise NotImplementedError
 
     @property
-    def generation(self) -> int | None:
-        return self._generation if self._path is not None else None
+    def version(self) -> StoreVersion | None:
+        if self._path is None:
+            return None
+        return StoreVersion(self._store_id, self._generation)
 
-    def disk_generation(self) -> int | None:
-        return self._files.disk_generation(self._path) if self._path is not None else None
+    def disk_version(self) -> StoreVersion | None:
+        return self._files.disk_version(self._path) if self._path is not None else None
 
     def _begin_write(self) -> None:
         """First write of this object: take the folder's writer lock, then catch up with a
-        generation another writer committed since this object was opened."""
+        state another writer committed since this object was opened."""
         if self._writer is None or self._writer.held:
             return
         self._writer.acquire()
-        on_disk = self.disk_generation()
-        if on_disk is not None and on_disk != self._generation and not self._dirty:
+        on_disk = self.disk_version()
+        if on_disk is not None and on_disk != self.version and not self._dirty:
             kept = {name: getattr(self, name) for name in self._kept_on_catch_up}
             fresh = self._reopened()
             self.__dict__.update(fresh.__dict__)

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,8 +34,34 @@ from magretrieve.stores.options import IndexOptions, check_dimension
 
 #: The only metric a magretrieve store uses.
 METRIC = "inner_product"
+#: The identity of a folder store written before stores recorded one: every such folder
+#: reads as this one id, so a replica keeps following its generations as before.
+LEGACY_STORE_ID = "legacy"
 #: Namespace of the deterministic point ids (uuid5 of the document id) used by Qdrant stores.
 ID_NAMESPACE = uuid.UUID("6f1c3f0e-8a57-5b7e-9a43-3d2b1c0e9f10")
+
+
+class StoreVersion(NamedTuple):
+    """Which committed state of a folder store: the random id written when the folder was
+    created, and the generation counter of its saves.
+
+    Two states differ when either part does. The id tells a folder deleted and built again
+    (whose counter starts over, and may land on the very number a reader holds) from the
+    folder that reader opened."""
+
+    store_id: str
+    generation: int
+
+
+def new_store_id() -> str:
+    """A random id for a store folder being created."""
+    return uuid.uuid4().hex
+
+
+def state_store_id(value: Any) -> str:
+    """The store id recorded in a state file or marker; :data:`LEGACY_STORE_ID` when none is
+    (a folder written before stores recorded their id)."""
+    return value if isinstance(value, str) and value else LEGACY_STORE_ID
 
 
 @dataclass
@@ -682,13 +708,26 @@ class VectorStore(ABC):
     def generation(self) -> int | None:
         """The committed state this object holds: a folder store's generation counter
         (None for stores that read their engine's live state)."""
-        return None
+        version = self.version
+        return version.generation if version is not None else None
 
     def disk_generation(self) -> int | None:
-        """The generation committed on disk now, by any process (None: no such marker).
+        """The generation committed on disk now, by any process (None: no such marker)."""
+        version = self.disk_version()
+        return version.generation if version is not None else None
 
-        A reader whose :attr:`generation` differs from it holds an older state than another
-        process committed since; reopening the store reads the newer one."""
+    @property
+    def version(self) -> StoreVersion | None:
+        """The committed state this object holds, id and generation (None: a store that reads
+        its engine's live state)."""
+        return None
+
+    def disk_version(self) -> StoreVersion | None:
+        """The state committed on disk now, by any process (None: no such marker).
+
+        A reader whose :attr:`version` differs from it holds another state than the one
+        committed since: a newer generation, or a folder deleted and created again (another
+        id, whatever its generation). Reopening the store reads it."""
         return None
 
     #: Whether :meth:`reload` reads a newer generation into this object. Set where every

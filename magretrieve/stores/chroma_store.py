@@ -47,6 +47,7 @@ from magretrieve.stores.base import (
     CollectionStore,
     StoreHit,
     StoreRecord,
+    StoreVersion,
     closed_on_failure,
     missing_store,
 )
@@ -106,15 +107,15 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
         *args: Any,
         reopen: Any = None,
         writer: WriterLock | None = None,
-        generation: int | None = None,
+        version: StoreVersion | None = None,
         **kwargs: Any,
     ) -> None:
         """Over ``client`` and ``collection`` (see :class:`CollectionStore`); ``reopen`` makes
         a fresh embedded client, ``writer`` is the embedded folder's writer lock, and
-        ``generation`` its marker as read before the client loaded it (all None for a server,
+        ``version`` its marker as read before the client loaded it (all None for a server,
         which serializes writes and applies a new ef_search itself)."""
         self._writer = writer
-        self._generation = generation
+        self._version = version
         self._reopen = reopen
         #: (folder generation, ids, vectors) the exact search last read (embedded only)
         self._scanned: tuple[int, list[str], np.ndarray] | None = None
@@ -212,7 +213,7 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
         if self._writer is None or self._writer.held:
             return
         self._writer.acquire()
-        self._generation = _generation.read(self._writer.folder)
+        self._version = _generation.read_version(self._writer.folder)
         if self._reopen is not None:
             self.client.close()
             self.client = self._reopen()
@@ -227,11 +228,11 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
 
     def reload(self) -> None:
         """Drop the embedded client and open the folder again (another process wrote)."""
-        gen = self.disk_generation()
+        version = self.disk_version()
         self.client.close()
         self.client = self._reopen()
         self.col = self._run("open", lambda: self.client.get_collection(self.collection))
-        self._generation = gen
+        self._version = version
 
     def _set_ef(self, value: int) -> None:
         if self.ef_search == int(value):
@@ -544,7 +545,7 @@ def open_chroma(
         where = f"chroma:{path}/{location['collection']}"
         if dimension is None and not (path / "chroma.sqlite3").is_file():
             raise missing_store(where, "Chroma folder")  # PersistentClient would create one
-        generation = _generation.read(path)  # before the client loads what it counts
+        version = _generation.read_version(path)  # before the client loads what it counts
 
         def reopen() -> Any:
             try:
@@ -566,7 +567,7 @@ def open_chroma(
                     location=where,
                     reopen=reopen,
                     writer=writer,
-                    generation=generation,
+                    version=version,
                     **options,
                 )
         except BaseException:

@@ -46,7 +46,9 @@ from magretrieve.stores.base import (
     VectorStore,
     check_reopen,
     missing_store,
+    new_store_id,
     reading_store,
+    state_store_id,
 )
 from magretrieve.stores.options import IndexOptions, StoreOptions, check_dimension
 
@@ -133,6 +135,7 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
         self._table = RecordTable()
         self._meta: dict[str, Any] | None = None
         self._generation = 0
+        self._store_id = new_store_id()  # a folder loaded below keeps its recorded id
         self._handle: fx.IndexHandle | None = None
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # before training
         self._sequential = False  # adopted plain index: FAISS ids are positions
@@ -285,6 +288,7 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
         self.params.update({k: given[k] for k in SEARCH_OPTIONS if given[k] is not None})
         self.index_type = stored_type
         self._generation = int(state["generation"])
+        self._store_id = state_store_id(state.get("store_id"))
         self._meta = _faiss_files.metadata(state, path)
         self.recall = state.get("recall")
         self._sequential = bool(state.get("sequential", False))
@@ -335,6 +339,7 @@ class FaissStore(SavedGenerations, RecordTableMixin, VectorStore):
             "format": _faiss_files.FORMAT,
             "format_version": _faiss_files.FORMAT_VERSION,
             "generation": self._generation + 1 if files else 0,
+            "store_id": self._store_id,
             "dimension": self._dim,
             "metric": "inner_product",
             "index_type": self.index_type,

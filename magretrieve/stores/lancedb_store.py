@@ -158,7 +158,7 @@ class LanceDBStore(_generation.MarkerGeneration, CollectionStore):
         self._writer = writer
         #: The folder's generation marker as read before the table was opened (a table
         #: object keeps reading the version it opened; a newer marker means reopen).
-        self._generation = _generation.read(writer.folder) if writer is not None else None
+        self._version = _generation.read_version(writer.folder) if writer is not None else None
         super().__init__(*args, **kwargs)
 
     def _configure(self, opts: IndexOptions) -> dict[str, Any]:
@@ -217,7 +217,7 @@ class LanceDBStore(_generation.MarkerGeneration, CollectionStore):
         if self._writer is None or self._writer.held:
             return
         self._writer.acquire()
-        self._generation = _generation.read(self._writer.folder)
+        self._version = _generation.read_version(self._writer.folder)
         if hasattr(self, "tbl"):
             self.tbl = self._run("open", lambda: self.client.open_table(self.collection))
 

@@ -29,10 +29,12 @@ from magretrieve.stores.base import (
     atomic_write_bytes,
     atomic_write_json,
     missing_store,
+    new_store_id,
     plain_file,
     read_state_file,
     reading_store,
     state_metadata,
+    state_store_id,
 )
 
 STATE_FILE = "memory_store.json"
@@ -58,6 +60,7 @@ class MemoryStore(SavedGenerations, IdMapMixin, VectorStore):
         self._meta: dict[str, Any] | None = None
         self._lock = threading.RLock()
         self._generation = 0
+        self._store_id = new_store_id()  # a folder loaded later keeps its recorded id
         self._dirty = False
         self._writer = WriterLock(self._path, self.location) if self._path else None
 
@@ -99,6 +102,7 @@ class MemoryStore(SavedGenerations, IdMapMixin, VectorStore):
         store._row = {i: n for n, i in enumerate(store._ids)}
         store._meta = state_metadata(state, str(path / STATE_FILE))
         store._generation = int(state.get("generation", 0))
+        store._store_id = state_store_id(state.get("store_id"))
         return store
 
     def _reopened(self) -> MemoryStore:
@@ -223,6 +227,7 @@ class MemoryStore(SavedGenerations, IdMapMixin, VectorStore):
                 {
                     "format": "magretrieve-memory-store",
                     "generation": gen,
+                    "store_id": self._store_id,
                     "dimension": self._dim,
                     "vectors": vec_name,
                     "records": rec_name,

@@ -82,9 +82,11 @@ from magretrieve.stores.base import (
     VectorStore,
     fsync_dir,
     missing_store,
+    new_store_id,
     plain_file,
     reading_store,
     state_metadata,
+    state_store_id,
 )
 from magretrieve.stores.options import RecallOptions, StoreOptions, check_dimension
 
@@ -242,6 +244,7 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
         self._pending_rows: np.ndarray | None = None  # cache of live rows >= built
         self.recall: dict[str, Any] | None = None
         self._generation = 0
+        self._store_id = new_store_id()  # a folder loaded later keeps its recorded id
         self._dirty = False
         self._writer = WriterLock(path, self.location)
 
@@ -292,6 +295,7 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
         """Take the records, vectors and searcher of the saved generation ``state`` names."""
         path, dim = self._path, self._dim
         self._generation = int(state["generation"])
+        self._store_id = state_store_id(state.get("store_id"))
         self._meta = state_metadata(state, str(path / STATE_FILE))
         self.recall = state.get("recall")
         if state.get("records_file") is None:  # generation 0: created, nothing saved yet
@@ -347,6 +351,7 @@ class ScannStore(SavedGenerations, RecordTableMixin, VectorStore):
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "generation": self._generation + 1 if files else 0,
+            "store_id": self._store_id,
             "dimension": self._dim,
             "metric": "inner_product",
             "parameters": self.params,

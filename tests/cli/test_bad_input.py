@@ -1899,6 +1899,67 @@ def model_config_case(command: str, edit: Callable[[Path], None], *needles: str)
     return build
 
 
+# -- query texts with nothing to encode: the rule `search` applies, for every query source ---
+
+#: Lines a tokenizer reads as nothing (zero-width space, word joiner, a BOM on its own line),
+#: which ``str.strip`` keeps: each is refused as ``search`` refuses the same text.
+INVISIBLE_QUERIES = "\u200b\n\u2060\n\ufeff\n"
+
+
+def _query_file(env: Env, body: str) -> Path:
+    path = env.tmp / "queries.txt"
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+def recall_query_file(body: str, line: int) -> Callable[[Env], Built]:
+    def build(env: Env) -> Built:
+        path = _query_file(env, body)
+        args = ["recall", str(env.export), "--store", env.spec, "--queries", str(path)]
+        return Built(args, [f"{path}:{line}", "nothing to encode"], store=env.spec)
+
+    return build
+
+
+def tuning_query_file(body: str, line: int) -> Callable[[Env], Built]:
+    def build(env: Env) -> Built:
+        path = _query_file(env, body)
+        args = [*env.index_args(env.corpus()), "--tuning-queries", str(path)]
+        return Built(args, [f"{path}:{line}", "nothing to encode"], store=env.spec)
+
+    return build
+
+
+def tuning_query_list_api(env: Env) -> Built:
+    from magretrieve.serving.retriever import Retriever
+
+    r = Retriever.load(env.export, store=env.spec, create=False)
+    return Built(
+        lambda: r.use_tuning_queries(["statins heart", "\u2060\u200b"]),
+        ["tuning_queries[1]", "nothing to encode"],
+        r.store,
+    )
+
+
+def search_invisible_text(env: Env) -> Built:
+    """The reference: what ``search`` already says about the same text."""
+    args = ["search", str(env.export), "\u200b\u2060\ufeff", "--store", env.spec]
+    return Built(args, ["only whitespace and invisible characters"], store=env.spec)
+
+
+BLANK_TEXT_CASES: list[Case] = [
+    Case("recall-queries-only-invisible-characters", recall_query_file(INVISIBLE_QUERIES, 1)),
+    Case("recall-queries-zero-width-space-line", recall_query_file("statins heart\n\u200b\n", 2)),
+    Case("recall-queries-word-joiner-line", recall_query_file("heart\n\n \u2060\t\n", 3)),
+    Case("recall-queries-bom-line", recall_query_file("statins heart\n\ufeff\nheart\n", 2)),
+    Case("index-tuning-queries-only-invisible", tuning_query_file(INVISIBLE_QUERIES, 1)),
+    Case("index-tuning-queries-bom-line", tuning_query_file("heart\n\ufeff\n", 2)),
+    Case("tuning-queries-invisible-text-api", tuning_query_list_api, error=DataError),
+    Case("search-invisible-text", search_invisible_text),
+]
+CASES += BLANK_TEXT_CASES
+
+
 PLUGIN_CASES: list[Case] = [
     Case("index-ray-dead-address", ray_dead_address("--connect-timeout", "2")),
     Case("index-ray-dead-address-default-timeout", ray_dead_address()),

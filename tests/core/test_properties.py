@@ -380,7 +380,7 @@ STATE_PATHS = st.sampled_from(
     [
         (k,)
         for k in (
-            "format", "generation", "dimension", "index_type", "parameters", "index_file",
+            "format", "generation", "store_id", "dimension", "index_type", "parameters", "index_file",
             "records_file", "index_sha256", "records_sha256", "metadata", "sequential",
             "vectors", "records", "vectors_sha256", "hnsw_config", "quantization_config",
         )

@@ -44,6 +44,16 @@ def test_title_pairs() -> None:
     ]  # "Hi" is too short a title
 
 
+def test_title_pairs_skip_titles_and_texts_with_nothing_to_encode() -> None:
+    """Zero-width characters are words to ``str.split`` but nothing to a tokenizer."""
+    corpus = {
+        "z": Document("z", "A real abstract.", title="\u200b \u2060 \ufeff"),
+        "t": Document("t", "\u200b\u2060", title="A title of words"),
+        "ok": Document("ok", "A real abstract.", title="A title of words"),
+    }
+    assert [p.positive_id for p in title_pairs(corpus)] == ["ok"]
+
+
 def test_sentence_pairs_remove_the_query_sentence() -> None:
     pairs = sentence_pairs(CORPUS, seed=3)
     assert [p.positive_id for p in pairs] == ["a", "c"]  # b has one sentence

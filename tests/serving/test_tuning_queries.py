@@ -117,6 +117,25 @@ def test_tuning_query_files_both_forms_and_bad_files(tmp_path):
         assert needle in str(err.value) and "\n" not in str(err.value), err.value
 
 
+def test_a_pseudo_query_is_never_a_text_a_search_would_refuse():
+    """A title or span of zero-width characters is nothing to encode (``core.text.blank``):
+    it is never chosen as a pseudo-query, and a document of such text makes none."""
+    import random
+
+    from magretrieve.core.text import blank
+    from magretrieve.data.readers import Document
+    from magretrieve.serving.tuning_queries import pseudo_query
+
+    rng = random.Random(0)
+    invisible = Document("d1", "\u200b \u2060\u200b", title="\ufeff\u200b")
+    assert [pseudo_query(invisible, rng) for _ in range(20)] == [None] * 20
+    titled = Document("d2", "\u200b \u2060", title="statins and the heart")
+    assert {pseudo_query(titled, rng) for _ in range(20)} == {"statins and the heart"}
+    mixed = Document("d3", "statins lower cholesterol", title="\u2060")
+    made = {pseudo_query(mixed, rng) for _ in range(20)}
+    assert made and not any(t is None or blank(t) for t in made)
+
+
 def test_index_tunes_on_pseudo_queries_by_default_and_on_the_users_when_given(
     use_fake, tmp_path, monkeypatch
 ):
