@@ -246,7 +246,9 @@ COMMANDS: dict[str, list[str]] = {
         "--scann-reorder",
         "--store",
         "--threads",
+        "--timeout-body",
         "--timeout-keep-alive",
+        "--timeout-response",
         "EXPORT_DIR",
     ],
     "train": [

@@ -308,9 +308,10 @@ def test_a_store_call_after_close_is_refused_before_it_starts(tmp_path, export_d
 
 # ----------------------------------------------------------------------------- HEAD, gauges
 
-#: Paths read with GET, open without the key (but /metrics) and keyed.
-OPEN_GETS = ["/health", "/ready", "/info", "/", "/static/page.css"]
-KEYED_GETS = ["/v1/models", "/docs", "/openapi.json"]
+#: Paths read with GET, open without the key (but /metrics) and keyed. The API docs are open
+#: like the page: they describe the routes, not the data.
+OPEN_GETS = ["/health", "/ready", "/info", "/", "/static/page.css", "/docs", "/openapi.json"]
+KEYED_GETS = ["/v1/models"]
 
 
 def test_head_is_answered_wherever_get_is(export_dir):
