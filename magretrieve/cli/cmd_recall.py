@@ -102,7 +102,7 @@ def recall_cmd(
         export_dir, store=store_spec, force=force, create=False, **options
     ) as retriever:
         store = retriever.store
-        q = encode(retriever, texts, _ann_recall.USER)
+        q = encode(retriever, texts, _ann_recall.USER, progress=not as_json and "queries")
         ids, vectors = store_vectors(store)
         k = min(K, len(ids))
         if k < 1:

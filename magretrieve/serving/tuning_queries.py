@@ -140,10 +140,16 @@ def encode(
     texts: Sequence[str],
     kind: str,
     sources: Sequence[str | None] | None = None,
+    progress: bool | str = False,
 ) -> TuningQueries:
     """``texts`` through the retriever's query graph (with ``[q ; 1]`` for a store holding a
-    prior's offset coordinate), as :class:`TuningQueries` of ``kind``."""
-    q = np.asarray(retriever.encoder.encode_queries(list(texts)), dtype=np.float32)
+    prior's offset coordinate), as :class:`TuningQueries` of ``kind``; ``progress`` (a label)
+    shows the encoder's progress bar, for a query file of many lines."""
+    if progress:
+        encoded = retriever.encoder.encode_queries(list(texts), progress=progress)
+    else:
+        encoded = retriever.encoder.encode_queries(list(texts))
+    q = np.asarray(encoded, dtype=np.float32)
     if retriever.offset:
         q = np.hstack([q, np.ones((len(q), 1), dtype=np.float32)])
     return TuningQueries(q, kind, sources)

@@ -175,6 +175,23 @@ def test_bad_tuning_queries_file_is_refused_before_a_store_is_made(use_fake, tmp
     assert not (tmp_path / "x").exists()
 
 
+def test_recall_command_shows_its_query_encoding_progress(use_fake, tmp_path):
+    """A query file may hold 100,000 lines: ``recall`` encodes them with a progress bar, and
+    keeps ``--json`` output free of one."""
+    use_fake["dim"] = 32
+    spec = f"faiss:{tmp_path / 'p'}"
+    corpus = write_corpus(tmp_path / "c.jsonl", 50)
+    assert run("index", "EXPORT", str(corpus), "--store", spec, "--no-progress").exit_code == 0
+    qfile = tmp_path / "q.txt"
+    qfile.write_text("\n".join(query_texts(5, 3)) + "\n")
+    for extra, label in (([], "queries"), (["--json"], False)):
+        use_fake["encoders"] = []
+        res = run("recall", "EXPORT", "--store", spec, "--queries", str(qfile), *extra)
+        assert res.exit_code == 0, res.output
+        asked = [p for enc in use_fake["encoders"] for p in enc.query_progress]
+        assert asked == [label], asked
+
+
 def test_recall_command_matches_an_independent_exact_computation(use_fake, tmp_path, monkeypatch):
     search_indexes_at_every_size(monkeypatch)  # 1,500 documents: the index answers
     use_fake["dim"] = 32

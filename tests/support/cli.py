@@ -17,6 +17,7 @@ def use_fake(monkeypatch):
     def load(export_dir, threads=None, device="cpu", runtime=None):
         enc = FakeEncoder(state["mode"], state["fingerprint"], state["dim"])
         enc.fail_after = state["fail_after"]
+        state.setdefault("encoders", []).append(enc)
         return enc
 
     monkeypatch.setattr("magretrieve.serving.retriever.load_encoder", load)

@@ -52,6 +52,7 @@ class FakeEncoder:
         self.calls = 0
         self.fail_after: int | None = None  # raise after this many document batches
         self.nan_for: str | None = None  # give this text a NaN vector
+        self.query_progress: list[bool | str] = []
 
     def raw(self, texts) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
@@ -61,7 +62,8 @@ class FakeEncoder:
                 out[i] += rng.normal(size=self.dim).astype(np.float32)
         return out
 
-    def encode_queries(self, texts, batch_size: int = 32) -> np.ndarray:
+    def encode_queries(self, texts, batch_size: int = 32, progress: bool | str = False):
+        self.query_progress.append(progress)  # the progress bar each call asked for
         return similarity.query_vectors(self.raw(texts), self.manifest.similarity)
 
     def encode_documents(self, texts, batch_size: int = 32) -> np.ndarray:
