@@ -15,8 +15,8 @@
     python examples/quickstart.py --data ../shared/data --work quickstart-out
 
 The defaults keep it small for 2 CPU cores: documents are cut at 128 tokens for both models
-(so the comparison is fair), training runs 30 steps, the graphs are int8. One run took 1,141 s
-on 2 cores shared with other jobs (docs/results.md, "The quickstart", has each step's time).
+(so the comparison is fair), training runs 30 steps, the graphs are int8. One run took 339 s
+on 2 idle cores (docs/results.md, "The quickstart", has each step's time).
 """
 
 from __future__ import annotations
