@@ -146,7 +146,10 @@ def encode(
     prior's offset coordinate), as :class:`TuningQueries` of ``kind``; ``progress`` (a label)
     shows the encoder's progress bar, for a query file of many lines."""
     if progress:
-        encoded = retriever.encoder.encode_queries(list(texts), progress=progress)
+        # the encoders Retriever.load makes (ONNX, torch) draw a bar; callers of a remote or
+        # engine encoder leave progress off
+        encoder: Any = retriever.encoder
+        encoded = encoder.encode_queries(list(texts), progress=progress)
     else:
         encoded = retriever.encoder.encode_queries(list(texts))
     q = np.asarray(encoded, dtype=np.float32)
