@@ -118,7 +118,7 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
         self._version = version
         self._reopen = reopen
         #: (folder generation, ids, vectors) the exact search last read (embedded only)
-        self._scanned: tuple[int, list[str], np.ndarray] | None = None
+        self._scanned: tuple[StoreVersion, list[str], np.ndarray] | None = None
         super().__init__(*args, **kwargs)
 
     def _index_keywords(self) -> tuple[str, ...]:
@@ -233,6 +233,7 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
         self.client = self._reopen()
         self.col = self._run("open", lambda: self.client.get_collection(self.collection))
         self._version = version
+        self._scanned = None  # the vectors kept for exact search were the old state's
 
     def _set_ef(self, value: int) -> None:
         if self.ef_search == int(value):
@@ -338,18 +339,19 @@ class ChromaStore(_generation.MarkerGeneration, CollectionStore):
 
     def _scan(self) -> tuple[list[str], np.ndarray]:
         """Every stored (id, vector) for the exact search. An embedded folder's are kept
-        until its generation marker moves (every write bumps it, in any process), so a small
+        until its marker moves (every write bumps the generation, in any process; a rebuilt
+        folder has another id), so a small
         collection is read from Chroma once per write, not once per search; a server's are
         read each time (other clients write without a marker)."""
         if self._writer is None:
             return self._stored_vectors()
-        gen = self.disk_generation()
+        version = self.disk_version()  # id and generation: a rebuilt folder is another store
         kept = self._scanned
-        if kept is not None and gen is not None and kept[0] == gen:
+        if kept is not None and version is not None and kept[0] == version:
             return kept[1], kept[2]
         ids, vectors = self._stored_vectors()
-        if gen is not None:
-            self._scanned = (gen, ids, vectors)
+        if version is not None:
+            self._scanned = (version, ids, vectors)
         return ids, vectors
 
     def _delete(self, ids: list[str]) -> int:

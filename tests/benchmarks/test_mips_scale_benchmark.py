@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.support.ann_data import search_indexes_at_every_size
 from tests.support.benchmarks import load_benchmark
 
 pytestmark = pytest.mark.integration
@@ -39,7 +40,8 @@ def test_mixture_samples_keep_each_clusters_norms():
     assert np.median(best) > 0.8
 
 
-def test_run_size_measures_every_column_against_exact(tmp_path):
+def test_run_size_measures_every_column_against_exact(tmp_path, monkeypatch):
+    search_indexes_at_every_size(monkeypatch)  # 3,000 vectors: the stores' indexes answer
     bench = load_benchmark("mips_scale")
     docs, _ = clustered(3000, 32, 8, seed=2)
     mixture = bench.Mixture.fit(docs, clusters=8)
